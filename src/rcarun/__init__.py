@@ -1,0 +1,1 @@
+"""rcarun: root-cause attribution of failed agent runs across many LLM backbones."""

@@ -1,0 +1,151 @@
+"""The values that cross the backend boundary: one request in, one result out.
+
+These are provider-neutral. A backend turns a `ChatRequest` into its provider's wire format and the provider's
+answer into a `ChatResult` (or raises one of `rcarun.errors.CallError`'s subclasses). Everything above the
+backends — budgets, the runner, the store — sees only these types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "Backend",
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResult",
+    "RateLimitInfo",
+    "ReasoningSetting",
+    "Usage",
+]
+
+# "off" disables thinking where the provider can; "low"/"medium"/"high" set the effort; None leaves the
+# backbone's configured default.
+ReasoningSetting = Literal["off", "low", "medium", "high"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat-completion request, before any provider-specific translation.
+
+    Attributes:
+        messages: the conversation, in order.
+        max_tokens: output budget for this attempt (completion including reasoning tokens).
+        temperature: None leaves the provider default.
+        schema: JSON schema of the expected answer; sent as ``response_format`` where the backbone supports it.
+        schema_name: name given to the schema in ``response_format``.
+        reasoning: thinking on/off and effort; None leaves the backbone default.
+        seed: optional sampling seed, sent where supported.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int
+    temperature: float | None = None
+    schema: Mapping[str, Any] | None = None
+    schema_name: str = "answer"
+    reasoning: ReasoningSetting | None = None
+    seed: int | None = None
+
+    def prompt_chars(self) -> int:
+        """Characters of message content, the basis of token estimates before a call."""
+        return sum(len(message.content) for message in self.messages)
+
+    def canonical_json(self) -> str:
+        """A stable JSON rendering (sorted keys, no whitespace) used for hashing, caching and storage."""
+        payload = {
+            "messages": [{"role": m.role, "content": m.content} for m in self.messages],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "schema": self.schema,
+            "schema_name": self.schema_name,
+            "reasoning": self.reasoning,
+            "seed": self.seed,
+        }
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the provider reported them, normalised across providers.
+
+    ``cached_prompt_tokens`` is part of ``prompt_tokens``; ``reasoning_tokens`` is part of
+    ``completion_tokens`` (the OpenAI convention, which every preset maps onto).
+    """
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitInfo:
+    """Rate-limit headers of interest, already parsed into numbers (seconds for durations)."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One successful HTTP exchange (a length stop is a success at this layer).
+
+    Attributes:
+        text: the answer's content ("" when the model produced none).
+        reasoning_text: the thinking text, from ``reasoning_content`` or ``reasoning``, or "".
+        finish_reason: as reported ("stop", "length", ...).
+        usage: normalised token counts.
+        latency_s: wall time from sending the request to reading the whole body.
+        model: the model name the provider reports.
+        rate_limit: parsed rate-limit headers, when the provider sends them.
+        raw_body: the response body exactly as received, for the store.
+        endpoint: which replica or base URL served the call.
+    """
+
+    text: str
+    reasoning_text: str
+    finish_reason: str
+    usage: Usage
+    latency_s: float
+    model: str = ""
+    rate_limit: RateLimitInfo | None = None
+    raw_body: bytes = b""
+    endpoint: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Sends one request and translates the answer; never sleeps, loops or retries.
+
+    Raises:
+        rcarun.errors.CallError: a subclass saying whether the failure is retryable, a rate limit or fatal.
+    """
+
+    name: str
+
+    async def chat(self, request: ChatRequest) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,177 @@
+"""rcarun's own error types, so that every layer above the backends reacts to one vocabulary.
+
+Backends translate HTTP statuses, SDK exceptions and provider quirks into these classes at their boundary;
+budgets decide what to do from the class alone (pause, back off, give up); the runner stores the message as
+data. Messages never contain secrets: they name the backbone, the call or the file, never a key.
+
+    RcarunError
+    ├── ConfigError              a config file or flag is wrong (file and key named)
+    ├── DataError                a trajectory file or record is unusable (file, record and field named)
+    ├── StoreError               results.db cannot be opened or migrated
+    ├── BudgetExhausted          a run's USD or token budget would be exceeded; admission stops
+    ├── AnswerError              a reply is not the requested JSON (kept as data, never repaired)
+    └── CallError                one attempt at one chat call failed
+        ├── RetryableError       worth another attempt after a backoff
+        │   ├── RateLimited      429 or a provider's equivalent: pause the backbone and shrink concurrency
+        │   ├── ServerError      5xx other than a rate-limit signal
+        │   ├── TransportError   timeout, connection reset or refused
+        │   └── MalformedResponse  a body that is not a chat completion
+        └── FatalCallError       another attempt would fail the same way; stored and the item moves on
+            ├── BadRequest       400/404/422: bad parameters
+            │   └── ContextOverflow  prompt + max_tokens exceed the context window
+            ├── AuthError        401/403
+            └── QuotaExhausted   the account is out of credit (a 429 that must not be retried)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AnswerError",
+    "AuthError",
+    "BadRequest",
+    "BudgetExhausted",
+    "CallError",
+    "ConfigError",
+    "ContextOverflow",
+    "DataError",
+    "FatalCallError",
+    "MalformedResponse",
+    "QuotaExhausted",
+    "RateLimited",
+    "RcarunError",
+    "RetryableError",
+    "ServerError",
+    "StoreError",
+    "TransportError",
+]
+
+
+class RcarunError(Exception):
+    """Root of every error rcarun raises on purpose."""
+
+
+class ConfigError(RcarunError):
+    """A configuration file, key or flag is invalid."""
+
+
+class DataError(RcarunError):
+    """A dataset file or record cannot be used.
+
+    Attributes:
+        path: the file, as given.
+        record: the record inside the file (qid or line number), when known.
+        field: the offending field, when known.
+    """
+
+    def __init__(self, message: str, *, path: str = "", record: str = "", field: str = "") -> None:
+        where = ", ".join(
+            part for part in (path, f"record {record}" if record else "", f"field {field!r}" if field else "") if part
+        )
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path = path
+        self.record = record
+        self.field = field
+
+
+class StoreError(RcarunError):
+    """results.db cannot be opened, migrated or written."""
+
+
+class BudgetExhausted(RcarunError):
+    """Admitting another call would exceed a configured USD or token budget."""
+
+
+class AnswerError(RcarunError):
+    """A reply is not the JSON the method asked for."""
+
+
+class CallError(RcarunError):
+    """One attempt of one chat call failed.
+
+    Attributes:
+        status: HTTP status when there was one, else None.
+        kind: a short stable label stored in results.db (``rate_limited``, ``server_error``, ...).
+    """
+
+    kind = "error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RetryableError(CallError):
+    """Another attempt, after a backoff, may succeed."""
+
+    kind = "retryable"
+
+
+class RateLimited(RetryableError):
+    """The provider refused the call for rate or concurrency reasons.
+
+    Attributes:
+        retry_after_s: the provider's Retry-After, in seconds, if it sent one.
+        reset_s: the longest ``x-ratelimit-reset-*`` value, in seconds, if sent.
+    """
+
+    kind = "rate_limited"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = 429,
+        retry_after_s: float | None = None,
+        reset_s: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status)
+        self.retry_after_s = retry_after_s
+        self.reset_s = reset_s
+
+
+class ServerError(RetryableError):
+    """The provider failed (5xx)."""
+
+    kind = "server_error"
+
+
+class TransportError(RetryableError):
+    """The request did not complete: timeout, connection reset or refused."""
+
+    kind = "transport_error"
+
+
+class MalformedResponse(RetryableError):
+    """The provider answered 200 with a body that is not a chat completion."""
+
+    kind = "malformed_response"
+
+
+class FatalCallError(CallError):
+    """Retrying would fail the same way; the attempt is stored and the item gives up."""
+
+    kind = "fatal"
+
+
+class BadRequest(FatalCallError):
+    """The provider rejected the request's parameters."""
+
+    kind = "bad_request"
+
+
+class ContextOverflow(BadRequest):
+    """The prompt plus the output budget do not fit in the model's context window."""
+
+    kind = "context_overflow"
+
+
+class AuthError(FatalCallError):
+    """The key is missing, wrong or not allowed to use this model."""
+
+    kind = "auth_error"
+
+
+class QuotaExhausted(FatalCallError):
+    """The account has no credit left; retrying cannot help."""
+
+    kind = "quota_exhausted"
