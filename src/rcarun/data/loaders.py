@@ -1,0 +1,451 @@
+"""Readers that turn Who&When and LongRCA files into `Record`s, or say exactly what is wrong with them.
+
+A sweep reads thousands of trajectories and must not stop, or silently skip, because one is bad. So every
+loader here is lazy (one file or line in memory at a time) and every problem is a `DataError` naming the file,
+the record and the field; `iter_dataset(strict=False)` hands those to a callback and goes on.
+
+Layouts understood by `iter_dataset`:
+
+- a directory whose subdirectories are sources, each holding one ``*.json`` trajectory per file, read in
+  natural numeric order (``2.json`` before ``10.json``); the source is the subdirectory's name (any
+  ``source`` field inside the file is ignored); other files (LICENSE, README.md) are ignored;
+- a single ``.jsonl`` file, one record per line, each with a ``source`` field;
+- a directory holding ``.jsonl`` files (read before any source subdirectories).
+
+qid scheme (unique within a dataset, stable across loads):
+
+1. an explicit non-empty ``qid`` field, if the record has one (lets a JSONL export keep its qids);
+2. else ``question_ID`` when it has the LongRCA form ``<source>__NNN``: globally unique by construction and
+   the key of the Mini manifest and of leaderboard submissions;
+3. else, for a file, ``"<source>/<file stem>"`` (``"hand_crafted/7"``). Who&When's question_IDs are task
+   ids, not trajectory ids: 13 of them appear in both algorithm_generated and hand_crafted (e.g.
+   algorithm_generated/21.json and hand_crafted/5.json), so they cannot key a trajectory;
+4. else, for a JSONL line, ``"<source>/<question_ID>"`` (question_IDs do not repeat within a Who&When source).
+
+Validation, all raised as `DataError`:
+
+- the file cannot be read, is not UTF-8 JSON, or is not a JSON object;
+- ``history`` missing, not a list, or empty;
+- a history item that is not an object, has no string ``content`` (empty text is allowed: two Who&When
+  steps are empty) or no string ``role``, a ``name`` that is not a string, a ``step`` that is not its 0-based
+  position, or an agent that comes out empty (rule in `rcarun.data.trajectory`);
+- ``question`` present but not a string;
+- a reference with only one of ``mistake_agent`` / ``mistake_step``; an empty ``mistake_agent`` or one that
+  matches no recorded agent once both sides are compared the way the scorer compares roles (trim, drop one
+  trailing ``(-> X)`` handoff suffix, NFKC, casefold, collapse whitespace); a ``mistake_step`` that is not an
+  integer (a string is stripped first), is negative, or is ``>= n_steps``; a non-string ``mistake_reason``;
+- a qid seen before in the same dataset (the later record is the problem).
+
+A record with neither ``mistake_agent`` nor ``mistake_step`` loads with ``reference=None`` (unlabelled data).
+Labels that point at a step spoken by another agent are noisy but valid and are loaded unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcarun.errors import DataError
+
+from .trajectory import Record, Reference, Step, Trajectory, agent_of_step
+
+__all__ = ["ProblemHandler", "iter_dataset", "load_jsonl", "load_trajectory_file", "natural_sort_key"]
+
+ProblemHandler = Callable[[DataError], None]
+
+_LONGRCA_QID = re.compile(r"^[A-Za-z0-9_]+__\d+$")
+_INTEGER_TEXT = re.compile(r"^[+-]?\d+$")
+_HANDOFF_SUFFIX = re.compile(r"\s*\((?:->|→)[^()]*\)\s*$")
+_DIGIT_RUNS = re.compile(r"(\d+)")
+
+
+def natural_sort_key(name: str) -> tuple[tuple[int, str], ...]:
+    """A sort key that orders embedded numbers by value: ``"2.json"`` before ``"10.json"``."""
+    # re.split with a capture group alternates text, number, text, ...; tagging keeps positions comparable.
+    return tuple(
+        (int(part), "") if index % 2 else (-1, part.casefold())
+        for index, part in enumerate(_DIGIT_RUNS.split(name))
+    )
+
+
+def load_trajectory_file(path: str | Path, source: str) -> Record:
+    """Load one Who&When- or LongRCA-shaped JSON file.
+
+    Args:
+        path: the ``.json`` file.
+        source: the sub-benchmark it belongs to (in a dataset: its directory's name).
+
+    Returns:
+        The trajectory and its reference (``None`` when the file carries no label).
+
+    Raises:
+        DataError: the file is unreadable or malformed; the message names file, record and field.
+    """
+    return _load_file(Path(path), source).record
+
+
+def load_jsonl(
+    path: str | Path, *, strict: bool = True, on_problem: ProblemHandler | None = None
+) -> Iterator[Record]:
+    """Lazily load a JSONL file, one record per non-blank line, each carrying a ``source`` field.
+
+    Args:
+        path: the ``.jsonl`` file.
+        strict: raise the first problem (True) or report it to `on_problem` and go on (False).
+        on_problem: receives each `DataError` when ``strict=False``; required then.
+
+    Raises:
+        DataError: with ``strict=True``, on the first bad line or duplicate qid.
+        ValueError: ``strict=False`` without `on_problem` (problems would vanish).
+    """
+    _check_policy(strict, on_problem)
+    return _deliver(_iter_jsonl(Path(path)), strict, on_problem)
+
+
+def iter_dataset(
+    path: str | Path, *, strict: bool = True, on_problem: ProblemHandler | None = None
+) -> Iterator[Record]:
+    """Lazily load every record of a dataset (layouts in the module docstring), checking qids are unique.
+
+    Args:
+        path: a dataset directory or a ``.jsonl`` file.
+        strict: raise the first problem (True) or report it to `on_problem` and go on (False).
+        on_problem: receives each `DataError` when ``strict=False``; required then.
+
+    Raises:
+        DataError: with ``strict=True``, on the first problem, including an empty or missing dataset.
+        ValueError: ``strict=False`` without `on_problem` (problems would vanish).
+    """
+    _check_policy(strict, on_problem)
+    return _deliver(_iter_layout(Path(path)), strict, on_problem)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """A parsed record with where it came from, for duplicate-qid messages."""
+
+    record: Record
+    path: str
+    label: str
+    qid_field: str
+
+
+def _check_policy(strict: bool, on_problem: ProblemHandler | None) -> None:
+    if not strict and on_problem is None:
+        raise ValueError("strict=False needs an on_problem callback, or problems would be lost")
+
+
+def _deliver(
+    outcomes: Iterable[_Loaded | DataError], strict: bool, on_problem: ProblemHandler | None
+) -> Iterator[Record]:
+    first_seen: dict[str, str] = {}
+    for outcome in outcomes:
+        if isinstance(outcome, _Loaded):
+            qid = outcome.record.trajectory.qid
+            if qid not in first_seen:
+                first_seen[qid] = outcome.path
+                yield outcome.record
+                continue
+            outcome = DataError(
+                f"duplicate qid {qid!r} (first seen in {first_seen[qid]})",
+                path=outcome.path,
+                record=outcome.label,
+                field=outcome.qid_field,
+            )
+        if strict:
+            raise outcome
+        assert on_problem is not None  # guaranteed by _check_policy
+        on_problem(outcome)
+
+
+def _iter_layout(root: Path) -> Iterator[_Loaded | DataError]:
+    if root.is_file():
+        if root.suffix == ".jsonl":
+            yield from _iter_jsonl(root)
+        else:
+            yield DataError("not a dataset: expected a directory or a .jsonl file", path=str(root))
+        return
+    if not root.is_dir():
+        yield DataError("no such file or directory", path=str(root))
+        return
+    try:
+        entries = sorted(root.iterdir(), key=lambda entry: natural_sort_key(entry.name))
+    except OSError as exc:
+        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=str(root))
+        return
+    found_any = False
+    for entry in entries:
+        if entry.suffix == ".jsonl" and entry.is_file():
+            found_any = True
+            yield from _iter_jsonl(entry)
+    for entry in entries:
+        if entry.is_dir() and not entry.name.startswith((".", "__")):
+            for outcome in _iter_source_dir(entry):
+                found_any = True
+                yield outcome
+    if not found_any:
+        hint = ""
+        if any(entry.suffix == ".json" for entry in entries):
+            hint = f" (if the .json files here are one source's trajectories, pass {root.parent} instead)"
+        yield DataError(
+            f"no trajectories found: expected <source>/*.json subdirectories or *.jsonl files{hint}",
+            path=str(root),
+        )
+
+
+def _iter_source_dir(directory: Path) -> Iterator[_Loaded | DataError]:
+    source = directory.name
+    try:
+        files = sorted(
+            (entry for entry in directory.iterdir() if entry.suffix == ".json" and entry.is_file()),
+            key=lambda entry: natural_sort_key(entry.name),
+        )
+    except OSError as exc:
+        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=str(directory))
+        return
+    for file in files:
+        try:
+            yield _load_file(file, source)
+        except DataError as problem:
+            yield problem
+
+
+def _load_file(path: Path, source: str) -> _Loaded:
+    fallback_qid = f"{source}/{path.stem}"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(
+            f"cannot read file: {exc.strerror or exc}", path=str(path), record=fallback_qid
+        ) from exc
+    obj = _decode_json(data, path=str(path), label=fallback_qid)
+    return _parse_record(
+        obj,
+        path=str(path),
+        source=source,
+        fallback_qid=fallback_qid,
+        line=None,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def _iter_jsonl(path: Path) -> Iterator[_Loaded | DataError]:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        yield DataError(f"cannot read file: {exc.strerror or exc}", path=str(path))
+        return
+    with handle:
+        line_no = 0
+        try:
+            for line_no, raw_line in enumerate(handle, start=1):
+                line = raw_line.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                try:
+                    yield _parse_jsonl_line(line, path=str(path), line_no=line_no)
+                except DataError as problem:
+                    yield problem
+        except OSError as exc:
+            yield DataError(
+                f"read failed after line {line_no}: {exc.strerror or exc}", path=str(path), record=""
+            )
+
+
+def _parse_jsonl_line(line: bytes, *, path: str, line_no: int) -> _Loaded:
+    label = f"line {line_no}"
+    obj = _decode_json(line, path=path, label=label)
+    source = obj.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise DataError(
+            "each JSONL record needs a non-empty string 'source'", path=path, record=label, field="source"
+        )
+    question_id = obj.get("question_ID")
+    fallback_qid = f"{source}/{question_id}" if isinstance(question_id, str) and question_id.strip() else None
+    return _parse_record(
+        obj,
+        path=path,
+        source=source,
+        fallback_qid=fallback_qid,
+        line=line_no,
+        sha256=hashlib.sha256(line).hexdigest(),
+    )
+
+
+def _decode_json(data: bytes, *, path: str, label: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", path=path, record=label) from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", path=path, record=label
+        ) from exc
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a JSON object, got {type(obj).__name__}", path=path, record=label)
+    return obj
+
+
+def _choose_qid(obj: dict[str, Any], *, path: str, fallback_qid: str | None, label: str) -> tuple[str, str]:
+    """The record's qid and the field it came from (scheme in the module docstring)."""
+    explicit = obj.get("qid")
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit.strip():
+            raise DataError("'qid' must be a non-empty string", path=path, record=label, field="qid")
+        return explicit.strip(), "qid"
+    question_id = obj.get("question_ID")
+    if question_id is not None and not isinstance(question_id, str):
+        raise _not_a_string(question_id, path=path, label=label, field="question_ID")
+    if question_id is not None and _LONGRCA_QID.match(question_id.strip()):
+        return question_id.strip(), "question_ID"
+    if fallback_qid is None:
+        raise DataError(
+            "no identifier: the record needs a 'qid' or a 'question_ID'",
+            path=path,
+            record=label,
+            field="question_ID",
+        )
+    return fallback_qid, "question_ID"
+
+
+def _parse_record(
+    obj: dict[str, Any],
+    *,
+    path: str,
+    source: str,
+    fallback_qid: str | None,
+    line: int | None,
+    sha256: str,
+) -> _Loaded:
+    first_label = f"line {line}" if line is not None else (fallback_qid or "")
+    qid, qid_field = _choose_qid(obj, path=path, fallback_qid=fallback_qid, label=first_label)
+    label = qid if line is None else f"{qid} (line {line})"
+
+    steps = _parse_history(obj, path=path, label=label)
+    task = obj.get("question")
+    if task is not None and not isinstance(task, str):
+        raise _not_a_string(task, path=path, label=label, field="question")
+    trajectory = Trajectory(qid=qid, source=source, task=task or "", steps=steps, sha256=sha256)
+    reference = _parse_reference(obj, trajectory, path=path, label=label)
+    return _Loaded(Record(trajectory, reference), path=path, label=label, qid_field=qid_field)
+
+
+def _parse_history(obj: dict[str, Any], *, path: str, label: str) -> tuple[Step, ...]:
+    if "history" not in obj:
+        raise DataError("missing", path=path, record=label, field="history")
+    history = obj["history"]
+    if not isinstance(history, list):
+        raise DataError(
+            f"expected a list of steps, got {type(history).__name__}",
+            path=path,
+            record=label,
+            field="history",
+        )
+    if not history:
+        raise DataError(
+            "empty: a trajectory needs at least one step", path=path, record=label, field="history"
+        )
+    steps: list[Step] = []
+    for index, item in enumerate(history):
+        where = f"history[{index}]"
+        if not isinstance(item, dict):
+            raise DataError(
+                f"expected an object, got {type(item).__name__}", path=path, record=label, field=where
+            )
+        for key in ("content", "role"):
+            value = item.get(key)
+            if not isinstance(value, str):
+                problem = "missing" if value is None else f"expected a string, got {type(value).__name__}"
+                raise DataError(problem, path=path, record=label, field=f"{where}.{key}")
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _not_a_string(name, path=path, label=label, field=f"{where}.name")
+        recorded_step = item.get("step")
+        if recorded_step is not None and (
+            isinstance(recorded_step, bool) or not isinstance(recorded_step, int) or recorded_step != index
+        ):
+            raise DataError(
+                f"is {recorded_step!r} but the item is at 0-based position {index}",
+                path=path,
+                record=label,
+                field=f"{where}.step",
+            )
+        agent = agent_of_step(name, item["role"])
+        if not agent:
+            raise DataError(
+                f"no agent: name {name!r} and role {item['role']!r} are empty once the suffix is removed",
+                path=path,
+                record=label,
+                field=f"{where}.name" if name is not None else f"{where}.role",
+            )
+        steps.append(Step(index=index, agent=agent, role=item["role"], content=item["content"]))
+    return tuple(steps)
+
+
+def _role_key(role: str) -> str:
+    """A role compared the way the LongRCA scorer compares roles."""
+    stripped = _HANDOFF_SUFFIX.sub("", role.strip(), count=1)
+    return " ".join(unicodedata.normalize("NFKC", stripped).casefold().split())
+
+
+def _parse_reference(
+    obj: dict[str, Any], trajectory: Trajectory, *, path: str, label: str
+) -> Reference | None:
+    has_agent, has_step = "mistake_agent" in obj, "mistake_step" in obj
+    if not has_agent and not has_step:
+        return None
+    if not has_agent or not has_step:
+        missing = "mistake_agent" if not has_agent else "mistake_step"
+        raise DataError(
+            "missing while the other label field is present", path=path, record=label, field=missing
+        )
+
+    agent = obj["mistake_agent"]
+    if not isinstance(agent, str) or not agent.strip():
+        raise DataError(
+            f"expected a non-empty agent name, got {agent!r}", path=path, record=label, field="mistake_agent"
+        )
+    if _role_key(agent) not in {_role_key(known) for known in trajectory.agents}:
+        raise DataError(
+            f"unknown agent {agent!r}: not among the recorded agents {list(trajectory.agents)}",
+            path=path,
+            record=label,
+            field="mistake_agent",
+        )
+
+    step = _parse_step_index(obj["mistake_step"], path=path, label=label)
+    if step < 0 or step >= trajectory.n_steps:
+        raise DataError(
+            f"{step} is out of range: the history has {trajectory.n_steps} steps (0-based)",
+            path=path,
+            record=label,
+            field="mistake_step",
+        )
+
+    rationale = obj.get("mistake_reason")
+    if rationale is not None and not isinstance(rationale, str):
+        raise _not_a_string(rationale, path=path, label=label, field="mistake_reason")
+    return Reference(role=agent, step=step, rationale=rationale or "")
+
+
+def _not_a_string(value: object, *, path: str, label: str, field: str) -> DataError:
+    return DataError(f"expected a string, got {type(value).__name__}", path=path, record=label, field=field)
+
+
+def _parse_step_index(value: object, *, path: str, label: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INTEGER_TEXT.match(value.strip()):
+        return int(value.strip())
+    raise DataError(
+        f"expected a 0-based integer step (or a string holding one), got {value!r}",
+        path=path,
+        record=label,
+        field="mistake_step",
+    )

@@ -1,0 +1,121 @@
+"""The values every attribution method and every analysis works on: a trajectory, its human label, the pair.
+
+A method sees a `Trajectory` and nothing else; the `Reference` (the human label) travels beside it in a
+`Record` so that the runner can score a prediction without ever handing the label to the method.
+
+Agent of a step (one rule for every source, applied by `agent_of_step`):
+
+1. If the step has a `name` that is non-empty after trimming whitespace, the agent is that trimmed name, kept
+   as is. This covers Who&When algorithm_generated (AG2 group chats, where `role` is only user/assistant) and
+   LongRCA, where a handoff form such as ``"DiagnostAgent (-> ActionAgent)"`` is itself a labellable agent and
+   is therefore NOT split.
+2. Otherwise the agent is the `role` with ONE trailing parenthetical suffix removed, e.g.
+   ``"Orchestrator (thought)"``, ``"Orchestrator (-> WebSurfer)"`` and ``"Orchestrator (termination
+   condition)"`` all become ``"Orchestrator"`` (Who&When hand_crafted Magentic-One logs, which carry no name).
+3. A step whose agent comes out empty is unusable (the loaders raise `DataError`).
+
+Labels are never repaired: a reference whose step is spoken by another agent is kept exactly as recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Record", "Reference", "Step", "Trajectory", "agent_from_role", "agent_of_step"]
+
+# One trailing "(...)" group without nested parentheses, with the whitespace before it.
+_TRAILING_PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def agent_from_role(role: str) -> str:
+    """The agent behind a Magentic-One style role: the role without one trailing parenthetical suffix.
+
+    Args:
+        role: the raw role string, e.g. ``"Orchestrator (-> WebSurfer)"``.
+
+    Returns:
+        The trimmed agent name, e.g. ``"Orchestrator"``; empty if nothing is left.
+    """
+    return _TRAILING_PARENTHETICAL.sub("", role.strip(), count=1).strip()
+
+
+def agent_of_step(name: str | None, role: str) -> str:
+    """The agent of one history item: its non-empty `name` as is, else its role via `agent_from_role`."""
+    if name is not None and name.strip():
+        return name.strip()
+    return agent_from_role(role)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One message of a trajectory.
+
+    Attributes:
+        index: the 0-based position in the history; the step id methods predict and references name.
+        agent: the agent that spoke, by the rule in this module's docstring.
+        role: the raw role string as recorded (chat role, or Magentic-One role with its suffix).
+        content: the message text, possibly empty.
+    """
+
+    index: int
+    agent: str
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """A failed run as a method sees it: no labels.
+
+    Attributes:
+        qid: the identifier, unique within a dataset and stable across loads (see `rcarun.data.loaders`).
+        source: the sub-benchmark, e.g. ``"hand_crafted"`` or ``"vitabench"``.
+        task: the question text when the record has one, else ``""``.
+        steps: the history; ``steps[i].index == i``.
+        sha256: hex SHA-256 of the file's bytes (or of the JSONL line without its line terminator).
+    """
+
+    qid: str
+    source: str
+    task: str
+    steps: tuple[Step, ...]
+    sha256: str
+
+    def __post_init__(self) -> None:
+        for position, step in enumerate(self.steps):
+            if step.index != position:
+                raise ValueError(f"{self.qid}: step at position {position} has index {step.index}")
+
+    @property
+    def n_steps(self) -> int:
+        """The number of steps in the history."""
+        return len(self.steps)
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """Distinct agents in order of first appearance: the recorded role set methods choose from."""
+        return tuple(dict.fromkeys(step.agent for step in self.steps))
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """The human label for a trajectory, kept apart from what methods see.
+
+    Attributes:
+        role: the labelled agent, raw as recorded (may be a handoff form; never repaired).
+        step: the 0-based index of the decisive error, ``0 <= step < n_steps``.
+        rationale: the annotator's explanation, ``""`` when absent.
+    """
+
+    role: str
+    step: int
+    rationale: str
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What the loaders yield: a trajectory and its label, if the record carries one."""
+
+    trajectory: Trajectory
+    reference: Reference | None
