@@ -1,0 +1,201 @@
+"""All-at-once: the whole failed log in one prompt, one call per trajectory (Who&When, Zhang et al. 2025).
+
+This is the baseline as the LongRCA paper runs it (Sec. 5, App. L.1), not the original script: the answer is a JSON
+object whose ``responsible_role`` and ``root_step`` are separate fields, scored independently; the answer schema
+carries the recorded agent names as an enum and the step range as integer bounds; no ground-truth final answer is
+shown (LongRCA methods see only the task and the history). Invalid fields are stored as invalid, never repaired.
+
+Choices where the papers are silent (each is an option):
+- ``step_numbers=True``: steps are rendered ``[step k] agent: content`` with their stable 0-based index, as the
+  LongRCA interface provides; ``False`` gives the original Who&When rendering (``agent: content`` lines, the model
+  counts lines itself).
+- ``max_tokens=8000`` and ``temperature=0``: the Full-benchmark attribution budget and temperature of RCTA's final
+  call (App. H), so the baseline and RCTA get the same output room. Length retries (one doubling, cap 65,536) are the
+  run's stage policy, applied by the session.
+- Truncation (``truncation="cap-steps"``): when the prompt would not fit the backbone's context window together
+  with the output budget, every step keeps its index and agent, and step contents longer than a common character
+  cap are cut in the middle (head and tail kept, the number of elided characters stated) — the smallest cut that
+  fits, found by bisection on the cap. Long tool outputs are cut first because they are the longest. The applied cap
+  and the number of cut steps are recorded in the output. ``truncation="none"`` sends the full log and lets the
+  provider refuse it (a ContextOverflow stored as the item's failure).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from importlib import resources
+from string import Template
+from typing import Any, Literal
+
+from rcarun.data import Trajectory
+from rcarun.errors import ConfigError
+from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.llm import LLM, Message, Reasoning
+from rcarun.methods.registry import method
+
+__all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_schema", "render_log"]
+
+_ELISION = " [... {n} characters elided ...] "
+# Tokens kept free besides the output budget: chat-template overhead and estimate error.
+_CONTEXT_MARGIN_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class AllAtOnceOptions:
+    max_tokens: int = 8000
+    temperature: float | None = 0.0
+    reasoning: Reasoning | None = None
+    step_numbers: bool = True
+    include_task: bool = True
+    truncation: Literal["cap-steps", "none"] = "cap-steps"
+    stage: str = "attribution"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> AllAtOnceOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"all-at-once: unknown option(s) {unknown}; known: {sorted(known)}")
+        parsed = cls(**options)
+        if not isinstance(parsed.max_tokens, int) or parsed.max_tokens <= 0:
+            raise ConfigError("all-at-once: max_tokens must be a positive integer")
+        if parsed.truncation not in ("cap-steps", "none"):
+            raise ConfigError("all-at-once: truncation must be 'cap-steps' or 'none'")
+        if parsed.reasoning not in (None, "off", "low", "medium", "high"):
+            raise ConfigError("all-at-once: reasoning must be one of off, low, medium, high")
+        return parsed
+
+
+def answer_schema(trajectory: Trajectory) -> dict[str, Any]:
+    """The JSON schema of the answer: reason first (so the model explains before it commits), then the two fields."""
+    return {
+        "type": "object",
+        "properties": {
+            "reason": {"type": "string"},
+            "responsible_role": {"type": "string", "enum": list(trajectory.agents)},
+            "root_step": {"type": "integer", "minimum": 0, "maximum": trajectory.n_steps - 1},
+        },
+        "required": ["reason", "responsible_role", "root_step"],
+        "additionalProperties": False,
+    }
+
+
+def render_log(trajectory: Trajectory, *, step_numbers: bool, step_char_cap: int | None = None) -> str:
+    lines = []
+    for step in trajectory.steps:
+        content = step.content
+        if step_char_cap is not None and len(content) > step_char_cap:
+            content = _cut_middle(content, step_char_cap)
+        prefix = f"[step {step.index}] " if step_numbers else ""
+        lines.append(f"{prefix}{step.agent}: {content}")
+    return "\n".join(lines)
+
+
+def _cut_middle(text: str, cap: int) -> str:
+    head = cap // 2
+    tail = cap - head
+    elided = len(text) - cap
+    return text[:head] + _ELISION.format(n=elided) + (text[-tail:] if tail else "")
+
+
+def _load_prompt(name: str) -> Template:
+    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
+
+
+class AllAtOnce:
+    """One attribution call over the whole (possibly truncated) log."""
+
+    def __init__(self, label: str, options: AllAtOnceOptions) -> None:
+        self.label = label
+        self.options = options
+        self._system = _load_prompt("all_at_once_system.txt").template.strip()
+        self._user = _load_prompt("all_at_once_user.txt")
+
+    def build_messages(self, trajectory: Trajectory, llm: LLM) -> tuple[list[Message], dict[str, Any]]:
+        """The prompt for ``trajectory``, and what truncation (if any) was applied to fit ``llm``'s context."""
+        schema = answer_schema(trajectory)
+        step_format = (
+            'Each step is shown as "[step k] agent: content".'
+            if self.options.step_numbers
+            else 'Each step is shown as "agent: content", one step after another; count them from 0.'
+        )
+
+        def user_prompt(cap: int | None, note: str) -> str:
+            return self._user.substitute(
+                task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
+                agents=", ".join(trajectory.agents),
+                n_steps=trajectory.n_steps,
+                step_format=step_format,
+                log=render_log(trajectory, step_numbers=self.options.step_numbers, step_char_cap=cap),
+                truncation_note=note,
+                schema=json.dumps(schema, indent=2),
+            )
+
+        full = user_prompt(None, "")
+        truncation: dict[str, Any] = {"applied": False, "policy": self.options.truncation}
+        window = llm.context_window
+        if window is None or self.options.truncation == "none":
+            return self._messages(full), truncation
+        allowed = window - self.options.max_tokens - _CONTEXT_MARGIN_TOKENS - llm.estimate_tokens(self._system)
+        if llm.estimate_tokens(full) <= allowed:
+            return self._messages(full), truncation
+
+        note = "\nSome long steps were cut in the middle to fit the model's context; their step numbers are kept.\n"
+        longest = max(len(step.content) for step in trajectory.steps)
+        low, high = 0, longest  # invariant: `high` fits or is the full length; search the largest cap that fits
+        while low < high:
+            mid = (low + high + 1) // 2
+            if llm.estimate_tokens(user_prompt(mid, note)) <= allowed:
+                low = mid
+            else:
+                high = mid - 1
+        cap = low
+        cut_steps = sum(1 for step in trajectory.steps if len(step.content) > cap)
+        truncation.update(
+            applied=True,
+            step_char_cap=cap,
+            steps_cut=cut_steps,
+            context_window=window,
+            fits=llm.estimate_tokens(user_prompt(cap, note)) <= allowed,
+        )
+        return self._messages(user_prompt(cap, note)), truncation
+
+    def _messages(self, user: str) -> list[Message]:
+        return [Message("system", self._system), Message("user", user)]
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        messages, truncation = self.build_messages(trajectory, llm)
+        reply = await llm.chat(
+            messages,
+            stage=self.options.stage,
+            max_tokens=self.options.max_tokens,
+            schema=answer_schema(trajectory),
+            temperature=self.options.temperature,
+            reasoning=self.options.reasoning,
+        )
+        answer = reply.parsed if isinstance(reply.parsed, dict) else None
+        role = answer.get("responsible_role") if answer else None
+        step = answer.get("root_step") if answer else None
+        output: dict[str, Any] = {
+            "answer": answer,
+            "finish_reason": reply.finish_reason,
+            "truncation": truncation,
+        }
+        if answer is None:
+            output["invalid_answer"] = reply.parse_error or "the answer is not a JSON object"
+            output["raw_text"] = reply.text[:2000]
+        return Attribution(
+            pred_role=role if isinstance(role, str) else None,
+            pred_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+            role_valid=role_is_valid(role, trajectory),
+            step_valid=step_is_valid(step, trajectory),
+            abstained=False,
+            output=output,
+        )
+
+
+@method("all-at-once")
+def _create_all_at_once(label: str, options: Mapping[str, Any]) -> AllAtOnce:
+    return AllAtOnce(label, AllAtOnceOptions.from_mapping(options))

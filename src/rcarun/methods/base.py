@@ -1,0 +1,57 @@
+"""What every method returns, and the rules for judging a model's answer valid.
+
+The LongRCA protocol (paper Sec. 3.1, 5.1) scores the responsible role and the root step independently, from
+explicit fields. A method therefore reports both fields, whether each is valid, and the raw answer — it never
+repairs an invalid field (an invalid answer is data that scoring counts as an error). Validity here is strict:
+a role is valid when it is exactly one of the trajectory's recorded agents; a step is valid when it is an integer
+(not a bool, float or numeric string) inside ``[0, n_steps)``. Scoring-time role normalisation is the analysis
+layer's business, not the method's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rcarun.data import Trajectory
+from rcarun.methods.llm import LLM
+
+__all__ = ["Attribution", "Method", "role_is_valid", "step_is_valid"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """A method's verdict on one trajectory.
+
+    Attributes:
+        pred_role: the responsible role as answered (None when the answer had no usable role field).
+        pred_step: the 0-based root step as answered, when it was an integer.
+        role_valid: ``pred_role`` is one of the recorded agents.
+        step_valid: ``pred_step`` is inside the trajectory.
+        abstained: the method declined to answer (no prediction at all).
+        output: method-specific details kept as ``output_json`` (raw answer, reasons, truncation, ...).
+    """
+
+    pred_role: str | None
+    pred_step: int | None
+    role_valid: bool
+    step_valid: bool
+    abstained: bool = False
+    output: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Method(Protocol):
+    """A root-cause attribution method: pure orchestration over the `LLM` it is given."""
+
+    label: str
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution: ...
+
+
+def role_is_valid(role: object, trajectory: Trajectory) -> bool:
+    return isinstance(role, str) and role in trajectory.agents
+
+
+def step_is_valid(step: object, trajectory: Trajectory) -> bool:
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < trajectory.n_steps

@@ -1,0 +1,123 @@
+"""All-at-once: prompt content, answer schema, strict validation and the context-window truncation policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcarun.data import Step, Trajectory
+from rcarun.errors import ConfigError
+from rcarun.methods import create_method, registered_methods
+from rcarun.methods.all_at_once import AllAtOnce, AllAtOnceOptions, answer_schema, render_log
+
+
+def _trajectory(n: int = 4, content_len: int = 20) -> Trajectory:
+    agents = ["Planner", "Coder", "Computer_terminal"]
+    steps = tuple(
+        Step(index=i, agent=agents[i % 3], role="assistant", content=f"step {i} " + "x" * content_len)
+        for i in range(n)
+    )
+    return Trajectory(qid="demo/1", source="demo", task="Count the awnings.", steps=steps, sha256="0" * 64)
+
+
+def test_registered_under_its_kebab_case_name() -> None:
+    assert "all-at-once" in registered_methods()
+    method = create_method("all-at-once", label="aao/no-numbers", options={"step_numbers": False})
+    assert method.label == "aao/no-numbers"
+
+
+def test_unknown_option_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown option"):
+        create_method("all-at-once", options={"max_token": 10})
+
+
+def test_schema_carries_role_enum_and_step_bounds() -> None:
+    schema = answer_schema(_trajectory(7))
+    assert schema["properties"]["responsible_role"]["enum"] == ["Planner", "Coder", "Computer_terminal"]
+    assert schema["properties"]["root_step"] == {"type": "integer", "minimum": 0, "maximum": 6}
+    assert set(schema["required"]) == {"reason", "responsible_role", "root_step"}
+
+
+async def test_one_call_with_the_whole_log_and_a_valid_answer(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory(5)
+    llm = scripted([json.dumps({"reason": "bad code", "responsible_role": "Coder", "root_step": 1})])
+    attribution = await AllAtOnce("all-at-once", AllAtOnceOptions()).attribute(trajectory, llm)
+
+    assert len(llm.requests) == 1
+    request = llm.requests[0]
+    assert request["stage"] == "attribution"
+    assert request["max_tokens"] == 8000
+    assert request["temperature"] == 0.0
+    user = request["messages"][1].content
+    for step in trajectory.steps:
+        assert f"[step {step.index}] {step.agent}: {step.content}" in user
+    assert "Count the awnings." in user
+    assert '"maximum": 4' in user  # the schema is stated in the prompt too
+    assert (attribution.pred_role, attribution.pred_step) == ("Coder", 1)
+    assert attribution.role_valid and attribution.step_valid
+    assert attribution.output["truncation"]["applied"] is False
+
+
+@pytest.mark.parametrize(
+    ("answer", "role_valid", "step_valid", "pred_step"),
+    [
+        ({"reason": "", "responsible_role": "Nobody", "root_step": 2}, False, True, 2),
+        ({"reason": "", "responsible_role": "Coder", "root_step": 5}, True, False, 5),
+        ({"reason": "", "responsible_role": "Coder", "root_step": -1}, True, False, -1),
+        ({"reason": "", "responsible_role": "Coder", "root_step": "2"}, True, False, None),
+        ({"reason": "", "responsible_role": "Coder", "root_step": True}, True, False, None),
+        ({"reason": "", "responsible_role": "coder", "root_step": 2.0}, False, False, None),
+        ({"reason": ""}, False, False, None),
+    ],
+)
+async def test_invalid_fields_are_stored_as_invalid_not_repaired(  # type: ignore[no-untyped-def]
+    scripted, answer, role_valid, step_valid, pred_step
+) -> None:
+    llm = scripted([json.dumps(answer)])
+    attribution = await AllAtOnce("all-at-once", AllAtOnceOptions()).attribute(_trajectory(5), llm)
+    assert attribution.role_valid is role_valid
+    assert attribution.step_valid is step_valid
+    assert attribution.pred_step == pred_step
+    assert attribution.output["answer"] == answer
+
+
+async def test_text_that_is_not_json_is_kept_as_an_invalid_answer(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(["The Coder broke it at step 1."])
+    attribution = await AllAtOnce("all-at-once", AllAtOnceOptions()).attribute(_trajectory(5), llm)
+    assert attribution.pred_role is None and attribution.pred_step is None
+    assert not attribution.role_valid and not attribution.step_valid
+    assert attribution.output["raw_text"] == "The Coder broke it at step 1."
+    assert "invalid_answer" in attribution.output
+
+
+def test_original_rendering_has_no_step_numbers() -> None:
+    log = render_log(_trajectory(3), step_numbers=False)
+    assert log.splitlines()[0].startswith("Planner: step 0")
+    assert "[step" not in log
+
+
+async def test_truncation_keeps_every_step_and_fits_the_window(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory(40, content_len=4000)  # ~160k characters, ~40k tokens at 4 chars/token
+    llm = scripted([json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000)
+    method = AllAtOnce("all-at-once", AllAtOnceOptions(max_tokens=4000))
+    attribution = await method.attribute(trajectory, llm)
+
+    truncation = attribution.output["truncation"]
+    assert truncation["applied"] is True and truncation["fits"] is True
+    assert truncation["steps_cut"] == 40
+    user = llm.requests[0]["messages"][1].content
+    system = llm.requests[0]["messages"][0].content
+    assert llm.estimate_tokens(user) + llm.estimate_tokens(system) + 4000 <= 16_000
+    for step in trajectory.steps:
+        assert f"[step {step.index}] {step.agent}: step {step.index}" in user
+    assert "characters elided" in user
+
+
+async def test_no_truncation_policy_sends_everything(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory(40, content_len=4000)
+    llm = scripted([json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000)
+    method = AllAtOnce("all-at-once", AllAtOnceOptions(truncation="none"))
+    attribution = await method.attribute(trajectory, llm)
+    assert attribution.output["truncation"]["applied"] is False
+    assert "characters elided" not in llm.requests[0]["messages"][1].content
