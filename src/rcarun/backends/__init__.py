@@ -1,0 +1,64 @@
+"""rcarun's backends: one request in, one `ChatResult` (or a typed `rcarun.errors.CallError`) out.
+
+The runner builds a `BackendSettings` per backbone from TOML and calls `create_backend`; everything provider
+specific lives in `presets`, everything HTTP specific in `transports`, and the single request builder and
+response parser both transports share in `wire`.
+"""
+
+from __future__ import annotations
+
+from rcarun.backends.openai_compat import OpenAICompatBackend
+from rcarun.backends.presets import PRESETS, Preset, get_preset, register_preset
+from rcarun.backends.ratelimits import (
+    longest_reset_s,
+    parse_duration_s,
+    parse_rate_limit_headers,
+    parse_retry_after_s,
+)
+from rcarun.backends.registry import backend, backend_names, create_backend, register_lazy_backend
+from rcarun.backends.replicas import ReplicaBalancer
+from rcarun.backends.settings import BackendSettings, Secret
+from rcarun.backends.transports import RawResponse, Transport, create_transport, transport, transport_names
+from rcarun.backends.types import (
+    Backend,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    RateLimitInfo,
+    ReasoningSetting,
+    Usage,
+)
+from rcarun.backends.wire import build_body, parse_completion
+
+__all__ = [
+    "PRESETS",
+    "Backend",
+    "BackendSettings",
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResult",
+    "OpenAICompatBackend",
+    "Preset",
+    "RateLimitInfo",
+    "RawResponse",
+    "ReasoningSetting",
+    "ReplicaBalancer",
+    "Secret",
+    "Transport",
+    "Usage",
+    "backend",
+    "backend_names",
+    "build_body",
+    "create_backend",
+    "create_transport",
+    "get_preset",
+    "longest_reset_s",
+    "parse_completion",
+    "parse_duration_s",
+    "parse_rate_limit_headers",
+    "parse_retry_after_s",
+    "register_lazy_backend",
+    "register_preset",
+    "transport",
+    "transport_names",
+]

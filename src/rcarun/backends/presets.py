@@ -1,0 +1,237 @@
+"""Provider presets: the small, named differences between OpenAI-compatible APIs, kept as data.
+
+Every provider speaks "OpenAI chat completions", but each differs in a handful of places: the name of the
+output budget field, how thinking is switched, where cache hits and reasoning tokens are counted, which
+rate-limit headers exist, which statuses mean "slow down". A `Preset` lists exactly those differences so that
+one request builder and one response parser (`rcarun.backends.wire`) serve every provider, and adding a
+provider is adding a value here, never a branch on its name.
+
+Sources (checked when written; providers change, so each preset names its own):
+- DeepSeek thinking mode: https://api-docs.deepseek.com/guides/thinking_mode — ``{"thinking": {"type":
+  "enabled"|"disabled"}}`` (OpenAI SDK: in ``extra_body``), ``reasoning_effort``, reasoning text in
+  ``message.reasoning_content``; usage ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``
+  (https://api-docs.deepseek.com/api/create-chat-completion). Its limit is concurrency per account and model
+  (429 above it); it sends no rate-limit headers and writes keep-alive blank lines while a request is queued.
+- OpenAI: ``max_completion_tokens`` (``max_tokens`` is deprecated and refused by reasoning models),
+  ``reasoning_effort``, ``usage.prompt_tokens_details.cached_tokens``,
+  ``usage.completion_tokens_details.reasoning_tokens``,
+  ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``
+  (https://platform.openai.com/docs/guides/rate-limits); 429 with ``insufficient_quota`` means no credit left.
+- Kimi / Moonshot: ``{"thinking": {"type": "enabled"|"disabled"}}``
+  (https://platform.kimi.ai/docs/api/models-overview, thinking on by default for kimi-k2.5+); sampling
+  parameters are fixed by the platform on kimi-* thinking models and rejected; ``X-RateLimit-Limit``,
+  ``X-RateLimit-Remaining``, ``X-RateLimit-Reset`` (https://www.kimi.com/help/kimi-api/api-rate-limits);
+  ``engine_overloaded_error`` arrives as 429 or 503 and is a rate-limit signal (inspect_ai PR #4572 scales
+  rate limits down on Moonshot 503s); cache hits in ``usage.cached_tokens``; ``response_format`` supports
+  ``json_object``.
+- vLLM server: thinking via ``chat_template_kwargs: {"enable_thinking": bool}`` (Qwen3 template), reasoning
+  text in ``message.reasoning`` (renamed from ``reasoning_content``;
+  https://docs.vllm.ai/en/stable/features/reasoning_outputs/), no 429, a 400 "maximum context length" when
+  prompt + max_tokens exceed the context; structured output via ``response_format`` ``json_schema``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from rcarun.errors import ConfigError
+
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "get_preset",
+    "json_object_format",
+    "json_schema_format",
+    "register_preset",
+]
+
+# Thinking switches: True/False -> fields deep-merged into the request body.
+ThinkingFields = Callable[[bool], Mapping[str, Any]]
+# Structured output: (schema, schema name) -> the ``response_format`` value.
+ResponseFormat = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
+
+
+def _thinking_type(enabled: bool) -> Mapping[str, Any]:
+    return {"thinking": {"type": "enabled" if enabled else "disabled"}}
+
+
+def _chat_template_enable_thinking(enabled: bool) -> Mapping[str, Any]:
+    return {"chat_template_kwargs": {"enable_thinking": enabled}}
+
+
+def json_schema_format(schema: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """OpenAI-style structured output; ``strict`` is left off: method schemas need not meet its rules."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def json_object_format(schema: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """JSON mode for providers without schema-constrained output; the prompt carries the schema itself."""
+    return {"type": "json_object"}
+
+
+_OPENAI_RATE_LIMIT_HEADERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "limit_requests": ("x-ratelimit-limit-requests",),
+        "remaining_requests": ("x-ratelimit-remaining-requests",),
+        "reset_requests_s": ("x-ratelimit-reset-requests",),
+        "limit_tokens": ("x-ratelimit-limit-tokens",),
+        "remaining_tokens": ("x-ratelimit-remaining-tokens",),
+        "reset_tokens_s": ("x-ratelimit-reset-tokens",),
+    }
+)
+_MOONSHOT_RATE_LIMIT_HEADERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "limit_requests": ("x-ratelimit-limit", "x-ratelimit-limit-requests"),
+        "remaining_requests": ("x-ratelimit-remaining", "x-ratelimit-remaining-requests"),
+        "reset_requests_s": ("x-ratelimit-reset", "x-ratelimit-reset-requests"),
+        "limit_tokens": ("x-ratelimit-limit-tokens",),
+        "remaining_tokens": ("x-ratelimit-remaining-tokens",),
+        "reset_tokens_s": ("x-ratelimit-reset-tokens",),
+    }
+)
+# The generic default reads both spellings: the OpenAI suffixed names first, the unsuffixed ones as requests.
+_ANY_RATE_LIMIT_HEADERS = _MOONSHOT_RATE_LIMIT_HEADERS
+
+_OPENAI_CACHED: tuple[tuple[str, ...], ...] = (("prompt_tokens_details", "cached_tokens"),)
+# The generic default also understands DeepSeek's and Moonshot's spellings, so an unknown provider that copied
+# either is still counted.
+_ANY_CACHED: tuple[tuple[str, ...], ...] = (*_OPENAI_CACHED, ("prompt_cache_hit_tokens",), ("cached_tokens",))
+_OPENAI_REASONING: tuple[tuple[str, ...], ...] = (("completion_tokens_details", "reasoning_tokens"),)
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "n", "presence_penalty", "frequency_penalty")
+_QUOTA_MARKERS = (
+    "insufficient_quota",
+    "exceeded_current_quota",
+    "insufficient balance",
+    "insufficient_balance",
+)
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "exceeded model token limit",
+    "too many tokens",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """The ways one provider differs from the plain OpenAI chat-completions shape.
+
+    Attributes:
+        name: registry key (kebab-case), the ``provider`` in `BackendSettings`.
+        max_tokens_field: request field carrying the output budget.
+        thinking_fields: how to switch thinking on or off; None when the provider has no switch.
+        thinking_default_on: whether thinking is on when nobody says (decides sampling stripping).
+        sends_reasoning_effort: whether ``reasoning_effort`` is a request field here.
+        strips_sampling_while_thinking: drop `sampling_fields` when thinking is on (the API rejects them).
+        sampling_fields: the fields dropped by the rule above.
+        response_format: encoder for ``response_format`` when a request carries a schema; None never sends it.
+        cached_tokens_paths: usage paths tried in order for cache-hit prompt tokens.
+        reasoning_tokens_paths: usage paths tried in order for reasoning tokens (part of completion tokens).
+        reasoning_text_fields: message fields tried in order for the thinking text.
+        rate_limit_headers: RateLimitInfo field -> lower-case header names tried in order.
+        rate_limit_statuses: HTTP statuses that mean "slow down" (429, and 503 for Moonshot).
+        quota_markers: lower-case substrings of an error body meaning the account has no credit (fatal).
+        context_overflow_markers: lower-case substrings of a 400 body meaning prompt + budget exceed the
+        context.
+    """
+
+    name: str
+    max_tokens_field: str = "max_tokens"
+    thinking_fields: ThinkingFields | None = None
+    thinking_default_on: bool = False
+    sends_reasoning_effort: bool = False
+    strips_sampling_while_thinking: bool = False
+    sampling_fields: tuple[str, ...] = _SAMPLING_FIELDS
+    response_format: ResponseFormat | None = json_schema_format
+    cached_tokens_paths: tuple[tuple[str, ...], ...] = _ANY_CACHED
+    reasoning_tokens_paths: tuple[tuple[str, ...], ...] = _OPENAI_REASONING
+    reasoning_text_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
+    rate_limit_headers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _ANY_RATE_LIMIT_HEADERS)
+    rate_limit_statuses: frozenset[int] = frozenset({429})
+    quota_markers: tuple[str, ...] = _QUOTA_MARKERS
+    context_overflow_markers: tuple[str, ...] = _CONTEXT_MARKERS
+
+
+_REGISTRY: dict[str, Preset] = {}
+PRESETS: Mapping[str, Preset] = MappingProxyType(_REGISTRY)
+"""Every registered preset by name (read-only view)."""
+
+
+def register_preset(preset: Preset) -> Preset:
+    """Add a preset to the registry; names are unique."""
+    if preset.name in _REGISTRY:
+        raise ValueError(f"preset {preset.name!r} is already registered")
+    _REGISTRY[preset.name] = preset
+    return preset
+
+
+def get_preset(name: str) -> Preset:
+    """The preset registered under `name`.
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones).
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ConfigError(f"unknown provider preset {name!r}; known presets: {known}") from None
+
+
+register_preset(Preset(name="openai-compatible"))
+
+register_preset(
+    Preset(
+        name="openai",
+        max_tokens_field="max_completion_tokens",
+        cached_tokens_paths=_OPENAI_CACHED,
+        sends_reasoning_effort=True,
+        rate_limit_headers=_OPENAI_RATE_LIMIT_HEADERS,
+    )
+)
+
+register_preset(
+    Preset(
+        name="deepseek",
+        thinking_fields=_thinking_type,
+        thinking_default_on=True,
+        sends_reasoning_effort=True,
+        response_format=json_object_format,
+        cached_tokens_paths=(("prompt_cache_hit_tokens",), *_OPENAI_CACHED),
+        rate_limit_headers=MappingProxyType({}),
+    )
+)
+
+register_preset(
+    Preset(
+        name="kimi",
+        thinking_fields=_thinking_type,
+        thinking_default_on=True,
+        strips_sampling_while_thinking=True,
+        response_format=json_object_format,
+        cached_tokens_paths=(("cached_tokens",), *_OPENAI_CACHED),
+        rate_limit_headers=_MOONSHOT_RATE_LIMIT_HEADERS,
+        rate_limit_statuses=frozenset({429, 503}),
+    )
+)
+
+register_preset(
+    Preset(
+        name="vllm",
+        thinking_fields=_chat_template_enable_thinking,
+        thinking_default_on=True,
+        reasoning_text_fields=("reasoning", "reasoning_content"),
+    )
+)
+
+register_preset(
+    Preset(
+        name="simulated",
+        rate_limit_headers=_ANY_RATE_LIMIT_HEADERS,
+    )
+)

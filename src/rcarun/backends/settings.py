@@ -1,0 +1,124 @@
+"""How one backbone is reached: the typed settings the runner builds from TOML and hands to `create_backend`.
+
+Kept apart from the presets because settings are per backbone (model, replicas, key variable, pool size) while
+a preset is per provider (field names and quirks). The API key itself is never stored here, only the NAME of
+the environment variable that holds it, so that a settings value can be logged, hashed into a run config or
+shown in a repr without leaking anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from rcarun.errors import ConfigError
+
+__all__ = ["BackendSettings", "Secret"]
+
+
+def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """Everything a backend needs to reach one backbone.
+
+    Attributes:
+        name: the backbone's label in results.db and in every error message.
+        provider: preset name (``openai``, ``deepseek``, ``kimi``, ``vllm``, ``simulated``,
+        ``openai-compatible``). model: the model name sent in every request. base_urls: one or more replica
+        base URLs ending in ``/v1``; more than one is balanced by fewest
+            outstanding requests.
+        api_key_env: NAME of the environment variable holding the key; None sends no Authorization header.
+        transport: ``aiohttp`` (default) or ``openai-sdk``.
+        timeout_s: whole-request deadline in seconds (queueing at the provider included).
+        connect_timeout_s: TCP/TLS connect deadline in seconds.
+        pool_size: HTTP connections kept per backend; must be at least the runner's concurrency for it.
+        thinking: default thinking on/off when a request does not say; None leaves the provider default.
+        reasoning_effort: default effort ("low", "medium", "high", ...) when a request does not say.
+        extra_body: merged (deeply) into every request body, after the standard fields.
+        extra_headers: sent with every request.
+        supports_response_format: False never sends ``response_format`` (the prompt still states the schema).
+        backend: registry name of the backend class (``openai-compat``; later ``vllm-engine``).
+    """
+
+    name: str
+    provider: str
+    model: str
+    base_urls: tuple[str, ...]
+    api_key_env: str | None = None
+    transport: str = "aiohttp"
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    pool_size: int = 64
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    supports_response_format: bool = True
+    backend: str = "openai-compat"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base_urls, str):
+            # A bare string would silently become a tuple of characters.
+            object.__setattr__(self, "base_urls", (self.base_urls,))
+        object.__setattr__(self, "base_urls", tuple(url.rstrip("/") for url in self.base_urls))
+        object.__setattr__(self, "extra_body", _frozen_mapping(self.extra_body))
+        object.__setattr__(self, "extra_headers", _frozen_mapping(self.extra_headers))
+        where = f"backbone {self.name!r}"
+        if not self.name:
+            raise ConfigError("a backbone needs a non-empty name")
+        if not self.model:
+            raise ConfigError(f"{where}: model is empty")
+        if not self.base_urls or any(not url for url in self.base_urls):
+            raise ConfigError(f"{where}: base_urls needs at least one non-empty URL")
+        if self.pool_size < 1:
+            raise ConfigError(f"{where}: pool_size must be >= 1, got {self.pool_size}")
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ConfigError(f"{where}: timeout_s and connect_timeout_s must be > 0")
+
+    def read_api_key(self) -> Secret | None:
+        """The key from the environment variable named by ``api_key_env``, wrapped so it never prints.
+
+        Raises:
+            ConfigError: the variable is named but not set (the message names the variable, never a value).
+        """
+        if self.api_key_env is None:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise ConfigError(
+                f"backbone {self.name!r}: environment variable {self.api_key_env} (api_key_env) is not set"
+            )
+        return Secret(value)
+
+
+class Secret:
+    """A string that does not show itself in repr, str, f-strings or logs; `reveal()` is the only way out."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def redact(self, text: str) -> str:
+        """`text` with every occurrence of the secret replaced, for messages built from foreign exceptions."""
+        return text.replace(self._value, "***") if self._value and self._value in text else text
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __format__(self, format_spec: str) -> str:
+        return "***"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Secret cannot be pickled")

@@ -1,0 +1,337 @@
+"""The one request builder and the one response parser that every transport shares.
+
+Both transports (aiohttp and the openai SDK) send the body `build_body` makes and hand the raw status, headers
+and bytes to `parse_completion`, so that a backbone gives identical `ChatResult`s and identical errors
+whichever transport carries it. Provider differences come from the `Preset`, never from branches on names.
+
+Parsing is done by hand on the decoded JSON rather than with pydantic models: it runs once per call on the hot
+path of fast self-hosted sweeps, and it must tolerate shapes a strict model would refuse (null content,
+reasoning in either field, usage fields that some providers omit).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rcarun.backends.presets import Preset
+from rcarun.backends.ratelimits import longest_reset_s, parse_rate_limit_headers
+from rcarun.backends.settings import BackendSettings
+from rcarun.backends.types import ChatRequest, ChatResult, RateLimitInfo, Usage
+from rcarun.errors import (
+    AuthError,
+    BadRequest,
+    CallError,
+    ContextOverflow,
+    MalformedResponse,
+    QuotaExhausted,
+    RateLimited,
+    ServerError,
+)
+
+__all__ = [
+    "MAX_QUOTED_CHARS",
+    "build_body",
+    "error_for_status",
+    "parse_completion",
+    "provider_message",
+]
+
+MAX_QUOTED_CHARS = 300
+"""How much of a provider's error message an rcarun error quotes."""
+
+_EFFORT_LEVELS = frozenset({"low", "medium", "high"})
+
+# Statuses whose meaning does not depend on the provider. Rate-limit statuses come from the preset first.
+_STATUS_ERRORS: Mapping[int, type[CallError]] = {
+    400: BadRequest,
+    401: AuthError,
+    402: QuotaExhausted,
+    403: AuthError,
+    404: BadRequest,
+    405: BadRequest,
+    408: ServerError,
+    409: BadRequest,
+    413: BadRequest,
+    415: BadRequest,
+    422: BadRequest,
+    429: RateLimited,
+}
+# Statuses on which an error body may say "out of credit" and must become fatal.
+_QUOTA_STATUSES = frozenset({402, 403, 429})
+
+
+def build_body(request: ChatRequest, settings: BackendSettings, preset: Preset) -> dict[str, Any]:
+    """The JSON body for ``POST {base_url}/chat/completions``.
+
+    Order of precedence, lowest first: standard fields from the request, the backbone's ``extra_body``, the
+    thinking switch (the request's ``reasoning`` beats the backbone default). Sampling fields are removed last
+    when the preset says the provider rejects them while thinking.
+    """
+    body: dict[str, Any] = {
+        "model": settings.model,
+        "messages": [{"role": message.role, "content": message.content} for message in request.messages],
+        preset.max_tokens_field: request.max_tokens,
+    }
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if (
+        request.schema is not None
+        and settings.supports_response_format
+        and preset.response_format is not None
+    ):
+        body["response_format"] = preset.response_format(request.schema, request.schema_name)
+    if settings.extra_body:
+        _deep_merge(body, settings.extra_body)
+
+    thinking, effort = _reasoning_choice(request, settings)
+    if thinking is not None and preset.thinking_fields is not None:
+        _deep_merge(body, preset.thinking_fields(thinking))
+    if effort is not None and preset.sends_reasoning_effort:
+        body["reasoning_effort"] = effort
+    thinking_on = preset.thinking_default_on if thinking is None else thinking
+    if preset.strips_sampling_while_thinking and thinking_on:
+        for name in preset.sampling_fields:
+            body.pop(name, None)
+    return body
+
+
+def _reasoning_choice(request: ChatRequest, settings: BackendSettings) -> tuple[bool | None, str | None]:
+    """(thinking on/off or None for provider default, effort or None) from the request, else the backbone."""
+    if request.reasoning == "off":
+        return False, None
+    if request.reasoning in _EFFORT_LEVELS:
+        return True, request.reasoning
+    effort = settings.reasoning_effort if settings.thinking is not False else None
+    return settings.thinking, effort
+
+
+def _deep_merge(target: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        current = target.get(key)
+        if isinstance(value, Mapping) and isinstance(current, dict):
+            _deep_merge(current, value)
+        elif isinstance(value, Mapping):
+            fresh: dict[str, Any] = {}
+            _deep_merge(fresh, value)
+            target[key] = fresh
+        else:
+            target[key] = value
+
+
+def parse_completion(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    preset: Preset,
+    latency_s: float,
+    endpoint: str,
+    *,
+    backbone: str = "",
+) -> ChatResult:
+    """Translate one HTTP exchange into a `ChatResult`, or raise the matching `rcarun.errors.CallError`.
+
+    Args:
+        status: HTTP status.
+        headers: response headers (any case; looked up case-insensitively).
+        body: the response body exactly as received (leading blank lines allowed: DeepSeek writes them while a
+            request is queued).
+        preset: the provider's differences.
+        latency_s: seconds from sending to having read the body.
+        endpoint: the base URL that served the call.
+        backbone: the backbone's label, named in error messages.
+
+    Raises:
+        RateLimited, QuotaExhausted, ServerError, BadRequest, ContextOverflow, AuthError, MalformedResponse.
+    """
+    lowered = {name.lower(): value for name, value in headers.items()}
+    rate_limit = parse_rate_limit_headers(lowered, preset.rate_limit_headers)
+    label = backbone or endpoint
+    if not 200 <= status < 300:
+        raise error_for_status(status, body, preset, label, rate_limit)
+
+    payload = _load_json(body)
+    if not isinstance(payload, dict):
+        raise MalformedResponse(
+            f"{label}: HTTP {status} body is not a JSON object: {_quote_bytes(body)}", status=status
+        )
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _in_band_error(status, payload, body, preset, label, rate_limit)
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise MalformedResponse(f"{label}: HTTP {status} choice has no message object", status=status)
+
+    finish_reason = choice.get("finish_reason")
+    model = payload.get("model")
+    return ChatResult(
+        text=_content_text(message.get("content"), label, status),
+        reasoning_text=_reasoning_text(message, preset),
+        finish_reason=finish_reason if isinstance(finish_reason, str) else "",
+        usage=_usage(payload.get("usage"), preset),
+        latency_s=latency_s,
+        model=model if isinstance(model, str) else "",
+        rate_limit=rate_limit,
+        raw_body=body,
+        endpoint=endpoint,
+    )
+
+
+def _load_json(body: bytes) -> Any:
+    try:
+        # json.loads skips leading whitespace itself; the strip also covers bodies that are only blank lines.
+        stripped = body.strip()
+        return json.loads(stripped) if stripped else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _content_text(content: Any, label: str, status: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Content parts (some gateways return them even for text-only answers).
+        return "".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    raise MalformedResponse(
+        f"{label}: HTTP {status} message content is a {type(content).__name__}", status=status
+    )
+
+
+def _reasoning_text(message: Mapping[str, Any], preset: Preset) -> str:
+    for name in preset.reasoning_text_fields:
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _usage(raw: Any, preset: Preset) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    return Usage(
+        prompt_tokens=_count(raw.get("prompt_tokens")),
+        cached_prompt_tokens=_first_count(raw, preset.cached_tokens_paths),
+        completion_tokens=_count(raw.get("completion_tokens")),
+        reasoning_tokens=_first_count(raw, preset.reasoning_tokens_paths),
+    )
+
+
+def _first_count(usage: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> int:
+    for path in paths:
+        node: Any = usage
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return _count(node)
+    return 0
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(0, value)
+    if isinstance(value, float) and value == value:
+        return max(0, int(value))
+    return 0
+
+
+def error_for_status(
+    status: int,
+    body: bytes,
+    preset: Preset,
+    label: str,
+    rate_limit: RateLimitInfo | None = None,
+) -> CallError:
+    """The rcarun error for a non-2xx answer (returned, not raised, so callers choose how to raise it)."""
+    payload = _load_json(body)
+    full_text = _provider_text(payload, body)
+    quoted = _shorten(full_text)
+    classifier = full_text.lower()
+    message = f"{label}: HTTP {status}: {quoted}" if quoted else f"{label}: HTTP {status}"
+
+    if status in _QUOTA_STATUSES and any(marker in classifier for marker in preset.quota_markers):
+        return QuotaExhausted(message, status=status)
+    if status in preset.rate_limit_statuses:
+        return RateLimited(
+            message,
+            status=status,
+            retry_after_s=rate_limit.retry_after_s if rate_limit is not None else None,
+            reset_s=longest_reset_s(rate_limit),
+        )
+    error_class = _STATUS_ERRORS.get(status)
+    if error_class is None:
+        error_class = (
+            ServerError if status >= 500 else BadRequest if 400 <= status < 500 else MalformedResponse
+        )
+    if error_class is BadRequest and any(marker in classifier for marker in preset.context_overflow_markers):
+        error_class = ContextOverflow
+    if error_class is RateLimited:
+        # 429 on a preset that lists other rate-limit statuses only: still a rate limit.
+        return RateLimited(message, status=status, reset_s=longest_reset_s(rate_limit))
+    return error_class(message, status=status)
+
+
+def _in_band_error(
+    status: int,
+    payload: Mapping[str, Any],
+    body: bytes,
+    preset: Preset,
+    label: str,
+    rate_limit: RateLimitInfo | None,
+) -> CallError:
+    """A 2xx whose body is not a completion: an error object carrying its own status, or malformed."""
+    error = payload.get("error")
+    if isinstance(error, dict):
+        for key in ("status", "code"):
+            code = error.get(key)
+            if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+                return error_for_status(code, body, preset, label, rate_limit)
+    quoted = provider_message(payload, body)
+    detail = f": {quoted}" if quoted else ""
+    return MalformedResponse(f"{label}: HTTP {status} body is not a chat completion{detail}", status=status)
+
+
+def provider_message(payload: Any, body: bytes) -> str:
+    """The provider's own error message, whitespace collapsed and cut to `MAX_QUOTED_CHARS`."""
+    return _shorten(_provider_text(payload, body))
+
+
+def _provider_text(payload: Any, body: bytes) -> str:
+    """The provider's error message with its type and code, or the body's first characters when not JSON."""
+    text = ""
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict):
+            parts = [error.get("message"), error.get("type"), error.get("code")]
+            text = " | ".join(str(part) for part in parts if part not in (None, ""))
+        elif isinstance(error, str):
+            text = error
+        if not text:
+            for key in ("message", "detail"):
+                value = payload.get(key)
+                if value:
+                    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+                    break
+    if not text:
+        return body[: MAX_QUOTED_CHARS * 4].decode("utf-8", errors="replace")
+    return text
+
+
+def _quote_bytes(body: bytes) -> str:
+    return _shorten(body[: MAX_QUOTED_CHARS * 4].decode("utf-8", errors="replace"))
+
+
+def _shorten(text: str) -> str:
+    collapsed = " ".join(text.split())
+    if len(collapsed) <= MAX_QUOTED_CHARS:
+        return collapsed
+    return collapsed[: MAX_QUOTED_CHARS - 1] + "…"
