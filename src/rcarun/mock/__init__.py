@@ -1,0 +1,36 @@
+"""rcarun's OpenAI-compatible simulator: a backbone on loopback for tests, the demo and the benchmark.
+
+It stands alone (it imports nothing else of rcarun), answers chat completions with values generated from the
+JSON schema each request carries, enforces rate and concurrency limits the way providers do, injects
+reproducible faults, and measures what clients offered at ``GET /mock/stats``.
+
+    async with MockServer(MockConfig(rpm=600)) as server:   # in this event loop
+        ... server.base_url, server.stats(), server.reset()
+
+    with MockProcess(MockConfig(rpm=600)) as mock:          # in a child process
+        ... mock.base_url, mock.stats(), mock.reset()
+"""
+
+from .answers import generate_value, schema_from_prompt, schema_from_request
+from .config import HeaderStyle, MockConfig, OverConcurrency, ReasoningField, UsageStyle
+from .headers import format_openai_duration
+from .process import MockProcess, MockStartError
+from .server import MockServer, is_loopback_host
+from .stats import MockStats
+
+__all__ = [
+    "HeaderStyle",
+    "MockConfig",
+    "MockProcess",
+    "MockServer",
+    "MockStartError",
+    "MockStats",
+    "OverConcurrency",
+    "ReasoningField",
+    "UsageStyle",
+    "format_openai_duration",
+    "generate_value",
+    "is_loopback_host",
+    "schema_from_prompt",
+    "schema_from_request",
+]

@@ -1,0 +1,151 @@
+"""``python -m rcarun.mock`` (and, wired by the lead, ``rcarun mock-server``): the simulator as a process.
+
+The benchmark runs the server in its own process so that it has a core to itself; `MockProcess` starts it
+through this entry point with ``--config-json`` and ``--port 0`` and reads the chosen address from the first
+stdout line, a JSON object ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``. Nothing else
+is written to stdout. Hosts other than loopback are refused: the simulator is a test fixture, never a public
+service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .config import MockConfig
+from .server import MockServer, is_loopback_host
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m rcarun.mock",
+        description="Run rcarun's OpenAI-compatible simulator on loopback. Flags override --config-json.",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default 0)")
+    parser.add_argument("--config-json", help="a JSON object of MockConfig fields")
+    parser.add_argument("--model", help="model name to list and report")
+    parser.add_argument("--latency", type=float, help="base latency per accepted request, seconds")
+    parser.add_argument("--latency-per-token", type=float, help="extra latency per completion token, seconds")
+    parser.add_argument("--rpm", type=int, help="requests per minute")
+    parser.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
+    parser.add_argument("--rps", type=int, help="requests per second (the sub-minute tier)")
+    parser.add_argument("--burst", type=float, help="bucket capacity in seconds of quota (default 1)")
+    parser.add_argument("--max-concurrency", type=int, help="most requests generating at once")
+    parser.add_argument("--over-concurrency", choices=["429", "queue"], help="reject or queue above the cap")
+    parser.add_argument("--headers", choices=["openai", "moonshot", "none"], help="rate-limit header style")
+    parser.add_argument(
+        "--fault-rate", type=float, help="probability of a 5xx, split evenly over 500 and 503"
+    )
+    parser.add_argument("--reasoning-tokens", type=int, help="simulated thinking tokens per answer")
+    parser.add_argument(
+        "--reasoning-field",
+        choices=["reasoning_content", "reasoning", "none"],
+        help="field of the thinking text",
+    )
+    parser.add_argument("--usage-style", choices=["openai", "deepseek"], help="shape of usage details")
+    parser.add_argument("--context-window", type=int, help="vLLM-style context limit in tokens")
+    parser.add_argument("--api-key-env", help="name of an environment variable holding the key to require")
+    parser.add_argument("--seed", type=int, help="seed of the server's random draws")
+    # Used by MockProcess: exit when the parent closes our stdin (or dies), so no server is ever orphaned.
+    parser.add_argument("--watch-stdin", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> MockConfig:
+    """The config of parsed flags: defaults, then --config-json, then individual flags.
+
+    Raises:
+        ValueError: invalid JSON, unknown keys, invalid values or a missing key variable.
+    """
+    values: dict[str, Any] = {}
+    if args.config_json:
+        values.update(MockConfig.from_json(args.config_json).to_dict())
+    flag_fields = {
+        "model": args.model,
+        "latency_s": args.latency,
+        "latency_per_token_s": args.latency_per_token,
+        "rpm": args.rpm,
+        "tpm": args.tpm,
+        "rps": args.rps,
+        "burst_s": args.burst,
+        "max_concurrency": args.max_concurrency,
+        "over_concurrency": args.over_concurrency,
+        "headers": args.headers,
+        "reasoning_tokens": args.reasoning_tokens,
+        "usage_style": args.usage_style,
+        "context_window": args.context_window,
+        "seed": args.seed,
+    }
+    values.update({name: value for name, value in flag_fields.items() if value is not None})
+    if args.reasoning_field is not None:
+        values["reasoning_field"] = None if args.reasoning_field == "none" else args.reasoning_field
+    if args.fault_rate is not None:
+        values["error_500_rate"] = args.fault_rate / 2
+        values["error_503_rate"] = args.fault_rate / 2
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ValueError(f"environment variable {args.api_key_env} is not set or empty")
+        values["api_key"] = key
+    return MockConfig.from_mapping(values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the simulator until SIGINT/SIGTERM (or stdin EOF with --watch-stdin). Returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not is_loopback_host(args.host):
+        print(
+            f"error: refusing to listen on {args.host!r}: the simulator serves loopback only", file=sys.stderr
+        )
+        return 2
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config, args.host, args.port, args.watch_stdin))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(config: MockConfig, host: str, port: int, watch_stdin: bool) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if watch_stdin:
+
+        def wait_for_stdin_eof() -> None:
+            while sys.stdin.buffer.read(65536):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_stdin_eof, name="rcarun-mock-stdin", daemon=True).start()
+    async with MockServer(config, host=host, port=port) as server:
+        announcement = {
+            "event": "listening",
+            "base_url": server.base_url,
+            "port": server.port,
+            "pid": os.getpid(),
+        }
+        print(json.dumps(announcement), flush=True)
+        print(
+            f"rcarun mock server listening on {server.base_url} (Ctrl-C to stop)", file=sys.stderr, flush=True
+        )
+        await stop.wait()

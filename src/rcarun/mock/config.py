@@ -1,0 +1,170 @@
+"""The simulator's knobs in one frozen value, so a test, the demo and the benchmark describe a backbone alike.
+
+One `MockConfig` says how the simulated backbone behaves: how fast it answers, which limits it enforces and
+how it signals them, which faults it injects, how it reports usage and reasoning. It crosses process borders
+as JSON (`to_json` / `from_json`): that is how `MockProcess` hands it to a server in its own process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+__all__ = [
+    "HeaderStyle",
+    "MockConfig",
+    "OverConcurrency",
+    "ReasoningField",
+    "UsageStyle",
+]
+
+HeaderStyle = Literal["openai", "moonshot", "none"]
+OverConcurrency = Literal["429", "queue"]
+ReasoningField = Literal["reasoning_content", "reasoning"]
+UsageStyle = Literal["openai", "deepseek"]
+
+_FAULT_RATE_FIELDS = ("error_500_rate", "error_503_rate", "timeout_rate", "reset_rate", "malformed_rate")
+
+
+@dataclass(frozen=True, slots=True)
+class MockConfig:
+    """How the simulated backbone behaves.
+
+    Attributes:
+        model: the model name listed by ``/v1/models`` and reported when a request names none.
+        seed: seeds the server's own random draws (faults, sampling noise) so that a run is reproducible.
+        latency_s: base time to answer an accepted request, in seconds.
+        latency_per_token_s: extra seconds per generated (completion) token.
+        chars_per_token: characters per token when counting prompt and completion tokens.
+        rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second;
+            None disables that limit. Each is a token bucket refilled at limit/period.
+        burst_s: bucket capacity in seconds of quota (rpm 600 with burst 1 s admits 10 requests at once).
+        max_concurrency: most requests generating at once; None for no cap.
+        over_concurrency: "429" rejects requests above the cap at once; "queue" holds them FIFO and keeps the
+            connection alive with blank lines, as DeepSeek does.
+        keepalive_s: interval of the blank lines written while a request is queued.
+        headers: which rate-limit headers every chat response carries ("none" like DeepSeek).
+        error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate: probability of each
+            fault per request (their sum at most 1). Faulted requests are not charged against limits.
+        hang_s: how long a "timeout" fault holds the request before dropping the connection.
+        reasoning_tokens: simulated thinking tokens per answer.
+        reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
+        usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).
+        context_window: vLLM-style context limit in tokens; None for no limit.
+        api_key: when set, requests must carry ``Authorization: Bearer <api_key>`` (never shown in reprs).
+        quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
+    """
+
+    model: str = "sim-model"
+    seed: int = 0
+    latency_s: float = 0.05
+    latency_per_token_s: float = 0.0
+    chars_per_token: float = 4.0
+    rpm: int | None = None
+    tpm: int | None = None
+    rps: int | None = None
+    burst_s: float = 1.0
+    max_concurrency: int | None = None
+    over_concurrency: OverConcurrency = "429"
+    keepalive_s: float = 0.5
+    headers: HeaderStyle = "openai"
+    error_500_rate: float = 0.0
+    error_503_rate: float = 0.0
+    timeout_rate: float = 0.0
+    reset_rate: float = 0.0
+    malformed_rate: float = 0.0
+    hang_s: float = 30.0
+    reasoning_tokens: int = 0
+    reasoning_field: ReasoningField | None = "reasoning_content"
+    usage_style: UsageStyle = "openai"
+    context_window: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    quota_exhausted: bool = False
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("latency_s", "latency_per_token_s", "hang_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                problems.append(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("chars_per_token", "burst_s", "keepalive_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("rpm", "tpm", "rps", "max_concurrency", "context_window"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                problems.append(f"{name} must be a positive integer or None, got {value!r}")
+        if isinstance(self.reasoning_tokens, bool) or not isinstance(self.reasoning_tokens, int):
+            problems.append(f"reasoning_tokens must be an integer, got {self.reasoning_tokens!r}")
+        elif self.reasoning_tokens < 0:
+            problems.append(f"reasoning_tokens must be >= 0, got {self.reasoning_tokens}")
+        rates = [getattr(self, name) for name in _FAULT_RATE_FIELDS]
+        for name, rate in zip(_FAULT_RATE_FIELDS, rates, strict=True):
+            if not (0.0 <= rate <= 1.0):
+                problems.append(f"{name} must be within [0, 1], got {rate!r}")
+        if sum(rates) > 1.0 + 1e-9:
+            problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
+        choices: dict[str, tuple[Any, ...]] = {
+            "over_concurrency": get_args(OverConcurrency),
+            "headers": get_args(HeaderStyle),
+            "reasoning_field": (*get_args(ReasoningField), None),
+            "usage_style": get_args(UsageStyle),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name} must be one of {allowed!r}, got {getattr(self, name)!r}")
+        if not self.model:
+            problems.append("model must be a non-empty string")
+        if problems:
+            raise ValueError("invalid MockConfig: " + "; ".join(problems))
+
+    @property
+    def fault_rate(self) -> float:
+        """Probability that a request meets any fault."""
+        return float(sum(getattr(self, name) for name in _FAULT_RATE_FIELDS))
+
+    def replace(self, **changes: Any) -> MockConfig:
+        """A copy with ``changes`` applied (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, including ``api_key`` (the config is handed to a child process this way)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MockConfig:
+        """Build a config from plain values, rejecting unknown keys.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown MockConfig keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
+        return cls(**dict(values))
+
+    @classmethod
+    def from_json(cls, text: str) -> MockConfig:
+        """Parse `to_json` output (or any JSON object of config fields).
+
+        Raises:
+            ValueError: the text is not a JSON object of known, valid fields.
+        """
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config JSON does not parse: {exc}") from exc
+        if not isinstance(values, dict):
+            raise ValueError("config JSON must be an object")
+        return cls.from_mapping(values)

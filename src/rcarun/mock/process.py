@@ -1,0 +1,222 @@
+"""The simulator in a child process, so the benchmark's client and the server each get a core.
+
+`MockProcess` starts ``python -m rcarun.mock --config-json ... --port 0``, reads the address from the child's
+first stdout line, checks that it answers, and terminates it on exit. The child also exits when its stdin
+closes, so a parent that dies without cleaning up leaves no server behind. An API key in the config never
+appears on the child's command line: it travels in an environment variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from .config import MockConfig
+from .stats import MockStats
+
+__all__ = ["MockProcess", "MockStartError"]
+
+_KEY_VARIABLE = "RCARUN_MOCK_API_KEY"
+_STDERR_TAIL_CHARS = 4000
+
+
+class MockStartError(RuntimeError):
+    """The simulator process did not come up (its stderr tail is in the message)."""
+
+
+class MockProcess:
+    """The simulator running in its own process.
+
+    Use as ``with MockProcess(config) as mock:`` (or ``async with``) and point a client at ``mock.base_url``.
+
+    Args:
+        config: how the simulated backbone behaves.
+        host: a loopback address.
+        startup_timeout_s: how long to wait for the child to listen and answer.
+    """
+
+    def __init__(
+        self, config: MockConfig | None = None, *, host: str = "127.0.0.1", startup_timeout_s: float = 20.0
+    ) -> None:
+        self.config = config if config is not None else MockConfig()
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._base_url: str | None = None
+        self._port: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the mock process is not started")
+        return self._process.pid
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the mock process is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://HOST:PORT/v1``."""
+        if self._base_url is None:
+            raise RuntimeError("the mock process is not started")
+        return self._base_url
+
+    @property
+    def root_url(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        """Start the child and wait until it answers.
+
+        Raises:
+            MockStartError: the child exited, printed something unexpected or did not answer in time.
+        """
+        if self._process is not None:
+            raise RuntimeError("the mock process is already started")
+        config_values = self.config.to_dict()
+        env = dict(os.environ)
+        command = [sys.executable, "-m", "rcarun.mock", "--host", self.host, "--port", "0", "--watch-stdin"]
+        if config_values.pop("api_key") is not None:
+            env[_KEY_VARIABLE] = str(self.config.api_key)
+            command += ["--api-key-env", _KEY_VARIABLE]
+        command += ["--config-json", json.dumps(config_values, separators=(",", ":"))]
+        # The child must import this very package, installed or not.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child, closed in stop()
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
+        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        try:
+            announcement = self._read_announcement(deadline)
+            self._base_url = str(announcement["base_url"])
+            self._port = int(announcement["port"])
+            self._wait_until_answering(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Terminate the child (gracefully, then by force) and release its pipes. Safe to call twice."""
+        process, self._process = self._process, None
+        if process is not None:
+            if process.stdin is not None:
+                process.stdin.close()
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5.0)
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self._base_url = None
+        self._port = None
+
+    def stats(self) -> MockStats:
+        """The child's counters (``GET /mock/stats``)."""
+        return MockStats.from_dict(self._call("GET", "/mock/stats"))
+
+    def reset(self) -> None:
+        """Zero the child's counters and restore its limits (``POST /mock/reset``)."""
+        self._call("POST", "/mock/reset")
+
+    async def astats(self) -> MockStats:
+        return await asyncio.to_thread(self.stats)
+
+    async def areset(self) -> None:
+        await asyncio.to_thread(self.reset)
+
+    def __enter__(self) -> MockProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> MockProcess:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # -------------------------------------------------------------------------------------------- internals
+
+    def _read_announcement(self, deadline: float) -> dict[str, Any]:
+        process = self._process
+        assert process is not None and process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise MockStartError(self._failure("did not announce its port in time"))
+        line = process.stdout.readline()
+        if not line:
+            process.wait(timeout=5.0)
+            raise MockStartError(self._failure(f"exited with code {process.returncode} before listening"))
+        try:
+            announcement = json.loads(line)
+        except ValueError:
+            raise MockStartError(self._failure(f"printed an unexpected first line: {line[:200]!r}")) from None
+        if not isinstance(announcement, dict) or "base_url" not in announcement or "port" not in announcement:
+            raise MockStartError(self._failure(f"printed an unexpected first line: {line[:200]!r}"))
+        return announcement
+
+    def _wait_until_answering(self, deadline: float) -> None:
+        while True:
+            try:
+                self._call("GET", "/mock/stats", timeout_s=1.0)
+                return
+            except (OSError, urllib.error.URLError) as exc:
+                if time.monotonic() > deadline or not self.running:
+                    raise MockStartError(self._failure(f"does not answer: {exc}")) from exc
+                time.sleep(0.05)
+
+    def _call(self, method: str, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.root_url + path, method=method, data=b"" if method == "POST" else None
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body: dict[str, Any] = json.loads(response.read())
+        return body
+
+    def _failure(self, what: str) -> str:
+        tail = ""
+        if self._stderr is not None:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace")[-_STDERR_TAIL_CHARS:]
+        return f"mock server process {what}" + (f"; its stderr ends with:\n{tail}" if tail.strip() else "")

@@ -1,0 +1,627 @@
+"""The simulated backbone: an OpenAI-compatible chat-completions server on loopback.
+
+Every test, the demo and the benchmark talk to this server instead of a provider. It answers from the JSON
+schema the request carries (`answers`), enforces limits the way providers do (`limits`: token buckets with 429
++ Retry-After, a concurrency cap that rejects or queues with keep-alive blank lines), injects reproducible
+faults, and measures what the client offered (`stats`). The request path is kept lean — no per-request
+logging, stdlib JSON, O(1) bookkeeping — because the benchmark needs it to sustain ~1,000 requests/s on one
+core.
+
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /mock/stats``, ``POST /mock/reset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import itertools
+import json
+import math
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from .answers import (
+    answer_seed,
+    count_text_tokens,
+    filler_sentence,
+    filler_text,
+    generate_value,
+    message_text,
+    schema_from_request,
+)
+from .config import MockConfig
+from .headers import rate_limit_headers, retry_after_headers
+from .limits import Admission, FifoSlots, OfferedLoad, RateLimiter, bucket_specs
+from .stats import MockStats, StatsRecorder
+
+__all__ = ["MockServer", "is_loopback_host"]
+
+# Tokens a message costs beyond its text (role and separators), as OpenAI's accounting does.
+_MESSAGE_OVERHEAD_TOKENS = 4
+# Distinct first messages remembered for prefix caching before the memory is cleared.
+_PREFIX_CACHE_LIMIT = 100_000
+_CLIENT_MAX_SIZE = 64 * 1024 * 1024
+_JSON_CONTENT_TYPE = "application/json"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for "localhost" and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _RequestError(Exception):
+    """A request the server answers with a 400 (never leaves this module)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class _State:
+    """Everything `MockServer.reset` restores: limits, meters, random streams and caches."""
+
+    def __init__(self, config: MockConfig, now: float) -> None:
+        specs = bucket_specs(config.rpm, config.rps, config.tpm, config.burst_s)
+        self.limiter = RateLimiter(specs, now)
+        self.offered = OfferedLoad(specs, now)
+        self.stats = StatsRecorder(now)
+        # Separate streams so that fault draws do not shift sampling noise and vice versa.
+        self.fault_rng = random.Random(f"faults:{config.seed}")
+        self.sample_rng = random.Random(f"sampling:{config.seed}")
+        self.seen_first_messages: set[int] = set()
+        self.completion_ids = itertools.count(1)
+
+
+class MockServer:
+    """The simulator running inside the caller's event loop.
+
+    Use as ``async with MockServer(config) as server:`` and point a client at ``server.base_url``.
+
+    Args:
+        config: how the simulated backbone behaves.
+        host: a loopback address (anything else is refused).
+        port: TCP port; 0 picks a free one (read it back from ``server.port``).
+        clock: monotonic seconds; replaceable for tests.
+    """
+
+    def __init__(
+        self,
+        config: MockConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not is_loopback_host(host):
+            raise ValueError(f"the mock server only listens on loopback, not on {host!r}")
+        self.config = config if config is not None else MockConfig()
+        self.host = host
+        self._requested_port = port
+        self._clock = clock
+        self._port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._closing = asyncio.Event()
+        self._state = _State(self.config, clock())
+        self._slots = FifoSlots(self.config.max_concurrency) if self.config.max_concurrency else None
+        self._expected_authorization = (
+            f"Bearer {self.config.api_key}".encode() if self.config.api_key is not None else None
+        )
+        self._fault_table = tuple(
+            (kind, rate)
+            for kind, rate in (
+                ("error_500", self.config.error_500_rate),
+                ("error_503", self.config.error_503_rate),
+                ("timeout", self.config.timeout_rate),
+                ("reset", self.config.reset_rate),
+                ("malformed", self.config.malformed_rate),
+            )
+            if rate > 0
+        )
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the mock server is not started")
+        return self._port
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT`` (the ``/mock/*`` routes live here)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://HOST:PORT/v1``."""
+        return f"{self.root_url}/v1"
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
+        app.router.add_post("/v1/chat/completions", self._handle_chat)
+        app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_get("/mock/stats", self._handle_stats)
+        app.router.add_post("/mock/reset", self._handle_reset)
+        return app
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("the mock server is already started")
+        self._closing = asyncio.Event()
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self._requested_port, backlog=2048)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        self.reset()
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        # Wake hanging ("timeout" fault) handlers so that shutdown does not wait for them.
+        self._closing.set()
+        await runner.cleanup()
+
+    async def __aenter__(self) -> MockServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # ---------------------------------------------------------------------------------------- measurement
+
+    def stats(self) -> MockStats:
+        """Counters since the last reset (or start)."""
+        state = self._state
+        return state.stats.snapshot(self._clock(), state.offered.overshoot())
+
+    def reset(self) -> None:
+        """Zero the counters and restore limits, random streams and the prefix cache to their initial state.
+
+        Requests in flight when this is called finish against the old counters.
+        """
+        self._state = _State(self.config, self._clock())
+
+    # ------------------------------------------------------------------------------------------- handlers
+
+    async def _handle_models(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized({})
+        body = {
+            "object": "list",
+            "data": [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "rcarun-mock"}],
+        }
+        return _json_response(200, body)
+
+    async def _handle_stats(self, request: web.Request) -> web.Response:
+        return _json_response(200, self.stats().to_dict())
+
+    async def _handle_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return _json_response(200, {"reset": True})
+
+    async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        state = self._state
+        recorder = state.stats
+        recorder.request_started()
+        try:
+            return await self._serve_chat(request, state)
+        finally:
+            recorder.request_finished()
+
+    async def _serve_chat(self, request: web.Request, state: _State) -> web.StreamResponse:
+        config = self.config
+        recorder = state.stats
+        if not self._authorized(request):
+            recorder.errors_4xx += 1
+            return self._unauthorized(self._limit_headers(state))
+        if config.quota_exhausted:
+            recorder.rejected("quota")
+            return _error_response(
+                429,
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+                self._limit_headers(state),
+            )
+        try:
+            body = _parse_body(await request.read())
+        except _RequestError as error:
+            recorder.errors_4xx += 1
+            return _error_response(
+                400, error.message, "invalid_request_error", None, self._limit_headers(state), error.param
+            )
+
+        if self._fault_table:
+            fault = self._draw_fault(state)
+            if fault is not None:
+                recorder.fault(fault)
+                return await self._serve_fault(request, state, fault)
+
+        messages: list[dict[str, Any]] = body["messages"]
+        chars_per_token = config.chars_per_token
+        texts = [message_text(message) for message in messages]
+        prompt_tokens = sum(math.ceil(len(text) / chars_per_token) for text in texts)
+        prompt_tokens += _MESSAGE_OVERHEAD_TOKENS * len(messages)
+        max_tokens: int | None = body["max_tokens"]
+        if config.context_window is not None and prompt_tokens + (max_tokens or 0) > config.context_window:
+            recorder.errors_4xx += 1
+            requested = prompt_tokens + (max_tokens or 0)
+            message = (
+                f"This model's maximum context length is {config.context_window} tokens. "
+                f"However, you requested {requested} tokens ({prompt_tokens} in the messages, "
+                f"{max_tokens or 0} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+            return _error_response(
+                400, message, "BadRequestError", 400, self._limit_headers(state), "messages"
+            )
+
+        model = body["model"] or config.model
+        answer = self._compose_answer(body, messages, model, state)
+        completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+        charged_tokens = prompt_tokens + completion.completion_tokens
+
+        now = self._clock()
+        state.offered.offer(charged_tokens, now)
+        slots = self._slots
+        holds_slot = False
+        if slots is not None and config.over_concurrency == "429":
+            if not slots.try_take():
+                recorder.rejected("concurrency")
+                return self._concurrency_rejection(state)
+            holds_slot = True
+        admission = state.limiter.admit(charged_tokens, now)
+        if not admission.accepted:
+            if holds_slot and slots is not None:
+                slots.release()
+            recorder.rejected(admission.limit_name or "rpm")
+            return self._limit_rejection(state, admission, model, charged_tokens)
+
+        recorder.accept(now, prompt_tokens, completion.completion_tokens)
+        if completion.finish_reason == "length":
+            recorder.length_stops += 1
+        first_message_key = hash((messages[0].get("role"), texts[0]))
+        cached_tokens = 0
+        if first_message_key in state.seen_first_messages:
+            cached_tokens = math.ceil(len(texts[0]) / chars_per_token) + _MESSAGE_OVERHEAD_TOKENS
+        else:
+            if len(state.seen_first_messages) >= _PREFIX_CACHE_LIMIT:
+                state.seen_first_messages.clear()
+            state.seen_first_messages.add(first_message_key)
+
+        streamed: web.StreamResponse | None = None
+        if slots is not None and not holds_slot:
+            if slots.try_take():
+                holds_slot = True
+            else:
+                streamed = await self._wait_in_queue(request, state, slots)
+                if streamed is None:  # the client left while queued; nothing more can be sent
+                    return web.Response(status=200)
+                holds_slot = True
+        recorder.generation_started()
+        try:
+            latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
+            if latency > 0:
+                await asyncio.sleep(latency)
+        finally:
+            recorder.generation_finished()
+            if holds_slot and slots is not None:
+                slots.release()
+
+        payload = self._completion_body(state, model, completion, prompt_tokens, cached_tokens)
+        if streamed is not None:
+            await streamed.write(payload)
+            await streamed.write_eof()
+            return streamed
+        return web.Response(
+            status=200, body=payload, content_type=_JSON_CONTENT_TYPE, headers=self._limit_headers(state)
+        )
+
+    # ------------------------------------------------------------------------------------ answer and body
+
+    def _compose_answer(
+        self, body: Mapping[str, Any], messages: list[dict[str, Any]], model: str, state: _State
+    ) -> str:
+        seed = answer_seed(messages, model, body.get("seed"))
+        temperature = body["temperature"]
+        if temperature is None or temperature > 0:
+            # A sampled model answers differently each time; the server's own stream keeps runs reproducible.
+            seed ^= state.sample_rng.getrandbits(64)
+        rng = random.Random(seed)
+        schema = schema_from_request(body)
+        if schema is not None:
+            return json.dumps(generate_value(schema, rng), ensure_ascii=False)
+        response_format = body.get("response_format")
+        if isinstance(response_format, dict) and response_format.get("type") == "json_object":
+            return json.dumps({"answer": filler_sentence(rng)})
+        return filler_sentence(rng)
+
+    def _completion_body(
+        self, state: _State, model: str, completion: _Completion, prompt_tokens: int, cached_tokens: int
+    ) -> bytes:
+        config = self.config
+        message: dict[str, Any] = {"role": "assistant", "content": completion.content}
+        if config.reasoning_field is not None:
+            message[config.reasoning_field] = (
+                filler_text(completion.reasoning_tokens, config.chars_per_token)
+                if completion.reasoning_tokens > 0
+                else None
+            )
+        total = prompt_tokens + completion.completion_tokens
+        usage: dict[str, Any]
+        if config.usage_style == "deepseek":
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion.completion_tokens,
+                "total_tokens": total,
+                "prompt_cache_hit_tokens": cached_tokens,
+                "prompt_cache_miss_tokens": prompt_tokens - cached_tokens,
+                "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
+            }
+        else:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion.completion_tokens,
+                "total_tokens": total,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
+            }
+        body = {
+            "id": f"chatcmpl-mock{next(state.completion_ids):012x}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": completion.finish_reason}
+            ],
+            "usage": usage,
+        }
+        return json.dumps(body, ensure_ascii=False).encode()
+
+    # ----------------------------------------------------------------------------------- limits and queue
+
+    def _limit_headers(self, state: _State) -> dict[str, str]:
+        style = self.config.headers
+        if style == "none" or not state.limiter.enabled:
+            return {}
+        now = self._clock()
+        return rate_limit_headers(style, state.limiter.request_state(now), state.limiter.token_state(now))
+
+    def _limit_rejection(self, state: _State, admission: Admission, model: str, tokens: int) -> web.Response:
+        headers = self._limit_headers(state)
+        headers.update(retry_after_headers(admission.retry_after_s))
+        spec = admission.spec
+        assert spec is not None
+        period = "min" if spec.period_s == 60.0 else "s"
+        label = f"{spec.unit} per {period} ({spec.name.upper()})"
+        requested = tokens if spec.unit == "tokens" else 1
+        if admission.too_large:
+            message = (
+                f"Request too large for {model} on {label}: Limit {spec.limit}, Requested {requested}. "
+                "The input or output tokens must be reduced in order to run successfully."
+            )
+        else:
+            message = (
+                f"Rate limit reached for {model} on {label}: Limit {spec.limit}, Requested {requested}. "
+                f"Please try again in {admission.retry_after_s * 1000:.0f}ms."
+            )
+        if self.config.headers == "moonshot":
+            return _error_response(429, message, "rate_limit_reached_error", None, headers)
+        return _error_response(429, message, spec.unit, "rate_limit_exceeded", headers)
+
+    def _concurrency_rejection(self, state: _State) -> web.Response:
+        headers = self._limit_headers(state)
+        headers.update(retry_after_headers(self.config.latency_s))
+        message = f"Too many concurrent requests: the limit is {self.config.max_concurrency}."
+        error_type = "rate_limit_reached_error" if self.config.headers == "moonshot" else "requests"
+        return _error_response(429, message, error_type, "rate_limit_exceeded", headers)
+
+    async def _wait_in_queue(
+        self, request: web.Request, state: _State, slots: FifoSlots
+    ) -> web.StreamResponse | None:
+        """Hold the request FIFO until it gets a slot, keeping the connection alive with blank lines.
+
+        Like DeepSeek, the 200 status and headers go out at once; the JSON body follows the blank lines.
+        Returns the started response holding a slot, or None when the client left while queued.
+        """
+        waiter = slots.enqueue()
+        response = web.StreamResponse(status=200, headers=self._limit_headers(state))
+        response.content_type = _JSON_CONTENT_TYPE
+        try:
+            await response.prepare(request)
+            keepalive_s = self.config.keepalive_s
+            while True:
+                done, _ = await asyncio.wait((waiter,), timeout=keepalive_s)
+                if done:
+                    return response
+                await response.write(b"\n")
+        except ConnectionError:
+            slots.abandon(waiter)
+            return None
+        except BaseException:
+            slots.abandon(waiter)
+            raise
+
+    # --------------------------------------------------------------------------------------------- faults
+
+    def _draw_fault(self, state: _State) -> str | None:
+        draw = state.fault_rng.random()
+        for kind, rate in self._fault_table:
+            if draw < rate:
+                return kind
+            draw -= rate
+        return None
+
+    async def _serve_fault(self, request: web.Request, state: _State, kind: str) -> web.StreamResponse:
+        if kind == "error_500":
+            return _error_response(
+                500,
+                "The server had an error while processing your request. Sorry about that!",
+                "server_error",
+                None,
+                self._limit_headers(state),
+            )
+        if kind == "error_503":
+            return _error_response(
+                503,
+                "The engine is currently overloaded, please try again later.",
+                "server_error",
+                None,
+                self._limit_headers(state),
+            )
+        if kind == "malformed":
+            variants = (
+                b'{"id": "chatcmpl-mock", "object": "chat.completion", "choices": [{"index": 0, "mess',
+                b'{"object": "chat.completion", "choices": []}',
+                b"<html><body><h1>502 Bad Gateway</h1></body></html>",
+            )
+            return web.Response(
+                status=200,
+                body=state.fault_rng.choice(variants),
+                content_type=_JSON_CONTENT_TYPE,
+                headers=self._limit_headers(state),
+            )
+        if kind == "timeout":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.config.hang_s)
+        _drop_connection(request)
+        # Never written: the transport is gone, and aiohttp treats the failed write as a lost client.
+        return web.Response(status=200)
+
+    # ----------------------------------------------------------------------------------------------- auth
+
+    def _authorized(self, request: web.Request) -> bool:
+        expected = self._expected_authorization
+        if expected is None:
+            return True
+        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+
+    def _unauthorized(self, headers: dict[str, str]) -> web.Response:
+        return _error_response(
+            401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key", headers
+        )
+
+
+class _Completion:
+    """What the simulated model generated within its budget."""
+
+    __slots__ = ("completion_tokens", "content", "finish_reason", "reasoning_tokens")
+
+    def __init__(
+        self, content: str, reasoning_tokens: int, completion_tokens: int, finish_reason: str
+    ) -> None:
+        self.content = content
+        self.reasoning_tokens = reasoning_tokens
+        self.completion_tokens = completion_tokens
+        self.finish_reason = finish_reason
+
+
+def _fit_to_budget(
+    answer: str, reasoning_tokens: int, max_tokens: int | None, chars_per_token: float
+) -> _Completion:
+    """Cut reasoning and answer to ``max_tokens`` as a model does: thinking first, then the answer."""
+    answer_tokens = count_text_tokens(answer, chars_per_token)
+    if max_tokens is None or max_tokens >= reasoning_tokens + answer_tokens:
+        return _Completion(answer, reasoning_tokens, reasoning_tokens + answer_tokens, "stop")
+    if max_tokens < reasoning_tokens:
+        # The budget ran out while thinking: no content at all (the "empty content" length stop).
+        return _Completion("", max_tokens, max_tokens, "length")
+    content_tokens = max_tokens - reasoning_tokens
+    content = answer[: math.floor(content_tokens * chars_per_token)]
+    return _Completion(content, reasoning_tokens, max_tokens, "length")
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body with ``max_tokens``, ``temperature`` and ``model`` normalised.
+
+    Raises:
+        _RequestError: the body is not a valid chat-completion request.
+    """
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise _RequestError("We could not parse the JSON body of your request.") from None
+    if not isinstance(body, dict):
+        raise _RequestError("The request body must be a JSON object.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _RequestError("'messages' must be a non-empty array.", "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _RequestError(f"messages[{index}] must be an object with a 'role'.", f"messages[{index}]")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise _RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}.", "max_tokens")
+    body["max_tokens"] = max_tokens
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, int | float)
+    ):
+        raise _RequestError(f"temperature must be a number, got {temperature!r}.", "temperature")
+    body["temperature"] = temperature
+    model = body.get("model")
+    body["model"] = model if isinstance(model, str) else ""
+    return body
+
+
+def _drop_connection(request: web.Request) -> None:
+    """Close the connection with a TCP reset, as a crashed proxy or server does."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def _json_response(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), content_type=_JSON_CONTENT_TYPE, headers=headers
+    )
+
+
+def _error_response(
+    status: int,
+    message: str,
+    error_type: str,
+    code: str | int | None,
+    headers: Mapping[str, str],
+    param: str | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return _json_response(status, body, headers)
