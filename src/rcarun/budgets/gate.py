@@ -1,0 +1,324 @@
+"""The one object the runner calls around every attempt on one backbone, so nothing else minds limits.
+
+A gate composes, in this order: wait out a pause (after a 429), take an adaptive concurrency slot, take one
+request and the estimated tokens from the rate limiter, reserve the worst-case cost in the spend ledger. The
+order matters: a paused backbone holds no slots; a call holds its slot while it waits for rate so that the
+concurrency limit bounds what is queued at the provider; the ledger is asked last, just before sending, so
+that waiting calls hold no budget. Each backbone has its own gate, so a 429 on one never slows another; the
+ledger is shared, so run-wide budgets hold across backbones.
+
+Typical use by the runner::
+
+    async with gate.admit_request(request) as ticket:
+        try:
+            result = await backend.chat(request)
+        except CallError as error:
+            decision = gate.on_error(error, attempt, ticket)
+            ...  # store the attempt; if decision.retry, sleep decision.delay_s outside this block
+        else:
+            ticket.settle(result.usage)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from rcarun.backends.types import ChatRequest, Usage
+from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited
+
+from .concurrency import AdaptiveConcurrency, ConcurrencySlot
+from .estimate import TokenEstimator
+from .ledger import Reservation, SpendLedger
+from .limits import MAX_BURST_S, Clock, Grant, RateLimiter
+from .prices import PriceTable
+from .retry import RetryDecision, RetryPolicy
+
+__all__ = ["BackboneGate", "BackboneLimits", "GateStats", "Ticket"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneLimits:
+    """A backbone's declared limits.
+
+    Attributes:
+        concurrency: ceiling on calls in flight (the adaptive limit starts here and never exceeds it).
+        rpm: requests per minute, or None.
+        tpm: tokens per minute (prompt + output budget, reconciled to reported usage), or None.
+        burst_s: bucket capacity in seconds of quota.
+        min_concurrency: the adaptive limit never drops below this.
+    """
+
+    concurrency: int
+    rpm: float | None = None
+    tpm: float | None = None
+    burst_s: float = 1.0
+    min_concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or not 1 <= self.min_concurrency <= self.concurrency:
+            raise ConfigError(
+                f"concurrency must be >= 1 and min_concurrency in [1, concurrency], got {self.concurrency} "
+                f"and {self.min_concurrency}"
+            )
+        for label, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{label} must be positive when set, got {value}")
+        if not 0 < self.burst_s <= MAX_BURST_S:
+            raise ConfigError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {self.burst_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class GateStats:
+    """What a progress bar shows for one backbone.
+
+    Attributes:
+        in_flight: admitted attempts not yet finished.
+        waiting: callers queued for a concurrency slot or for rate.
+        admitted: attempts admitted so far.
+        rate_limited: 429s (or provider equivalents) reported through `BackboneGate.on_error`.
+        concurrency_limit: the adaptive limit now.
+        paused_for_s: seconds until the current pause ends (0 when not paused).
+    """
+
+    in_flight: int
+    waiting: int
+    admitted: int
+    rate_limited: int
+    concurrency_limit: int
+    paused_for_s: float
+
+
+class Ticket:
+    """One admitted attempt. `settle` it with the reported usage on success; the gate cleans up otherwise."""
+
+    __slots__ = (
+        "_cost_usd",
+        "_gate",
+        "_grant",
+        "_reservation",
+        "_settled",
+        "estimated_prompt_tokens",
+        "max_tokens",
+        "prompt_chars",
+        "slot",
+    )
+
+    def __init__(
+        self,
+        gate: BackboneGate,
+        slot: ConcurrencySlot,
+        grant: Grant,
+        reservation: Reservation,
+        estimated_prompt_tokens: int,
+        max_tokens: int,
+        prompt_chars: int | None,
+    ) -> None:
+        self._gate = gate
+        self.slot = slot
+        self._grant = grant
+        self._reservation = reservation
+        self.estimated_prompt_tokens = estimated_prompt_tokens
+        self.max_tokens = max_tokens
+        self.prompt_chars = prompt_chars
+        self._settled = False
+        self._cost_usd = 0.0
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    @property
+    def cost_usd(self) -> float:
+        """USD charged at settlement (0 before, or without a price table)."""
+        return self._cost_usd
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens taken from the rate limiter at admission."""
+        return self._grant.tokens
+
+    def settle(self, usage: Usage, *, at: datetime | None = None) -> float:
+        """Record a successful exchange (a length stop included) and return its cost in USD.
+
+        Reconciles the rate limiter with the reported tokens, commits the cost to the ledger, counts a clean
+        completion for the concurrency limit, and calibrates the gate's estimator when the prompt's characters
+        are known.
+
+        Raises:
+            RuntimeError: the ticket was already settled.
+        """
+        if self._settled:
+            raise RuntimeError("ticket already settled")
+        self._settled = True
+        gate = self._gate
+        gate.limiter.settle(self._grant, usage.total_tokens)
+        if gate.prices is not None:
+            self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
+        gate.ledger.commit(self._reservation, self._cost_usd, usage)
+        gate.concurrency.on_success()
+        if self.prompt_chars is not None:
+            gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
+        return self._cost_usd
+
+    def _abandon(self) -> None:
+        """The attempt ended unsettled: free the budget, keep the tokens (the provider may count them)."""
+        if not self._settled:
+            self._gate.ledger.release(self._reservation)
+
+
+class BackboneGate:
+    """Admission, adaptation and accounting for one backbone.
+
+    asyncio objects are created lazily by the parts, inside the running loop, so a gate may be built anywhere.
+
+    Args:
+        name: the backbone's name, as used in the ledger and in results.db.
+        limits: its declared limits.
+        prices: its price table; None records zero cost and reserves no USD.
+        ledger: the run's shared ledger; a private one without budgets when None.
+        retry: the retry policy; the defaults when None.
+        estimator: prompt-token estimator for `admit_request`; a fresh 4-chars-per-token one when None.
+        clock: monotonic seconds; the running loop's time when None.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limits: BackboneLimits,
+        *,
+        prices: PriceTable | None = None,
+        ledger: SpendLedger | None = None,
+        retry: RetryPolicy | None = None,
+        estimator: TokenEstimator | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self.limits = limits
+        self.prices = prices
+        self.ledger = ledger if ledger is not None else SpendLedger()
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.estimator = estimator if estimator is not None else TokenEstimator()
+        self.concurrency = AdaptiveConcurrency(limits.concurrency, limits.min_concurrency)
+        self.limiter = RateLimiter(limits.rpm, limits.tpm, limits.burst_s, clock)
+        self._clock = clock
+        self._paused_until = -math.inf
+        # One shared future per pause, so that paused callers resume in arrival order.
+        self._pause_over: asyncio.Future[None] | None = None
+        self._pause_waiting = 0
+        self._in_flight = 0
+        self._admitted = 0
+        self._rate_limited = 0
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    @property
+    def paused_until(self) -> float:
+        """Clock time before which the backbone admits nothing (-inf when never paused)."""
+        return self._paused_until
+
+    def stats(self) -> GateStats:
+        """Counters for progress bars (outside the loop, with the default clock, ``paused_for_s`` reads 0)."""
+        try:
+            paused_for_s = max(0.0, self._paused_until - self._now())
+        except RuntimeError:
+            paused_for_s = 0.0
+        return GateStats(
+            in_flight=self._in_flight,
+            waiting=self._pause_waiting + self.concurrency.waiting + self.limiter.waiting,
+            admitted=self._admitted,
+            rate_limited=self._rate_limited,
+            concurrency_limit=self.concurrency.limit,
+            paused_for_s=paused_for_s,
+        )
+
+    def admit_request(self, request: ChatRequest) -> AbstractAsyncContextManager[Ticket]:
+        """`admit` with the prompt estimated by the gate's estimator (which `Ticket.settle` calibrates)."""
+        prompt_chars = request.prompt_chars()
+        return self.admit(
+            self.estimator.estimate(prompt_chars), request.max_tokens, prompt_chars=prompt_chars
+        )
+
+    @asynccontextmanager
+    async def admit(
+        self, estimated_prompt_tokens: int, max_tokens: int, *, prompt_chars: int | None = None
+    ) -> AsyncIterator[Ticket]:
+        """Wait until this backbone may take one more attempt, and hold its resources for the block.
+
+        Raises:
+            BudgetExhausted: the ledger refused the worst-case reservation; nothing is held.
+        """
+        await self._wait_out_pause()
+        slot = await self.concurrency.acquire()
+        try:
+            grant = await self.limiter.acquire(estimated_prompt_tokens + max_tokens)
+            try:
+                reservation = self._reserve(estimated_prompt_tokens, max_tokens)
+            except BudgetExhausted:
+                self.limiter.give_back(grant)
+                raise
+            ticket = Ticket(self, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
+            self._admitted += 1
+            self._in_flight += 1
+            try:
+                yield ticket
+            finally:
+                self._in_flight -= 1
+                ticket._abandon()
+        finally:
+            self.concurrency.release(slot)
+
+    def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
+        """Decide about a failed attempt and apply its consequences to this backbone only.
+
+        Args:
+            error: what the backend raised.
+            attempt: 1-based number of the attempt that failed.
+            ticket: the attempt's ticket; with it, a burst of 429s from one overload cuts concurrency once.
+        """
+        decision = self.retry.decide(error, attempt)
+        if isinstance(error, RateLimited):
+            self._rate_limited += 1
+        if decision.pause_backbone_s > 0:
+            self.pause_for(decision.pause_backbone_s)
+        if decision.shrink_concurrency:
+            self.concurrency.on_rate_limited(ticket.slot if ticket is not None else None)
+        return decision
+
+    def pause_for(self, seconds: float) -> None:
+        """Admit nothing on this backbone for ``seconds`` from now (pauses only ever extend)."""
+        until = self._now() + seconds
+        if until > self._paused_until:
+            self._paused_until = until
+            self.limiter.pause_until(until)
+
+    def _reserve(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
+        usd = (
+            self.prices.worst_case_usd(estimated_prompt_tokens, max_tokens)
+            if self.prices is not None
+            else 0.0
+        )
+        return self.ledger.reserve(self.name, usd, estimated_prompt_tokens + max_tokens)
+
+    async def _wait_out_pause(self) -> None:
+        while (remaining := self._paused_until - self._now()) > 0:
+            if self._pause_over is None or self._pause_over.done():
+                loop = asyncio.get_running_loop()
+                self._pause_over = loop.create_future()
+                loop.call_at(loop.time() + remaining, _resolve, self._pause_over)
+            self._pause_waiting += 1
+            try:
+                # Shielded: one caller's cancellation must not cancel the future everyone else waits on.
+                await asyncio.shield(self._pause_over)
+            finally:
+                self._pause_waiting -= 1
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,326 @@
+"""Requests/min and tokens/min limits for one backbone: two token buckets behind one FIFO queue.
+
+Why our own limiter rather than aiolimiter or asyncio-throttle (measured in ``benchmarks/limiters.py``):
+asyncio-throttle counts requests only and polls with ``sleep(0.01)``; aiolimiter takes weights but keeps its
+waiters in a heap ordered by weight, so a long-trajectory request is overtaken by every lighter one behind
+it, and it refuses a weight above its capacity. A sweep needs the opposite on both counts: strict arrival
+order, so the heaviest items finish, and admission of prompts larger than a burst, so huge trajectories
+still run.
+
+The model, which the simulator enforces on its side too: each bucket refills at ``limit / 60`` per second up
+to a capacity of ``burst_s`` seconds of quota and starts full. An acquisition takes one request and
+``tokens`` tokens. A weight above a bucket's capacity is admitted once that bucket is full and drives it
+negative (debt), which later admissions wait out. Hence, for weights within capacity, the admitted stream
+conforms: in every window of length ``w``, admitted amount <= rate * w + capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["MAX_BURST_S", "Clock", "Grant", "RateLimiter"]
+
+# Seconds, monotonic. None means "the running loop's time", which is also what the wake-up timers use.
+Clock = Callable[[], float]
+
+# A burst of a few seconds absorbs scheduling jitter; a minute's worth would trip providers' shorter windows.
+MAX_BURST_S = 10.0
+
+# Relative slack when comparing a refilled level with a need: the timer fires exactly when the deficit is
+# refilled, and float rounding must not turn that into a second, near-zero wait.
+_LEVEL_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one admission took; hand it to `RateLimiter.settle` once the provider reports the usage.
+
+    Attributes:
+        tokens: tokens reserved at admission (estimated prompt plus requested output budget).
+        admitted_at: clock time of admission, in seconds.
+        serial: position in the limiter's admission order.
+    """
+
+    tokens: int
+    admitted_at: float
+    serial: int
+
+
+# Level peaks a bucket remembers for refunds (bounds memory and the cost of a refund); grants older than the
+# remembered peaks get no refund, which is safe.
+_MAX_PEAKS = 256
+
+
+class _Bucket:
+    """One token bucket; ``level`` may go negative (debt) after an oversized weight or a charge.
+
+    Refunds are where a naive bucket goes wrong: adding the unused part of a grant back to the level creates
+    quota that, had the grant taken only its actual amount, would have overflowed the capacity meanwhile. So
+    the level is kept equal to the bucket's history recomputed with every settled grant at its actual amount
+    (pending grants count at their reservation). Changing one grant's amount by ``d`` at admission lifts the
+    later history by ``min(d, capacity - highest level since)``; to compute that, the bucket keeps the level
+    just before each decrease as a stack of strictly decreasing peaks, keyed by admission serial, and lifts
+    the peaks after the grant along with the level.
+    """
+
+    __slots__ = ("capacity", "forgotten_before", "level", "peaks", "rate_per_s", "updated_at")
+
+    def __init__(self, per_minute: float, burst_s: float) -> None:
+        self.rate_per_s = per_minute / 60.0
+        self.capacity = self.rate_per_s * burst_s
+        self.level = self.capacity
+        self.updated_at: float | None = None
+        # (serial, level before a decrease), serials increasing and levels strictly decreasing.
+        self.peaks: list[tuple[int, float]] = []
+        # Grants admitted before this serial may need forgotten peaks; they get no refund.
+        self.forgotten_before = 0
+
+    def refill(self, now: float) -> None:
+        if self.updated_at is not None and now > self.updated_at:
+            self.level = min(self.capacity, self.level + (now - self.updated_at) * self.rate_per_s)
+        if self.updated_at is None or now > self.updated_at:
+            self.updated_at = now
+
+    def wait_s(self, weight: float) -> float:
+        """Seconds until ``weight`` may be taken; an oversized weight needs only a full bucket."""
+        need = min(weight, self.capacity) - self.level
+        if need <= _LEVEL_TOLERANCE * max(1.0, self.capacity):
+            return 0.0
+        return need / self.rate_per_s
+
+    def take(self, amount: float, serial: int) -> None:
+        """Lower the level (an admission, or a charge on settlement), remembering the peak it ends."""
+        peaks = self.peaks
+        while peaks and peaks[-1][1] <= self.level:
+            peaks.pop()
+        peaks.append((serial, self.level))
+        if len(peaks) > _MAX_PEAKS:
+            self.forgotten_before = peaks[_MAX_PEAKS // 2 - 1][0]
+            del peaks[: _MAX_PEAKS // 2]
+        self.level -= amount
+
+    def refund(self, amount: float, serial: int) -> None:
+        """Recount the grant admitted as ``serial`` at ``amount`` less (refill to now first)."""
+        if serial < self.forgotten_before:
+            return
+        peaks = self.peaks
+        index = bisect.bisect_right(peaks, serial, key=_peak_serial)
+        # Every peak after the grant is at most the first one, so the history lifts uniformly by this much.
+        lift = min(amount, self.capacity - peaks[index][1]) if index < len(peaks) else amount
+        refund = min(lift, self.capacity - self.level)
+        if refund <= 0:
+            return
+        if index < len(peaks):
+            lifted = [(peak_serial, level + lift) for peak_serial, level in peaks[index:]]
+            earlier = peaks[:index]
+            while earlier and earlier[-1][1] <= lifted[0][1]:
+                earlier.pop()
+            self.peaks = earlier + lifted
+        self.level += refund
+
+
+def _peak_serial(peak: tuple[int, float]) -> int:
+    return peak[0]
+
+
+class _Waiter:
+    __slots__ = ("future", "tokens")
+
+    def __init__(self, tokens: int, future: asyncio.Future[Grant]) -> None:
+        self.tokens = tokens
+        self.future = future
+
+
+class RateLimiter:
+    """Admits calls in strict arrival order within a requests/min and a tokens/min budget.
+
+    Waiters are woken by one loop timer set for the moment the head's deficit is refilled; nothing polls.
+    Create it anywhere; it binds to the running loop only while someone waits. Call every method from inside
+    the loop that awaits it.
+
+    Args:
+        requests_per_minute: request limit, or None for no request limit.
+        tokens_per_minute: token limit, or None for no token limit.
+        burst_s: bucket capacity in seconds of quota (a few seconds; a whole minute would let a client send
+            60 s of quota at once and trip the provider's shorter windows).
+        clock: monotonic seconds; defaults to the running loop's time.
+    """
+
+    def __init__(
+        self,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        burst_s: float = 1.0,
+        clock: Clock | None = None,
+    ) -> None:
+        for label, value in (
+            ("requests_per_minute", requests_per_minute),
+            ("tokens_per_minute", tokens_per_minute),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{label} must be positive or None, got {value!r}")
+        if not 0 < burst_s <= MAX_BURST_S:
+            raise ValueError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {burst_s!r}")
+        self._requests = _Bucket(requests_per_minute, burst_s) if requests_per_minute is not None else None
+        self._tokens = _Bucket(tokens_per_minute, burst_s) if tokens_per_minute is not None else None
+        self._clock = clock
+        # Cancelled waiters stay in the deque until they reach the head; ``_waiting`` counts the live ones.
+        self._queue: deque[_Waiter] = deque()
+        self._waiting = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused_until = -math.inf
+        self._admitted = 0
+        # Serials order admissions and charges, so a refund can tell which level peaks came after its grant.
+        self._serial = 0
+
+    @property
+    def request_capacity(self) -> float | None:
+        """Burst size of the request bucket, in requests (None when requests are unlimited)."""
+        return self._requests.capacity if self._requests is not None else None
+
+    @property
+    def token_capacity(self) -> float | None:
+        """Burst size of the token bucket, in tokens (None when tokens are unlimited)."""
+        return self._tokens.capacity if self._tokens is not None else None
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for admission."""
+        return self._waiting
+
+    @property
+    def admitted(self) -> int:
+        """Admissions so far (given-back grants included)."""
+        return self._admitted
+
+    @property
+    def paused_until(self) -> float:
+        """Clock time before which nothing is admitted (-inf when never paused)."""
+        return self._paused_until
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    async def acquire(self, tokens: int) -> Grant:
+        """Wait for one request and ``tokens`` tokens, behind everyone who asked earlier.
+
+        Raises:
+            ValueError: ``tokens`` is negative.
+        """
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        if self._waiting == 0:
+            self._queue.clear()
+            now = self._now()
+            if self._wait_s(tokens, now) <= 0:
+                return self._take(tokens, now)
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(tokens, future)
+        self._queue.append(waiter)
+        self._waiting += 1
+        if self._waiting == 1:
+            self._admit_ready()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                # Admitted in the instant we were cancelled: the caller never sees the grant, so return it.
+                self._return_grant(future.result())
+            else:
+                future.cancel()
+                self._waiting -= 1
+            self._admit_ready()
+            raise
+
+    def settle(self, grant: Grant, actual_tokens: int) -> None:
+        """Reconcile a grant with the tokens the provider reported: refund the excess or charge the shortfall.
+
+        Call once per grant. Refunds keep the admitted stream, counted at the settled amounts, conforming to
+        the bucket. A charge (the reservation was too small) is taken at settlement as debt, which delays later
+        admissions; the stream counted at a charged amount cannot conform retroactively.
+        """
+        bucket = self._tokens
+        if bucket is None or actual_tokens == grant.tokens:
+            return
+        bucket.refill(self._now())
+        if actual_tokens < grant.tokens:
+            bucket.refund(grant.tokens - actual_tokens, grant.serial)
+            if self._waiting:
+                self._admit_ready()
+        else:
+            self._serial += 1
+            bucket.take(actual_tokens - grant.tokens, self._serial)
+
+    def give_back(self, grant: Grant) -> None:
+        """Return an unused grant whole (request and tokens), e.g. when the call was never sent."""
+        self._return_grant(grant)
+        if self._waiting:
+            self._admit_ready()
+
+    def pause_until(self, until: float) -> None:
+        """Admit nothing before clock time ``until`` (a provider said 429). Pauses only ever extend."""
+        if until > self._paused_until:
+            self._paused_until = until
+            if self._waiting:
+                self._admit_ready()
+
+    def _return_grant(self, grant: Grant) -> None:
+        now = self._now()
+        if self._requests is not None:
+            self._requests.refill(now)
+            self._requests.refund(1, grant.serial)
+        if self._tokens is not None:
+            self._tokens.refill(now)
+            self._tokens.refund(grant.tokens, grant.serial)
+
+    def _wait_s(self, tokens: int, now: float) -> float:
+        wait = max(0.0, self._paused_until - now)
+        if self._requests is not None:
+            self._requests.refill(now)
+            wait = max(wait, self._requests.wait_s(1))
+        if self._tokens is not None:
+            self._tokens.refill(now)
+            wait = max(wait, self._tokens.wait_s(tokens))
+        return wait
+
+    def _take(self, tokens: int, now: float) -> Grant:
+        self._serial += 1
+        if self._requests is not None:
+            self._requests.take(1, self._serial)
+        if self._tokens is not None:
+            self._tokens.take(tokens, self._serial)
+        self._admitted += 1
+        return Grant(tokens=tokens, admitted_at=now, serial=self._serial)
+
+    def _admit_ready(self) -> None:
+        """Admit waiters from the head while both buckets allow, then arm one timer for the new head."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        queue = self._queue
+        if self._waiting == 0:
+            queue.clear()
+            return
+        now = self._now()
+        while queue:
+            head = queue[0]
+            if head.future.done():
+                queue.popleft()
+                continue
+            wait = self._wait_s(head.tokens, now)
+            if wait > 0:
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_at(loop.time() + wait, self._on_timer)
+                return
+            queue.popleft()
+            self._waiting -= 1
+            head.future.set_result(self._take(head.tokens, now))
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._admit_ready()

@@ -1,0 +1,119 @@
+"""What a call costs in USD, from a backbone's price table.
+
+Prices are per million tokens and differ for cache-hit prompt tokens. DeepSeek bills peak and off-peak hours
+at different rates, so a table may hold time-of-day windows (UTC, possibly wrapping midnight) that override
+the default price. Reservations need the worst case before the call, when neither the cache hits nor the
+hour of completion are known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, time
+
+from rcarun.backends.types import Usage
+from rcarun.errors import ConfigError
+
+__all__ = ["Price", "PriceTable", "PriceWindow"]
+
+_TOKENS_PER_PRICE_UNIT = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens.
+
+    Attributes:
+        input_per_mtok: uncached prompt tokens.
+        cached_input_per_mtok: prompt tokens served from the provider's cache.
+        output_per_mtok: completion tokens, reasoning tokens included.
+    """
+
+    input_per_mtok: float
+    cached_input_per_mtok: float
+    output_per_mtok: float
+
+    def __post_init__(self) -> None:
+        if min(self.input_per_mtok, self.cached_input_per_mtok, self.output_per_mtok) < 0:
+            raise ConfigError(f"prices must be >= 0, got {self}")
+
+    def cost_usd(self, usage: Usage) -> float:
+        """Uncached prompt x input + cached x cached input + completion x output."""
+        cached = min(usage.cached_prompt_tokens, usage.prompt_tokens)
+        uncached = usage.prompt_tokens - cached
+        return (
+            uncached * self.input_per_mtok
+            + cached * self.cached_input_per_mtok
+            + usage.completion_tokens * self.output_per_mtok
+        ) / _TOKENS_PER_PRICE_UNIT
+
+    def worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
+        """Cost if nothing is cached and the whole output budget is used."""
+        return (
+            prompt_tokens * max(self.input_per_mtok, self.cached_input_per_mtok)
+            + max_tokens * self.output_per_mtok
+        ) / _TOKENS_PER_PRICE_UNIT
+
+
+@dataclass(frozen=True, slots=True)
+class PriceWindow:
+    """A price in force from ``start`` (inclusive) to ``end`` (exclusive), UTC time of day.
+
+    ``end <= start`` means the window wraps midnight (22:00-06:00).
+    """
+
+    start: time
+    end: time
+    price: Price
+
+    def __post_init__(self) -> None:
+        for moment in (self.start, self.end):
+            offset = moment.utcoffset()
+            if offset is not None and offset.total_seconds() != 0:
+                raise ConfigError(f"price window times are UTC times of day, got {moment.isoformat()}")
+        if _naive(self.start) == _naive(self.end):
+            raise ConfigError(f"price window {self.start.isoformat()}-{self.end.isoformat()} is empty")
+
+    def contains(self, moment: time) -> bool:
+        """Whether the UTC time of day ``moment`` falls inside the window."""
+        start, end, moment = _naive(self.start), _naive(self.end), _naive(moment)
+        if start < end:
+            return start <= moment < end
+        return moment >= start or moment < end
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """A backbone's prices: the default, overridden by the first window that contains the time of day."""
+
+    default: Price
+    windows: tuple[PriceWindow, ...] = ()
+
+    def price_at(self, at: datetime) -> Price:
+        """The price in force at ``at`` (timezone-aware).
+
+        Raises:
+            ValueError: ``at`` is naive; a naive time would silently be read in the machine's local zone.
+        """
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError("price lookups need a timezone-aware datetime")
+        time_of_day = at.astimezone(UTC).time()
+        for window in self.windows:
+            if window.contains(time_of_day):
+                return window.price
+        return self.default
+
+    def cost_usd(self, usage: Usage, at: datetime) -> float:
+        """USD for ``usage`` billed at ``at``."""
+        return self.price_at(at).cost_usd(usage)
+
+    def worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
+        """The most the call could cost at any time of day, for reservations."""
+        return max(
+            price.worst_case_usd(prompt_tokens, max_tokens)
+            for price in (self.default, *(window.price for window in self.windows))
+        )
+
+
+def _naive(moment: time) -> time:
+    return moment.replace(tzinfo=None)

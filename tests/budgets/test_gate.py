@@ -1,0 +1,193 @@
+"""BackboneGate: pause -> slot -> rate -> ledger, per backbone; 429s on one gate leave others alone."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from rcarun.backends.types import ChatMessage, ChatRequest, Usage
+from rcarun.budgets import (
+    BackboneGate,
+    BackboneLimits,
+    Budget,
+    Price,
+    PriceTable,
+    RetryPolicy,
+    SpendLedger,
+)
+from rcarun.errors import BudgetExhausted, ConfigError, RateLimited, ServerError
+
+from .conftest import run_virtual
+
+NOON = datetime(2026, 3, 1, 12, tzinfo=UTC)
+PRICES = PriceTable(default=Price(input_per_mtok=1.0, cached_input_per_mtok=0.5, output_per_mtok=4.0))
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def gate(name: str, **limits: float) -> BackboneGate:
+    return BackboneGate(
+        name,
+        BackboneLimits(**{"concurrency": 8, "rpm": 600.0, "tpm": 600_000.0, **limits}),  # type: ignore[arg-type]
+        prices=PRICES,
+        retry=RetryPolicy(jitter=0.0),
+    )
+
+
+def test_a_429_on_one_gate_pauses_and_shrinks_only_that_gate() -> None:
+    limited, other = gate("limited"), gate("other")  # built outside any loop: asyncio objects come later
+
+    async def main() -> tuple[float, float, int, int]:
+        async with limited.admit(100, 100) as ticket:
+            decision = limited.on_error(RateLimited("429", retry_after_s=30.0), 1, ticket)
+        assert decision.retry and decision.pause_backbone_s == 30.0
+        async with other.admit(100, 100):
+            other_admitted_at = now()
+        async with limited.admit(100, 100):
+            limited_admitted_at = now()
+        return other_admitted_at, limited_admitted_at, limited.concurrency.limit, other.concurrency.limit
+
+    assert run_virtual(main) == (0.0, 30.0, 4, 8)
+    assert limited.stats().rate_limited == 1 and other.stats().rate_limited == 0
+    assert limited.stats().paused_for_s == 0.0  # outside the loop nothing is paused any more
+
+
+def test_paused_callers_hold_no_slot_and_resume_in_arrival_order() -> None:
+    backbone = gate("b", concurrency=2)
+
+    async def main() -> tuple[list[int], int]:
+        backbone.pause_for(10.0)
+        order: list[int] = []
+
+        async def call(index: int) -> None:
+            async with backbone.admit(10, 10):
+                order.append(index)
+                await asyncio.sleep(1.0)
+
+        tasks = [asyncio.create_task(call(index)) for index in range(6)]
+        await asyncio.sleep(5.0)
+        in_flight_while_paused = backbone.concurrency.in_flight
+        waiting = backbone.stats().waiting
+        assert waiting == 6
+        await asyncio.gather(*tasks)
+        return order, in_flight_while_paused
+
+    order, in_flight_while_paused = run_virtual(main)
+    assert order == [0, 1, 2, 3, 4, 5]
+    assert in_flight_while_paused == 0
+
+
+def test_cancelling_one_paused_caller_does_not_cancel_the_others() -> None:
+    backbone = gate("b")
+
+    async def main() -> list[float]:
+        backbone.pause_for(3.0)
+        times: list[float] = []
+
+        async def call() -> None:
+            async with backbone.admit(1, 1):
+                times.append(now())
+
+        first, second = asyncio.create_task(call()), asyncio.create_task(call())
+        await asyncio.sleep(1.0)
+        first.cancel()
+        await second
+        return times
+
+    assert run_virtual(main) == [3.0]
+
+
+def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
+    ledger = SpendLedger()
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4, tpm=60_000.0), prices=PRICES, ledger=ledger)
+    request = ChatRequest(messages=(ChatMessage("user", "x" * 40_000),), max_tokens=2_000)
+
+    async def main() -> tuple[float, float]:
+        async with backbone.admit_request(request) as ticket:
+            assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
+            assert ledger.totals("b").reserved_usd == pytest.approx((10_500 * 1.0 + 2_000 * 4.0) / 1e6)
+            assert backbone.stats().in_flight == 1
+            cost = ticket.settle(
+                Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
+            )
+        # 12,500 reserved from a full 1,000-token bucket leaves 11,500 of debt; 8,500 used, so 4,000 come
+        # back. The next 1,000-token call waits for 7,500 + 1,000 tokens at 1,000 per second.
+        async with backbone.admit(500, 500):
+            next_at = now()
+        return cost, next_at
+
+    cost, next_at = run_virtual(main)
+    assert cost == pytest.approx((6_000 * 1.0 + 2_000 * 0.5 + 500 * 4.0) / 1e6)
+    assert next_at == pytest.approx(8.5)
+    totals = ledger.totals("b")
+    assert (
+        totals.usd == pytest.approx(cost)
+        and totals.prompt_tokens == 8_000
+        and totals.completion_tokens == 500
+    )
+    # 40,000 chars were 8,000 tokens (5 per token): the ratio relaxes slowly, 4.0 -> 4.05.
+    assert backbone.estimator.chars_per_token == pytest.approx(4.05)
+    stats = backbone.stats()
+    assert (stats.in_flight, stats.admitted, stats.rate_limited, stats.concurrency_limit) == (0, 2, 0, 4)
+
+
+def test_budget_stop_raises_before_sending_and_returns_the_slot_and_the_rate_grant() -> None:
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.01)})
+    backbone = BackboneGate(
+        "b", BackboneLimits(concurrency=1, rpm=60.0, burst_s=1.0), prices=PRICES, ledger=ledger
+    )
+
+    async def main() -> float:
+        with pytest.raises(BudgetExhausted):
+            async with backbone.admit(1_000, 10_000):  # worst case $0.041 > $0.01
+                pytest.fail("admitted over budget")
+        assert backbone.concurrency.in_flight == 0 and backbone.stats().in_flight == 0
+        async with backbone.admit(1_000, 1_000):  # fits; the request given back means no 1 s wait
+            return now()
+
+    assert run_virtual(main) == 0.0
+    totals = ledger.totals("b")
+    # The second call ended without a settlement: its reservation was released, nothing was spent.
+    assert (totals.reserved_usd, totals.reserved_tokens, totals.calls, totals.usd) == (0.0, 0, 0, 0.0)
+
+
+def test_a_burst_of_429s_from_one_overload_halves_concurrency_once_and_counts_every_429() -> None:
+    backbone = gate("b", concurrency=16, rpm=6_000.0)
+
+    async def main() -> tuple[int, float]:
+        async def call() -> None:
+            async with backbone.admit(10, 10) as ticket:
+                await asyncio.sleep(1.0)
+                backbone.on_error(RateLimited("429", retry_after_s=2.0), 1, ticket)
+
+        await asyncio.gather(*(call() for _ in range(16)))
+        return backbone.concurrency.limit, backbone.paused_until
+
+    limit, paused_until = run_virtual(main)
+    assert limit == 8
+    assert paused_until == pytest.approx(3.0)
+    assert backbone.stats().rate_limited == 16
+
+
+def test_server_errors_back_off_without_pausing_or_shrinking() -> None:
+    backbone = gate("b")
+
+    async def main() -> tuple[float, float, int]:
+        decision = backbone.on_error(ServerError("503", status=503), 2)
+        async with backbone.admit(1, 1):
+            return decision.delay_s, now(), backbone.concurrency.limit
+
+    assert run_virtual(main) == (1.0, 0.0, 8)
+
+
+def test_limits_are_validated_as_config() -> None:
+    with pytest.raises(ConfigError):
+        BackboneLimits(concurrency=0)
+    with pytest.raises(ConfigError):
+        BackboneLimits(concurrency=4, rpm=0.0)
+    with pytest.raises(ConfigError):
+        BackboneLimits(concurrency=4, burst_s=60.0)
