@@ -1,0 +1,433 @@
+"""The read side of results.db: resume keys, the call cache lookup, run bookkeeping and per-backbone totals.
+
+It has its own connection, separate from the writer's, so the runner can look up cached calls and the report
+can read a live run while the writer appends (WAL lets readers and the one writer proceed together). The few
+writes here — creating a run, setting its status — are single small transactions that wait on the writer's
+lock via the busy timeout rather than going through its queue, because they must be done before the writer
+starts or after it has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from rcarun.errors import StoreError
+from rcarun.store.blobs import decompress_blob
+from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.rows import (
+    RUN_STATUSES,
+    EventRow,
+    ItemRow,
+    PredictionRow,
+    RunStatus,
+    TrajectoryRow,
+    utc_timestamp,
+)
+
+__all__ = ["BackboneSummary", "CachedCall", "RunRow", "Store", "WorkKey", "open_store"]
+
+# (backbone, method, qid, realization): what identifies one work item within a run.
+WorkKey = tuple[str, str, str, int]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: int
+    name: str
+    created_at: str
+    updated_at: str
+    config_json: str
+    status: RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCall:
+    """Everything needed to answer a chat call again from an earlier attempt without sending it.
+
+    ``text`` and ``reasoning_text`` are read from the blobs named by ``response_text_sha256`` and
+    ``reasoning_text_sha256``; the blob keys are returned too, so a ``cached`` call row can point at the same
+    blobs without storing them again. ``response_sha256`` names the raw response body, ``request_sha256`` the
+    request.
+    """
+
+    call_id: int
+    run_id: int
+    status: str
+    text: str
+    reasoning_text: str
+    finish_reason: str | None
+    model: str
+    max_tokens: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    request_sha256: str | None
+    response_sha256: str | None
+    response_text_sha256: str
+    reasoning_text_sha256: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneSummary:
+    """One backbone's totals within one run.
+
+    ``calls`` counts logical calls (rows with ``attempt == 1``), ``attempts`` every row. Token and USD sums
+    count attempts actually sent to a provider: rows with status ``cached`` (served by the call cache) count
+    only in ``cached_calls``. ``rate_limited`` and ``length_retries`` count attempts with status
+    ``rate_limited`` (429s) and ``length`` (cut off by max_tokens, hence retried with a larger budget or given
+    up); ``errors`` counts status ``error``.
+    """
+
+    backbone: str
+    items_done: int
+    items_failed: int
+    items_skipped: int
+    items_interrupted: int
+    calls: int
+    attempts: int
+    cached_calls: int
+    errors: int
+    rate_limited: int
+    length_retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost_usd: float
+    predictions: int
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens (reasoning and provider-cached tokens are already inside them)."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+_BACKBONE_CALLS_SQL = """
+SELECT backbone,
+       sum(attempt = 1) AS calls,
+       count(*) AS attempts,
+       sum(status = 'cached') AS cached_calls,
+       sum(status = 'error') AS errors,
+       sum(status = 'rate_limited') AS rate_limited,
+       sum(status = 'length') AS length_retries,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE prompt_tokens END) AS prompt_tokens,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE completion_tokens END) AS completion_tokens,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE reasoning_tokens END) AS reasoning_tokens,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE cached_tokens END) AS cached_tokens,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE cost_usd END) AS cost_usd
+FROM calls WHERE run_id = ? GROUP BY backbone
+"""
+
+_BACKBONE_ITEMS_SQL = """
+SELECT backbone,
+       sum(status = 'done') AS items_done,
+       sum(status = 'failed') AS items_failed,
+       sum(status = 'skipped_budget') AS items_skipped,
+       sum(status = 'interrupted') AS items_interrupted
+FROM items WHERE run_id = ? GROUP BY backbone
+"""
+
+_BACKBONE_PREDICTIONS_SQL = (
+    "SELECT backbone, count(*) AS predictions FROM predictions WHERE run_id = ? GROUP BY backbone"
+)
+
+_LOOKUP_CALL_SQL = """
+SELECT call_id, run_id, status, finish_reason, model, max_tokens, prompt_tokens, completion_tokens,
+       reasoning_tokens, cached_tokens, request_sha256, response_sha256, response_text_sha256,
+       reasoning_text_sha256
+FROM calls
+WHERE cache_key = ? AND status IN ('ok', 'length') AND response_text_sha256 IS NOT NULL {run_filter}
+ORDER BY call_id DESC LIMIT 1
+"""
+
+
+class Store:
+    """Synchronous read queries (and run bookkeeping) on results.db; see `open_store`.
+
+    One instance may be used from any thread, one call at a time (calls are serialised by a lock).
+    """
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
+        self.path = Path(path)
+        self._connection = open_connection(path, busy_timeout_s=busy_timeout_s, check_same_thread=False)
+        self._lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection (rows as `sqlite3.Row`), for ad-hoc read queries in analysis code."""
+        return self._connection
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._connection.execute("BEGIN IMMEDIATE")
+                yield self._connection
+                self._connection.execute("COMMIT")
+            except BaseException as error:
+                if self._connection.in_transaction:
+                    self._connection.execute("ROLLBACK")
+                if isinstance(error, sqlite3.Error):
+                    raise StoreError(f"{self.path}: {error}") from error
+                raise
+
+    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._connection.execute(sql, params).fetchall()
+            except sqlite3.Error as error:
+                raise StoreError(f"{self.path}: {error}") from error
+
+    def _rows(self, sql: str, params: tuple[Any, ...], make: Callable[[sqlite3.Row], _T]) -> list[_T]:
+        return [make(row) for row in self._fetch(sql, params)]
+
+    # -- runs -----------------------------------------------------------------------------------------------
+
+    def get_or_create_run(self, name: str, config_json: str) -> int:
+        """The run_id of the run called ``name``, created if new.
+
+        An existing run is resumed: its status goes back to ``running``, its config becomes ``config_json``,
+        and a ``resumed`` event records whether the config changed (with the previous config when it did).
+        """
+        now = utc_timestamp()
+        with self._transaction() as connection:
+            found = connection.execute(
+                "SELECT run_id, config_json FROM runs WHERE name = ?", (name,)
+            ).fetchone()
+            if found is None:
+                cursor = connection.execute(
+                    "INSERT INTO runs (name, created_at, updated_at, config_json, status) "
+                    "VALUES (?, ?, ?, ?, 'running')",
+                    (name, now, now, config_json),
+                )
+                assert cursor.lastrowid is not None
+                return cursor.lastrowid
+            run_id = int(found["run_id"])
+            changed = found["config_json"] != config_json
+            detail: dict[str, Any] = {"config_changed": changed}
+            if changed:
+                detail["previous_config_json"] = found["config_json"]
+            connection.execute(
+                "UPDATE runs SET status = 'running', updated_at = ?, config_json = ? WHERE run_id = ?",
+                (now, config_json, run_id),
+            )
+            connection.execute(
+                "INSERT INTO run_events (run_id, at, kind, detail_json) VALUES (?, ?, 'resumed', ?)",
+                (run_id, now, json.dumps(detail, sort_keys=True)),
+            )
+            return run_id
+
+    def set_run_status(self, run_id: int, status: RunStatus) -> None:
+        """Set a run's status (running | finished | stopped | failed).
+
+        Raises:
+            StoreError: unknown status or run.
+        """
+        if status not in RUN_STATUSES:
+            raise StoreError(f"run status {status!r} is not one of {sorted(RUN_STATUSES)}")
+        with self._transaction() as connection:
+            cursor = connection.execute(
+                "UPDATE runs SET status = ?, updated_at = ? WHERE run_id = ?",
+                (status, utc_timestamp(), run_id),
+            )
+            if cursor.rowcount == 0:
+                raise StoreError(f"{self.path}: no run with run_id {run_id}")
+
+    def run_by_name(self, name: str) -> RunRow | None:
+        rows = self._rows("SELECT * FROM runs WHERE name = ?", (name,), _run_row)
+        return rows[0] if rows else None
+
+    def runs(self) -> list[RunRow]:
+        """Every run, oldest first."""
+        return self._rows("SELECT * FROM runs ORDER BY run_id", (), _run_row)
+
+    # -- resume and the call cache --------------------------------------------------------------------------
+
+    def finished_item_keys(self, run_id: int) -> set[WorkKey]:
+        """(backbone, method, qid, realization) of the run's items that resume must skip.
+
+        An item is finished when it has a prediction or its status is ``done`` or ``failed``; ``interrupted``
+        and ``skipped_budget`` items are run again.
+        """
+        rows = self._fetch(
+            "SELECT backbone, method, qid, realization FROM predictions WHERE run_id = ? "
+            "UNION SELECT backbone, method, qid, realization FROM items "
+            "WHERE run_id = ? AND status IN ('done', 'failed')",
+            (run_id, run_id),
+        )
+        return {(row[0], row[1], row[2], int(row[3])) for row in rows}
+
+    def lookup_call(self, cache_key: str, run_id: int | None = None) -> CachedCall | None:
+        """The newest ``ok`` or ``length`` attempt stored under ``cache_key``, or None.
+
+        Args:
+            cache_key: the runner's key for a request (what makes two calls interchangeable).
+            run_id: look only within this run; None looks across every run in the file.
+
+        Attempts whose answer text was not stored (no ``response_text_sha256``) cannot be replayed and are
+        skipped.
+        """
+        if run_id is None:
+            rows = self._fetch(_LOOKUP_CALL_SQL.format(run_filter=""), (cache_key,))
+        else:
+            rows = self._fetch(_LOOKUP_CALL_SQL.format(run_filter="AND run_id = ?"), (cache_key, run_id))
+        if not rows:
+            return None
+        row = rows[0]
+        reasoning_sha = row["reasoning_text_sha256"]
+        return CachedCall(
+            call_id=int(row["call_id"]),
+            run_id=int(row["run_id"]),
+            status=str(row["status"]),
+            text=self.read_blob(row["response_text_sha256"]).decode("utf-8"),
+            reasoning_text=self.read_blob(reasoning_sha).decode("utf-8") if reasoning_sha else "",
+            finish_reason=row["finish_reason"],
+            model=str(row["model"]),
+            max_tokens=row["max_tokens"],
+            prompt_tokens=int(row["prompt_tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+            reasoning_tokens=int(row["reasoning_tokens"]),
+            cached_tokens=int(row["cached_tokens"]),
+            request_sha256=row["request_sha256"],
+            response_sha256=row["response_sha256"],
+            response_text_sha256=str(row["response_text_sha256"]),
+            reasoning_text_sha256=reasoning_sha,
+        )
+
+    def read_blob(self, sha256: str) -> bytes:
+        """The uncompressed bytes stored under ``sha256``.
+
+        Raises:
+            StoreError: no such blob, or it is corrupt.
+        """
+        rows = self._fetch("SELECT zlib_data FROM blobs WHERE sha256 = ?", (sha256,))
+        if not rows:
+            raise StoreError(f"{self.path}: no blob {sha256}")
+        return decompress_blob(sha256, bytes(rows[0]["zlib_data"]))
+
+    # -- totals and rows for analysis -----------------------------------------------------------------------
+
+    def backbone_summary(self, run_id: int) -> list[BackboneSummary]:
+        """Per-backbone totals of the run, sorted by backbone name (see `BackboneSummary` for definitions)."""
+        calls = {row["backbone"]: row for row in self._fetch(_BACKBONE_CALLS_SQL, (run_id,))}
+        items = {row["backbone"]: row for row in self._fetch(_BACKBONE_ITEMS_SQL, (run_id,))}
+        predictions = {row["backbone"]: row for row in self._fetch(_BACKBONE_PREDICTIONS_SQL, (run_id,))}
+
+        def count(table: dict[str, sqlite3.Row], backbone: str, column: str) -> int:
+            row = table.get(backbone)
+            return int(row[column] or 0) if row is not None else 0
+
+        summaries = []
+        for backbone in sorted(calls.keys() | items.keys() | predictions.keys()):
+            call_row = calls.get(backbone)
+            summaries.append(
+                BackboneSummary(
+                    backbone=backbone,
+                    items_done=count(items, backbone, "items_done"),
+                    items_failed=count(items, backbone, "items_failed"),
+                    items_skipped=count(items, backbone, "items_skipped"),
+                    items_interrupted=count(items, backbone, "items_interrupted"),
+                    calls=count(calls, backbone, "calls"),
+                    attempts=count(calls, backbone, "attempts"),
+                    cached_calls=count(calls, backbone, "cached_calls"),
+                    errors=count(calls, backbone, "errors"),
+                    rate_limited=count(calls, backbone, "rate_limited"),
+                    length_retries=count(calls, backbone, "length_retries"),
+                    prompt_tokens=count(calls, backbone, "prompt_tokens"),
+                    completion_tokens=count(calls, backbone, "completion_tokens"),
+                    reasoning_tokens=count(calls, backbone, "reasoning_tokens"),
+                    cached_tokens=count(calls, backbone, "cached_tokens"),
+                    cost_usd=float(call_row["cost_usd"] or 0.0) if call_row is not None else 0.0,
+                    predictions=count(predictions, backbone, "predictions"),
+                )
+            )
+        return summaries
+
+    def predictions(self, run_id: int) -> list[PredictionRow]:
+        """The run's predictions, in key order."""
+        return self._rows(
+            "SELECT * FROM predictions WHERE run_id = ? ORDER BY backbone, method, qid, realization",
+            (run_id,),
+            _prediction_row,
+        )
+
+    def items(self, run_id: int) -> list[ItemRow]:
+        """The run's item statuses, in key order."""
+        return self._rows(
+            "SELECT * FROM items WHERE run_id = ? ORDER BY backbone, method, qid, realization",
+            (run_id,),
+            _item_row,
+        )
+
+    def trajectories(self, run_id: int) -> list[TrajectoryRow]:
+        """The reference facts of the trajectories the run used, by qid."""
+        return self._rows(
+            "SELECT * FROM trajectories WHERE run_id = ? ORDER BY qid",
+            (run_id,),
+            lambda row: TrajectoryRow(**_as_dict(row)),
+        )
+
+    def events(self, run_id: int) -> list[EventRow]:
+        """The run's events, oldest first."""
+        return self._rows(
+            "SELECT run_id, kind, detail_json, at FROM run_events WHERE run_id = ? ORDER BY event_id",
+            (run_id,),
+            lambda row: EventRow(**_as_dict(row)),
+        )
+
+
+def _as_dict(row: sqlite3.Row) -> dict[str, Any]:
+    # Iterating a sqlite3.Row yields its values, not its keys, so pair them explicitly.
+    return dict(zip(row.keys(), row, strict=True))
+
+
+def _run_row(row: sqlite3.Row) -> RunRow:
+    return RunRow(**_as_dict(row))
+
+
+def _prediction_row(row: sqlite3.Row) -> PredictionRow:
+    values = _as_dict(row)
+    for flag in ("role_valid", "step_valid", "abstained"):
+        values[flag] = bool(values[flag])
+    return PredictionRow(**values)
+
+
+def _item_row(row: sqlite3.Row) -> ItemRow:
+    return ItemRow(**_as_dict(row))
+
+
+def open_store(path: str | Path) -> Store:
+    """Open results.db for reading (creating and migrating it if needed).
+
+    Raises:
+        StoreError: the file cannot be opened or migrated.
+    """
+    return Store(path)

@@ -1,0 +1,161 @@
+"""The plain rows that go into results.db, one frozen dataclass per table.
+
+The store works on these rows alone so that it depends on nothing of rcarun's but its errors: the runner
+translates its own values (replies, usage, work items) into rows, and the writer only checks and inserts
+them. Field names are the column names, so a row and its table cannot drift apart silently (a test checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+__all__ = [
+    "CALL_STATUSES",
+    "ITEM_STATUSES",
+    "RUN_STATUSES",
+    "CallRow",
+    "CallStatus",
+    "EventRow",
+    "ItemRow",
+    "ItemStatus",
+    "PredictionRow",
+    "RunStatus",
+    "TrajectoryRow",
+    "utc_timestamp",
+]
+
+CallStatus = Literal["ok", "length", "rate_limited", "error", "cached", "cancelled"]
+ItemStatus = Literal["done", "failed", "skipped_budget", "interrupted"]
+RunStatus = Literal["running", "finished", "stopped", "failed"]
+
+# The same sets are CHECK constraints in the schema; the writer checks them at enqueue time too, so one bad
+# row is refused on its own instead of failing the whole batch it would have landed in.
+CALL_STATUSES: Final[frozenset[str]] = frozenset(
+    ("ok", "length", "rate_limited", "error", "cached", "cancelled")
+)
+ITEM_STATUSES: Final[frozenset[str]] = frozenset(("done", "failed", "skipped_budget", "interrupted"))
+RUN_STATUSES: Final[frozenset[str]] = frozenset(("running", "finished", "stopped", "failed"))
+
+
+def utc_timestamp() -> str:
+    """Now as ISO-8601 UTC text with milliseconds (``2025-01-31T12:00:00.123Z``), every timestamp's format."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    """One attempt of one chat call (retries, length re-asks and cache hits are attempts too).
+
+    The writer assigns ``call_id``. ``attempt`` is 1-based within one ``llm.chat`` call, so rows with
+    ``attempt == 1`` count logical calls. Text needed to serve this attempt again from the call cache lives in
+    blobs: ``response_text_sha256`` (the answer's content) and ``reasoning_text_sha256`` (the thinking text);
+    ``request_sha256`` / ``response_sha256`` hold the raw request JSON and the raw response body.
+
+    Attributes:
+        cost_usd: US dollars charged for this attempt.
+        latency_ms: wall time of the attempt, in milliseconds.
+        started_at / ended_at: ISO-8601 UTC with milliseconds (see `utc_timestamp`).
+    """
+
+    run_id: int
+    item_id: str
+    backbone: str
+    model: str
+    method: str
+    qid: str
+    realization: int
+    stage: str
+    attempt: int
+    max_tokens: int | None
+    status: CallStatus
+    started_at: str
+    ended_at: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    http_status: int | None = None
+    cache_key: str | None = None
+    request_sha256: str | None = None
+    response_sha256: str | None = None
+    response_text_sha256: str | None = None
+    reasoning_text_sha256: str | None = None
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionRow:
+    """A method's final answer for one work item; (run_id, backbone, method, qid, realization) is unique."""
+
+    run_id: int
+    item_id: str
+    backbone: str
+    method: str
+    qid: str
+    realization: int
+    pred_role: str | None
+    pred_step: int | None
+    role_valid: bool
+    step_valid: bool
+    abstained: bool
+    output_json: str | None
+    error: str | None = None
+    created_at: str = field(default_factory=utc_timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRow:
+    """Where one work item stands; unique on (run_id, backbone, method, qid, realization), last write wins."""
+
+    run_id: int
+    item_id: str
+    backbone: str
+    method: str
+    qid: str
+    realization: int
+    status: ItemStatus
+    error: str | None = None
+    attempts: int = 0
+    updated_at: str = field(default_factory=utc_timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRow:
+    """The reference facts of one trajectory a run used, so results.db can be analysed on its own.
+
+    Attributes:
+        roles_json: JSON list of the normalised role of each step, in step order.
+        ref_role / ref_step: the reference root-cause role and step index (0-based), when labelled.
+        sha256: hash of the source record, to tell whether two runs saw the same trajectory.
+    """
+
+    run_id: int
+    qid: str
+    source: str
+    n_steps: int
+    roles_json: str
+    ref_role: str | None
+    ref_step: int | None
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """What a user needs to see to understand why a run behaved as it did (a 429 pause, a budget stop, ...).
+
+    Attributes:
+        kind: a short stable label, e.g. ``backbone_paused``, ``budget_stop``, ``data_problem``.
+        detail_json: a JSON object with the particulars.
+    """
+
+    run_id: int
+    kind: str
+    detail_json: str = "{}"
+    at: str = field(default_factory=utc_timestamp)
