@@ -114,15 +114,16 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
             )
-        # 12,500 reserved from a full 1,000-token bucket leaves 11,500 of debt; 8,500 used, so 4,000 come
-        # back. The next 1,000-token call waits for 7,500 + 1,000 tokens at 1,000 per second.
+        # The client's bucket is 950 tokens (1 s of quota less the 0.05 s jitter allowance). 12,500 reserved
+        # from it leaves 11,550 of debt; 8,500 used, so 4,000 come back. The next call (1,000 tokens, more than
+        # the bucket) waits for 7,550 + 950 tokens at 1,000 per second, then 0.1 s of staying full.
         async with backbone.admit(500, 500):
             next_at = now()
         return cost, next_at
 
     cost, next_at = run_virtual(main)
     assert cost == pytest.approx((6_000 * 1.0 + 2_000 * 0.5 + 500 * 4.0) / 1e6)
-    assert next_at == pytest.approx(8.5)
+    assert next_at == pytest.approx(8.6)
     totals = ledger.totals("b")
     assert (
         totals.usd == pytest.approx(cost)
@@ -191,3 +192,12 @@ def test_limits_are_validated_as_config() -> None:
         BackboneLimits(concurrency=4, rpm=0.0)
     with pytest.raises(ConfigError):
         BackboneLimits(concurrency=4, burst_s=60.0)
+
+
+def test_client_buckets_leave_the_provider_a_jitter_allowance() -> None:
+    limits = BackboneLimits(concurrency=4, rpm=600, tpm=60_000, burst_s=1.0, arrival_jitter_s=0.05)
+    gate = BackboneGate("a", limits)
+    assert limits.client_burst_s == pytest.approx(0.95)
+    assert gate.limiter.request_capacity == pytest.approx(9.5)
+    assert gate.limiter.token_capacity == pytest.approx(950)
+    assert BackboneLimits(concurrency=1, burst_s=0.06).client_burst_s == pytest.approx(0.03)

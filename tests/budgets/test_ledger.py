@@ -71,3 +71,15 @@ def test_release_is_idempotent_and_commit_after_release_does_not_unreserve_twice
     assert ledger.totals("a").reserved_tokens == 50
     ledger.release(second)
     assert ledger.totals().reserved_usd == 0.0
+
+
+def test_prior_spend_of_a_resumed_run_counts_against_its_budgets() -> None:
+    ledger = SpendLedger(overall=Budget(max_usd=10.0), per_backbone={"a": Budget(max_tokens=1_000)})
+    ledger.record_prior_spend("a", 9.0, Usage(prompt_tokens=600, completion_tokens=300))
+    assert ledger.totals("a").usd == 9.0 and ledger.totals().total_tokens == 900
+    assert ledger.totals().calls == 0
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("a", 0.5, 200)  # 900 + 200 tokens > 1,000 for backbone a
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("b", 1.5, 10)  # 9 + 1.5 USD > 10 for the run
+    ledger.reserve("b", 0.5, 10)

@@ -324,3 +324,24 @@ def test_unlimited_limiter_admits_at_once() -> None:
         return [(await limiter.acquire(10**9)).admitted_at for _ in range(3)]
 
     assert run_virtual(main) == [0.0, 0.0, 0.0]
+
+
+def test_oversized_weight_waits_until_the_bucket_has_stayed_full_for_the_slack() -> None:
+    async def main() -> list[tuple[str, float]]:
+        limiter = RateLimiter(None, TEN_PER_S, burst_s=1.0, full_slack_s=0.3)
+        log: list[tuple[str, float]] = []
+        await record(limiter, 25, "big-1", log)  # full since forever: admitted at once, 15 tokens of debt
+        await record(limiter, 25, "big-2", log)  # full again at 2.5 s, then 0.3 s more
+        await record(limiter, 4, "small", log)  # within capacity: no slack, 15 + 4 tokens of refill
+        grant = await limiter.acquire(10)  # exactly the capacity counts as oversized
+        limiter.give_back(grant)  # giving the latest grant back restores "full since" as it was
+        await record(limiter, 10, "whole", log)
+        return log
+
+    log = run_virtual(main)
+    assert log == [
+        ("big-1", pytest.approx(0.0)),
+        ("big-2", pytest.approx(2.8)),
+        ("small", pytest.approx(4.7)),
+        ("whole", pytest.approx(6.0)),  # full at 5.7, + 0.3; the give-back did not restart the wait
+    ]

@@ -51,6 +51,12 @@ class BackboneLimits:
         tpm: tokens per minute (prompt + output budget, reconciled to reported usage), or None.
         burst_s: bucket capacity in seconds of quota.
         min_concurrency: the adaptive limit never drops below this.
+        arrival_jitter_s: how much the gaps between requests may shrink on the way to the provider. The
+            client's buckets are this much smaller than the declared burst, so the provider's bucket keeps that
+            much slack: two requests admitted back to back, exactly at the limit, that arrive closer together
+            than they left do not meet a 429. Only the burst shrinks; the steady rate stays the declared one. A
+            request larger than the whole burst also waits until the client's bucket has been full for twice
+            this long, by which time the provider's (larger) bucket is full as well.
     """
 
     concurrency: int
@@ -58,6 +64,12 @@ class BackboneLimits:
     tpm: float | None = None
     burst_s: float = 1.0
     min_concurrency: int = 1
+    arrival_jitter_s: float = 0.05
+
+    @property
+    def client_burst_s(self) -> float:
+        """The burst the client's own buckets use: the declared one less the jitter allowance."""
+        return max(self.burst_s - self.arrival_jitter_s, self.burst_s / 2)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or not 1 <= self.min_concurrency <= self.concurrency:
@@ -70,6 +82,8 @@ class BackboneLimits:
                 raise ConfigError(f"{label} must be positive when set, got {value}")
         if not 0 < self.burst_s <= MAX_BURST_S:
             raise ConfigError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {self.burst_s}")
+        if self.arrival_jitter_s < 0:
+            raise ConfigError(f"arrival_jitter_s must be >= 0, got {self.arrival_jitter_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +218,9 @@ class BackboneGate:
         self.retry = retry if retry is not None else RetryPolicy()
         self.estimator = estimator if estimator is not None else TokenEstimator()
         self.concurrency = AdaptiveConcurrency(limits.concurrency, limits.min_concurrency)
-        self.limiter = RateLimiter(limits.rpm, limits.tpm, limits.burst_s, clock)
+        self.limiter = RateLimiter(
+            limits.rpm, limits.tpm, limits.client_burst_s, clock, full_slack_s=2 * limits.arrival_jitter_s
+        )
         self._clock = clock
         self._paused_until = -math.inf
         # One shared future per pause, so that paused callers resume in arrival order.

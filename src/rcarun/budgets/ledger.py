@@ -141,8 +141,18 @@ class SpendLedger:
     def commit(self, reservation: Reservation, usd: float, usage: Usage) -> None:
         """Replace the reservation with what the call cost (recorded in full even if above it)."""
         self._drop(reservation)
-        for account in (self._account(reservation.backbone), self._overall):
-            account.calls += 1
+        self._add(reservation.backbone, usd, usage)
+
+    def record_prior_spend(self, backbone: str, usd: float, usage: Usage) -> None:
+        """Count what an earlier session of the same run spent, so a resumed run's budgets cover the whole run.
+
+        No reservation and no budget check: the money is already spent, and may already exceed the budget.
+        """
+        self._add(backbone, usd, usage, calls=0)
+
+    def _add(self, backbone: str, usd: float, usage: Usage, *, calls: int = 1) -> None:
+        for account in (self._account(backbone), self._overall):
+            account.calls += calls
             account.prompt_tokens += usage.prompt_tokens
             account.cached_prompt_tokens += usage.cached_prompt_tokens
             account.completion_tokens += usage.completion_tokens

@@ -68,13 +68,28 @@ class _Bucket:
     the peaks after the grant along with the level.
     """
 
-    __slots__ = ("capacity", "forgotten_before", "level", "peaks", "rate_per_s", "updated_at")
+    __slots__ = (
+        "capacity",
+        "forgotten_before",
+        "full_since",
+        "full_slack_s",
+        "last_take",
+        "level",
+        "peaks",
+        "rate_per_s",
+        "updated_at",
+    )
 
-    def __init__(self, per_minute: float, burst_s: float) -> None:
+    def __init__(self, per_minute: float, burst_s: float, full_slack_s: float = 0.0) -> None:
         self.rate_per_s = per_minute / 60.0
         self.capacity = self.rate_per_s * burst_s
         self.level = self.capacity
         self.updated_at: float | None = None
+        # An oversized weight waits until the bucket has been full this long (see `wait_s`).
+        self.full_slack_s = full_slack_s
+        self.full_since = -math.inf
+        # (serial, full_since before it) of the latest take, so giving that grant back restores the full time.
+        self.last_take: tuple[int, float] = (0, -math.inf)
         # (serial, level before a decrease), serials increasing and levels strictly decreasing.
         self.peaks: list[tuple[int, float]] = []
         # Grants admitted before this serial may need forgotten peaks; they get no refund.
@@ -82,16 +97,28 @@ class _Bucket:
 
     def refill(self, now: float) -> None:
         if self.updated_at is not None and now > self.updated_at:
-            self.level = min(self.capacity, self.level + (now - self.updated_at) * self.rate_per_s)
+            level = self.level + (now - self.updated_at) * self.rate_per_s
+            if level >= self.capacity and self.level < self.capacity:
+                self.full_since = self.updated_at + (self.capacity - self.level) / self.rate_per_s
+            self.level = min(self.capacity, level)
         if self.updated_at is None or now > self.updated_at:
             self.updated_at = now
 
     def wait_s(self, weight: float) -> float:
-        """Seconds until ``weight`` may be taken; an oversized weight needs only a full bucket."""
+        """Seconds until ``weight`` may be taken (call right after `refill`).
+
+        An oversized weight needs a full bucket that has stayed full for ``full_slack_s``: a provider that
+        meters the same bucket sees the request a little later or earlier than we send it, and its bucket must
+        be full too when the request arrives.
+        """
         need = min(weight, self.capacity) - self.level
-        if need <= _LEVEL_TOLERANCE * max(1.0, self.capacity):
-            return 0.0
-        return need / self.rate_per_s
+        if need > _LEVEL_TOLERANCE * max(1.0, self.capacity):
+            return need / self.rate_per_s + (self.full_slack_s if weight >= self.capacity else 0.0)
+        if self.full_slack_s > 0 and weight >= self.capacity and self.updated_at is not None:
+            remaining = self.full_since + self.full_slack_s - self.updated_at
+            # Same tolerance as for levels: a timer set for this moment must not wake to a near-zero wait.
+            return remaining if remaining > _LEVEL_TOLERANCE * max(1.0, self.full_slack_s) else 0.0
+        return 0.0
 
     def take(self, amount: float, serial: int) -> None:
         """Lower the level (an admission, or a charge on settlement), remembering the peak it ends."""
@@ -102,7 +129,10 @@ class _Bucket:
         if len(peaks) > _MAX_PEAKS:
             self.forgotten_before = peaks[_MAX_PEAKS // 2 - 1][0]
             del peaks[: _MAX_PEAKS // 2]
+        self.last_take = (serial, self.full_since)
         self.level -= amount
+        if self.level < self.capacity:
+            self.full_since = math.inf
 
     def refund(self, amount: float, serial: int) -> None:
         """Recount the grant admitted as ``serial`` at ``amount`` less (refill to now first)."""
@@ -122,6 +152,9 @@ class _Bucket:
                 earlier.pop()
             self.peaks = earlier + lifted
         self.level += refund
+        if self.level >= self.capacity and self.updated_at is not None:
+            restored = self.last_take[1] if self.last_take[0] == serial else self.updated_at
+            self.full_since = min(self.full_since, restored)
 
 
 def _peak_serial(peak: tuple[int, float]) -> int:
@@ -149,6 +182,8 @@ class RateLimiter:
         burst_s: bucket capacity in seconds of quota (a few seconds; a whole minute would let a client send
             60 s of quota at once and trip the provider's shorter windows).
         clock: monotonic seconds; defaults to the running loop's time.
+        full_slack_s: a weight at or above a bucket's capacity waits until the bucket has been full this long,
+            so a provider metering the same bucket is full too when the request arrives.
     """
 
     def __init__(
@@ -157,6 +192,8 @@ class RateLimiter:
         tokens_per_minute: float | None,
         burst_s: float = 1.0,
         clock: Clock | None = None,
+        *,
+        full_slack_s: float = 0.0,
     ) -> None:
         for label, value in (
             ("requests_per_minute", requests_per_minute),
@@ -166,8 +203,14 @@ class RateLimiter:
                 raise ValueError(f"{label} must be positive or None, got {value!r}")
         if not 0 < burst_s <= MAX_BURST_S:
             raise ValueError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {burst_s!r}")
-        self._requests = _Bucket(requests_per_minute, burst_s) if requests_per_minute is not None else None
-        self._tokens = _Bucket(tokens_per_minute, burst_s) if tokens_per_minute is not None else None
+        if full_slack_s < 0:
+            raise ValueError(f"full_slack_s must be >= 0, got {full_slack_s!r}")
+        self._requests = (
+            _Bucket(requests_per_minute, burst_s, full_slack_s) if requests_per_minute is not None else None
+        )
+        self._tokens = (
+            _Bucket(tokens_per_minute, burst_s, full_slack_s) if tokens_per_minute is not None else None
+        )
         self._clock = clock
         # Cancelled waiters stay in the deque until they reach the head; ``_waiting`` counts the live ones.
         self._queue: deque[_Waiter] = deque()

@@ -1,0 +1,161 @@
+"""The benchmark's workload: a synthetic Who&When-shaped dataset, and the exact request bodies it turns into.
+
+Every client must send the same requests. rcarun reads the dataset through its own runner; the peers get their
+bodies from `request_bodies`, which builds them with the same prompt builder (the all-at-once method) and the
+same request builder (`rcarun.backends.build_body` with the ``simulated`` preset) that rcarun's runner uses, so
+messages, ``max_tokens``, ``temperature`` and ``response_format`` are identical byte for byte. The simulator
+answers deterministically at temperature 0, so completions (and the tokens charged) match across clients too.
+
+Texts are cut from one fixed pseudo-random word stream at seeded offsets: cheap to make (the dataset of the
+full run is written in well under a second) and distinct per trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcarun.backends import BackendSettings, ChatMessage, ChatRequest, build_body, get_preset
+from rcarun.data import Trajectory, iter_dataset
+from rcarun.methods import Message, Reply, create_method
+from rcarun.methods.all_at_once import AllAtOnce, answer_schema
+
+from .scenarios import PromptSizes, Scenario
+
+__all__ = ["SOURCE", "BenchRequest", "draw_sizes", "request_bodies", "write_dataset"]
+
+SOURCE = "bench"
+MODEL = "sim-bench"
+_AGENTS = ("Orchestrator", "WebSurfer", "Coder", "ComputerTerminal", "Assistant")
+# Words of the synthetic step texts (split once per stream).
+_VOCABULARY = (
+    "search result page table column error retry value file output agent plan step check answer query "
+    "number source website link download parse code run test failed success verify final compute list"
+)
+_STREAM_CHARS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One call as a peer sends it.
+
+    Attributes:
+        body: the chat-completions JSON body, as rcarun's request builder makes it.
+        prompt_chars: characters of message content (what a client can estimate tokens from).
+        messages: number of messages (each costs a few tokens of overhead on the server's count).
+    """
+
+    body: Mapping[str, Any]
+    prompt_chars: int
+    messages: int
+
+
+def draw_sizes(sizes: PromptSizes, count: int, seed: int) -> list[int]:
+    """``count`` content sizes in characters, reproducible from ``seed``."""
+    rng = random.Random(f"bench-sizes:{seed}")
+    drawn: list[int] = []
+    for _ in range(count):
+        if sizes.kind == "uniform":
+            value = rng.randint(sizes.low, sizes.high)
+        else:
+            value = round(math.exp(rng.gauss(math.log(sizes.median), sizes.sigma)))
+        drawn.append(min(sizes.high, max(sizes.low, value)))
+    return drawn
+
+
+def _word_stream(seed: int) -> str:
+    rng = random.Random(f"bench-words:{seed}")
+    vocabulary = _VOCABULARY.split()
+    words: list[str] = []
+    length = 0
+    while length < _STREAM_CHARS:
+        word = rng.choice(vocabulary)
+        words.append(word)
+        length += len(word) + 1
+    return " ".join(words)
+
+
+def _trajectory_json(index: int, size: int, rng: random.Random, stream: str) -> dict[str, Any]:
+    n_steps = rng.randint(3, 8)
+    # Split ``size`` characters over the steps at random cut points so that step lengths vary too.
+    cuts = sorted(rng.randint(0, size) for _ in range(n_steps - 1))
+    lengths = [b - a for a, b in zip([0, *cuts], [*cuts, size], strict=True)]
+    history = []
+    for step, length in enumerate(lengths):
+        start = rng.randrange(0, len(stream) - length - 1)
+        history.append(
+            {
+                "name": _AGENTS[(index + step) % len(_AGENTS)],
+                "role": "assistant",
+                "content": stream[start : start + length],
+            }
+        )
+    return {
+        "question": f"Benchmark task {index}: find the value asked for and report it.",
+        "history": history,
+        "mistake_agent": history[0]["name"],
+        "mistake_step": "0",
+    }
+
+
+def write_dataset(scenario: Scenario, root: Path) -> Path:
+    """Write the scenario's dataset under ``root`` (``root/bench/<N>.json``, one trajectory per call).
+
+    Returns:
+        The dataset directory to give to `iter_dataset` or a sweep config.
+    """
+    source_dir = root / SOURCE
+    source_dir.mkdir(parents=True, exist_ok=True)
+    stream = _word_stream(scenario.seed)
+    rng = random.Random(f"bench-trajectories:{scenario.seed}")
+    for index, size in enumerate(draw_sizes(scenario.sizes, scenario.calls, scenario.seed)):
+        record = _trajectory_json(index, size, rng, stream)
+        (source_dir / f"{index}.json").write_text(json.dumps(record), encoding="utf-8")
+    return root
+
+
+class _PromptOnly:
+    """The little of the `LLM` protocol the prompt builder reads: no context window, so no truncation."""
+
+    context_window: int | None = None
+
+    def estimate_tokens(self, text: str) -> int:
+        return math.ceil(len(text) / 4)
+
+    async def chat(self, messages: Sequence[Message], **kwargs: Any) -> Reply:
+        raise NotImplementedError("the benchmark builds prompts only")
+
+
+def _all_at_once() -> AllAtOnce:
+    method = create_method("all-at-once", label="all-at-once", options={})
+    assert isinstance(method, AllAtOnce)
+    return method
+
+
+def request_bodies(dataset: Path, base_url: str) -> Iterator[BenchRequest]:
+    """The request body of every trajectory in ``dataset``, in dataset order, as rcarun's runner sends it."""
+    method = _all_at_once()
+    options = method.options
+    settings = BackendSettings(name="bench", provider="simulated", model=MODEL, base_urls=(base_url,))
+    preset = get_preset("simulated")
+    llm = _PromptOnly()
+    for record in iter_dataset(dataset):
+        trajectory: Trajectory = record.trajectory
+        messages, _ = method.build_messages(trajectory, llm)
+        request = ChatRequest(
+            messages=tuple(ChatMessage(m.role, m.content) for m in messages),
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            schema=answer_schema(trajectory),
+            reasoning=options.reasoning,
+        )
+        yield BenchRequest(
+            body=build_body(request, settings, preset),
+            prompt_chars=request.prompt_chars(),
+            messages=len(messages),
+        )

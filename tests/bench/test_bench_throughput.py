@@ -1,0 +1,88 @@
+"""The throughput benchmark end to end on its quick latency-bound scenario, and its steady-window rule.
+
+Timing claims live in the benchmark itself, not here: these tests check that every client ran the whole
+workload against the simulator process, that the report has the agreed JSON fields, and that its numbers are
+sane (a ratio is achieved over ceiling, rcarun recorded every call, the peers recorded none).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcarun.bench import CLIENT_ORDER, Completion, get_scenario, json_document, run_throughput, steady_window
+from rcarun.bench.metrics import Allowance
+
+_FIELDS = {
+    "name",
+    "client",
+    "calls",
+    "wall_s",
+    "achieved_rps",
+    "ceiling_rps",
+    "ratio",
+    "server_429",
+    "server_max_overshoot",
+    "cpu_ms_per_call",
+    "peak_rss_mb",
+    "recorded_calls",
+}
+
+
+@pytest.mark.slow
+def test_quick_latency_bound_runs_every_client_end_to_end() -> None:
+    scenario = get_scenario("latency-bound", quick=True)
+
+    document = json.loads(json.dumps(json_document(run_throughput(quick=True, names=("latency-bound",)))))
+
+    rows = document["scenarios"]
+    assert [row["client"] for row in rows] == list(CLIENT_ORDER)
+    for row in rows:
+        assert set(row) == _FIELDS
+        assert row["name"] == "latency-bound"
+        assert row["calls"] == scenario.calls
+        assert row["ceiling_rps"] == pytest.approx(scenario.concurrency / scenario.latency_s)
+        assert 0 < row["achieved_rps"] <= row["ceiling_rps"] * 1.05
+        assert row["ratio"] == pytest.approx(row["achieved_rps"] / row["ceiling_rps"], abs=1e-3)
+        assert row["wall_s"] >= scenario.calls / row["ceiling_rps"]
+        assert row["server_429"] == 0
+        assert row["server_max_overshoot"] == 0
+        assert row["cpu_ms_per_call"] > 0
+        assert row["peak_rss_mb"] > 10
+    recorded = {row["client"]: row["recorded_calls"] for row in rows}
+    assert recorded == {"rcarun": scenario.calls, "naive-gather": 0, "aiolimiter-loop": 0}
+
+
+def _paced(burst: float, rate: float, total: int, fast_rate: float, cost: float = 1.0) -> list[Completion]:
+    """A client sending as fast as ``fast_rate`` allows while a bucket (``burst`` full, refilled at ``rate``)
+    holds ``cost`` units for the next call: it rides the burst, then settles at the limit."""
+    completions: list[Completion] = []
+    sent = 0.0
+    for index in range(total):
+        earliest = index / fast_rate
+        # The bucket holds (burst + rate * t - index * cost) at time t; wait until that reaches ``cost``.
+        allowed = ((index + 1) * cost - burst) / rate
+        sent = max(sent, earliest, allowed)
+        completions.append(Completion(sent=sent, at=sent + 0.05, tokens=100))
+    return completions
+
+
+def test_steady_window_leaves_the_initial_burst_out() -> None:
+    completions = _paced(burst=300, rate=300.0, total=3000, fast_rate=640.0)
+
+    window = steady_window(completions, Allowance(rate_per_s=300.0, burst=300.0, tokens=False))
+
+    assert window.rps == pytest.approx(300.0, rel=0.01)
+    assert window.calls > 2000
+    # Without the drain rule the 10 % head alone would start inside the burst and overstate the rate.
+    assert steady_window(completions, None).rps > 310
+
+
+def test_steady_window_measures_tokens_against_the_token_limit() -> None:
+    completions = _paced(burst=2_000.0, rate=10_000.0, total=1000, fast_rate=640.0, cost=100.0)
+
+    window = steady_window(completions, Allowance(rate_per_s=10_000.0, burst=2_000.0, tokens=True))
+
+    assert window.mean_tokens == 100
+    assert window.tokens / window.seconds == pytest.approx(10_000.0, rel=0.01)
