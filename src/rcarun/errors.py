@@ -65,7 +65,9 @@ class DataError(RcarunError):
 
     def __init__(self, message: str, *, path: str = "", record: str = "", field: str = "") -> None:
         where = ", ".join(
-            part for part in (path, f"record {record}" if record else "", f"field {field!r}" if field else "") if part
+            part
+            for part in (path, f"record {record}" if record else "", f"field {field!r}" if field else "")
+            if part
         )
         super().__init__(f"{where}: {message}" if where else message)
         self.path = path

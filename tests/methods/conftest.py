@@ -33,8 +33,14 @@ class ScriptedLLM:
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Reply:
         self.requests.append(
-            {"messages": list(messages), "stage": stage, "max_tokens": max_tokens, "schema": schema,
-             "temperature": temperature, "reasoning": reasoning}
+            {
+                "messages": list(messages),
+                "stage": stage,
+                "max_tokens": max_tokens,
+                "schema": schema,
+                "temperature": temperature,
+                "reasoning": reasoning,
+            }
         )
         import json
 

@@ -99,7 +99,9 @@ def test_original_rendering_has_no_step_numbers() -> None:
 
 async def test_truncation_keeps_every_step_and_fits_the_window(scripted) -> None:  # type: ignore[no-untyped-def]
     trajectory = _trajectory(40, content_len=4000)  # ~160k characters, ~40k tokens at 4 chars/token
-    llm = scripted([json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000)
+    llm = scripted(
+        [json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000
+    )
     method = AllAtOnce("all-at-once", AllAtOnceOptions(max_tokens=4000))
     attribution = await method.attribute(trajectory, llm)
 
@@ -116,7 +118,9 @@ async def test_truncation_keeps_every_step_and_fits_the_window(scripted) -> None
 
 async def test_no_truncation_policy_sends_everything(scripted) -> None:  # type: ignore[no-untyped-def]
     trajectory = _trajectory(40, content_len=4000)
-    llm = scripted([json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000)
+    llm = scripted(
+        [json.dumps({"reason": "", "responsible_role": "Coder", "root_step": 1})], context_window=16_000
+    )
     method = AllAtOnce("all-at-once", AllAtOnceOptions(truncation="none"))
     attribution = await method.attribute(trajectory, llm)
     assert attribution.output["truncation"]["applied"] is False

@@ -138,13 +138,18 @@ class AllAtOnce:
         window = llm.context_window
         if window is None or self.options.truncation == "none":
             return self._messages(full), truncation
-        allowed = window - self.options.max_tokens - _CONTEXT_MARGIN_TOKENS - llm.estimate_tokens(self._system)
+        allowed = (
+            window - self.options.max_tokens - _CONTEXT_MARGIN_TOKENS - llm.estimate_tokens(self._system)
+        )
         if llm.estimate_tokens(full) <= allowed:
             return self._messages(full), truncation
 
         note = "\nSome long steps were cut in the middle to fit the model's context; their step numbers are kept.\n"
         longest = max(len(step.content) for step in trajectory.steps)
-        low, high = 0, longest  # invariant: `high` fits or is the full length; search the largest cap that fits
+        low, high = (
+            0,
+            longest,
+        )  # invariant: `high` fits or is the full length; search the largest cap that fits
         while low < high:
             mid = (low + high + 1) // 2
             if llm.estimate_tokens(user_prompt(mid, note)) <= allowed:

@@ -1,0 +1,169 @@
+"""The `rcarun` command: argument parsing, signal handling and printing; the work happens in the packages below.
+
+Settings follow one precedence, implemented once in `_setting`: flag > environment variable > config file >
+default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rcarun.errors import RcarunError
+from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
+from rcarun.store import open_store
+
+__all__ = ["main"]
+
+_DEFAULT_DB = "results.db"
+_BANNER = (
+    "SIMULATED BACKBONES — every backbone below is rcarun's mock server on loopback; "
+    "the numbers show the engine at work, not any model's accuracy."
+)
+
+
+def _setting(flag: str | None, env: str, default: str) -> str:
+    """flag > environment > default (the config file's value, when there is one, is the default here)."""
+    if flag is not None:
+        return flag
+    return os.environ.get(env) or default
+
+
+def _install_stop_handlers(stop: StopController, main_task: asyncio.Task[object], drain_s: float) -> None:
+    """First Ctrl-C (or SIGTERM): stop admission and drain in-flight calls until ``drain_s``; second: cancel."""
+    loop = asyncio.get_running_loop()
+    presses = 0
+
+    def on_signal() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            print(
+                f"\nrcarun: stopping admission; draining in-flight calls (up to {drain_s:.0f} s). "
+                "Press Ctrl-C again to cancel now.",
+                file=sys.stderr,
+            )
+            stop.stop_admission("interrupted by signal")
+            loop.call_later(drain_s, main_task.cancel)
+        else:
+            main_task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal)
+
+
+async def _run_with_signals(config: SweepConfig, db: Path, run: str, progress: bool) -> SweepOutcome:
+    stop = StopController()
+    task = asyncio.current_task()
+    assert task is not None
+    _install_stop_handlers(stop, task, config.sweep.drain_timeout_s)
+    return await run_sweep(config, db_path=db, run_name=run, stop=stop, show_progress=progress)
+
+
+async def _demo(db: Path, run: str, progress: bool) -> SweepOutcome:
+    from rcarun.demo import demo_sweep_config, simulated_backbones
+
+    async with simulated_backbones() as backbones:
+        return await _run_with_signals(demo_sweep_config(backbones), db, run, progress)
+
+
+def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool) -> None:
+    store = open_store(db)
+    try:
+        rows = store.backbone_summary(outcome.run_id)
+    finally:
+        store.close()
+    if simulated:
+        print(_BANNER)
+    print(
+        f"run {outcome.run_name!r} (id {outcome.run_id}) {outcome.status}: {outcome.trajectories} trajectories, "
+        f"{outcome.data_problems} data problems, results in {db}"
+    )
+    header = (
+        f"{'backbone':<16} {'items':>6} {'failed':>6} {'skipped':>7} {'calls':>6} {'attempts':>8} {'cached':>6} "
+        f"{'tokens':>10} {'USD':>9} {'429s':>5} {'len-retry':>9} {'preds':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row.backbone:<16} {row.items_done:>6} {row.items_failed:>6} {row.items_skipped:>7} "
+            f"{row.calls:>6} {row.attempts:>8} {row.cached_calls:>6} {row.total_tokens:>10,} "
+            f"{row.cost_usd:>9.4f} {row.rate_limited:>5} {row.length_retries:>9} {row.predictions:>6}"
+        )
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    db = Path(_setting(args.db, "RCARUN_DB", _DEFAULT_DB))
+    if args.config is None:
+        run = _setting(args.run, "RCARUN_RUN", "demo")
+        outcome = asyncio.run(_demo(db, run, not args.no_progress))
+        _print_summary(db, outcome, simulated=True)
+    else:
+        config = load_sweep_config(Path(args.config))
+        run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
+        outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress))
+        simulated = all(b.provider == "simulated" for b in config.backbones.values())
+        _print_summary(db, outcome, simulated=simulated)
+    return 0 if outcome.status == "finished" else 3
+
+
+def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from rcarun.mock.cli import main as mock_main
+
+    return mock_main(list(rest))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from rcarun.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rcarun", description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sweep = commands.add_parser("sweep", help="run a sweep (no --config: the embedded simulated demo)")
+    sweep.add_argument("--config", help="sweep TOML file")
+    sweep.add_argument("--db", help=f"results database (env RCARUN_DB, default {_DEFAULT_DB})")
+    sweep.add_argument("--run", help="run name; rerunning the same name resumes it (env RCARUN_RUN)")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    commands.add_parser("mock-server", help="run the OpenAI-compatible simulator on loopback", add_help=False)
+
+    bench = commands.add_parser("bench", help="performance benchmarks against the simulator")
+    bench.add_argument("suite", choices=["throughput"])
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument("--quick", action="store_true", help="smaller workloads (for smoke tests)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["mock-server"]:
+        return _cmd_mock_server(argparse.Namespace(), argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "sweep":
+            return _cmd_sweep(args)
+        if args.command == "bench":
+            return _cmd_bench(args)
+    except RcarunError as exc:
+        print(f"rcarun: {exc}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("rcarun: cancelled; results.db is consistent and the run can be resumed", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""The embedded default sweep behind `rcarun sweep` with no config (and `make demo`).
+
+It runs the bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
+./results.db. The backbones are rcarun's own mock servers on loopback, each with a different limit style a real
+provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
+two-tier request limits, a queueing server with replicas, length retries, retries of injected faults — without a
+key or a network:
+
+- ``sim-deepseek``: a concurrency cap with 429 above it and no rate-limit headers (DeepSeek's style); the client
+  is configured one slot too optimistic, so adaptive concurrency has something to do.
+- ``sim-gpt``: requests/min and tokens/min with ``x-ratelimit-*`` headers (OpenAI's style), limits declared.
+- ``sim-kimi``: a two-tier request limit (per second and per minute) with Moonshot-style headers and a few 503s.
+- ``sim-qwen``: two vLLM-like replicas that queue instead of refusing, reasoning text in ``reasoning`` and a
+  thinking budget large enough that the first output budget stops on length and is retried doubled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from rcarun.data import bundled_sample_path
+from rcarun.methods import registered_methods
+from rcarun.mock import MockConfig, MockServer
+from rcarun.runner import BackboneConfig, MethodConfig, SweepConfig
+
+__all__ = [
+    "DEMO_REALIZATIONS",
+    "SimulatedBackbone",
+    "demo_backbones",
+    "demo_sweep_config",
+    "simulated_backbones",
+]
+
+DEMO_REALIZATIONS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedBackbone:
+    name: str
+    servers: tuple[MockConfig, ...]
+    client: dict[str, Any]
+
+
+def demo_backbones() -> tuple[SimulatedBackbone, ...]:
+    # Prices are illustrative (of the order of the real providers', USD per 1M tokens) so that the cost columns
+    # show real arithmetic; the banner says the backbones are simulated.
+    return (
+        SimulatedBackbone(
+            "sim-deepseek",
+            (
+                MockConfig(
+                    model="sim-deepseek-flash",
+                    latency_s=0.15,
+                    max_concurrency=4,
+                    over_concurrency="429",
+                    headers="none",
+                    usage_style="deepseek",
+                    reasoning_tokens=300,
+                    reasoning_field="reasoning_content",
+                    seed=11,
+                ),
+            ),
+            {
+                "provider": "deepseek",
+                "limits": {"concurrency": 6},
+                "prices": {"input_per_mtok": 0.28, "cached_input_per_mtok": 0.028, "output_per_mtok": 0.42},
+            },
+        ),
+        SimulatedBackbone(
+            "sim-gpt",
+            (
+                MockConfig(
+                    model="sim-gpt",
+                    latency_s=0.1,
+                    rpm=240,
+                    tpm=2_000_000,
+                    headers="openai",
+                    reasoning_tokens=200,
+                    seed=12,
+                ),
+            ),
+            {
+                "provider": "simulated",
+                "limits": {"concurrency": 16, "rpm": 240, "tpm": 2_000_000, "burst_s": 1.0},
+                "prices": {"input_per_mtok": 1.25, "cached_input_per_mtok": 0.125, "output_per_mtok": 10.0},
+            },
+        ),
+        SimulatedBackbone(
+            "sim-kimi",
+            (
+                MockConfig(
+                    model="sim-kimi",
+                    latency_s=0.1,
+                    rps=4,
+                    rpm=180,
+                    headers="moonshot",
+                    error_503_rate=0.05,
+                    seed=13,
+                ),
+            ),
+            {
+                "provider": "kimi",
+                "limits": {"concurrency": 8, "rpm": 180, "burst_s": 1.0},
+                "prices": {"input_per_mtok": 0.6, "cached_input_per_mtok": 0.15, "output_per_mtok": 2.5},
+                "retry": {"base_s": 0.2, "cap_s": 2.0},
+            },
+        ),
+        SimulatedBackbone(
+            "sim-qwen",
+            tuple(
+                MockConfig(
+                    model="sim-qwen3.5-35b-a3b",
+                    latency_s=0.1,
+                    max_concurrency=2,
+                    over_concurrency="queue",
+                    headers="none",
+                    reasoning_tokens=1500,
+                    reasoning_field="reasoning",
+                    context_window=32_768,
+                    seed=14 + replica,
+                )
+                for replica in range(2)
+            ),
+            {
+                "provider": "vllm",
+                "context_window": 32_768,
+                "max_output_tokens": 16_384,
+                "limits": {"concurrency": 8},
+            },
+        ),
+    )
+
+
+@contextlib.asynccontextmanager
+async def simulated_backbones() -> AsyncIterator[dict[str, BackboneConfig]]:
+    """Start every demo mock server on loopback and yield backbone configs pointing at them."""
+    async with contextlib.AsyncExitStack() as stack:
+        configs: dict[str, BackboneConfig] = {}
+        for backbone in demo_backbones():
+            urls = []
+            for server_config in backbone.servers:
+                server = await stack.enter_async_context(MockServer(server_config, host="127.0.0.1", port=0))
+                urls.append(server.base_url)
+            configs[backbone.name] = BackboneConfig.model_validate(
+                {"model": backbone.servers[0].model, "base_urls": tuple(urls), **backbone.client}
+            )
+        yield configs
+
+
+def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
+    """Bundled sample × every registered method × the given backbones × 2 realizations.
+
+    The attribution budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
+    thinking runs out of room and the length retry doubles it, as a real thinking model would need.
+    """
+    return SweepConfig.model_validate(
+        {
+            "sweep": {"dataset": str(bundled_sample_path()), "realizations": DEMO_REALIZATIONS},
+            "methods": [MethodConfig(name=name) for name in registered_methods()],
+            "backbones": backbones,
+            "stages": {"attribution": {"max_tokens": 1024, "length_retries": 1, "length_cap": 65_536}},
+        }
+    )

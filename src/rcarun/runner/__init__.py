@@ -1,0 +1,41 @@
+"""The sweep engine: config, work items, the per-item `LLM` session, call cache, scheduler, progress, resume."""
+
+from rcarun.runner.cache import call_cache_key
+from rcarun.runner.config import (
+    BackboneConfig,
+    LimitsConfig,
+    MethodConfig,
+    PricesConfig,
+    SpendBudgetConfig,
+    StageConfig,
+    SweepConfig,
+    SweepSection,
+    load_backbones_file,
+    load_sweep_config,
+)
+from rcarun.runner.runtime import BackboneCounters, StopController, WorkItem
+from rcarun.runner.scheduler import SweepOutcome, build_prices, run_sweep
+from rcarun.runner.session import ItemSession, StopRequested, parse_json_answer
+
+__all__ = [
+    "BackboneConfig",
+    "BackboneCounters",
+    "ItemSession",
+    "LimitsConfig",
+    "MethodConfig",
+    "PricesConfig",
+    "SpendBudgetConfig",
+    "StageConfig",
+    "StopController",
+    "StopRequested",
+    "SweepConfig",
+    "SweepOutcome",
+    "SweepSection",
+    "WorkItem",
+    "build_prices",
+    "call_cache_key",
+    "load_backbones_file",
+    "load_sweep_config",
+    "parse_json_answer",
+    "run_sweep",
+]

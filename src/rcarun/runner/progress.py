@@ -1,0 +1,75 @@
+"""One tqdm bar per backbone: items, calls, tokens, USD, 429s and length retries, refreshed on a timer.
+
+The bars read the backbone counters twice a second instead of being updated on every call, so progress display
+costs nothing on the hot path however fast the calls come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+from tqdm import tqdm
+
+from rcarun.runner.runtime import BackboneRuntime
+
+__all__ = ["ProgressBoard"]
+
+_REFRESH_S = 0.5
+
+
+class ProgressBoard:
+    def __init__(self, runtimes: dict[str, BackboneRuntime], *, enabled: bool) -> None:
+        self._runtimes = runtimes
+        self._enabled = enabled
+        self._bars: dict[str, tqdm] = {}
+        self._done = asyncio.Event()
+        width = max((len(name) for name in runtimes), default=8)
+        if enabled:
+            for position, (name, runtime) in enumerate(runtimes.items()):
+                self._bars[name] = tqdm(
+                    total=runtime.counters.items_total,
+                    initial=runtime.counters.items_done,
+                    desc=name.ljust(width),
+                    unit="item",
+                    position=position,
+                    leave=True,
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                    mininterval=_REFRESH_S,
+                )
+
+    def _refresh(self) -> None:
+        for name, bar in self._bars.items():
+            counters = self._runtimes[name].counters
+            finished = (
+                counters.items_done
+                + counters.items_failed
+                + counters.items_skipped_budget
+                + counters.items_interrupted
+            )
+            bar.n = min(finished, bar.total or finished)
+            tokens = counters.prompt_tokens + counters.completion_tokens
+            bar.set_postfix_str(
+                f"calls={counters.calls} cached={counters.cached_calls} tok={tokens:,} "
+                f"${counters.usd:.4f} 429={counters.rate_limited} len={counters.length_retries} "
+                f"err={counters.errors} fail={counters.items_failed}",
+                refresh=False,
+            )
+            bar.refresh()
+
+    async def run(self) -> None:
+        if not self._enabled:
+            return
+        while not self._done.is_set():
+            self._refresh()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._done.wait(), _REFRESH_S)
+
+    def finish(self) -> None:
+        if self._enabled:
+            self._refresh()
+            for bar in self._bars.values():
+                bar.close()
+        self._done.set()

@@ -1,0 +1,93 @@
+"""The live objects of one sweep: what every work item shares (run context) and what each backbone owns.
+
+Kept apart from the scheduler so that the session — the `LLM` a method sees — depends on plain state, not on the
+loop that feeds items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rcarun.backends import Backend, Usage
+from rcarun.budgets import BackboneGate
+from rcarun.errors import CallError, RateLimited
+from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.store import Store, StoreWriter
+
+__all__ = ["BackboneCounters", "BackboneRuntime", "RunContext", "StopController", "WorkItem"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One unit of a sweep: method × backbone × trajectory × realization."""
+
+    backbone: str
+    method: str
+    qid: str
+    realization: int
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.backbone}|{self.method}|{self.qid}|r{self.realization}"
+
+
+class StopController:
+    """Graceful stop: the first request stops admission (in-flight calls drain), a later one cancels."""
+
+    def __init__(self) -> None:
+        self.admission_stopped = False
+        self.reason = ""
+
+    def stop_admission(self, reason: str) -> None:
+        if not self.admission_stopped:
+            self.admission_stopped = True
+            self.reason = reason
+
+
+@dataclass(slots=True)
+class BackboneCounters:
+    """What the progress bar and the end-of-run table show for one backbone (this session only)."""
+
+    items_total: int = 0
+    items_done: int = 0
+    items_failed: int = 0
+    items_skipped_budget: int = 0
+    items_interrupted: int = 0
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usd: float = 0.0
+    rate_limited: int = 0
+    errors: int = 0
+    length_retries: int = 0
+
+    def record_error(self, error: CallError) -> None:
+        if isinstance(error, RateLimited):
+            self.rate_limited += 1
+        else:
+            self.errors += 1
+
+
+@dataclass(slots=True)
+class BackboneRuntime:
+    name: str
+    config: BackboneConfig
+    backend: Backend
+    gate: BackboneGate
+    counters: BackboneCounters = field(default_factory=BackboneCounters)
+
+    def record_spend(self, usage: Usage, usd: float) -> None:
+        self.counters.calls += 1
+        self.counters.prompt_tokens += usage.prompt_tokens
+        self.counters.completion_tokens += usage.completion_tokens
+        self.counters.usd += usd
+
+
+@dataclass(slots=True)
+class RunContext:
+    config: SweepConfig
+    run_id: int
+    store: Store
+    writer: StoreWriter
+    stop: StopController

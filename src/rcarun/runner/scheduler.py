@@ -1,0 +1,387 @@
+"""The sweep loop: expand method × backbone × trajectory × realization lazily and run each item once.
+
+Each backbone gets its own producer and its own pool of workers, so a slow or rate-limited backbone never holds
+back the others. Items are generated on demand from the dataset and pushed through a small bounded queue — no task
+per item up front — so memory grows with the work in flight, not with the size of the sweep. Items that already
+have a prediction (or failed for good) in results.db are skipped, which is all resume needs: calls that finished
+inside an interrupted item are served from the call cache by the session.
+
+Graceful stop: `StopController.stop_admission` stops producers and new calls; calls in flight finish and are
+recorded; unfinished items are marked ``interrupted`` and run again on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import time
+from pathlib import Path
+
+from rcarun.backends import Backend, BackendSettings, Usage, create_backend
+from rcarun.budgets import (
+    BackboneGate,
+    BackboneLimits,
+    Budget,
+    Price,
+    PriceTable,
+    PriceWindow,
+    RetryPolicy,
+    SpendLedger,
+    TokenEstimator,
+)
+from rcarun.data import Record, iter_dataset
+from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
+from rcarun.methods import Attribution, Method, create_method
+from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.runner.progress import ProgressBoard
+from rcarun.runner.runtime import BackboneCounters, BackboneRuntime, RunContext, StopController, WorkItem
+from rcarun.runner.session import ItemSession, StopRequested
+from rcarun.store import (
+    EventRow,
+    ItemRow,
+    PredictionRow,
+    RunStatus,
+    StoreWriter,
+    TrajectoryRow,
+    open_store,
+    utc_timestamp,
+)
+
+__all__ = ["SweepOutcome", "build_prices", "run_sweep"]
+
+BackendFactory = Callable[[BackendSettings], Backend]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOutcome:
+    run_id: int
+    run_name: str
+    status: str
+    trajectories: int
+    data_problems: int
+    counters: dict[str, BackboneCounters]
+
+
+def build_prices(config: BackboneConfig) -> PriceTable:
+    prices = config.prices
+
+    def price(input_: float, cached: float | None, output: float) -> Price:
+        return Price(
+            input_per_mtok=input_,
+            cached_input_per_mtok=input_ if cached is None else cached,
+            output_per_mtok=output,
+        )
+
+    windows = tuple(
+        PriceWindow(
+            start=time.fromisoformat(window.start),
+            end=time.fromisoformat(window.end),
+            price=price(window.input_per_mtok, window.cached_input_per_mtok, window.output_per_mtok),
+        )
+        for window in prices.windows
+    )
+    return PriceTable(
+        default=price(prices.input_per_mtok, prices.cached_input_per_mtok, prices.output_per_mtok),
+        windows=windows,
+    )
+
+
+def _backend_settings(name: str, config: BackboneConfig, pool_size: int) -> BackendSettings:
+    return BackendSettings(
+        name=name,
+        provider=config.provider,
+        model=config.model,
+        base_urls=config.endpoints,
+        api_key_env=config.api_key_env,
+        transport=config.transport,
+        timeout_s=config.timeout_s,
+        pool_size=pool_size,
+        thinking=config.thinking,
+        reasoning_effort=config.reasoning_effort,
+        extra_body=config.extra_body,
+        extra_headers=config.extra_headers,
+        supports_response_format=config.supports_response_format,
+    )
+
+
+def _iter_records(config: SweepConfig, on_problem: Callable[[DataError], None]) -> Iterator[Record]:
+    return iter_dataset(Path(config.sweep.dataset), strict=config.sweep.strict_data, on_problem=on_problem)
+
+
+async def run_sweep(
+    config: SweepConfig,
+    *,
+    db_path: Path,
+    run_name: str,
+    stop: StopController | None = None,
+    show_progress: bool = True,
+    backend_factory: BackendFactory = create_backend,
+) -> SweepOutcome:
+    """Run (or resume) the sweep named ``run_name`` into ``db_path``.
+
+    Raises:
+        ConfigError: the config cannot be run (unknown method, duplicate labels, missing key variable).
+        DataError: the dataset is unusable (or a record is bad and ``strict_data`` is set).
+    """
+    stop = stop or StopController()
+    methods = [create_method(m.name, label=m.resolved_label, options=m.options) for m in config.methods]
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
+
+    store = open_store(db_path)
+    try:
+        run_id = store.get_or_create_run(run_name, config.model_dump_json())
+        finished = store.finished_item_keys(run_id)
+        ledger = SpendLedger(
+            overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
+            per_backbone={
+                name: Budget(max_usd=backbone.budget.max_usd, max_tokens=backbone.budget.max_tokens)
+                for name, backbone in config.backbones.items()
+            },
+        )
+        # Budgets are per run: what earlier sessions of this run spent counts against them.
+        for spent in store.backbone_summary(run_id):
+            ledger.record_prior_spend(
+                spent.backbone,
+                usd=spent.cost_usd,
+                usage=Usage(
+                    prompt_tokens=spent.prompt_tokens,
+                    cached_prompt_tokens=spent.cached_tokens,
+                    completion_tokens=spent.completion_tokens,
+                    reasoning_tokens=spent.reasoning_tokens,
+                ),
+            )
+
+        async with StoreWriter(db_path) as writer:
+            context = RunContext(config=config, run_id=run_id, store=store, writer=writer, stop=stop)
+            trajectories, problems = await _record_trajectories(context)
+            runtimes = _build_runtimes(config, ledger, backend_factory)
+            per_backbone_items = trajectories * len(methods) * config.sweep.realizations
+            for runtime in runtimes.values():
+                runtime.counters.items_total = per_backbone_items
+                runtime.counters.items_done = sum(1 for key in finished if key[0] == runtime.name)
+            board = ProgressBoard(runtimes, enabled=show_progress)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(board.run())
+                    drivers = [
+                        group.create_task(_drive_backbone(context, runtime, methods, finished))
+                        for runtime in runtimes.values()
+                    ]
+                    await asyncio.gather(*drivers)
+                    board.finish()
+            finally:
+                for runtime in runtimes.values():
+                    await runtime.backend.aclose()
+        status = _final_status(stop, runtimes)
+        store.set_run_status(run_id, status)
+        return SweepOutcome(
+            run_id=run_id,
+            run_name=run_name,
+            status=status,
+            trajectories=trajectories,
+            data_problems=problems,
+            counters={name: runtime.counters for name, runtime in runtimes.items()},
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            run = store.run_by_name(run_name)
+            if run is not None:
+                store.set_run_status(run.run_id, "stopped")
+        raise
+    finally:
+        store.close()
+
+
+def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:
+    if stop.admission_stopped:
+        return "stopped"
+    if any(r.counters.items_skipped_budget or r.counters.items_interrupted for r in runtimes.values()):
+        return "stopped"
+    return "finished"
+
+
+async def _record_trajectories(context: RunContext) -> tuple[int, int]:
+    """One pass over the dataset: store what analysis needs about each trajectory, report bad records."""
+    problems = 0
+
+    def on_problem(error: DataError) -> None:
+        nonlocal problems
+        problems += 1
+        context.writer.add_event(
+            EventRow(
+                run_id=context.run_id,
+                at=utc_timestamp(),
+                kind="data_problem",
+                detail_json=json.dumps(
+                    {"path": error.path, "record": error.record, "field": error.field, "message": str(error)}
+                ),
+            )
+        )
+
+    count = 0
+    for record in _iter_records(context.config, on_problem):
+        trajectory = record.trajectory
+        reference = record.reference
+        context.writer.add_trajectory(
+            TrajectoryRow(
+                run_id=context.run_id,
+                qid=trajectory.qid,
+                source=trajectory.source,
+                n_steps=trajectory.n_steps,
+                roles_json=json.dumps(list(trajectory.agents)),
+                ref_role=reference.role if reference else None,
+                ref_step=reference.step if reference else None,
+                sha256=trajectory.sha256,
+            )
+        )
+        count += 1
+        if count % 256 == 0:
+            await asyncio.sleep(0)
+    if count == 0:
+        raise DataError("no usable trajectories", path=context.config.sweep.dataset)
+    return count, problems
+
+
+def _build_runtimes(
+    config: SweepConfig, ledger: SpendLedger, backend_factory: BackendFactory
+) -> dict[str, BackboneRuntime]:
+    runtimes: dict[str, BackboneRuntime] = {}
+    for name, backbone in config.backbones.items():
+        limits = backbone.limits
+        gate = BackboneGate(
+            name,
+            BackboneLimits(
+                concurrency=limits.concurrency,
+                rpm=limits.rpm,
+                tpm=limits.tpm,
+                burst_s=limits.burst_s,
+                min_concurrency=limits.min_concurrency,
+                arrival_jitter_s=limits.arrival_jitter_s,
+            ),
+            retry=RetryPolicy(
+                max_attempts=backbone.retry.max_attempts,
+                base_s=backbone.retry.base_s,
+                cap_s=backbone.retry.cap_s,
+            ),
+            ledger=ledger,
+            prices=build_prices(backbone),
+            estimator=TokenEstimator(backbone.chars_per_token),
+        )
+        runtimes[name] = BackboneRuntime(
+            name=name,
+            config=backbone,
+            backend=backend_factory(_backend_settings(name, backbone, pool_size=limits.concurrency)),
+            gate=gate,
+        )
+    return runtimes
+
+
+async def _drive_backbone(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    methods: list[Method],
+    finished: set[tuple[str, str, str, int]],
+) -> None:
+    workers = context.config.sweep.items_in_flight or runtime.config.limits.concurrency
+    queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
+
+    async def produce() -> None:
+        try:
+            for record in _iter_records(context.config, lambda error: None):
+                qid = record.trajectory.qid
+                for method in methods:
+                    for realization in range(context.config.sweep.realizations):
+                        if context.stop.admission_stopped:
+                            return
+                        if (runtime.name, method.label, qid, realization) in finished:
+                            continue
+                        item = WorkItem(runtime.name, method.label, qid, realization)
+                        await queue.put((item, method, record))
+        finally:
+            for _ in range(workers):
+                await queue.put(None)
+
+    async def work() -> None:
+        while (entry := await queue.get()) is not None:
+            item, method, record = entry
+            if context.stop.admission_stopped:
+                continue
+            await _run_item(context, runtime, item, method, record)
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(produce())
+        for _ in range(workers):
+            group.create_task(work())
+
+
+async def _run_item(
+    context: RunContext, runtime: BackboneRuntime, item: WorkItem, method: Method, record: Record
+) -> None:
+    session = ItemSession(context, runtime, item)
+    counters = runtime.counters
+    writer = context.writer
+
+    def set_item(status: str, error: str | None = None) -> None:
+        writer.set_item(
+            ItemRow(
+                run_id=context.run_id,
+                item_id=item.item_id,
+                backbone=item.backbone,
+                method=item.method,
+                qid=item.qid,
+                realization=item.realization,
+                status=status,  # type: ignore[arg-type]
+                error=error,
+                attempts=session.attempts,
+            )
+        )
+
+    try:
+        attribution = await method.attribute(record.trajectory, session)
+    except BudgetExhausted as exc:
+        counters.items_skipped_budget += 1
+        set_item("skipped_budget", str(exc))
+        return
+    except StopRequested:
+        counters.items_interrupted += 1
+        set_item("interrupted", "stopped before the item finished")
+        return
+    except asyncio.CancelledError:
+        counters.items_interrupted += 1
+        set_item("interrupted", "cancelled")
+        raise
+    except RcarunError as exc:
+        counters.items_failed += 1
+        set_item("failed", f"{type(exc).__name__}: {exc}"[:2000])
+        return
+    except Exception as exc:  # a method bug must not stop the sweep; it is stored as the item's failure
+        counters.items_failed += 1
+        set_item("failed", f"unexpected {type(exc).__name__}: {exc}"[:2000])
+        return
+    _record_prediction(context, item, attribution)
+    set_item("done")
+    counters.items_done += 1
+
+
+def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribution) -> None:
+    context.writer.add_prediction(
+        PredictionRow(
+            run_id=context.run_id,
+            item_id=item.item_id,
+            backbone=item.backbone,
+            method=item.method,
+            qid=item.qid,
+            realization=item.realization,
+            pred_role=attribution.pred_role,
+            pred_step=attribution.pred_step,
+            role_valid=attribution.role_valid,
+            step_valid=attribution.step_valid,
+            abstained=attribution.abstained,
+            output_json=json.dumps(attribution.output, ensure_ascii=False, default=str),
+        )
+    )

@@ -1,0 +1,338 @@
+"""The `LLM` a method receives for one work item: cache lookup → budgets → backend → record, per attempt.
+
+Everything a method should never think about lives here, in one loop per ``llm.chat`` call:
+- the call cache (a finished attempt of an interrupted item is served, not paid again, on resume);
+- admission through the backbone's gate (pause after 429, adaptive concurrency, requests/tokens per minute,
+  spend budget), with the token reservation settled against the reported usage;
+- retries of retryable errors as the retry policy decides, each attempt its own ``calls`` row (429s get five
+  times the allowance of other failures: they mean "later", not "never");
+- length-triggered retries with the budget doubled, up to the stage's cap, the model's maximum output and the
+  context left after the prompt;
+- pricing of every attempt and the row that records it (request and response kept as blobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rcarun.backends import ChatMessage, ChatRequest, ChatResult, Usage
+from rcarun.budgets import RetryDecision, clamp_to_context, next_length_budget
+from rcarun.errors import CallError, RateLimited, RcarunError
+from rcarun.methods import Message, Reasoning, Reply
+from rcarun.runner.cache import call_cache_key
+from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
+from rcarun.store import CallRow, utc_timestamp
+
+__all__ = ["ItemSession", "StopRequested", "parse_json_answer"]
+
+# A request may meet this many times as many 429s as other failures before it gives up.
+_RATE_LIMIT_ALLOWANCE = 5
+_FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*\}|\[.*\])\s*```", re.DOTALL)
+
+
+class StopRequested(RcarunError):
+    """Admission has stopped (Ctrl-C or a drain deadline); the item is left for resume."""
+
+
+def parse_json_answer(text: str) -> tuple[Any, str | None]:
+    """Decode a JSON answer: the whole text, or else one fenced block; never guessed or repaired further."""
+    stripped = text.strip()
+    if not stripped:
+        return None, "empty answer"
+    try:
+        return json.loads(stripped), None
+    except json.JSONDecodeError as exc:
+        error = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    match = _FENCED_JSON.search(stripped)
+    if match:
+        try:
+            return json.loads(match.group(1)), None
+        except json.JSONDecodeError as exc:
+            error = f"fenced block is not JSON: {exc.msg}"
+    return None, error
+
+
+class ItemSession:
+    """Implements `rcarun.methods.LLM` for one work item on one backbone."""
+
+    def __init__(self, context: RunContext, runtime: BackboneRuntime, item: WorkItem) -> None:
+        self._context = context
+        self._runtime = runtime
+        self._item = item
+        self.attempts = 0
+
+    @property
+    def context_window(self) -> int | None:
+        return self._runtime.config.context_window
+
+    def estimate_tokens(self, text: str) -> int:
+        return self._runtime.gate.estimator.estimate(len(text))
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        stage: str,
+        max_tokens: int,
+        schema: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+        reasoning: Reasoning | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Reply:
+        if tools:
+            raise NotImplementedError("tool calls are not supported by rcarun's backends yet")
+        runtime = self._runtime
+        config = runtime.config
+        stage_policy = self._context.config.stage(stage)
+        wire_messages = tuple(ChatMessage(m.role, m.content) for m in messages)
+        prompt_chars = sum(len(m.content) for m in wire_messages)
+        estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
+        budget = clamp_to_context(
+            stage_policy.max_tokens or max_tokens,
+            context_window=config.context_window,
+            prompt_tokens_estimate=estimated_prompt,
+            model_max_output=config.max_output_tokens,
+        )
+        length_retries_left = stage_policy.length_retries
+        failures = _FailureCounts()
+        attempt = 0
+        totals = Usage()
+        while True:
+            attempt += 1
+            request = ChatRequest(
+                messages=wire_messages,
+                max_tokens=budget,
+                temperature=temperature,
+                schema=schema,
+                reasoning=reasoning,
+            )
+            key = call_cache_key(
+                backbone=runtime.name,
+                model=config.model,
+                request=request,
+                stage=stage,
+                realization=self._item.realization,
+                method_label=None if stage_policy.shareable else self._item.method,
+            )
+            result = self._from_cache(key, request, stage, attempt)
+            if result is None:
+                outcome = await self._call_backend(key, request, stage, attempt, prompt_chars, failures)
+                if isinstance(outcome, tuple):
+                    error, decision = outcome
+                    if not decision.retry:
+                        raise error
+                    await asyncio.sleep(decision.delay_s)
+                    continue
+                result = outcome
+                failures.clear()  # a length retry is a new request with its own retry allowance
+            totals = _add_usage(totals, result.usage)
+            if result.finish_reason == "length" and length_retries_left > 0:
+                grown = next_length_budget(
+                    budget,
+                    cap=stage_policy.length_cap,
+                    model_max_output=config.max_output_tokens,
+                    context_window=config.context_window,
+                    prompt_tokens=result.usage.prompt_tokens or estimated_prompt,
+                )
+                if grown is not None:
+                    length_retries_left -= 1
+                    runtime.counters.length_retries += 1
+                    budget = grown
+                    continue
+            parsed: Any = None
+            parse_error: str | None = None
+            if schema is not None:
+                parsed, parse_error = parse_json_answer(result.text)
+                if parse_error and result.finish_reason == "length":
+                    parse_error = f"{parse_error} (output budget exhausted: finish_reason=length)"
+            self.attempts += attempt
+            return Reply(
+                text=result.text,
+                parsed=parsed,
+                parse_error=parse_error,
+                finish_reason=result.finish_reason,
+                attempts=attempt,
+                prompt_tokens=totals.prompt_tokens,
+                completion_tokens=totals.completion_tokens,
+                reasoning_tokens=totals.reasoning_tokens,
+                cached_tokens=totals.cached_prompt_tokens,
+                reasoning_text=result.reasoning_text,
+            )
+
+    def _base_row(
+        self, stage: str, attempt: int, max_tokens: int, key: str, request_sha: str
+    ) -> dict[str, Any]:
+        item = self._item
+        return {
+            "run_id": self._context.run_id,
+            "item_id": item.item_id,
+            "backbone": self._runtime.name,
+            "model": self._runtime.config.model,
+            "method": item.method,
+            "qid": item.qid,
+            "realization": item.realization,
+            "stage": stage,
+            "attempt": attempt,
+            "max_tokens": max_tokens,
+            "cache_key": key,
+            "request_sha256": request_sha,
+        }
+
+    def _from_cache(self, key: str, request: ChatRequest, stage: str, attempt: int) -> ChatResult | None:
+        scope = self._context.run_id if self._context.config.sweep.cache == "run" else None
+        cached = self._context.store.lookup_call(key, scope)
+        if cached is None:
+            return None
+        now = utc_timestamp()
+        self._context.writer.add_call(
+            CallRow(
+                **self._base_row(stage, attempt, request.max_tokens, key, cached.request_sha256 or ""),
+                status="cached",
+                started_at=now,
+                ended_at=now,
+                finish_reason=cached.finish_reason,
+                response_sha256=cached.response_sha256,
+                response_text_sha256=cached.response_text_sha256,
+                reasoning_text_sha256=cached.reasoning_text_sha256,
+                latency_ms=0.0,
+            )
+        )
+        self._runtime.counters.cached_calls += 1
+        return ChatResult(
+            text=cached.text,
+            reasoning_text=cached.reasoning_text,
+            finish_reason=cached.finish_reason or "stop",
+            usage=Usage(
+                prompt_tokens=cached.prompt_tokens,
+                cached_prompt_tokens=cached.cached_tokens,
+                completion_tokens=cached.completion_tokens,
+                reasoning_tokens=cached.reasoning_tokens,
+            ),
+            latency_s=0.0,
+            model=cached.model or "",
+        )
+
+    async def _call_backend(
+        self,
+        key: str,
+        request: ChatRequest,
+        stage: str,
+        attempt: int,
+        prompt_chars: int,
+        failures: _FailureCounts,
+    ) -> ChatResult | tuple[CallError, RetryDecision]:
+        """One paid attempt: admitted by the gate, recorded whatever happens.
+
+        Returns the result, or the error with the gate's decision about it (made while the attempt still held its
+        concurrency slot, so a burst of 429s from one overload shrinks concurrency once).
+        """
+        runtime = self._runtime
+        writer = self._context.writer
+        if self._context.stop.admission_stopped:
+            raise StopRequested("admission stopped")
+        base = self._base_row(
+            stage, attempt, request.max_tokens, key, writer.put_blob(request.canonical_json().encode())
+        )
+        estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
+        async with runtime.gate.admit(
+            estimated_prompt, request.max_tokens, prompt_chars=prompt_chars
+        ) as ticket:
+            if self._context.stop.admission_stopped:
+                raise StopRequested("admission stopped")
+            started_at = utc_timestamp()
+            started = time.perf_counter()
+            try:
+                result = await runtime.backend.chat(request)
+            except CallError as error:
+                decision = runtime.gate.on_error(error, failures.count(error), ticket)
+                runtime.counters.record_error(error)
+                writer.add_call(
+                    CallRow(
+                        **base,
+                        status="rate_limited" if isinstance(error, RateLimited) else "error",
+                        started_at=started_at,
+                        ended_at=utc_timestamp(),
+                        latency_ms=(time.perf_counter() - started) * 1000,
+                        error=str(error)[:2000],
+                        error_kind=error.kind,
+                        http_status=error.status,
+                    )
+                )
+                return error, decision
+            except asyncio.CancelledError:
+                writer.add_call(
+                    CallRow(
+                        **base,
+                        status="cancelled",
+                        started_at=started_at,
+                        ended_at=utc_timestamp(),
+                        latency_ms=(time.perf_counter() - started) * 1000,
+                        error="cancelled before the provider answered",
+                        error_kind="cancelled",
+                    )
+                )
+                raise
+            cost = ticket.settle(result.usage)
+        runtime.record_spend(result.usage, cost)
+        writer.add_call(
+            CallRow(
+                **base,
+                status="length" if result.finish_reason == "length" else "ok",
+                started_at=started_at,
+                ended_at=utc_timestamp(),
+                finish_reason=result.finish_reason,
+                prompt_tokens=result.usage.prompt_tokens,
+                completion_tokens=result.usage.completion_tokens,
+                reasoning_tokens=result.usage.reasoning_tokens,
+                cached_tokens=result.usage.cached_prompt_tokens,
+                cost_usd=cost,
+                latency_ms=result.latency_s * 1000,
+                response_sha256=writer.put_blob(result.raw_body) if result.raw_body else None,
+                response_text_sha256=writer.put_blob(result.text.encode()),
+                reasoning_text_sha256=(
+                    writer.put_blob(result.reasoning_text.encode()) if result.reasoning_text else None
+                ),
+                endpoint=result.endpoint or None,
+            )
+        )
+        return result
+
+
+class _FailureCounts:
+    """Failed attempts of one request, by kind.
+
+    Rate limits are counted apart from other failures and allowed `_RATE_LIMIT_ALLOWANCE` times as many tries:
+    a 429 says "later", not "never", and a sweep that hits its provider's limit should slow down, not fail items.
+    """
+
+    __slots__ = ("other", "rate_limited")
+
+    def __init__(self) -> None:
+        self.rate_limited = 0
+        self.other = 0
+
+    def count(self, error: CallError) -> int:
+        """Record ``error`` and return the attempt number the retry policy should judge it as."""
+        if isinstance(error, RateLimited):
+            self.rate_limited += 1
+            return max(1, self.rate_limited // _RATE_LIMIT_ALLOWANCE)
+        self.other += 1
+        return self.other
+
+    def clear(self) -> None:
+        self.rate_limited = 0
+        self.other = 0
+
+
+def _add_usage(left: Usage, right: Usage) -> Usage:
+    return Usage(
+        prompt_tokens=left.prompt_tokens + right.prompt_tokens,
+        cached_prompt_tokens=left.cached_prompt_tokens + right.cached_prompt_tokens,
+        completion_tokens=left.completion_tokens + right.completion_tokens,
+        reasoning_tokens=left.reasoning_tokens + right.reasoning_tokens,
+    )

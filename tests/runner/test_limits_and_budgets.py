@@ -1,0 +1,114 @@
+"""Limits as the server measures them, 429 isolation between backbones, spend budgets and resumable stops."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from helpers.sweeps import make_config, rows
+from rcarun.mock import MockConfig, MockServer
+from rcarun.runner import run_sweep
+
+
+async def test_declared_rpm_and_tpm_are_never_exceeded_in_any_server_window(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    limits = MockConfig(latency_s=0.01, rpm=600, tpm=150_000, burst_s=1.0)
+    async with MockServer(limits) as server:
+        config = make_config(
+            {
+                "sim": {
+                    "base_url": server.base_url,
+                    "limits": {"concurrency": 16, "rpm": 600, "tpm": 150_000, "burst_s": 1.0},
+                }
+            },
+            realizations=3,
+        )
+        outcome = await run_sweep(config, db_path=db, run_name="paced", show_progress=False)
+        stats = server.stats()
+
+    assert outcome.status == "finished"
+    assert stats.accepted == 30
+    assert stats.rejected_429 == 0
+    assert stats.overshoot_requests <= 0 and stats.overshoot_tokens <= 0
+    assert stats.max_requests_1s <= 10 + 10  # capacity (1 s of quota) + refill within any 1-s window
+
+
+async def test_a_429_pauses_only_its_own_backbone(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    # "slow" admits one request at a time and refuses the rest with 429 (Retry-After ≥ 1 s); the client is told
+    # it may send 4, so it meets 429s, pauses and shrinks its concurrency. "fast" has no limit at all.
+    async with (
+        MockServer(MockConfig(latency_s=0.2, rpm=30, burst_s=2.0)) as slow,
+        MockServer(MockConfig(latency_s=0.01)) as fast,
+    ):
+        config = make_config(
+            {
+                "slow": {"base_url": slow.base_url, "limits": {"concurrency": 4}},
+                "fast": {"base_url": fast.base_url, "limits": {"concurrency": 4}},
+            },
+        )
+        outcome = await run_sweep(config, db_path=db, run_name="iso", show_progress=False)
+        assert slow.stats().rejected_429 > 0
+        assert fast.stats().rejected_429 == 0
+
+    assert outcome.counters["slow"].rate_limited > 0
+    assert outcome.counters["fast"].rate_limited == 0
+    first_429 = rows(db, "SELECT min(ended_at) FROM calls WHERE backbone='slow' AND status='rate_limited'")[
+        0
+    ][0]
+    fast_calls = [row[0] for row in rows(db, "SELECT started_at FROM calls WHERE backbone='fast'")]
+    slow_done = rows(db, "SELECT max(ended_at) FROM calls WHERE backbone='slow'")[0][0]
+    # "fast" finished everything while "slow" was still paused and pacing its way through.
+    assert max(fast_calls) < slow_done
+    assert any(started > first_429 for started in fast_calls) or max(fast_calls) < first_429
+    assert rows(db, "SELECT count(*) FROM predictions")[0][0] == 20
+
+
+async def test_budget_stop_leaves_unstarted_items_resumable(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    async with MockServer(MockConfig(latency_s=0.01)) as server:
+        # At $1,000 per 1M tokens a call costs about $2; reserving prompt + 600 output tokens, $9 admits a few.
+        prices = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}
+        tight = make_config(
+            {"sim": {"base_url": server.base_url, "prices": prices, "limits": {"concurrency": 1}}},
+            budget={"max_usd": 9.0},
+            stages={"attribution": {"max_tokens": 600}},
+        )
+        first = await run_sweep(tight, db_path=db, run_name="budget", show_progress=False)
+        assert first.status == "stopped"
+        done_first = rows(db, "SELECT count(*) FROM predictions")[0][0]
+        skipped = rows(db, "SELECT count(*) FROM items WHERE status = 'skipped_budget'")[0][0]
+        spent_first = rows(db, "SELECT sum(cost_usd) FROM calls")[0][0]
+        assert 0 < done_first < 10 and skipped == 10 - done_first
+        assert spent_first <= 9.0
+
+        roomy = make_config(
+            {"sim": {"base_url": server.base_url, "prices": prices, "limits": {"concurrency": 1}}},
+            budget={"max_usd": 1000.0},
+            stages={"attribution": {"max_tokens": 600}},
+        )
+        second = await run_sweep(roomy, db_path=db, run_name="budget", show_progress=False)
+
+    assert second.status == "finished"
+    assert rows(db, "SELECT count(*) FROM predictions")[0][0] == 10
+    assert rows(db, "SELECT count(*) FROM items WHERE status = 'done'")[0][0] == 10
+    paid_keys = rows(
+        db, "SELECT cache_key, count(*) FROM calls WHERE status IN ('ok','length') GROUP BY cache_key"
+    )
+    assert all(count == 1 for _, count in paid_keys)
+
+
+async def test_calls_started_at_are_ordered_timestamps(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    async with MockServer(MockConfig(latency_s=0.01)) as server:
+        await run_sweep(
+            make_config({"sim": {"base_url": server.base_url}}),
+            db_path=db,
+            run_name="ts",
+            show_progress=False,
+        )
+    for started, ended, latency in rows(db, "SELECT started_at, ended_at, latency_ms FROM calls"):
+        start = datetime.fromisoformat(started.replace("Z", "+00:00"))
+        end = datetime.fromisoformat(ended.replace("Z", "+00:00"))
+        assert start <= end
+        assert latency >= 10.0  # the server's 10 ms latency is inside every measured attempt
