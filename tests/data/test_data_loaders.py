@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from rcarun.data import Record, iter_dataset, load_jsonl, load_trajectory_file, natural_sort_key
+from rcarun.data import (
+    Record,
+    count_entries,
+    iter_dataset,
+    load_jsonl,
+    load_trajectory_file,
+    natural_sort_key,
+)
 from rcarun.errors import DataError
 
 RecordWriter = Callable[..., Path]
@@ -372,3 +379,15 @@ def test_paths_that_are_not_datasets(layout: str, tmp_path: Path, good_record: d
     if layout == "json files at the top":
         assert f"trajectories, pass {tmp_path} instead" in str(raised.value)
     assert str(raised.value).split(":")[0] == str(target)
+
+
+def test_count_entries_counts_files_and_jsonl_lines_without_parsing(tmp_path: Path) -> None:
+    source = tmp_path / "src_a"
+    source.mkdir()
+    (source / "1.json").write_text("{not even json")
+    (source / "2.json").write_text("{}")
+    (source / "README.md").write_text("ignored")
+    (tmp_path / "extra.jsonl").write_text('{"a": 1}\n\n{"b": 2}\n')
+    assert count_entries(tmp_path) == 4
+    assert count_entries(tmp_path / "extra.jsonl") == 2
+    assert count_entries(tmp_path / "missing") == 0

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rcarun.errors import StoreError
-from rcarun.store import BackboneSummary, CachedCall, EventRow, Store, StoreWriter, blob_sha256
+from rcarun.store import BackboneSummary, CachedCall, EventRow, Store, StoreWriter, blob_sha256, open_store
 
 RowMaker = Callable[..., Any]
 
@@ -251,3 +251,18 @@ def test_read_blob_reports_missing_and_corrupt_blobs(db_path: Path, store: Store
         store.read_blob("bad")
     with pytest.raises(StoreError, match="does not match"):
         store.read_blob("wrong")
+
+
+def test_has_calls_by_run_and_for_the_whole_file(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "results.db")
+    first = store.get_or_create_run("a", "{}")
+    second = store.get_or_create_run("b", "{}")
+    assert not store.has_calls() and not store.has_calls(first)
+    store.connection.execute(
+        "INSERT INTO calls (run_id, item_id, backbone, model, method, qid, realization, stage, attempt, status,"
+        " started_at) VALUES (?, 'i', 'b', 'm', 'x', 'q', 0, 's', 1, 'ok', '2026-01-01T00:00:00.000Z')",
+        (first,),
+    )
+    store.connection.commit()
+    assert store.has_calls() and store.has_calls(first) and not store.has_calls(second)
+    store.close()

@@ -7,7 +7,14 @@ Methods receive a `Trajectory` (no labels); the runner and analysis pair it with
 from __future__ import annotations
 
 from .bundled import bundled_sample_path
-from .loaders import ProblemHandler, iter_dataset, load_jsonl, load_trajectory_file, natural_sort_key
+from .loaders import (
+    ProblemHandler,
+    count_entries,
+    iter_dataset,
+    load_jsonl,
+    load_trajectory_file,
+    natural_sort_key,
+)
 from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, agent_of_step
 
 __all__ = [
@@ -19,6 +26,7 @@ __all__ = [
     "agent_from_role",
     "agent_of_step",
     "bundled_sample_path",
+    "count_entries",
     "iter_dataset",
     "load_jsonl",
     "load_trajectory_file",

@@ -126,6 +126,38 @@ def iter_dataset(
     return _deliver(_iter_layout(Path(path)), strict, on_problem)
 
 
+def count_entries(path: str | Path) -> int:
+    """How many records `iter_dataset` will try to load from ``path`` (files and non-blank JSONL lines).
+
+    Nothing is parsed, so this is cheap enough to size progress bars before a sweep; bad records are counted
+    too (they are found when loaded). A path that is not a dataset counts 0.
+    """
+    root = Path(path)
+    if root.is_file():
+        return _count_jsonl_lines(root) if root.suffix == ".jsonl" else 0
+    if not root.is_dir():
+        return 0
+    count = 0
+    try:
+        entries = list(root.iterdir())
+        for entry in entries:
+            if entry.suffix == ".jsonl" and entry.is_file():
+                count += _count_jsonl_lines(entry)
+            elif entry.is_dir() and not entry.name.startswith((".", "__")):
+                count += sum(1 for file in entry.iterdir() if file.suffix == ".json" and file.is_file())
+    except OSError:
+        return count
+    return count
+
+
+def _count_jsonl_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    except OSError:
+        return 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Loaded:
     """A parsed record with where it came from, for duplicate-qid messages."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rcarun.backends import ChatRequest
-
 __all__ = ["call_cache_key"]
 
 
@@ -21,12 +19,15 @@ def call_cache_key(
     *,
     backbone: str,
     model: str,
-    request: ChatRequest,
+    request_sha256: str,
     stage: str,
     realization: int,
     method_label: str | None,
 ) -> str:
-    """sha256 over the identity of one attempt; ``method_label=None`` for shareable stages."""
+    """sha256 over the identity of one attempt; ``method_label=None`` for shareable stages.
+
+    ``request_sha256`` is the SHA-256 of the request's canonical JSON (`ChatRequest.canonical_json`).
+    """
     identity = json.dumps(
         {
             "backbone": backbone,
@@ -34,7 +35,7 @@ def call_cache_key(
             "stage": stage,
             "realization": realization,
             "method": method_label,
-            "request": request.sha256(),
+            "request": request_sha256,
         },
         sort_keys=True,
         separators=(",", ":"),

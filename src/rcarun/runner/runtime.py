@@ -91,3 +91,5 @@ class RunContext:
     store: Store
     writer: StoreWriter
     stop: StopController
+    # False when no earlier attempt could be served (a fresh run): every lookup would miss, so none is made.
+    cache_lookups: bool = True

@@ -32,7 +32,7 @@ from rcarun.budgets import (
     SpendLedger,
     TokenEstimator,
 )
-from rcarun.data import Record, iter_dataset
+from rcarun.data import Record, count_entries, iter_dataset
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
 from rcarun.methods import Attribution, Method, create_method
 from rcarun.runner.config import BackboneConfig, SweepConfig
@@ -132,6 +132,9 @@ async def run_sweep(
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
 
+    entries = count_entries(config.sweep.dataset)
+    if entries == 0:
+        raise DataError("no trajectories found", path=config.sweep.dataset)
     store = open_store(db_path)
     try:
         run_id = store.get_or_create_run(run_name, config.model_dump_json())
@@ -157,10 +160,18 @@ async def run_sweep(
             )
 
         async with StoreWriter(db_path) as writer:
-            context = RunContext(config=config, run_id=run_id, store=store, writer=writer, stop=stop)
-            trajectories, problems = await _record_trajectories(context)
+            scope = run_id if config.sweep.cache == "run" else None
+            context = RunContext(
+                config=config,
+                run_id=run_id,
+                store=store,
+                writer=writer,
+                stop=stop,
+                cache_lookups=store.has_calls(scope),
+            )
+            recorder = _TrajectoryRecorder(context)
             runtimes = _build_runtimes(config, ledger, backend_factory)
-            per_backbone_items = trajectories * len(methods) * config.sweep.realizations
+            per_backbone_items = entries * len(methods) * config.sweep.realizations
             for runtime in runtimes.values():
                 runtime.counters.items_total = per_backbone_items
                 runtime.counters.items_done = sum(1 for key in finished if key[0] == runtime.name)
@@ -169,7 +180,7 @@ async def run_sweep(
                 async with asyncio.TaskGroup() as group:
                     group.create_task(board.run())
                     drivers = [
-                        group.create_task(_drive_backbone(context, runtime, methods, finished))
+                        group.create_task(_drive_backbone(context, runtime, methods, finished, recorder))
                         for runtime in runtimes.values()
                     ]
                     await asyncio.gather(*drivers)
@@ -183,8 +194,8 @@ async def run_sweep(
             run_id=run_id,
             run_name=run_name,
             status=status,
-            trajectories=trajectories,
-            data_problems=problems,
+            trajectories=recorder.trajectories,
+            data_problems=recorder.problems,
             counters={name: runtime.counters for name, runtime in runtimes.items()},
         )
     except BaseException:
@@ -205,31 +216,35 @@ def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) ->
     return "finished"
 
 
-async def _record_trajectories(context: RunContext) -> tuple[int, int]:
-    """One pass over the dataset: store what analysis needs about each trajectory, report bad records."""
-    problems = 0
+class _TrajectoryRecorder:
+    """Stores each trajectory's row and each data problem once, whichever backbone's producer meets it first.
 
-    def on_problem(error: DataError) -> None:
-        nonlocal problems
-        problems += 1
-        context.writer.add_event(
-            EventRow(
-                run_id=context.run_id,
-                at=utc_timestamp(),
-                kind="data_problem",
-                detail_json=json.dumps(
-                    {"path": error.path, "record": error.record, "field": error.field, "message": str(error)}
-                ),
-            )
-        )
+    Every producer walks the dataset on its own (so a slow backbone never holds back a fast one); this keeps the
+    walk single-pass: the trajectories table is filled as records are read, not by a separate pass.
+    """
 
-    count = 0
-    for record in _iter_records(context.config, on_problem):
+    def __init__(self, context: RunContext) -> None:
+        self._context = context
+        self._seen: set[str] = set()
+        self._problems: set[str] = set()
+
+    @property
+    def trajectories(self) -> int:
+        return len(self._seen)
+
+    @property
+    def problems(self) -> int:
+        return len(self._problems)
+
+    def record(self, record: Record) -> None:
         trajectory = record.trajectory
+        if trajectory.qid in self._seen:
+            return
+        self._seen.add(trajectory.qid)
         reference = record.reference
-        context.writer.add_trajectory(
+        self._context.writer.add_trajectory(
             TrajectoryRow(
-                run_id=context.run_id,
+                run_id=self._context.run_id,
                 qid=trajectory.qid,
                 source=trajectory.source,
                 n_steps=trajectory.n_steps,
@@ -239,12 +254,22 @@ async def _record_trajectories(context: RunContext) -> tuple[int, int]:
                 sha256=trajectory.sha256,
             )
         )
-        count += 1
-        if count % 256 == 0:
-            await asyncio.sleep(0)
-    if count == 0:
-        raise DataError("no usable trajectories", path=context.config.sweep.dataset)
-    return count, problems
+
+    def problem(self, error: DataError) -> None:
+        message = str(error)
+        if message in self._problems:
+            return
+        self._problems.add(message)
+        self._context.writer.add_event(
+            EventRow(
+                run_id=self._context.run_id,
+                at=utc_timestamp(),
+                kind="data_problem",
+                detail_json=json.dumps(
+                    {"path": error.path, "record": error.record, "field": error.field, "message": message}
+                ),
+            )
+        )
 
 
 def _build_runtimes(
@@ -286,13 +311,18 @@ async def _drive_backbone(
     runtime: BackboneRuntime,
     methods: list[Method],
     finished: set[tuple[str, str, str, int]],
+    recorder: _TrajectoryRecorder,
 ) -> None:
     workers = context.config.sweep.items_in_flight or runtime.config.limits.concurrency
     queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
 
     async def produce() -> None:
         try:
-            for record in _iter_records(context.config, lambda error: None):
+            for walked, record in enumerate(_iter_records(context.config, recorder.problem), start=1):
+                recorder.record(record)
+                if walked % 64 == 0:
+                    # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
+                    await asyncio.sleep(0)
                 qid = record.trajectory.qid
                 for method in methods:
                     for realization in range(context.config.sweep.realizations):

@@ -14,6 +14,7 @@ Everything a method should never think about lives here, in one loop per ``llm.c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -111,17 +112,22 @@ class ItemSession:
                 schema=schema,
                 reasoning=reasoning,
             )
+            request_json = request.canonical_json().encode()
+            request_sha = hashlib.sha256(request_json).hexdigest()
             key = call_cache_key(
                 backbone=runtime.name,
                 model=config.model,
-                request=request,
+                request_sha256=request_sha,
                 stage=stage,
                 realization=self._item.realization,
                 method_label=None if stage_policy.shareable else self._item.method,
             )
-            result = self._from_cache(key, request, stage, attempt)
+            result = self._from_cache(key, request, stage, attempt) if self._context.cache_lookups else None
             if result is None:
-                outcome = await self._call_backend(key, request, stage, attempt, prompt_chars, failures)
+                request_sha = self._context.writer.put_blob(request_json, request_sha)
+                outcome = await self._call_backend(
+                    key, request, stage, attempt, prompt_chars, failures, request_sha
+                )
                 if isinstance(outcome, tuple):
                     error, decision = outcome
                     if not decision.retry:
@@ -225,6 +231,7 @@ class ItemSession:
         attempt: int,
         prompt_chars: int,
         failures: _FailureCounts,
+        request_sha: str,
     ) -> ChatResult | tuple[CallError, RetryDecision]:
         """One paid attempt: admitted by the gate, recorded whatever happens.
 
@@ -235,9 +242,7 @@ class ItemSession:
         writer = self._context.writer
         if self._context.stop.admission_stopped:
             raise StopRequested("admission stopped")
-        base = self._base_row(
-            stage, attempt, request.max_tokens, key, writer.put_blob(request.canonical_json().encode())
-        )
+        base = self._base_row(stage, attempt, request.max_tokens, key, request_sha)
         estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
         async with runtime.gate.admit(
             estimated_prompt, request.max_tokens, prompt_chars=prompt_chars

@@ -271,6 +271,14 @@ class Store:
 
     # -- resume and the call cache --------------------------------------------------------------------------
 
+    def has_calls(self, run_id: int | None = None) -> bool:
+        """Whether any attempt is stored, in this run or (run_id None) in the whole file."""
+        if run_id is None:
+            rows = self._fetch("SELECT 1 FROM calls LIMIT 1", ())
+        else:
+            rows = self._fetch("SELECT 1 FROM calls WHERE run_id = ? LIMIT 1", (run_id,))
+        return bool(rows)
+
     def finished_item_keys(self, run_id: int) -> set[WorkKey]:
         """(backbone, method, qid, realization) of the run's items that resume must skip.
 

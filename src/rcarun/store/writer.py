@@ -257,13 +257,15 @@ class StoreWriter:
         """Rows (blobs included) committed by this writer so far."""
         return self._committed_rows
 
-    def put_blob(self, data: bytes) -> str:
+    def put_blob(self, data: bytes, sha256: str | None = None) -> str:
         """Queue ``data`` for the blobs table (once) and return its key, the hex SHA-256 of ``data``.
 
         The hash is computed here, synchronously, so the caller can put the key in a row at once; the same
-        bytes enqueued again while their hash is still remembered are not queued twice.
+        bytes enqueued again while their hash is still remembered are not queued twice. A caller that already
+        hashed ``data`` passes ``sha256`` to skip hashing it again (it must be ``blob_sha256(data)``).
         """
-        sha256 = blob_sha256(data)
+        if sha256 is None:
+            sha256 = blob_sha256(data)
         if sha256 in self._recent_blobs:
             self._recent_blobs.move_to_end(sha256)
             return sha256
