@@ -135,3 +135,24 @@ async def test_transient_faults_are_retried_until_they_succeed(tmp_path: Path) -
     assert kinds.get("server_error", 0) > 0 and kinds.get("malformed_response", 0) > 0
     # Each failed attempt is followed by another attempt of the same call.
     assert rows(db, "SELECT count(*) FROM calls WHERE status = 'ok'")[0][0] == 20
+
+
+async def test_finished_calls_of_unfinished_items_are_replayed_from_the_stored_body(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    async with MockServer(MockConfig(latency_s=0.01, reasoning_tokens=40)) as server:
+        config = make_config({"sim": {"base_url": server.base_url}})
+        await run_sweep(config, db_path=db, run_name="replay", show_progress=False)
+        before = rows(db, "SELECT qid, pred_role, pred_step FROM predictions ORDER BY qid")
+        # As if the process died after the calls were committed and before the predictions were.
+        rows(db, "DELETE FROM predictions")
+        rows(db, "DELETE FROM items")
+        accepted = server.stats().accepted
+        outcome = await run_sweep(config, db_path=db, run_name="replay", show_progress=False)
+        assert server.stats().accepted == accepted  # nothing was sent again
+
+    assert outcome.counters["sim"].cached_calls == 10
+    assert rows(db, "SELECT qid, pred_role, pred_step FROM predictions ORDER BY qid") == before
+    cached = rows(db, "SELECT count(*), sum(cost_usd), sum(prompt_tokens) FROM calls WHERE status = 'cached'")
+    assert cached == [(10, 0.0, 0)]
+    # Only the raw body is stored per answer: its text is read back out of it.
+    assert rows(db, "SELECT count(*) FROM calls WHERE response_text_sha256 IS NOT NULL") == [(0,)]

@@ -266,3 +266,17 @@ def test_has_calls_by_run_and_for_the_whole_file(tmp_path: Path) -> None:
     store.connection.commit()
     assert store.has_calls() and store.has_calls(first) and not store.has_calls(second)
     store.close()
+
+
+async def test_lookup_call_hands_back_the_raw_body_when_no_text_blob_was_stored(
+    db_path: Path, store: Store, run_id: int, make_call: RowMaker
+) -> None:
+    body = b'{"choices": [{"message": {"content": "{}"}, "finish_reason": "stop"}]}'
+    async with StoreWriter(db_path) as writer:
+        raw_sha = writer.put_blob(body)
+        writer.add_call(make_call(run_id, cache_key="raw", response_sha256=raw_sha))
+        writer.add_call(make_call(run_id, cache_key="nothing"))  # neither text nor body: not replayable
+    cached = store.lookup_call("raw", run_id)
+    assert cached is not None
+    assert (cached.text, cached.raw_body, cached.response_text_sha256) == (None, body, None)
+    assert store.lookup_call("nothing", run_id) is None

@@ -113,9 +113,13 @@ class AllAtOnce:
         self._system = _load_prompt("all_at_once_system.txt").template.strip()
         self._user = _load_prompt("all_at_once_user.txt")
 
-    def build_messages(self, trajectory: Trajectory, llm: LLM) -> tuple[list[Message], dict[str, Any]]:
+    def build_messages(
+        self, trajectory: Trajectory, llm: LLM, schema: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """The prompt for ``trajectory``, and what truncation (if any) was applied to fit ``llm``'s context."""
-        schema = answer_schema(trajectory)
+        schema = schema if schema is not None else answer_schema(trajectory)
+        schema_text = json.dumps(schema, ensure_ascii=False)
+        agents = ", ".join(trajectory.agents)
         step_format = (
             'Each step is shown as "[step k] agent: content".'
             if self.options.step_numbers
@@ -125,12 +129,12 @@ class AllAtOnce:
         def user_prompt(cap: int | None, note: str) -> str:
             return self._user.substitute(
                 task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
-                agents=", ".join(trajectory.agents),
+                agents=agents,
                 n_steps=trajectory.n_steps,
                 step_format=step_format,
                 log=render_log(trajectory, step_numbers=self.options.step_numbers, step_char_cap=cap),
                 truncation_note=note,
-                schema=json.dumps(schema, indent=2),
+                schema=schema_text,
             )
 
         full = user_prompt(None, "")
@@ -171,12 +175,13 @@ class AllAtOnce:
         return [Message("system", self._system), Message("user", user)]
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
-        messages, truncation = self.build_messages(trajectory, llm)
+        schema = answer_schema(trajectory)
+        messages, truncation = self.build_messages(trajectory, llm, schema)
         reply = await llm.chat(
             messages,
             stage=self.options.stage,
             max_tokens=self.options.max_tokens,
-            schema=answer_schema(trajectory),
+            schema=schema,
             temperature=self.options.temperature,
             reasoning=self.options.reasoning,
         )

@@ -151,7 +151,9 @@ class SweepSection(_Strict):
     )
     strict_data: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
-    items_in_flight: int | None = Field(None, ge=1, description="per backbone; default: its concurrency")
+    items_in_flight: int | None = Field(
+        None, ge=1, description="per backbone; default: its concurrency plus a quarter, to keep calls busy"
+    )
 
 
 class SweepConfig(_Strict):

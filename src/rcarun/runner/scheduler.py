@@ -306,6 +306,15 @@ def _build_runtimes(
     return runtimes
 
 
+def _default_items_in_flight(concurrency: int) -> int:
+    """A few more items than call slots, so the next prompts are built while the slots are busy.
+
+    With exactly one item per slot, a slot idles while its item renders the next prompt or records the last
+    answer; the gate still caps calls in flight at ``concurrency``.
+    """
+    return concurrency + max(2, concurrency // 4)
+
+
 async def _drive_backbone(
     context: RunContext,
     runtime: BackboneRuntime,
@@ -313,7 +322,9 @@ async def _drive_backbone(
     finished: set[tuple[str, str, str, int]],
     recorder: _TrajectoryRecorder,
 ) -> None:
-    workers = context.config.sweep.items_in_flight or runtime.config.limits.concurrency
+    workers = context.config.sweep.items_in_flight or _default_items_in_flight(
+        runtime.config.limits.concurrency
+    )
     queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
 
     async def produce() -> None:

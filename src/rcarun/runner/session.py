@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rcarun.backends import ChatMessage, ChatRequest, ChatResult, Usage
+from rcarun.backends import ChatMessage, ChatRequest, ChatResult, Usage, get_preset, parse_completion
 from rcarun.budgets import RetryDecision, clamp_to_context, next_length_budget
 from rcarun.errors import CallError, RateLimited, RcarunError
 from rcarun.methods import Message, Reasoning, Reply
@@ -122,7 +122,11 @@ class ItemSession:
                 realization=self._item.realization,
                 method_label=None if stage_policy.shareable else self._item.method,
             )
-            result = self._from_cache(key, request, stage, attempt) if self._context.cache_lookups else None
+            result = (
+                self._from_cache(key, request, stage, attempt, request_sha)
+                if self._context.cache_lookups
+                else None
+            )
             if result is None:
                 request_sha = self._context.writer.put_blob(request_json, request_sha)
                 outcome = await self._call_backend(
@@ -189,15 +193,33 @@ class ItemSession:
             "request_sha256": request_sha,
         }
 
-    def _from_cache(self, key: str, request: ChatRequest, stage: str, attempt: int) -> ChatResult | None:
+    def _from_cache(
+        self, key: str, request: ChatRequest, stage: str, attempt: int, request_sha: str
+    ) -> ChatResult | None:
         scope = self._context.run_id if self._context.config.sweep.cache == "run" else None
         cached = self._context.store.lookup_call(key, scope)
         if cached is None:
             return None
+        text, reasoning_text = cached.text, cached.reasoning_text
+        if text is None:
+            # Only the raw body was kept: read the answer out of it the way the backend did.
+            try:
+                replayed = parse_completion(
+                    200,
+                    {},
+                    cached.raw_body or b"",
+                    get_preset(self._runtime.config.provider),
+                    0.0,
+                    "",
+                    backbone=self._runtime.name,
+                )
+            except CallError:
+                return None  # a stored body that no longer parses is no answer: call again
+            text, reasoning_text = replayed.text, replayed.reasoning_text
         now = utc_timestamp()
         self._context.writer.add_call(
             CallRow(
-                **self._base_row(stage, attempt, request.max_tokens, key, cached.request_sha256 or ""),
+                **self._base_row(stage, attempt, request.max_tokens, key, request_sha),
                 status="cached",
                 started_at=now,
                 ended_at=now,
@@ -210,8 +232,8 @@ class ItemSession:
         )
         self._runtime.counters.cached_calls += 1
         return ChatResult(
-            text=cached.text,
-            reasoning_text=cached.reasoning_text,
+            text=text,
+            reasoning_text=reasoning_text,
             finish_reason=cached.finish_reason or "stop",
             usage=Usage(
                 prompt_tokens=cached.prompt_tokens,
@@ -297,10 +319,13 @@ class ItemSession:
                 cached_tokens=result.usage.cached_prompt_tokens,
                 cost_usd=cost,
                 latency_ms=result.latency_s * 1000,
+                # The raw body holds the answer: its text is stored apart only when there is no body to keep.
                 response_sha256=writer.put_blob(result.raw_body) if result.raw_body else None,
-                response_text_sha256=writer.put_blob(result.text.encode()),
+                response_text_sha256=None if result.raw_body else writer.put_blob(result.text.encode()),
                 reasoning_text_sha256=(
-                    writer.put_blob(result.reasoning_text.encode()) if result.reasoning_text else None
+                    writer.put_blob(result.reasoning_text.encode())
+                    if result.reasoning_text and not result.raw_body
+                    else None
                 ),
                 endpoint=result.endpoint or None,
             )

@@ -54,16 +54,17 @@ class RunRow:
 class CachedCall:
     """Everything needed to answer a chat call again from an earlier attempt without sending it.
 
-    ``text`` and ``reasoning_text`` are read from the blobs named by ``response_text_sha256`` and
-    ``reasoning_text_sha256``; the blob keys are returned too, so a ``cached`` call row can point at the same
-    blobs without storing them again. ``response_sha256`` names the raw response body, ``request_sha256`` the
-    request.
+    The answer is kept one of two ways. Usually only the raw response body is stored (``response_sha256``):
+    then ``text`` is None and ``raw_body`` holds the body, which the runner parses again with the backbone's
+    preset (the store knows no wire formats). When the extracted text was stored as blobs of its own
+    (``response_text_sha256``, ``reasoning_text_sha256``), ``text`` and ``reasoning_text`` hold it. The blob
+    keys are returned too, so a ``cached`` call row can point at the same blobs without storing them again.
     """
 
     call_id: int
     run_id: int
     status: str
-    text: str
+    text: str | None
     reasoning_text: str
     finish_reason: str | None
     model: str
@@ -74,8 +75,9 @@ class CachedCall:
     cached_tokens: int
     request_sha256: str | None
     response_sha256: str | None
-    response_text_sha256: str
+    response_text_sha256: str | None
     reasoning_text_sha256: str | None
+    raw_body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,8 @@ SELECT call_id, run_id, status, finish_reason, model, max_tokens, prompt_tokens,
        reasoning_tokens, cached_tokens, request_sha256, response_sha256, response_text_sha256,
        reasoning_text_sha256
 FROM calls
-WHERE cache_key = ? AND status IN ('ok', 'length') AND response_text_sha256 IS NOT NULL {run_filter}
+WHERE cache_key = ? AND status IN ('ok', 'length')
+  AND (response_text_sha256 IS NOT NULL OR response_sha256 IS NOT NULL) {run_filter}
 ORDER BY call_id DESC LIMIT 1
 """
 
@@ -300,8 +303,7 @@ class Store:
             cache_key: the runner's key for a request (what makes two calls interchangeable).
             run_id: look only within this run; None looks across every run in the file.
 
-        Attempts whose answer text was not stored (no ``response_text_sha256``) cannot be replayed and are
-        skipped.
+        Attempts with neither the answer text nor the raw body stored cannot be replayed and are skipped.
         """
         if run_id is None:
             rows = self._fetch(_LOOKUP_CALL_SQL.format(run_filter=""), (cache_key,))
@@ -310,12 +312,13 @@ class Store:
         if not rows:
             return None
         row = rows[0]
+        text_sha = row["response_text_sha256"]
         reasoning_sha = row["reasoning_text_sha256"]
         return CachedCall(
             call_id=int(row["call_id"]),
             run_id=int(row["run_id"]),
             status=str(row["status"]),
-            text=self.read_blob(row["response_text_sha256"]).decode("utf-8"),
+            text=self.read_blob(text_sha).decode("utf-8") if text_sha else None,
             reasoning_text=self.read_blob(reasoning_sha).decode("utf-8") if reasoning_sha else "",
             finish_reason=row["finish_reason"],
             model=str(row["model"]),
@@ -326,8 +329,9 @@ class Store:
             cached_tokens=int(row["cached_tokens"]),
             request_sha256=row["request_sha256"],
             response_sha256=row["response_sha256"],
-            response_text_sha256=str(row["response_text_sha256"]),
+            response_text_sha256=text_sha,
             reasoning_text_sha256=reasoning_sha,
+            raw_body=None if text_sha else self.read_blob(row["response_sha256"]),
         )
 
     def read_blob(self, sha256: str) -> bytes:
