@@ -264,6 +264,9 @@ class ItemSession:
         writer = self._context.writer
         if self._context.stop.admission_stopped:
             raise StopRequested("admission stopped")
+        # Backpressure: a call is not started while the writer is behind, so memory stays bounded by the
+        # writer's queue however fast answers come back.
+        await writer.wait_for_room()
         base = self._base_row(stage, attempt, request.max_tokens, key, request_sha)
         estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
         async with runtime.gate.admit(

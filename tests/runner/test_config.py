@@ -1,0 +1,88 @@
+"""Sweep and backbone configs: the shipped files parse, unknown keys and misplaced secrets are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rcarun.errors import ConfigError
+from rcarun.runner import load_backbones_file, load_sweep_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_shipped_backbones_have_dated_prices_and_key_variables() -> None:
+    backbones = load_backbones_file(CONFIGS / "backbones.toml")
+    assert {"deepseek-flash", "deepseek-v4-pro", "gpt-5.4-mini", "kimi-k3", "qwen3.5-35b-a3b"} <= set(backbones)
+    for name, backbone in backbones.items():
+        assert backbone.prices.taken, f"{name} has no price date"
+        if backbone.provider != "vllm":
+            assert backbone.api_key_env and backbone.api_key_env.endswith("_API_KEY")
+    flash = backbones["deepseek-flash"]
+    assert flash.prices.input_per_mtok == 0.15 and len(flash.prices.windows) == 2
+    assert backbones["qwen3.5-35b-a3b"].endpoints == ("http://127.0.0.1:8000/v1",)
+
+
+def test_shipped_sweep_resolves_backbones_and_paths() -> None:
+    config = load_sweep_config(CONFIGS / "sweeps" / "mini-cross-backbone.toml")
+    assert list(config.backbones) == [
+        "deepseek-flash",
+        "deepseek-v4-pro",
+        "gpt-5.4-mini",
+        "kimi-k3",
+        "qwen3.5-35b-a3b",
+    ]
+    assert Path(config.sweep.dataset).is_absolute()
+    assert config.stage("attribution").max_tokens == 8000
+    assert config.stage("attribution").length_cap == 65_536
+    assert config.stage("summary").length_retries == 1  # unlisted stages get the paper's default policy
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_keys_are_refused_with_their_location(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[sweep]
+dataset = "data"
+realisations = 2
+
+[[methods]]
+name = "all-at-once"
+
+[backbones.sim]
+provider = "simulated"
+model = "m"
+base_url = "http://127.0.0.1:1/v1"
+""",
+    )
+    with pytest.raises(ConfigError, match=r"sweep\.realisations: Extra inputs are not permitted"):
+        load_sweep_config(path)
+
+
+def test_a_key_pasted_where_its_variable_name_belongs_is_refused(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[sweep]
+dataset = "data"
+
+[[methods]]
+name = "all-at-once"
+
+[backbones.sim]
+provider = "openai"
+model = "m"
+base_url = "https://example.invalid/v1"
+api_key_env = "sk-proj-abc-def-ghi"
+""",
+    )
+    with pytest.raises(ConfigError, match="api_key_env must be the NAME") as caught:
+        load_sweep_config(path)
+    assert "sk-proj-abc-def-ghi" not in str(caught.value)
