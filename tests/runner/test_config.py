@@ -14,7 +14,9 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def test_shipped_backbones_have_dated_prices_and_key_variables() -> None:
     backbones = load_backbones_file(CONFIGS / "backbones.toml")
-    assert {"deepseek-flash", "deepseek-v4-pro", "gpt-5.4-mini", "kimi-k3", "qwen3.5-35b-a3b"} <= set(backbones)
+    assert {"deepseek-flash", "deepseek-v4-pro", "gpt-5.4-mini", "kimi-k3", "qwen3.5-35b-a3b"} <= set(
+        backbones
+    )
     for name, backbone in backbones.items():
         assert backbone.prices.taken, f"{name} has no price date"
         if backbone.provider != "vllm":
