@@ -353,6 +353,7 @@ async def _drive_backbone(
             if context.stop.admission_stopped:
                 continue
             await _run_item(context, runtime, item, method, record)
+            await asyncio.sleep(0)
 
     async with asyncio.TaskGroup() as group:
         group.create_task(produce())

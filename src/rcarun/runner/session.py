@@ -333,6 +333,9 @@ class ItemSession:
                 endpoint=result.endpoint or None,
             )
         )
+        # The slot is free and the attempt recorded: let waiting calls go out and pending answers be read
+        # before this item parses its answer and the worker builds its next prompt.
+        await asyncio.sleep(0)
         return result
 
 
