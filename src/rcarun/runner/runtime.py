@@ -7,6 +7,7 @@ loop that feeds items.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from rcarun.backends import Backend, Usage
 from rcarun.budgets import BackboneGate
@@ -14,7 +15,16 @@ from rcarun.errors import CallError, RateLimited
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
 
-__all__ = ["BackboneCounters", "BackboneRuntime", "RunContext", "StopController", "WorkItem"]
+__all__ = ["BackboneCounters", "BackboneRuntime", "RowKeys", "RunContext", "StopController", "WorkItem"]
+
+
+class RowKeys(TypedDict):
+    run_id: int
+    item_id: str
+    backbone: str
+    method: str
+    qid: str
+    realization: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,17 @@ class WorkItem:
     @property
     def item_id(self) -> str:
         return f"{self.backbone}|{self.method}|{self.qid}|r{self.realization}"
+
+    def row_keys(self, run_id: int) -> RowKeys:
+        """The columns that name this item in every results.db row about it (calls, items, predictions)."""
+        return {
+            "run_id": run_id,
+            "item_id": self.item_id,
+            "backbone": self.backbone,
+            "method": self.method,
+            "qid": self.qid,
+            "realization": self.realization,
+        }
 
 
 class StopController:

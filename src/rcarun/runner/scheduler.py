@@ -42,6 +42,7 @@ from rcarun.runner.session import ItemSession, StopRequested
 from rcarun.store import (
     EventRow,
     ItemRow,
+    ItemStatus,
     PredictionRow,
     RunStatus,
     StoreWriter,
@@ -368,19 +369,9 @@ async def _run_item(
     counters = runtime.counters
     writer = context.writer
 
-    def set_item(status: str, error: str | None = None) -> None:
+    def set_item(status: ItemStatus, error: str | None = None) -> None:
         writer.set_item(
-            ItemRow(
-                run_id=context.run_id,
-                item_id=item.item_id,
-                backbone=item.backbone,
-                method=item.method,
-                qid=item.qid,
-                realization=item.realization,
-                status=status,  # type: ignore[arg-type]
-                error=error,
-                attempts=session.attempts,
-            )
+            ItemRow(**item.row_keys(context.run_id), status=status, error=error, attempts=session.attempts)
         )
 
     try:
@@ -413,12 +404,7 @@ async def _run_item(
 def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribution) -> None:
     context.writer.add_prediction(
         PredictionRow(
-            run_id=context.run_id,
-            item_id=item.item_id,
-            backbone=item.backbone,
-            method=item.method,
-            qid=item.qid,
-            realization=item.realization,
+            **item.row_keys(context.run_id),
             pred_role=attribution.pred_role,
             pred_step=attribution.pred_step,
             role_valid=attribution.role_valid,

@@ -177,15 +177,9 @@ class ItemSession:
     def _base_row(
         self, stage: str, attempt: int, max_tokens: int, key: str, request_sha: str
     ) -> dict[str, Any]:
-        item = self._item
         return {
-            "run_id": self._context.run_id,
-            "item_id": item.item_id,
-            "backbone": self._runtime.name,
+            **self._item.row_keys(self._context.run_id),
             "model": self._runtime.config.model,
-            "method": item.method,
-            "qid": item.qid,
-            "realization": item.realization,
             "stage": stage,
             "attempt": attempt,
             "max_tokens": max_tokens,
