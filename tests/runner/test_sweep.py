@@ -70,6 +70,7 @@ async def test_length_stop_retries_with_double_budget_up_to_the_cap(tmp_path: Pa
     assert len(by_qid) == 10
     for sequence in by_qid.values():
         assert sequence == [(1, 1024, "length"), (2, 2048, "ok")]
+    assert rows(db, "SELECT DISTINCT attempts FROM items") == [(2,)]
     assert rows(db, "SELECT count(*) FROM predictions WHERE role_valid AND step_valid")[0][0] == 10
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from rcarun.backends import ChatMessage, ChatRequest, ChatResult, Usage, get_preset, parse_completion
 from rcarun.budgets import RetryDecision, clamp_to_context, next_length_budget
-from rcarun.errors import CallError, RateLimited, RcarunError
+from rcarun.errors import CallError, ConfigError, RateLimited, RcarunError
 from rcarun.methods import Message, Reasoning, Reply
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
@@ -86,7 +86,7 @@ class ItemSession:
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Reply:
         if tools:
-            raise NotImplementedError("tool calls are not supported by rcarun's backends yet")
+            raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
         runtime = self._runtime
         config = runtime.config
         stage_policy = self._context.config.stage(stage)
@@ -105,6 +105,7 @@ class ItemSession:
         totals = Usage()
         while True:
             attempt += 1
+            self.attempts += 1
             request = ChatRequest(
                 messages=wire_messages,
                 max_tokens=budget,
@@ -160,7 +161,6 @@ class ItemSession:
                 parsed, parse_error = parse_json_answer(result.text)
                 if parse_error and result.finish_reason == "length":
                     parse_error = f"{parse_error} (output budget exhausted: finish_reason=length)"
-            self.attempts += attempt
             return Reply(
                 text=result.text,
                 parsed=parsed,
