@@ -37,7 +37,8 @@ class MockConfig:
     Attributes:
         model: the model name listed by ``/v1/models`` and reported when a request names none.
         seed: seeds the server's own random draws (faults, sampling noise) so that a run is reproducible.
-        latency_s: base time to answer an accepted request, in seconds.
+        latency_s: base time to answer an accepted request, in seconds, counted from its arrival (or from the
+            moment its queue slot came free), so the server's own handling is inside it.
         latency_per_token_s: extra seconds per generated (completion) token.
         chars_per_token: characters per token when counting prompt and completion tokens.
         rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second;

@@ -240,6 +240,10 @@ class MockServer:
     async def _serve_chat(self, request: web.Request, state: _State) -> web.StreamResponse:
         config = self.config
         recorder = state.stats
+        # The simulated answer time runs from here, so reading, checking and composing count inside it: the
+        # answer leaves ``latency_s`` after it arrived (or after its queue slot came free), which makes
+        # concurrency / latency the server's real ceiling.
+        arrived = self._clock()
         if not self._authorized(request):
             recorder.errors_4xx += 1
             return self._unauthorized(self._limit_headers(state))
@@ -327,11 +331,13 @@ class MockServer:
                 if streamed is None:  # the client left while queued; nothing more can be sent
                     return web.Response(status=200)
                 holds_slot = True
+                arrived = self._clock()
         recorder.generation_started()
         try:
             latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
-            if latency > 0:
-                await asyncio.sleep(latency)
+            remaining = latency - (self._clock() - arrived)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
         finally:
             recorder.generation_finished()
             if holds_slot and slots is not None:
