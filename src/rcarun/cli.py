@@ -59,19 +59,23 @@ def _install_stop_handlers(stop: StopController, main_task: asyncio.Task[object]
             loop.add_signal_handler(signum, on_signal)
 
 
-async def _run_with_signals(config: SweepConfig, db: Path, run: str, progress: bool) -> SweepOutcome:
+async def _run_with_signals(
+    config: SweepConfig, db: Path, run: str, progress: bool, retry_failed: bool = False
+) -> SweepOutcome:
     stop = StopController()
     task = asyncio.current_task()
     assert task is not None
     _install_stop_handlers(stop, task, config.sweep.drain_timeout_s)
-    return await run_sweep(config, db_path=db, run_name=run, stop=stop, show_progress=progress)
+    return await run_sweep(
+        config, db_path=db, run_name=run, stop=stop, show_progress=progress, retry_failed=retry_failed
+    )
 
 
-async def _demo(db: Path, run: str, progress: bool) -> SweepOutcome:
+async def _demo(db: Path, run: str, progress: bool, retry_failed: bool) -> SweepOutcome:
     from rcarun.demo import demo_sweep_config, simulated_backbones
 
     async with simulated_backbones() as backbones:
-        return await _run_with_signals(demo_sweep_config(backbones), db, run, progress)
+        return await _run_with_signals(demo_sweep_config(backbones), db, run, progress, retry_failed)
 
 
 def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool) -> None:
@@ -104,12 +108,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     db = Path(_setting(args.db, "RCARUN_DB", _DEFAULT_DB))
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
-        outcome = asyncio.run(_demo(db, run, not args.no_progress))
+        outcome = asyncio.run(_demo(db, run, not args.no_progress, args.retry_failed))
         _print_summary(db, outcome, simulated=True)
     else:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
-        outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress))
+        outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
         simulated = all(b.provider == "simulated" for b in config.backbones.values())
         _print_summary(db, outcome, simulated=simulated)
     return 0 if outcome.status == "finished" else 3
@@ -136,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--db", help=f"results database (env RCARUN_DB, default {_DEFAULT_DB})")
     sweep.add_argument("--run", help="run name; rerunning the same name resumes it (env RCARUN_RUN)")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sweep.add_argument(
+        "--retry-failed", action="store_true", help="on resume, run items that failed for good again"
+    )
 
     commands.add_parser("mock-server", help="run the OpenAI-compatible simulator on loopback", add_help=False)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from helpers.sweeps import make_config, rows
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
@@ -157,3 +159,29 @@ async def test_finished_calls_of_unfinished_items_are_replayed_from_the_stored_b
     assert cached == [(10, 0.0, 0)]
     # Only the raw body is stored per answer: its text is read back out of it.
     assert rows(db, "SELECT count(*) FROM calls WHERE response_text_sha256 IS NOT NULL") == [(0,)]
+
+
+async def test_failed_items_stay_failed_on_resume_unless_retry_failed_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "results.db"
+    expected = "sk-" + "test-the-right-one-0123456789"
+    async with MockServer(MockConfig(latency_s=0.01, api_key=expected)) as server:
+        config = make_config({"sim": {"base_url": server.base_url, "api_key_env": "RCARUN_RETRY_KEY"}})
+        monkeypatch.setenv("RCARUN_RETRY_KEY", "a-wrong-key")
+        first = await run_sweep(config, db_path=db, run_name="retry", show_progress=False)
+        assert first.counters["sim"].items_failed == 10
+        tried = server.stats().requests_total
+
+        monkeypatch.setenv("RCARUN_RETRY_KEY", expected)
+        plain = await run_sweep(config, db_path=db, run_name="retry", show_progress=False)
+        assert server.stats().requests_total == tried  # failed for good: not tried again
+        assert plain.counters["sim"].items_done == 0
+
+        retried = await run_sweep(
+            config, db_path=db, run_name="retry", show_progress=False, retry_failed=True
+        )
+
+    assert retried.counters["sim"].items_done == 10
+    assert rows(db, "SELECT status, count(*) FROM items GROUP BY status") == [("done", 10)]
+    assert rows(db, "SELECT count(*) FROM predictions") == [(10,)]

@@ -280,3 +280,14 @@ async def test_lookup_call_hands_back_the_raw_body_when_no_text_blob_was_stored(
     assert cached is not None
     assert (cached.text, cached.raw_body, cached.response_text_sha256) == (None, body, None)
     assert store.lookup_call("nothing", run_id) is None
+
+
+async def test_finished_item_keys_can_leave_failed_items_out_for_a_retry(
+    db_path: Path, store: Store, run_id: int, make_item: RowMaker
+) -> None:
+    async with StoreWriter(db_path) as writer:
+        writer.set_item(make_item(run_id, qid="q1", status="done"))
+        writer.set_item(make_item(run_id, qid="q2", status="failed"))
+    keys = {key[2] for key in store.finished_item_keys(run_id)}
+    retry = {key[2] for key in store.finished_item_keys(run_id, include_failed=False)}
+    assert (keys, retry) == ({"q1", "q2"}, {"q1"})

@@ -30,7 +30,7 @@ class ProgressBoard:
             for position, (name, runtime) in enumerate(runtimes.items()):
                 self._bars[name] = tqdm(
                     total=runtime.counters.items_total,
-                    initial=runtime.counters.items_done,
+                    initial=runtime.counters.items_finished_before,
                     desc=name.ljust(width),
                     unit="item",
                     position=position,
@@ -44,7 +44,8 @@ class ProgressBoard:
         for name, bar in self._bars.items():
             counters = self._runtimes[name].counters
             finished = (
-                counters.items_done
+                counters.items_finished_before
+                + counters.items_done
                 + counters.items_failed
                 + counters.items_skipped_budget
                 + counters.items_interrupted

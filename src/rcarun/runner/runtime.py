@@ -70,6 +70,8 @@ class BackboneCounters:
     """What the progress bar and the end-of-run table show for one backbone (this session only)."""
 
     items_total: int = 0
+    # Items earlier sessions of the run finished (resume skips them); the counts below are this session's.
+    items_finished_before: int = 0
     items_done: int = 0
     items_failed: int = 0
     items_skipped_budget: int = 0

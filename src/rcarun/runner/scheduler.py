@@ -119,9 +119,13 @@ async def run_sweep(
     run_name: str,
     stop: StopController | None = None,
     show_progress: bool = True,
+    retry_failed: bool = False,
     backend_factory: BackendFactory = create_backend,
 ) -> SweepOutcome:
     """Run (or resume) the sweep named ``run_name`` into ``db_path``.
+
+    Resume skips items with a prediction and items that failed for good; ``retry_failed`` runs the failed
+    ones again (after a key, a quota or a config was fixed).
 
     Raises:
         ConfigError: the config cannot be run (unknown method, duplicate labels, missing key variable).
@@ -139,7 +143,7 @@ async def run_sweep(
     store = open_store(db_path)
     try:
         run_id = store.get_or_create_run(run_name, config.model_dump_json())
-        finished = store.finished_item_keys(run_id)
+        finished = store.finished_item_keys(run_id, include_failed=not retry_failed)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
             per_backbone={
@@ -175,7 +179,7 @@ async def run_sweep(
             per_backbone_items = entries * len(methods) * config.sweep.realizations
             for runtime in runtimes.values():
                 runtime.counters.items_total = per_backbone_items
-                runtime.counters.items_done = sum(1 for key in finished if key[0] == runtime.name)
+                runtime.counters.items_finished_before = sum(1 for key in finished if key[0] == runtime.name)
             board = ProgressBoard(runtimes, enabled=show_progress)
             try:
                 async with asyncio.TaskGroup() as group:

@@ -282,16 +282,18 @@ class Store:
             rows = self._fetch("SELECT 1 FROM calls WHERE run_id = ? LIMIT 1", (run_id,))
         return bool(rows)
 
-    def finished_item_keys(self, run_id: int) -> set[WorkKey]:
+    def finished_item_keys(self, run_id: int, *, include_failed: bool = True) -> set[WorkKey]:
         """(backbone, method, qid, realization) of the run's items that resume must skip.
 
         An item is finished when it has a prediction or its status is ``done`` or ``failed``; ``interrupted``
-        and ``skipped_budget`` items are run again.
+        and ``skipped_budget`` items are run again. With ``include_failed=False`` failed items (without a
+        prediction) are run again too, e.g. after a wrong key or a provider outage was fixed.
         """
+        statuses = "('done', 'failed')" if include_failed else "('done')"
         rows = self._fetch(
             "SELECT backbone, method, qid, realization FROM predictions WHERE run_id = ? "
             "UNION SELECT backbone, method, qid, realization FROM items "
-            "WHERE run_id = ? AND status IN ('done', 'failed')",
+            f"WHERE run_id = ? AND status IN {statuses}",
             (run_id, run_id),
         )
         return {(row[0], row[1], row[2], int(row[3])) for row in rows}
