@@ -374,3 +374,9 @@ def test_context_marker_found_beyond_the_quoted_part() -> None:
     raw = json.dumps({"error": {"message": "y" * 400 + " maximum context length exceeded"}}).encode()
     with pytest.raises(ContextOverflow):
         parse_completion(400, {}, raw, get_preset("vllm"), 0.1, "e")
+
+
+def test_only_openai_meters_the_whole_output_budget_against_tokens_per_minute() -> None:
+    from rcarun.backends import PRESETS
+
+    assert {name for name, preset in PRESETS.items() if preset.meters_output_budget} == {"openai"}

@@ -201,3 +201,22 @@ def test_client_buckets_leave_the_provider_a_jitter_allowance() -> None:
     assert gate.limiter.request_capacity == pytest.approx(9.5)
     assert gate.limiter.token_capacity == pytest.approx(950)
     assert BackboneLimits(concurrency=1, burst_s=0.06).client_burst_s == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize(("meters_output_budget", "next_at"), [(False, 0.05), (True, 1.95)])
+def test_unused_output_is_refunded_only_where_the_provider_does_not_meter_the_whole_budget(
+    meters_output_budget: bool, next_at: float
+) -> None:
+    limits = BackboneLimits(concurrency=4, tpm=60_000.0, meters_output_budget=meters_output_budget)
+    backbone = BackboneGate("b", limits)
+
+    async def main() -> float:
+        # 1,000 estimated prompt + 2,000 budget from a full 950-token bucket: 2,050 of debt.
+        async with backbone.admit(1_000, 2_000) as ticket:
+            ticket.settle(Usage(prompt_tokens=800, completion_tokens=100))
+        # Metered by usage: 900 used, 2,100 come back, the bucket holds 50 and 100 more take 0.05 s.
+        # Metered by budget (OpenAI): only the prompt's 200 come back; 1,850 of debt + 100 take 1.95 s.
+        async with backbone.admit(0, 100):
+            return now()
+
+    assert run_virtual(main) == pytest.approx(next_at)

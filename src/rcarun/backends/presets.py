@@ -136,6 +136,8 @@ class Preset:
         rate_limit_headers: RateLimitInfo field -> lower-case header names tried in order.
         rate_limit_statuses: HTTP statuses that mean "slow down" (429, and 503 for Moonshot).
         quota_markers: lower-case substrings of an error body meaning the account has no credit (fatal).
+        meters_output_budget: the provider's tokens-per-minute meter counts a request's whole output budget
+            when it arrives, used or not (OpenAI), so a client must not refund unused output to its limiter.
         context_overflow_markers: lower-case substrings of a 400 body meaning prompt + budget exceed the
         context.
     """
@@ -155,6 +157,7 @@ class Preset:
     rate_limit_statuses: frozenset[int] = frozenset({429})
     quota_markers: tuple[str, ...] = _QUOTA_MARKERS
     context_overflow_markers: tuple[str, ...] = _CONTEXT_MARKERS
+    meters_output_budget: bool = False
 
 
 _REGISTRY: dict[str, Preset] = {}
@@ -192,6 +195,9 @@ register_preset(
         cached_tokens_paths=_OPENAI_CACHED,
         sends_reasoning_effort=True,
         rate_limit_headers=_OPENAI_RATE_LIMIT_HEADERS,
+        # "Your rate limit is calculated as the maximum of max_tokens and the estimated number of tokens based
+        # on the character count of your request" (OpenAI's rate-limit guide).
+        meters_output_budget=True,
     )
 )
 

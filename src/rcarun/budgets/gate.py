@@ -57,6 +57,10 @@ class BackboneLimits:
             than they left do not meet a 429. Only the burst shrinks; the steady rate stays the declared one. A
             request larger than the whole burst also waits until the client's bucket has been full for twice
             this long, by which time the provider's (larger) bucket is full as well.
+        meters_output_budget: the provider counts a request's whole ``max_tokens`` against tokens/min when it
+            arrives, used or not (OpenAI: "the maximum of max_tokens and the estimated tokens"). Settling then
+            corrects only the prompt estimate and never refunds unused output, which the provider's meter
+            would not refund either.
     """
 
     concurrency: int
@@ -65,6 +69,7 @@ class BackboneLimits:
     burst_s: float = 1.0
     min_concurrency: int = 1
     arrival_jitter_s: float = 0.05
+    meters_output_budget: bool = False
 
     @property
     def client_burst_s(self) -> float:
@@ -170,7 +175,12 @@ class Ticket:
             raise RuntimeError("ticket already settled")
         self._settled = True
         gate = self._gate
-        gate.limiter.settle(self._grant, usage.total_tokens)
+        metered = (
+            usage.prompt_tokens + max(self.max_tokens, usage.completion_tokens)
+            if gate.limits.meters_output_budget
+            else usage.total_tokens
+        )
+        gate.limiter.settle(self._grant, metered)
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)

@@ -46,6 +46,9 @@ class LimitsConfig(_Strict):
     tpm: float | None = Field(None, gt=0, description="tokens per minute (prompt + completion)")
     burst_s: float = Field(2.0, gt=0, le=10, description="seconds of quota that may go out at once")
     arrival_jitter_s: float = Field(0.05, ge=0, description="burst held back for gaps shrinking in transit")
+    meters_output_budget: bool | None = Field(
+        None, description="the provider counts max_tokens against tpm at arrival; None: the preset's answer"
+    )
 
 
 class PriceWindowConfig(_Strict):

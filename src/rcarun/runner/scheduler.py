@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import time
 from pathlib import Path
 
-from rcarun.backends import Backend, BackendSettings, Usage, create_backend
+from rcarun.backends import Backend, BackendSettings, Usage, create_backend, get_preset
 from rcarun.budgets import (
     BackboneGate,
     BackboneLimits,
@@ -292,6 +292,11 @@ def _build_runtimes(
                 burst_s=limits.burst_s,
                 min_concurrency=limits.min_concurrency,
                 arrival_jitter_s=limits.arrival_jitter_s,
+                meters_output_budget=(
+                    limits.meters_output_budget
+                    if limits.meters_output_budget is not None
+                    else get_preset(backbone.provider).meters_output_budget
+                ),
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,
