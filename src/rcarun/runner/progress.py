@@ -35,6 +35,7 @@ class ProgressBoard:
                     unit="item",
                     position=position,
                     leave=True,
+                    disable=None,  # no bars when stderr is not a terminal (CI logs, pipes)
                     file=sys.stderr,
                     dynamic_ncols=True,
                     mininterval=_REFRESH_S,
