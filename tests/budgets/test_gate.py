@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from rcarun.backends.types import ChatMessage, ChatRequest, Usage
+from rcarun.backends.types import ChatMessage, ChatRequest, RateLimitInfo, Usage
 from rcarun.budgets import (
     BackboneGate,
     BackboneLimits,
@@ -220,3 +220,44 @@ def test_unused_output_is_refunded_only_where_the_provider_does_not_meter_the_wh
             return now()
 
     assert run_virtual(main) == pytest.approx(next_at)
+
+
+def test_a_spent_undeclared_quota_in_the_headers_pauses_until_one_more_request_fits() -> None:
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4))
+
+    async def main() -> tuple[float, float, float, float]:
+        # 600 requests/min: one more request fits after 0.1 s (the 1.5-s reset is when the bucket is full).
+        spent = RateLimitInfo(
+            limit_requests=600, remaining_requests=0, reset_requests_s=1.5, remaining_tokens=900
+        )
+        plenty = RateLimitInfo(remaining_requests=3, reset_requests_s=0.02, remaining_tokens=10)
+        assert backbone.on_rate_limit_headers(None) == 0.0
+        assert backbone.on_rate_limit_headers(plenty) == 0.0
+        first = backbone.on_rate_limit_headers(spent)
+        async with backbone.admit(10, 10) as ticket:
+            admitted_at = now()
+            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=200))
+        # Tokens: 1,200 per call at 60,000/min is 1.2 s; no limit stated: the whole reset.
+        tokens = RateLimitInfo(limit_tokens=60_000, remaining_tokens=0, reset_tokens_s=30.0)
+        unknown = RateLimitInfo(remaining_requests=0, reset_requests_s=0.7)
+        return (
+            first,
+            admitted_at,
+            backbone.on_rate_limit_headers(tokens),
+            backbone.on_rate_limit_headers(unknown),
+        )
+
+    first, admitted_at, tokens, unknown = run_virtual(main)
+    assert first == pytest.approx(0.1) and admitted_at == pytest.approx(0.1)
+    assert tokens == pytest.approx(1.2)
+    assert unknown == pytest.approx(0.7)
+
+
+def test_headers_do_not_pause_a_backbone_whose_limits_are_declared() -> None:
+    backbone = gate("b", concurrency=4, rpm=600.0, tpm=60_000.0)
+    spent = RateLimitInfo(limit_requests=600, remaining_requests=0, reset_requests_s=1.0, remaining_tokens=0)
+    assert run_virtual(lambda: _headers(backbone, spent)) == 0.0
+
+
+async def _headers(backbone: BackboneGate, info: RateLimitInfo) -> float:
+    return backbone.on_rate_limit_headers(info)

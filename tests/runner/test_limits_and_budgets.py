@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from pathlib import Path
 
@@ -126,3 +127,25 @@ async def test_calls_started_at_are_ordered_timestamps(tmp_path: Path) -> None:
         end = datetime.fromisoformat(ended.replace("Z", "+00:00"))
         assert start <= end
         assert latency >= 10.0  # the server's 10 ms latency is inside every measured attempt
+
+
+async def test_undeclared_limits_are_respected_from_the_rate_limit_headers(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    # The server allows 10 requests a second (burst 1 s) and says so in x-ratelimit-* headers; the client is
+    # told nothing about it. When a reply says no requests remain, admission pauses until one more fits
+    # (60 / 600 = 0.1 s), not for the whole reset.
+    async with MockServer(MockConfig(latency_s=0.01, rpm=600, burst_s=1.0, headers="openai")) as server:
+        config = make_config(
+            {"sim": {"base_url": server.base_url, "limits": {"concurrency": 1}}}, realizations=2
+        )
+        outcome = await run_sweep(config, db_path=db, run_name="headers", show_progress=False)
+        stats = server.stats()
+
+    assert outcome.status == "finished"
+    assert stats.accepted == 20 and stats.rejected_429 == 0
+    starts = [
+        datetime.fromisoformat(row[0].replace("Z", "+00:00"))
+        for row in rows(db, "SELECT started_at FROM calls ORDER BY started_at")
+    ]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(starts)]
+    assert max(gaps) >= 0.09  # the pause after the burst was spent (calls otherwise start ~0.012 s apart)

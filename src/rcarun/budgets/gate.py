@@ -28,7 +28,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from rcarun.backends.types import ChatRequest, Usage
+from rcarun.backends.types import ChatRequest, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
@@ -181,6 +181,7 @@ class Ticket:
             else usage.total_tokens
         )
         gate.limiter.settle(self._grant, metered)
+        gate._note_call_tokens(metered)
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
@@ -239,6 +240,8 @@ class BackboneGate:
         self._in_flight = 0
         self._admitted = 0
         self._rate_limited = 0
+        # Smoothed tokens per settled call, for pausing on a spent token quota nobody declared.
+        self._mean_call_tokens = 0.0
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -316,6 +319,32 @@ class BackboneGate:
             self.concurrency.on_rate_limited(ticket.slot if ticket is not None else None)
         return decision
 
+    def on_rate_limit_headers(self, info: RateLimitInfo | None) -> float:
+        """Pause before the provider has to say 429, for limits that were not declared.
+
+        A declared rpm/tpm is already paced by the limiter; for an undeclared one the provider's headers are
+        all we know. When an answer reports the requests (or tokens) remaining at zero, nothing more is
+        admitted until the bucket holds one more request: ``60 / limit`` seconds for requests, the mean tokens
+        of this backbone's calls at ``limit / 60`` per second for tokens — never longer than the stated reset
+        (which providers give as the time until the bucket is *full*, too long to wait for one request).
+        Returns the pause in seconds (0 for none).
+        """
+        if info is None:
+            return 0.0
+        pause = 0.0
+        if self.limits.rpm is None and info.remaining_requests is not None and info.remaining_requests <= 0:
+            pause = max(pause, _refill_s(1.0, info.limit_requests, info.reset_requests_s))
+        if self.limits.tpm is None and info.remaining_tokens is not None and info.remaining_tokens <= 0:
+            pause = max(pause, _refill_s(self._mean_call_tokens, info.limit_tokens, info.reset_tokens_s))
+        if pause > 0:
+            self.pause_for(pause)
+        return pause
+
+    def _note_call_tokens(self, tokens: int) -> None:
+        self._mean_call_tokens = (
+            float(tokens) if self._mean_call_tokens == 0 else 0.9 * self._mean_call_tokens + 0.1 * tokens
+        )
+
     def pause_for(self, seconds: float) -> None:
         """Admit nothing on this backbone for ``seconds`` from now (pauses only ever extend)."""
         until = self._now() + seconds
@@ -343,6 +372,14 @@ class BackboneGate:
                 await asyncio.shield(self._pause_over)
             finally:
                 self._pause_waiting -= 1
+
+
+def _refill_s(amount: float, limit_per_minute: int | None, reset_s: float | None) -> float:
+    """Seconds until a per-minute bucket holds ``amount`` more, capped by the provider's stated reset."""
+    if limit_per_minute is None or limit_per_minute <= 0:
+        return reset_s or 0.0
+    refill = amount * 60.0 / limit_per_minute
+    return min(refill, reset_s) if reset_s else refill
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
