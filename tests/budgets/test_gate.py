@@ -261,3 +261,34 @@ def test_headers_do_not_pause_a_backbone_whose_limits_are_declared() -> None:
 
 async def _headers(backbone: BackboneGate, info: RateLimitInfo) -> float:
     return backbone.on_rate_limit_headers(info)
+
+
+def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less() -> None:
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.05)})
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4), prices=PRICES, ledger=ledger)
+
+    async def main() -> tuple[float, float]:
+        # Worst case per call: 1,000 prompt at $1/M + 10,000 output at $4/M = $0.041; two do not fit in $0.05.
+        async def first() -> None:
+            async with backbone.admit(1_000, 10_000) as ticket:
+                await asyncio.sleep(1.0)
+                ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=100), at=NOON)  # $0.0014
+
+        async def second() -> float:
+            async with backbone.admit(1_000, 10_000) as ticket:
+                ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=100), at=NOON)
+                return now()
+
+        running = asyncio.create_task(first())
+        await asyncio.sleep(0)
+        admitted_at = await second()
+        await running
+        # Nothing in flight any more: a call whose worst case cannot fit is refused at once.
+        with pytest.raises(BudgetExhausted):
+            async with backbone.admit(1_000, 20_000):
+                pass
+        return admitted_at, now()
+
+    admitted_at, refused_at = run_virtual(main)
+    assert admitted_at == pytest.approx(1.0)  # waited for the first call to settle, not refused
+    assert refused_at == pytest.approx(1.0)

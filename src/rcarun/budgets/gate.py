@@ -242,6 +242,8 @@ class BackboneGate:
         self._rate_limited = 0
         # Smoothed tokens per settled call, for pausing on a spent token quota nobody declared.
         self._mean_call_tokens = 0.0
+        # Set when any reservation of the shared ledger ends; created inside the loop on first need.
+        self._budget_freed: asyncio.Event | None = None
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -287,8 +289,8 @@ class BackboneGate:
         try:
             grant = await self.limiter.acquire(estimated_prompt_tokens + max_tokens)
             try:
-                reservation = self._reserve(estimated_prompt_tokens, max_tokens)
-            except BudgetExhausted:
+                reservation = await self._reserve_when_budget_allows(estimated_prompt_tokens, max_tokens)
+            except BaseException:
                 self.limiter.give_back(grant)
                 raise
             ticket = Ticket(self, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
@@ -351,6 +353,27 @@ class BackboneGate:
         if until > self._paused_until:
             self._paused_until = until
             self.limiter.pause_until(until)
+
+    async def _reserve_when_budget_allows(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
+        """Reserve the call's worst case; while calls in flight hold reservations, wait for them to settle.
+
+        Reservations are worst cases (the whole output budget); a call usually settles for much less, so a
+        refusal while others are in flight may be temporary. Only a refusal with nothing in flight is final.
+
+        Raises:
+            BudgetExhausted: the budget cannot take this call even with every reservation settled.
+        """
+        while True:
+            try:
+                return self._reserve(estimated_prompt_tokens, max_tokens)
+            except BudgetExhausted:
+                if self.ledger.open_reservations == 0:
+                    raise
+            if self._budget_freed is None:
+                self._budget_freed = asyncio.Event()
+                self.ledger.on_reservation_ended(self._budget_freed.set)
+            self._budget_freed.clear()
+            await self._budget_freed.wait()
 
     def _reserve(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
         usd = (

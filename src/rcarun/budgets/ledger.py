@@ -9,7 +9,7 @@ every backbone's gate in one run, and feeds the progress bars and the cost repor
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rcarun.backends.types import Usage
@@ -119,6 +119,8 @@ class SpendLedger:
         self._overall = _Account()
         self._accounts: dict[str, _Account] = {}
         self._open: dict[int, Reservation] = {}
+        # Called whenever a reservation ends (commit or release): budget may have come free.
+        self._listeners: list[Callable[[], None]] = []
         self._serials = itertools.count(1)
 
     def reserve(self, backbone: str, usd: float, tokens: int) -> Reservation:
@@ -192,9 +194,20 @@ class SpendLedger:
             account = self._accounts[backbone] = _Account()
         return account
 
+    @property
+    def open_reservations(self) -> int:
+        """Reservations held by calls in flight (their worst case may be released when they settle)."""
+        return len(self._open)
+
+    def on_reservation_ended(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (no arguments, must not raise) each time a reservation is committed or released."""
+        self._listeners.append(listener)
+
     def _drop(self, reservation: Reservation) -> None:
         if self._open.pop(reservation.serial, None) is None:
             return
+        for listener in self._listeners:
+            listener()
         for account in (self._account(reservation.backbone), self._overall):
             account.reserved_usd -= reservation.usd
             account.reserved_tokens -= reservation.tokens
