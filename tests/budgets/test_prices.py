@@ -69,3 +69,35 @@ def test_invalid_prices_and_windows_are_config_errors() -> None:
         Price(-1.0, 0.0, 0.0)
     with pytest.raises(ConfigError):
         PriceWindow(time(3), time(3), PEAK)
+
+
+def test_weekday_windows_follow_the_day_a_window_starts_on() -> None:
+    peak = Price(input_per_mtok=2.0, cached_input_per_mtok=0.2, output_per_mtok=8.0)
+    off = Price(input_per_mtok=1.0, cached_input_per_mtok=0.1, output_per_mtok=4.0)
+    weekdays = frozenset(range(5))  # Monday..Friday
+    table = PriceTable(
+        default=off,
+        windows=(
+            PriceWindow(start=time(1), end=time(4), price=peak, weekdays=weekdays),
+            PriceWindow(
+                start=time(22), end=time(2), price=peak, weekdays=frozenset({4})
+            ),  # Friday night only
+        ),
+    )
+    friday = datetime(2026, 11, 27, tzinfo=UTC)  # a Friday
+    assert table.price_at(friday.replace(hour=2)) is peak
+    assert table.price_at((friday + timedelta(days=1)).replace(hour=3)) is off  # Saturday 03:00: weekend
+    assert (
+        table.price_at((friday + timedelta(days=1)).replace(hour=1, minute=30)) is peak
+    )  # Friday's 22-02 window
+    assert table.price_at((friday + timedelta(days=2)).replace(hour=1, minute=30)) is off  # Sunday
+    assert table.price_at(friday.replace(hour=23)) is peak
+    assert table.price_at((friday - timedelta(days=1)).replace(hour=23)) is off  # Thursday night
+
+
+def test_empty_or_out_of_range_weekdays_are_refused() -> None:
+    price = Price(input_per_mtok=1.0, cached_input_per_mtok=0.1, output_per_mtok=4.0)
+    with pytest.raises(ConfigError):
+        PriceWindow(start=time(1), end=time(4), price=price, weekdays=frozenset())
+    with pytest.raises(ConfigError):
+        PriceWindow(start=time(1), end=time(4), price=price, weekdays=frozenset({7}))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from rcarun.errors import ConfigError
-from rcarun.runner import load_backbones_file, load_sweep_config
+from rcarun.runner import build_prices, load_backbones_file, load_sweep_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -23,6 +24,10 @@ def test_shipped_backbones_have_dated_prices_and_key_variables() -> None:
             assert backbone.api_key_env and backbone.api_key_env.endswith("_API_KEY")
     flash = backbones["deepseek-flash"]
     assert flash.prices.input_per_mtok == 0.15 and len(flash.prices.windows) == 2
+    assert all(window.weekdays == ("mon", "tue", "wed", "thu", "fri") for window in flash.prices.windows)
+    table = build_prices(flash)
+    assert table.price_at(datetime(2026, 11, 27, 2, tzinfo=UTC)).input_per_mtok == 0.30  # Friday, peak
+    assert table.price_at(datetime(2026, 11, 28, 2, tzinfo=UTC)).input_per_mtok == 0.15  # Saturday, off-peak
     assert backbones["qwen3.5-35b-a3b"].endpoints == ("http://127.0.0.1:8000/v1",)
 
 

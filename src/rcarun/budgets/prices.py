@@ -59,12 +59,15 @@ class Price:
 class PriceWindow:
     """A price in force from ``start`` (inclusive) to ``end`` (exclusive), UTC time of day.
 
-    ``end <= start`` means the window wraps midnight (22:00-06:00).
+    ``end <= start`` means the window wraps midnight (22:00-06:00). ``weekdays`` (0 = Monday, UTC) limits the
+    window to the days it *starts* on, as DeepSeek's weekday-only peak hours need; a window that wraps midnight
+    belongs to the day it began (Friday 22:00-06:00 covers Saturday 02:00). None means every day.
     """
 
     start: time
     end: time
     price: Price
+    weekdays: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         for moment in (self.start, self.end):
@@ -73,6 +76,20 @@ class PriceWindow:
                 raise ConfigError(f"price window times are UTC times of day, got {moment.isoformat()}")
         if _naive(self.start) == _naive(self.end):
             raise ConfigError(f"price window {self.start.isoformat()}-{self.end.isoformat()} is empty")
+        if self.weekdays is not None and (not self.weekdays or not self.weekdays <= frozenset(range(7))):
+            raise ConfigError(
+                f"price window weekdays must be a non-empty set of 0 (Monday) .. 6, got {self.weekdays}"
+            )
+
+    def applies(self, at: datetime) -> bool:
+        """Whether the window is in force at the UTC moment ``at`` (time of day and, if set, weekday)."""
+        moment = at.time()
+        if not self.contains(moment):
+            return False
+        if self.weekdays is None:
+            return True
+        started_yesterday = _naive(self.end) <= _naive(self.start) and moment < _naive(self.end)
+        return (at.weekday() - started_yesterday) % 7 in self.weekdays
 
     def contains(self, moment: time) -> bool:
         """Whether the UTC time of day ``moment`` falls inside the window."""
@@ -97,9 +114,9 @@ class PriceTable:
         """
         if at.tzinfo is None or at.utcoffset() is None:
             raise ValueError("price lookups need a timezone-aware datetime")
-        time_of_day = at.astimezone(UTC).time()
+        utc = at.astimezone(UTC)
         for window in self.windows:
-            if window.contains(time_of_day):
+            if window.applies(utc):
                 return window.price
         return self.default
 

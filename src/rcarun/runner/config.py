@@ -56,6 +56,9 @@ class PriceWindowConfig(_Strict):
 
     start: str
     end: str
+    weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] | None = Field(
+        None, description="UTC days the window starts on; None: every day"
+    )
     input_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(ge=0)

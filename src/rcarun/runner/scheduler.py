@@ -55,6 +55,8 @@ __all__ = ["SweepOutcome", "build_prices", "run_sweep"]
 
 BackendFactory = Callable[[BackendSettings], Backend]
 
+_WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
 
 @dataclass(frozen=True, slots=True)
 class SweepOutcome:
@@ -80,6 +82,11 @@ def build_prices(config: BackboneConfig) -> PriceTable:
         PriceWindow(
             start=time.fromisoformat(window.start),
             end=time.fromisoformat(window.end),
+            weekdays=(
+                frozenset(_WEEKDAYS.index(day) for day in window.weekdays)
+                if window.weekdays is not None
+                else None
+            ),
             price=price(window.input_per_mtok, window.cached_input_per_mtok, window.output_per_mtok),
         )
         for window in prices.windows
