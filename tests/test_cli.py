@@ -92,25 +92,9 @@ def test_first_ctrl_c_drains_in_flight_calls_and_the_run_resumes(tmp_path: Path)
         stopped_at = _count(db, "SELECT count(*) FROM predictions")
         assert 2 <= stopped_at < 20
 
-        resumed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rcarun.cli",
-                "sweep",
-                "--config",
-                str(config),
-                "--db",
-                str(db),
-                "--run",
-                "r1",
-                "--no-progress",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert resumed.returncode == 0, resumed.stderr
+        resumed = _start(config, db)
+        _, err = resumed.communicate(timeout=60)
+        assert resumed.returncode == 0, err
         accepted = server.stats().accepted
 
     assert _count(db, "SELECT count(*) FROM predictions") == 20

@@ -52,10 +52,11 @@ class ProgressBoard:
                 + counters.items_interrupted
             )
             bar.n = min(finished, bar.total or finished)
-            tokens = counters.prompt_tokens + counters.completion_tokens
+            # Spend comes from the ledger the budgets are checked against (earlier sessions of the run included).
+            spent = self._runtimes[name].gate.ledger.totals(name)
             bar.set_postfix_str(
-                f"calls={counters.calls} cached={counters.cached_calls} tok={tokens:,} "
-                f"${counters.usd:.4f} 429={counters.rate_limited} len={counters.length_retries} "
+                f"calls={spent.calls} cached={counters.cached_calls} tok={spent.total_tokens:,} "
+                f"${spent.usd:.4f} 429={counters.rate_limited} len={counters.length_retries} "
                 f"err={counters.errors} fail={counters.items_failed}",
                 refresh=False,
             )

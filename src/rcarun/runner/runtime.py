@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from rcarun.backends import Backend, Usage
+from rcarun.backends import Backend
 from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited
 from rcarun.runner.config import BackboneConfig, SweepConfig
@@ -76,11 +76,7 @@ class BackboneCounters:
     items_failed: int = 0
     items_skipped_budget: int = 0
     items_interrupted: int = 0
-    calls: int = 0
     cached_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    usd: float = 0.0
     rate_limited: int = 0
     errors: int = 0
     length_retries: int = 0
@@ -99,12 +95,6 @@ class BackboneRuntime:
     backend: Backend
     gate: BackboneGate
     counters: BackboneCounters = field(default_factory=BackboneCounters)
-
-    def record_spend(self, usage: Usage, usd: float) -> None:
-        self.counters.calls += 1
-        self.counters.prompt_tokens += usage.prompt_tokens
-        self.counters.completion_tokens += usage.completion_tokens
-        self.counters.usd += usd
 
 
 @dataclass(slots=True)

@@ -303,7 +303,6 @@ class ItemSession:
                 raise
             cost = ticket.settle(result.usage)
             runtime.gate.on_rate_limit_headers(result.rate_limit)
-        runtime.record_spend(result.usage, cost)
         writer.add_call(
             CallRow(
                 **base,
