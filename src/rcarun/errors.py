@@ -43,6 +43,7 @@ __all__ = [
     "ServerError",
     "StoreError",
     "TransportError",
+    "data_location",
 ]
 
 
@@ -64,15 +65,21 @@ class DataError(RcarunError):
     """
 
     def __init__(self, message: str, *, path: str = "", record: str = "", field: str = "") -> None:
-        where = ", ".join(
-            part
-            for part in (path, f"record {record}" if record else "", f"field {field!r}" if field else "")
-            if part
-        )
+        where = data_location(path, record, field)
         super().__init__(f"{where}: {message}" if where else message)
+        self.message = message
         self.path = path
         self.record = record
         self.field = field
+
+
+def data_location(path: str = "", record: str = "", field: str = "") -> str:
+    """``"<path>, record <record>, field '<field>'"`` with the unknown parts left out."""
+    return ", ".join(
+        part
+        for part in (path, f"record {record}" if record else "", f"field {field!r}" if field else "")
+        if part
+    )
 
 
 class StoreError(RcarunError):

@@ -1,12 +1,15 @@
 """Trajectories, their human labels and the loaders that read them: the only data the rest of rcarun sees.
 
 Methods receive a `Trajectory` (no labels); the runner and analysis pair it with its `Reference` through the
-`Record` the loaders yield. This package imports nothing of rcarun's except `rcarun.errors`.
+`Record` the loaders yield. Role normalisation and handoff detection (`roles`), dataset checks (`check`) and
+manifests with the LongRCA-Mini sampler (`manifest`) live here too, so every layer applies the same rules.
+This package imports nothing of rcarun's except `rcarun.errors`.
 """
 
 from __future__ import annotations
 
 from .bundled import bundled_sample_path
+from .check import CheckReport, Problem, SourceSummary, check_dataset, check_records
 from .loaders import (
     ProblemHandler,
     count_entries,
@@ -15,20 +18,53 @@ from .loaders import (
     load_trajectory_file,
     natural_sort_key,
 )
+from .manifest import (
+    DEFAULT_MINI_SEED,
+    DEFAULT_MINI_SIZE,
+    Manifest,
+    ManifestRecord,
+    allocate_quotas,
+    dataset_sha256,
+    load_manifest,
+    longrca_mini_manifest_path,
+    sample_mini,
+    save_manifest,
+)
+from .roles import Handoff, normalize_role, parse_handoff, role_matches, strip_handoff_suffix
 from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, agent_of_step
 
 __all__ = [
+    "DEFAULT_MINI_SEED",
+    "DEFAULT_MINI_SIZE",
+    "CheckReport",
+    "Handoff",
+    "Manifest",
+    "ManifestRecord",
+    "Problem",
     "ProblemHandler",
     "Record",
     "Reference",
+    "SourceSummary",
     "Step",
     "Trajectory",
     "agent_from_role",
     "agent_of_step",
+    "allocate_quotas",
     "bundled_sample_path",
+    "check_dataset",
+    "check_records",
     "count_entries",
+    "dataset_sha256",
     "iter_dataset",
     "load_jsonl",
+    "load_manifest",
     "load_trajectory_file",
+    "longrca_mini_manifest_path",
     "natural_sort_key",
+    "normalize_role",
+    "parse_handoff",
+    "role_matches",
+    "sample_mini",
+    "save_manifest",
+    "strip_handoff_suffix",
 ]

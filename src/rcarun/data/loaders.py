@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from typing import Any
 
 from rcarun.errors import DataError
 
+from .roles import normalize_role
 from .trajectory import Record, Reference, Step, Trajectory, agent_of_step
 
 __all__ = ["ProblemHandler", "iter_dataset", "load_jsonl", "load_trajectory_file", "natural_sort_key"]
@@ -61,7 +61,6 @@ ProblemHandler = Callable[[DataError], None]
 
 _LONGRCA_QID = re.compile(r"^[A-Za-z0-9_]+__\d+$")
 _INTEGER_TEXT = re.compile(r"^[+-]?\d+$")
-_HANDOFF_SUFFIX = re.compile(r"\s*\((?:->|→)[^()]*\)\s*$")
 _DIGIT_RUNS = re.compile(r"(\d+)")
 
 
@@ -365,7 +364,8 @@ def _parse_record(
         raise _not_a_string(task, path=path, label=label, field="question")
     trajectory = Trajectory(qid=qid, source=source, task=task or "", steps=steps, sha256=sha256)
     reference = _parse_reference(obj, trajectory, path=path, label=label)
-    return _Loaded(Record(trajectory, reference), path=path, label=label, qid_field=qid_field)
+    origin = path if line is None else f"{path}:{line}"
+    return _Loaded(Record(trajectory, reference, origin), path=path, label=label, qid_field=qid_field)
 
 
 def _parse_history(obj: dict[str, Any], *, path: str, label: str) -> tuple[Step, ...]:
@@ -420,12 +420,6 @@ def _parse_history(obj: dict[str, Any], *, path: str, label: str) -> tuple[Step,
     return tuple(steps)
 
 
-def _role_key(role: str) -> str:
-    """A role compared the way the LongRCA scorer compares roles."""
-    stripped = _HANDOFF_SUFFIX.sub("", role.strip(), count=1)
-    return " ".join(unicodedata.normalize("NFKC", stripped).casefold().split())
-
-
 def _parse_reference(
     obj: dict[str, Any], trajectory: Trajectory, *, path: str, label: str
 ) -> Reference | None:
@@ -443,7 +437,7 @@ def _parse_reference(
         raise DataError(
             f"expected a non-empty agent name, got {agent!r}", path=path, record=label, field="mistake_agent"
         )
-    if _role_key(agent) not in {_role_key(known) for known in trajectory.agents}:
+    if normalize_role(agent) not in {normalize_role(known) for known in trajectory.agents}:
         raise DataError(
             f"unknown agent {agent!r}: not among the recorded agents {list(trajectory.agents)}",
             path=path,

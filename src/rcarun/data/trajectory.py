@@ -15,12 +15,18 @@ Agent of a step (one rule for every source, applied by `agent_of_step`):
 3. A step whose agent comes out empty is unusable (the loaders raise `DataError`).
 
 Labels are never repaired: a reference whose step is spoken by another agent is kept exactly as recorded.
+
+Handoffs: `Step.handoff` is the explicit handoff the step announces (rules in `rcarun.data.roles`): the name's
+``(-> X)`` suffix when the name carries one (LongRCA), else the role's (Who&When Magentic-One).
+`Trajectory.handoffs` lists the steps that announce one.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .roles import Handoff, parse_handoff
 
 __all__ = ["Record", "Reference", "Step", "Trajectory", "agent_from_role", "agent_of_step"]
 
@@ -63,6 +69,11 @@ class Step:
     role: str
     content: str
 
+    @property
+    def handoff(self) -> Handoff | None:
+        """The explicit handoff this step announces: in its agent name first, else in its raw role."""
+        return parse_handoff(self.agent) or parse_handoff(self.role)
+
 
 @dataclass(frozen=True, slots=True)
 class Trajectory:
@@ -97,6 +108,12 @@ class Trajectory:
         """Distinct agents in order of first appearance: the recorded role set methods choose from."""
         return tuple(dict.fromkeys(step.agent for step in self.steps))
 
+    @property
+    def handoffs(self) -> tuple[tuple[int, Handoff], ...]:
+        """``(step index, handoff)`` for every step that announces an explicit handoff, in order."""
+        found = ((step.index, step.handoff) for step in self.steps)
+        return tuple((index, handoff) for index, handoff in found if handoff is not None)
+
 
 @dataclass(frozen=True, slots=True)
 class Reference:
@@ -115,7 +132,14 @@ class Reference:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """What the loaders yield: a trajectory and its label, if the record carries one."""
+    """What the loaders yield: a trajectory, its label if the record carries one, and where it was read.
+
+    Attributes:
+        trajectory: what methods see.
+        reference: the human label, or None for unlabelled data.
+        origin: the file it came from, ``"<file>:<line>"`` for a JSONL line; ``""`` when built in memory.
+    """
 
     trajectory: Trajectory
     reference: Reference | None
+    origin: str = ""

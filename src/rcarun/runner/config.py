@@ -3,7 +3,8 @@
 A sweep names a dataset, methods (with options), backbones, realizations, spend budgets and per-stage output
 budgets. Backbones are defined inline (``[backbones.NAME]``) or taken by name from a shared backbones file
 (``backbones_file`` + ``use``), so one ``configs/backbones.toml`` with endpoints, limits and prices serves every
-sweep. Relative paths are resolved against the config file's directory. API keys never appear here: only the
+sweep. ``sweep.manifest`` restricts a sweep to the trajectories a manifest lists (``"longrca-mini"`` names the
+official LongRCA-Mini list shipped with rcarun). Relative paths are resolved against the config file's directory. API keys never appear here: only the
 *name* of the environment variable that holds each key.
 """
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rcarun.errors import ConfigError
 
 __all__ = [
+    "LONGRCA_MINI",
     "BackboneConfig",
     "LimitsConfig",
     "MethodConfig",
@@ -31,6 +33,9 @@ __all__ = [
     "load_backbones_file",
     "load_sweep_config",
 ]
+
+
+LONGRCA_MINI = "longrca-mini"
 
 
 class _Strict(BaseModel):
@@ -151,6 +156,10 @@ class MethodConfig(_Strict):
 
 class SweepSection(_Strict):
     dataset: str
+    manifest: str | None = Field(
+        None,
+        description=f"run only the trajectories a manifest lists (a file, or {LONGRCA_MINI!r} for the official list)",
+    )
     realizations: int = Field(1, ge=1)
     cache: Literal["run", "db"] = Field(
         "run", description="serve finished calls from this run only, or any run"
@@ -235,7 +244,9 @@ def load_sweep_config(path: Path) -> SweepConfig:
         raise ConfigError(f"{path}: 'use' needs a backbones_file")
     if not backbones:
         raise ConfigError(f"{path}: no backbones (define [backbones.NAME] or backbones_file + use)")
-    dataset = str((base / config.sweep.dataset).resolve())
+    sweep_update = {"dataset": str((base / config.sweep.dataset).resolve())}
+    if config.sweep.manifest is not None and config.sweep.manifest != LONGRCA_MINI:
+        sweep_update["manifest"] = str((base / config.sweep.manifest).resolve())
     return config.model_copy(
-        update={"backbones": backbones, "sweep": config.sweep.model_copy(update={"dataset": dataset})}
+        update={"backbones": backbones, "sweep": config.sweep.model_copy(update=sweep_update)}
     )

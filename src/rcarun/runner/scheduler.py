@@ -32,10 +32,17 @@ from rcarun.budgets import (
     SpendLedger,
     TokenEstimator,
 )
-from rcarun.data import Record, count_entries, iter_dataset
+from rcarun.data import (
+    Manifest,
+    Record,
+    count_entries,
+    iter_dataset,
+    load_manifest,
+    longrca_mini_manifest_path,
+)
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
 from rcarun.methods import Attribution, Method, create_method
-from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.runner.config import LONGRCA_MINI, BackboneConfig, SweepConfig
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import BackboneCounters, BackboneRuntime, RunContext, StopController, WorkItem
 from rcarun.runner.session import ItemSession, StopRequested
@@ -115,8 +122,45 @@ def _backend_settings(name: str, config: BackboneConfig, pool_size: int) -> Back
     )
 
 
-def _iter_records(config: SweepConfig, on_problem: Callable[[DataError], None]) -> Iterator[Record]:
-    return iter_dataset(Path(config.sweep.dataset), strict=config.sweep.strict_data, on_problem=on_problem)
+def _load_sweep_manifest(config: SweepConfig) -> Manifest | None:
+    name = config.sweep.manifest
+    if name is None:
+        return None
+    return load_manifest(longrca_mini_manifest_path() if name == LONGRCA_MINI else Path(name))
+
+
+def _iter_records(
+    config: SweepConfig, manifest: Manifest | None, on_problem: Callable[[DataError], None]
+) -> Iterator[Record]:
+    """The dataset's records, or only those a manifest lists with the SHA-256 it pins.
+
+    A listed record whose bytes differ is a data problem and is left out (the manifest promises those exact
+    bytes); a listed qid the dataset lacks is reported once the dataset has been read.
+    """
+    records = iter_dataset(Path(config.sweep.dataset), strict=config.sweep.strict_data, on_problem=on_problem)
+    if manifest is None:
+        yield from records
+        return
+    listed = manifest.by_qid()
+    seen: set[str] = set()
+    for record in records:
+        entry = listed.get(record.trajectory.qid)
+        if entry is None:
+            continue
+        seen.add(entry.qid)
+        if entry.sha256 != record.trajectory.sha256:
+            on_problem(
+                DataError(
+                    f"SHA-256 {record.trajectory.sha256} differs from the manifest's {entry.sha256}; left out",
+                    path=record.origin,
+                    record=entry.qid,
+                )
+            )
+            continue
+        yield record
+    for entry in manifest.records:
+        if entry.qid not in seen:
+            on_problem(DataError("listed in the manifest but not in the dataset", record=entry.qid))
 
 
 async def run_sweep(
@@ -144,7 +188,8 @@ async def run_sweep(
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
 
-    entries = count_entries(config.sweep.dataset)
+    manifest = _load_sweep_manifest(config)
+    entries = len(manifest.records) if manifest is not None else count_entries(config.sweep.dataset)
     if entries == 0:
         raise DataError("no trajectories found", path=config.sweep.dataset)
     store = open_store(db_path)
@@ -192,7 +237,9 @@ async def run_sweep(
                 async with asyncio.TaskGroup() as group:
                     group.create_task(board.run())
                     drivers = [
-                        group.create_task(_drive_backbone(context, runtime, methods, finished, recorder))
+                        group.create_task(
+                            _drive_backbone(context, runtime, methods, finished, recorder, manifest)
+                        )
                         for runtime in runtimes.values()
                     ]
                     await asyncio.gather(*drivers)
@@ -338,6 +385,7 @@ async def _drive_backbone(
     methods: list[Method],
     finished: set[tuple[str, str, str, int]],
     recorder: _TrajectoryRecorder,
+    manifest: Manifest | None,
 ) -> None:
     workers = context.config.sweep.items_in_flight or _default_items_in_flight(
         runtime.config.limits.concurrency
@@ -346,7 +394,9 @@ async def _drive_backbone(
 
     async def produce() -> None:
         try:
-            for walked, record in enumerate(_iter_records(context.config, recorder.problem), start=1):
+            for walked, record in enumerate(
+                _iter_records(context.config, manifest, recorder.problem), start=1
+            ):
                 recorder.record(record)
                 if walked % 64 == 0:
                     # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
