@@ -1,0 +1,564 @@
+"""Paired statistics for comparing attribution methods, with the conventions of the LongRCA paper.
+
+A difference of a few points in Step Acc between two methods on 200 trajectories is noise unless it comes with
+an interval and a test, and the paper (Appendix B, "Paired Step Acc comparisons" and "Ablation statistical
+protocol") reports them in one fixed way. This module reproduces that way, so that rcarun's numbers can be set
+beside the paper's:
+
+* Outcomes are per trajectory and paired: both methods are scored on the same trajectories, and an abstained,
+  missing or unparseable prediction is an error (``False``/``0``) that stays in the fixed denominator. The
+  caller builds the vectors; nothing here drops items.
+* Intervals are pointwise percentile intervals from a *source-stratified paired bootstrap*: each resample draws
+  trajectories with replacement within each source (stratum sizes preserved) and keeps a trajectory's two
+  outcomes together. The statistic is the aggregate of A minus the aggregate of B, either *pooled* (every
+  trajectory weighs the same) or *macro* (each source's mean, then the unweighted mean over sources:
+  "Macro-5"). The endpoints are ``numpy.quantile`` (default ``method="linear"``, Hyndman-Fan type 7) of the
+  replicate differences at ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``. The paper uses 20,000
+  resamples for the backbone comparisons and 10,000 with seed 20260820 for the ablations; the defaults here are
+  the latter.
+* Tests are two-sided *exact* McNemar tests: a binomial test of the discordant pairs against p = 1/2,
+  ``p = min(1, 2 * P(X <= min(b, c)))`` with ``X ~ Bin(b + c, 1/2)``, computed in exact integer arithmetic.
+  The test always counts trajectories, whatever the aggregate of the interval.
+* Families of comparisons are adjusted with Holm's step-down procedure ("Holm-20", "Holm-40"); which
+  comparisons form a family is the caller's choice, passed to `adjust_family`.
+
+Also here: complementarity counts (which trajectories only one method solves, and method A against the union of
+several baselines, the paper's Figure 8) and repeatability across realizations of the same backbone and method
+(pairwise agreement of predictions and the spread of scores).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DEFAULT_RESAMPLES",
+    "DEFAULT_SEED",
+    "Aggregate",
+    "Agreement",
+    "BootstrapInterval",
+    "Complementarity",
+    "PairedComparison",
+    "Spread",
+    "adjust_family",
+    "complementarity",
+    "holm",
+    "mcnemar_exact",
+    "mean_pairwise_agreement",
+    "paired_comparison",
+    "pairwise_agreement",
+    "spread",
+    "stratified_paired_bootstrap",
+    "union_complementarity",
+]
+
+Aggregate = Literal["pooled", "macro"]
+
+DEFAULT_RESAMPLES = 10_000
+DEFAULT_SEED = 20260820  # the paper's ablation seed (Appendix B, "Ablation statistical protocol")
+
+# Resample indices are drawn in blocks of about this many elements (8 bytes each), so that 20,000 resamples of
+# 1,140 trajectories need ~10 MB at a time instead of ~180 MB. The block size depends only on the number of
+# trajectories, so the result for a given seed does not depend on the machine.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+# --- McNemar and Holm ------------------------------------------------------------------------------------------
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs.
+
+    Args:
+        a_only: Trajectories that A got right and B got wrong.
+        b_only: Trajectories that B got right and A got wrong.
+
+    Returns:
+        ``min(1, 2 * P(X <= min(a_only, b_only)))`` with ``X ~ Bin(a_only + b_only, 1/2)``; 1.0 when there are
+        no discordant pairs. The tail is summed in exact integers and divided once, so the only rounding is the
+        final one (values below ~1e-308 underflow to 0.0).
+
+    Raises:
+        ValueError: If a count is negative.
+    """
+    if a_only < 0 or b_only < 0:
+        raise ValueError(f"discordant counts must be >= 0, got a_only={a_only}, b_only={b_only}")
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    smaller = min(a_only, b_only)
+    tail = 0
+    term = 1  # C(n, 0), then C(n, k) by the recurrence C(n, k+1) = C(n, k) * (n - k) / (k + 1)
+    for k in range(smaller + 1):
+        tail += term
+        term = term * (n - k) // (k + 1)
+    twice_tail = 2 * tail
+    total = 1 << n
+    if twice_tail >= total:
+        return 1.0
+    return twice_tail / total  # int / int is correctly rounded in Python, even for huge ints
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the order given.
+
+    With the p-values sorted ascending as p(1) <= ... <= p(m), the adjusted value of p(i) is
+    ``min(1, max_{j <= i} (m - j + 1) * p(j))``: monotone in the raw p-values and capped at 1. Reject at level
+    alpha exactly those hypotheses whose adjusted value is <= alpha.
+
+    Args:
+        p_values: Raw p-values of one family, each in [0, 1].
+
+    Returns:
+        The adjusted p-values, position by position; empty for an empty family.
+
+    Raises:
+        ValueError: If a p-value is outside [0, 1] or NaN.
+    """
+    for i, p in enumerate(p_values):
+        if not 0.0 <= p <= 1.0:  # also false for NaN
+            raise ValueError(f"p-values must be in [0, 1]; p_values[{i}] = {p!r}")
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# --- Source-stratified paired bootstrap ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BootstrapInterval:
+    """Observed difference of aggregates and its pointwise percentile bootstrap interval.
+
+    Attributes:
+        delta: Observed aggregate(a) - aggregate(b).
+        low: Lower percentile endpoint of the replicate differences.
+        high: Upper percentile endpoint.
+        resamples: Number of bootstrap resamples.
+        seed: Seed of ``numpy.random.default_rng`` that drew them.
+        confidence: Nominal pointwise coverage, e.g. 0.95.
+        aggregate: ``"pooled"`` or ``"macro"``.
+    """
+
+    delta: float
+    low: float
+    high: float
+    resamples: int
+    seed: int
+    confidence: float
+    aggregate: Aggregate
+
+
+def stratified_paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    strata: Sequence[str],
+    *,
+    aggregate: Aggregate = "pooled",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> BootstrapInterval:
+    """Source-stratified paired percentile bootstrap of aggregate(a) - aggregate(b).
+
+    Each resample draws, independently within every stratum, as many trajectories as the stratum has, with
+    replacement; a drawn trajectory contributes its a and b values together. The replicate statistic is the
+    pooled mean of the differences (every trajectory weighs 1/N) or their macro mean (each stratum's mean
+    difference, then the unweighted mean over strata). Endpoints are
+    ``numpy.quantile(replicates, [(1 - confidence) / 2, (1 + confidence) / 2])`` with numpy's default
+    ``method="linear"`` (Hyndman-Fan type 7) interpolation; no bias correction.
+
+    The draw is ``numpy.random.default_rng(seed)``, so equal inputs (in equal order) and seed give equal
+    intervals. Strata are visited in sorted label order and trajectories within a stratum in input order.
+
+    Args:
+        a: Per-trajectory outcome of method A (e.g. 1.0/0.0 for correct/incorrect).
+        b: Outcome of method B on the same trajectories, position by position.
+        strata: Source label of each trajectory.
+        aggregate: ``"pooled"`` or ``"macro"`` (unweighted mean of per-source means).
+        resamples: Number of bootstrap resamples, >= 1.
+        seed: Seed for ``numpy.random.default_rng``.
+        confidence: Pointwise coverage in (0, 1).
+
+    Returns:
+        The observed difference, the interval, and the settings that produced them.
+
+    Raises:
+        ValueError: On empty or unequal-length inputs, non-finite outcomes, an unknown aggregate,
+            ``resamples < 1`` or confidence outside (0, 1).
+    """
+    a_arr, b_arr = _validated_pair(a, b, strata)
+    if aggregate not in ("pooled", "macro"):
+        raise ValueError(f"aggregate must be 'pooled' or 'macro', got {aggregate!r}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+
+    order, starts, counts = _grouping(strata)
+    diff = (a_arr - b_arr)[order]
+    delta = _aggregate(a_arr[order], starts, counts, aggregate) - _aggregate(
+        b_arr[order], starts, counts, aggregate
+    )
+
+    rng = np.random.default_rng(seed)
+    n = diff.size
+    offset = np.repeat(starts, counts)  # column j draws from its own stratum: offset[j] + U{0, size[j] - 1}
+    size = np.repeat(counts, counts)
+    rows = max(1, _BLOCK_ELEMENTS // n)
+    replicates = np.empty(resamples, dtype=np.float64)
+    for first in range(0, resamples, rows):
+        m = min(rows, resamples - first)
+        picks = offset + rng.integers(0, size, size=(m, n))
+        sums = np.add.reduceat(diff[picks], starts, axis=1)  # (m, strata): per-stratum sums of differences
+        if aggregate == "pooled":
+            replicates[first : first + m] = sums.sum(axis=1) / n
+        else:
+            replicates[first : first + m] = (sums / counts).mean(axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(replicates, [alpha / 2, 1.0 - alpha / 2])
+    return BootstrapInterval(
+        delta=float(delta),
+        low=float(low),
+        high=float(high),
+        resamples=resamples,
+        seed=seed,
+        confidence=confidence,
+        aggregate=aggregate,
+    )
+
+
+def _validated_pair(
+    a: Sequence[float], b: Sequence[float], strata: Sequence[str]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    if not (len(a) == len(b) == len(strata)):
+        raise ValueError(f"a, b and strata must have equal lengths, got {len(a)}, {len(b)} and {len(strata)}")
+    if len(a) == 0:
+        raise ValueError("a, b and strata are empty; there is nothing to compare")
+    a_arr = np.asarray(a, dtype=np.float64)
+    b_arr = np.asarray(b, dtype=np.float64)
+    for name, arr in (("a", a_arr), ("b", b_arr)):
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            raise ValueError(f"{name} must be finite; {name}[{int(bad[0])}] = {arr[bad[0]]!r}")
+    return a_arr, b_arr
+
+
+def _grouping(
+    strata: Sequence[str],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Permutation that groups trajectories by stratum (sorted labels, input order within), group starts, sizes."""
+    _, inverse, counts = np.unique(np.asarray(strata, dtype=str), return_inverse=True, return_counts=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.intp)
+    return order, starts, counts.astype(np.intp)
+
+
+def _aggregate(
+    values: npt.NDArray[np.float64],
+    starts: npt.NDArray[np.intp],
+    counts: npt.NDArray[np.intp],
+    aggregate: Aggregate,
+) -> float:
+    """Pooled or macro mean of values already grouped by stratum (``starts``/``counts`` delimit the groups)."""
+    if aggregate == "pooled":
+        return float(values.sum() / values.size)
+    return float((np.add.reduceat(values, starts) / counts).mean())
+
+
+# --- Paired comparison of two methods --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Method A against method B on the same trajectories: scores, interval, win/loss and McNemar test.
+
+    Scores are fractions in [0, 1] (multiply by 100 for percentage points). ``p_holm`` is None until the
+    comparison is adjusted as a member of a family with `adjust_family`; the family is the caller's to choose
+    (the paper's Holm-20 and Holm-40 adjust the same comparisons within two different families).
+
+    Attributes:
+        n: Number of paired trajectories (the fixed denominator).
+        score_a: Aggregate accuracy of A (pooled or macro, as requested).
+        score_b: Aggregate accuracy of B.
+        delta: score_a - score_b.
+        ci_low: Lower endpoint of the pointwise stratified paired-bootstrap interval of delta.
+        ci_high: Upper endpoint.
+        wins: Trajectories A got right and B got wrong.
+        losses: Trajectories A got wrong and B got right.
+        p_mcnemar: Two-sided exact McNemar p-value on wins/losses (always over trajectories).
+        p_holm: Holm-adjusted p-value within the family, or None if not adjusted.
+    """
+
+    n: int
+    score_a: float
+    score_b: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    wins: int
+    losses: int
+    p_mcnemar: float
+    p_holm: float | None = None
+
+
+def paired_comparison(
+    a_correct: Sequence[bool],
+    b_correct: Sequence[bool],
+    strata: Sequence[str],
+    *,
+    aggregate: Aggregate = "pooled",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> PairedComparison:
+    """Compare two methods' per-trajectory correctness as the paper's Table 12 does.
+
+    Invalid, abstained or missing predictions must already be ``False`` here: the denominator is every
+    trajectory passed in.
+
+    Args:
+        a_correct: Whether method A is correct on each trajectory.
+        b_correct: Whether method B is correct on the same trajectories, position by position.
+        strata: Source label of each trajectory.
+        aggregate: ``"pooled"`` or ``"macro"`` for the scores, delta and interval.
+        resamples: Bootstrap resamples (the paper: 20,000 for backbones, 10,000 for ablations).
+        seed: Bootstrap seed.
+        confidence: Pointwise coverage of the interval.
+
+    Returns:
+        The comparison, with ``p_holm`` left as None.
+
+    Raises:
+        ValueError: As `stratified_paired_bootstrap`.
+    """
+    a = [1.0 if x else 0.0 for x in a_correct]
+    b = [1.0 if x else 0.0 for x in b_correct]
+    interval = stratified_paired_bootstrap(
+        a, b, strata, aggregate=aggregate, resamples=resamples, seed=seed, confidence=confidence
+    )
+    counts = complementarity(a_correct, b_correct)
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    order, starts, group_sizes = _grouping(strata)
+    return PairedComparison(
+        n=counts.n,
+        score_a=_aggregate(a_arr[order], starts, group_sizes, aggregate),
+        score_b=_aggregate(b_arr[order], starts, group_sizes, aggregate),
+        delta=interval.delta,
+        ci_low=interval.low,
+        ci_high=interval.high,
+        wins=counts.a_only,
+        losses=counts.b_only,
+        p_mcnemar=mcnemar_exact(counts.a_only, counts.b_only),
+    )
+
+
+def adjust_family(comparisons: Sequence[PairedComparison]) -> list[PairedComparison]:
+    """Holm-adjust a family of comparisons: copies, in the same order, with ``p_holm`` set.
+
+    The adjustment runs over the ``p_mcnemar`` of exactly the comparisons given; any earlier ``p_holm`` is
+    replaced. Call it once per family (e.g. the 20 Step Acc comparisons, then again with all 40 for Holm-40).
+    """
+    adjusted = holm([c.p_mcnemar for c in comparisons])
+    return [replace(c, p_holm=p) for c, p in zip(comparisons, adjusted, strict=True)]
+
+
+# --- Complementarity -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Complementarity:
+    """The 2x2 table of two methods' correctness over the same trajectories.
+
+    Attributes:
+        a_only: Solved by A only.
+        b_only: Solved by B only (for `union_complementarity`: by some other method but not A).
+        both: Solved by both.
+        neither: Solved by neither.
+    """
+
+    a_only: int
+    b_only: int
+    both: int
+    neither: int
+
+    @property
+    def n(self) -> int:
+        """Number of trajectories."""
+        return self.a_only + self.b_only + self.both + self.neither
+
+
+def complementarity(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> Complementarity:
+    """Count the trajectories solved by A only, B only, both and neither.
+
+    Raises:
+        ValueError: If the two sequences differ in length.
+    """
+    if len(a_correct) != len(b_correct):
+        raise ValueError(
+            f"a_correct and b_correct must have equal lengths, got {len(a_correct)} and {len(b_correct)}"
+        )
+    a_only = b_only = both = neither = 0
+    for x, y in zip(a_correct, b_correct, strict=True):
+        if x and y:
+            both += 1
+        elif x:
+            a_only += 1
+        elif y:
+            b_only += 1
+        else:
+            neither += 1
+    return Complementarity(a_only=a_only, b_only=b_only, both=both, neither=neither)
+
+
+def union_complementarity(a_correct: Sequence[bool], others: Sequence[Sequence[bool]]) -> Complementarity:
+    """Method A against the union of several others (paper Figure 8).
+
+    A trajectory counts as solved by the union if any of ``others`` solved it; the result's ``b_only`` is then
+    "solved by some other method, not by A".
+
+    Raises:
+        ValueError: If ``others`` is empty or any of them differs in length from ``a_correct``.
+    """
+    if not others:
+        raise ValueError("others is empty; the union of no methods solves nothing and is not a comparison")
+    for i, other in enumerate(others):
+        if len(other) != len(a_correct):
+            raise ValueError(f"others[{i}] has length {len(other)}, a_correct has {len(a_correct)}")
+    union = [any(bool(other[j]) for other in others) for j in range(len(a_correct))]
+    return complementarity(a_correct, union)
+
+
+# --- Repeatability across realizations -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often two realizations of the same backbone and method predict the same value.
+
+    Attributes:
+        first: The smaller realization id.
+        second: The larger realization id.
+        n: Trajectories present in both realizations (the denominator, Nones included).
+        agree: Trajectories where both predicted the same value and neither is None.
+        both_missing: Trajectories where both have no valid prediction (None); not counted in ``agree``.
+    """
+
+    first: int
+    second: int
+    n: int
+    agree: int
+    both_missing: int
+
+    @property
+    def rate(self) -> float:
+        """agree / n."""
+        return self.agree / self.n
+
+
+def pairwise_agreement(predictions: Mapping[int, Mapping[str, object]]) -> list[Agreement]:
+    """Agreement between every unordered pair of realizations, over the trajectories both contain.
+
+    None means "no valid prediction". Two Nones are not an agreement (two failures say nothing about whether
+    the method is stable); they are counted in ``both_missing`` and stay in the denominator, as does a None
+    against a value. Values are compared with ``==``.
+
+    Args:
+        predictions: realization id -> (trajectory id -> predicted value or None).
+
+    Returns:
+        One `Agreement` per pair (r1 < r2), ordered by (r1, r2); empty with fewer than two realizations.
+
+    Raises:
+        ValueError: If two realizations share no trajectory (the rate would be 0/0).
+    """
+    result: list[Agreement] = []
+    for first, second in combinations(sorted(predictions), 2):
+        left, right = predictions[first], predictions[second]
+        shared = [qid for qid in left if qid in right]
+        if not shared:
+            raise ValueError(f"realizations {first} and {second} share no trajectory")
+        agree = both_missing = 0
+        for qid in shared:
+            x, y = left[qid], right[qid]
+            if x is None and y is None:
+                both_missing += 1
+            elif x is not None and y is not None and x == y:
+                agree += 1
+        result.append(
+            Agreement(first=first, second=second, n=len(shared), agree=agree, both_missing=both_missing)
+        )
+    return result
+
+
+def mean_pairwise_agreement(predictions: Mapping[int, Mapping[str, object]]) -> float:
+    """Unweighted mean of the pairwise agreement rates.
+
+    Raises:
+        ValueError: With fewer than two realizations, or as `pairwise_agreement`.
+    """
+    pairs = pairwise_agreement(predictions)
+    if not pairs:
+        raise ValueError(f"agreement needs at least two realizations, got {len(predictions)}")
+    return statistics.fmean(p.rate for p in pairs)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Summary of one score over several realizations.
+
+    Attributes:
+        n: Number of realizations.
+        mean: Arithmetic mean.
+        min: Smallest value.
+        max: Largest value.
+        sd: Sample standard deviation (ddof=1); 0.0 for a single realization.
+    """
+
+    n: int
+    mean: float
+    min: float
+    max: float
+    sd: float
+
+    @property
+    def range(self) -> float:
+        """max - min."""
+        return self.max - self.min
+
+
+def spread(values: Mapping[int, float]) -> Spread:
+    """Mean, extremes and sample standard deviation of a score across realizations.
+
+    Args:
+        values: realization id -> score.
+
+    Raises:
+        ValueError: If ``values`` is empty or holds a non-finite score.
+    """
+    if not values:
+        raise ValueError("spread needs at least one realization, got none")
+    xs = [float(v) for v in values.values()]
+    for realization, x in values.items():
+        if not math.isfinite(x):
+            raise ValueError(f"scores must be finite; realization {realization} has {x!r}")
+    return Spread(
+        n=len(xs),
+        mean=statistics.fmean(xs),
+        min=min(xs),
+        max=max(xs),
+        sd=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+    )
