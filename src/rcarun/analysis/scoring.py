@@ -1,0 +1,615 @@
+"""LongRCA Bench scoring: per-trajectory outcomes and the aggregates the paper reports.
+
+Why a module of its own: every number rcarun prints (reports, leaderboard entries, Mini fidelity checks,
+length-group curves) must follow one set of rules, and those rules are subtle enough (denominators, invalid
+fields, source weighting) that two implementations would drift. The rules are LongRCA Sec. 5.1 and App. L.1.
+
+Per expected trajectory (`score_items`):
+
+- Every expected trajectory stays in every denominator. A missing prediction is an error for every target.
+- An abstained prediction is scored exactly like a missing one (App. L.1, "abstentions count as errors"): role
+  and step are wrong, the step is not a valid output (so it adds nothing to the MAE) and it is not covered.
+- Role and step are scored independently; an invalid field is an error for its own target only.
+- Role: `rcarun.data.roles.role_matches` (trim, drop one trailing ``(-> X)``/``(→ X)`` handoff suffix, NFKC,
+  casefold, collapse whitespace; the normalised prediction must be non-empty and equal the reference's).
+  ``keep_handoff=True`` is the component-ablation rule that keeps handoff suffixes.
+- Step (`parse_step`): a Python ``int`` (never a ``bool``) or a string holding an optionally signed decimal
+  integer of ASCII digits, surrounding whitespace stripped. Anything else (a float, even ``3.0``; ``"3.5"``;
+  ``"abc"``; ``""``; ``None``; ``True``) is invalid. A parsed step is valid when ``0 <= step < n_steps``.
+  A valid step is exact when it equals the 0-based reference step and within ±5 when ``|error| <= 5``;
+  invalid steps fail both.
+- Coverage: a prediction is covered (a valid output) when it exists, does not abstain, has a valid step and a
+  valid role. A role is valid when its normal form is non-empty and, if the recorded role set of the trajectory
+  is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring).
+
+Aggregates (fractions in [0, 1]; ``n`` and ``valid_step_n`` are always plain totals):
+
+- `pooled`: trajectories weighted equally (the paper's "Full"/"Overall"). Its ``root_mae`` is the
+  source-weighted valid-output MAE of App. L.1, ``Σ_b (N_b/N) · mean_{i ∈ V_b} |r̂_i − r*_i|``, where ``N_b``
+  counts source b's expected trajectories and ``V_b`` its valid-step outputs. A source with empty ``V_b`` has
+  no mean; it is left out and the weights are renormalised over the sources that have one (``N`` becomes the
+  sum of their ``N_b``). ``None`` when no source has a valid step.
+- `macro`: the unweighted mean of per-source scores (the paper's Macro-5 when five sources are present); the
+  MAE is the mean of the per-source MAEs over the sources that have one.
+- `post_stratified`: ``Σ_b (N_b / Σ N) · S_b`` with given population sizes (Table 10); the MAE uses the same
+  weights, renormalised over sources that have an MAE. `pooled`'s MAE is this with the scored counts as
+  populations.
+
+Length groups (`length_groups`, App. K "Shared length partition"): see that function.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from rcarun.data.roles import normalize_role, role_matches
+
+__all__ = [
+    "LONGRCA_FULL_POPULATIONS",
+    "STEP_TOLERANCE",
+    "Expected",
+    "GroupMetrics",
+    "ItemScore",
+    "LengthGroup",
+    "LengthPartition",
+    "Metrics",
+    "Prediction",
+    "Summary",
+    "by_length_group",
+    "by_source",
+    "length_groups",
+    "macro",
+    "parse_step",
+    "pooled",
+    "post_stratified",
+    "score_items",
+    "summarize",
+]
+
+# Source sizes of the full benchmark (LongRCA Sec. 3: SWE 128, TB2 42, TP 685, Vita 108, WA 177; total 1,140),
+# keyed by the source directory names of the release. The weights of the paper's post-stratified Mini scores.
+LONGRCA_FULL_POPULATIONS: Mapping[str, int] = {
+    "swe_bench_pro": 128,
+    "terminal_bench_2": 42,
+    "travelplanner": 685,
+    "vitabench": 108,
+    "webarena_verified": 177,
+}
+
+# The ±5 tolerance of "Step ±5" (absolute step error at most five).
+STEP_TOLERANCE = 5
+
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """One trajectory a method was expected to attribute, with its reference label.
+
+    Attributes:
+        qid: the trajectory's identifier (a submission's ``question_ID``).
+        source: the sub-benchmark, e.g. ``"travelplanner"``.
+        n_steps: the number of recorded steps; valid steps are ``0 .. n_steps - 1``.
+        ref_role: the reference responsible role, raw as recorded (may be a handoff form).
+        ref_step: the 0-based reference root step.
+        roles: the recorded role set of the trajectory, when known (decides role validity for coverage).
+    """
+
+    qid: str
+    source: str
+    n_steps: int
+    ref_role: str
+    ref_step: int
+    roles: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_steps < 1:
+            raise ValueError(f"{self.qid}: n_steps must be at least 1, got {self.n_steps}")
+        if not 0 <= self.ref_step < self.n_steps:
+            raise ValueError(f"{self.qid}: ref_step {self.ref_step} is outside 0..{self.n_steps - 1}")
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A method's answer for one trajectory, exactly as given (validity is decided when scoring).
+
+    Attributes:
+        role: the explicit responsible-role output, or None when there is none.
+        step: the root-step output as given: an int, a string, a float, None, ... (see `parse_step`).
+        abstained: the method declined to answer; scored as an error for every target.
+    """
+
+    role: str | None
+    step: object
+    abstained: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ItemScore:
+    """The outcome for one expected trajectory.
+
+    Attributes:
+        qid: the trajectory.
+        source: its sub-benchmark.
+        n_steps: its length in steps.
+        predicted: a prediction existed for it (abstained or not).
+        role_valid: the role is a valid output (non-empty; in the recorded role set when that is known).
+        role_correct: the role matches the reference.
+        step_valid: the step parsed to an int in ``[0, n_steps)`` (False when abstained or missing).
+        step_exact: the step equals the reference step.
+        step_pm5: the absolute step error is at most 5.
+        abs_err: the absolute step error, only when the step is valid.
+        joint_exact: role correct and step exact.
+        joint_pm5: role correct and step within ±5.
+        covered: a valid output: predicted, not abstained, valid step and valid role.
+        step: the predicted step when valid, else None (what repeatability compares across realizations).
+    """
+
+    qid: str
+    source: str
+    n_steps: int
+    predicted: bool
+    role_valid: bool
+    role_correct: bool
+    step_valid: bool
+    step_exact: bool
+    step_pm5: bool
+    abs_err: int | None
+    joint_exact: bool
+    joint_pm5: bool
+    covered: bool
+    step: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Aggregate scores; fractions lie in [0, 1].
+
+    Attributes:
+        n: the number of expected trajectories behind the scores.
+        agent_acc: Agent Acc, role correct.
+        step_acc: Step Acc, exact step.
+        step_pm5: Step ±5.
+        joint_exact: role correct and exact step.
+        joint_pm5: role correct and step within ±5.
+        root_mae: mean absolute step error over valid steps (weighting depends on the aggregate), None when
+            there is no valid step.
+        coverage: share of valid outputs.
+        valid_step_n: the number of valid steps (a total, whatever the aggregate).
+    """
+
+    n: int
+    agent_acc: float
+    step_acc: float
+    step_pm5: float
+    joint_exact: float
+    joint_pm5: float
+    root_mae: float | None
+    coverage: float
+    valid_step_n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The usual set of aggregates for one method's scores.
+
+    Attributes:
+        pooled: trajectories weighted equally, with the source-weighted MAE.
+        macro: unweighted mean over the sources present.
+        per_source: each source's own scores, sorted by source name.
+        post_stratified: re-weighted to the given populations, when populations were given.
+    """
+
+    pooled: Metrics
+    macro: Metrics
+    per_source: Mapping[str, Metrics]
+    post_stratified: Metrics | None
+
+
+@dataclass(frozen=True, slots=True)
+class LengthGroup:
+    """One group of a length partition: every trajectory with ``low <= n_steps <= high``.
+
+    Attributes:
+        low: the smallest length in the group (inclusive).
+        high: the largest length in the group (inclusive).
+        qids: the group's trajectories, sorted.
+    """
+
+    low: int
+    high: int
+    qids: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """The number of trajectories in the group."""
+        return len(self.qids)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthPartition:
+    """Trajectories split into contiguous length groups (`length_groups`).
+
+    Attributes:
+        groups: the groups in increasing length order.
+        boundaries: the inclusive upper length of every group but the last (the paper's "63, 129, 172, 220").
+        k: the number of groups asked for (``len(groups)`` is smaller when there are fewer distinct lengths).
+    """
+
+    groups: tuple[LengthGroup, ...]
+    boundaries: tuple[int, ...]
+    k: int
+
+    def group_index(self, qid: str) -> int:
+        """The index of the group holding ``qid``.
+
+        Raises:
+            KeyError: ``qid`` is not in the partition.
+        """
+        for index, group in enumerate(self.groups):
+            if qid in group.qids:
+                return index
+        raise KeyError(qid)
+
+
+class GroupMetrics(NamedTuple):
+    """One length group's scores: ``for group, metrics in by_length_group(...)``."""
+
+    group: LengthGroup
+    metrics: Metrics | None
+
+
+def parse_step(value: object) -> int | None:
+    """The integer a step output holds, or None when it holds none (rule in the module docstring).
+
+    Range is not checked here: ``"-1"`` parses to -1 and is then invalid for every trajectory.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if _INTEGER_TEXT.fullmatch(text):
+            return int(text)
+    return None
+
+
+def _role_valid(role: str | None, roles: frozenset[str] | None, *, keep_handoff: bool) -> bool:
+    if role is None:
+        return False
+    normal = normalize_role(role, keep_handoff=keep_handoff)
+    if not normal:
+        return False
+    if roles is None:
+        return True
+    return normal in {normalize_role(known, keep_handoff=keep_handoff) for known in roles}
+
+
+def _score_one(expected: Expected, prediction: Prediction | None, *, keep_handoff: bool) -> ItemScore:
+    if prediction is None or prediction.abstained:
+        return ItemScore(
+            qid=expected.qid,
+            source=expected.source,
+            n_steps=expected.n_steps,
+            predicted=prediction is not None,
+            role_valid=False,
+            role_correct=False,
+            step_valid=False,
+            step_exact=False,
+            step_pm5=False,
+            abs_err=None,
+            joint_exact=False,
+            joint_pm5=False,
+            covered=False,
+        )
+    role_valid = _role_valid(prediction.role, expected.roles, keep_handoff=keep_handoff)
+    role_correct = role_matches(prediction.role, expected.ref_role, keep_handoff=keep_handoff)
+    step = parse_step(prediction.step)
+    step_valid = step is not None and 0 <= step < expected.n_steps
+    abs_err = abs(step - expected.ref_step) if step is not None and step_valid else None
+    step_exact = abs_err == 0
+    step_pm5 = abs_err is not None and abs_err <= STEP_TOLERANCE
+    return ItemScore(
+        qid=expected.qid,
+        source=expected.source,
+        n_steps=expected.n_steps,
+        predicted=True,
+        role_valid=role_valid,
+        role_correct=role_correct,
+        step_valid=step_valid,
+        step_exact=step_exact,
+        step_pm5=step_pm5,
+        abs_err=abs_err,
+        joint_exact=role_correct and step_exact,
+        joint_pm5=role_correct and step_pm5,
+        covered=role_valid and step_valid,
+        step=step if step_valid else None,
+    )
+
+
+def score_items(
+    expected: Iterable[Expected], predictions: Mapping[str, Prediction], *, keep_handoff: bool = False
+) -> list[ItemScore]:
+    """Score every expected trajectory against its prediction, in the order of ``expected``.
+
+    Predictions for qids that are not expected are ignored here (`rcarun.analysis.submission` reports them).
+
+    Args:
+        expected: the trajectories that count; each stays in every denominator.
+        predictions: predictions by qid; a missing qid is an error for every target.
+        keep_handoff: the ablation role rule (keep handoff suffixes).
+
+    Raises:
+        ValueError: a qid appears twice in ``expected``.
+    """
+    seen: set[str] = set()
+    scores: list[ItemScore] = []
+    for item in expected:
+        if item.qid in seen:
+            raise ValueError(f"qid {item.qid!r} is expected twice")
+        seen.add(item.qid)
+        scores.append(_score_one(item, predictions.get(item.qid), keep_handoff=keep_handoff))
+    return scores
+
+
+def _group_by_source(scores: Iterable[ItemScore]) -> dict[str, list[ItemScore]]:
+    groups: dict[str, list[ItemScore]] = {}
+    for score in scores:
+        groups.setdefault(score.source, []).append(score)
+    return dict(sorted(groups.items()))
+
+
+def _plain_mae(scores: Sequence[ItemScore]) -> float | None:
+    errors = [score.abs_err for score in scores if score.abs_err is not None]
+    return sum(errors) / len(errors) if errors else None
+
+
+def _weighted_mae(maes: Mapping[str, float | None], weights: Mapping[str, float]) -> float | None:
+    """``Σ w_b·MAE_b / Σ w_b`` over the sources that have an MAE; None when none has one."""
+    present = {source: mae for source, mae in maes.items() if mae is not None}
+    total = sum(weights[source] for source in present)
+    if not present or total == 0:
+        return None
+    return sum(weights[source] * mae for source, mae in present.items()) / total
+
+
+_FRACTIONS: tuple[tuple[str, Callable[[ItemScore], bool]], ...] = (
+    ("agent_acc", lambda score: score.role_correct),
+    ("step_acc", lambda score: score.step_exact),
+    ("step_pm5", lambda score: score.step_pm5),
+    ("joint_exact", lambda score: score.joint_exact),
+    ("joint_pm5", lambda score: score.joint_pm5),
+    ("coverage", lambda score: score.covered),
+)
+
+
+def _fractions(scores: Sequence[ItemScore]) -> dict[str, float]:
+    return {name: sum(1 for score in scores if hit(score)) / len(scores) for name, hit in _FRACTIONS}
+
+
+def _require_scores(scores: Sequence[ItemScore]) -> None:
+    if not scores:
+        raise ValueError("no scores to aggregate")
+
+
+def _metrics(fractions: Mapping[str, float], *, n: int, root_mae: float | None, valid_step_n: int) -> Metrics:
+    return Metrics(
+        n=n,
+        agent_acc=fractions["agent_acc"],
+        step_acc=fractions["step_acc"],
+        step_pm5=fractions["step_pm5"],
+        joint_exact=fractions["joint_exact"],
+        joint_pm5=fractions["joint_pm5"],
+        root_mae=root_mae,
+        coverage=fractions["coverage"],
+        valid_step_n=valid_step_n,
+    )
+
+
+def _valid_step_n(scores: Iterable[ItemScore]) -> int:
+    return sum(1 for score in scores if score.step_valid)
+
+
+def _weighted(
+    per_source: Mapping[str, Metrics], weights: Mapping[str, float], *, n: int, valid_step_n: int
+) -> Metrics:
+    """Every fraction as ``Σ w_b·S_b / Σ w_b`` and the MAE as `_weighted_mae`."""
+    total = sum(weights.values())
+    fractions = {
+        name: sum(weights[source] * getattr(metrics, name) for source, metrics in per_source.items()) / total
+        for name, _ in _FRACTIONS
+    }
+    maes = {source: metrics.root_mae for source, metrics in per_source.items()}
+    return _metrics(fractions, n=n, root_mae=_weighted_mae(maes, weights), valid_step_n=valid_step_n)
+
+
+def by_source(scores: Iterable[ItemScore]) -> dict[str, Metrics]:
+    """Each source's own scores (its MAE is the plain mean over its valid steps), sorted by source name."""
+    return {
+        source: _metrics(
+            _fractions(items), n=len(items), root_mae=_plain_mae(items), valid_step_n=_valid_step_n(items)
+        )
+        for source, items in _group_by_source(scores).items()
+    }
+
+
+def pooled(scores: Sequence[ItemScore]) -> Metrics:
+    """Trajectories weighted equally; ``root_mae`` is the source-weighted valid-output MAE of App. L.1.
+
+    Raises:
+        ValueError: ``scores`` is empty.
+    """
+    _require_scores(scores)
+    groups = _group_by_source(scores)
+    maes = {source: _plain_mae(items) for source, items in groups.items()}
+    weights = {source: float(len(items)) for source, items in groups.items()}
+    return _metrics(
+        _fractions(scores),
+        n=len(scores),
+        root_mae=_weighted_mae(maes, weights),
+        valid_step_n=_valid_step_n(scores),
+    )
+
+
+def macro(scores: Sequence[ItemScore]) -> Metrics:
+    """The unweighted mean over the sources present of each source's score (Macro-5 on five sources).
+
+    The MAE is the mean of the per-source MAEs over the sources that have one; ``n`` and ``valid_step_n`` are
+    totals.
+
+    Raises:
+        ValueError: ``scores`` is empty.
+    """
+    _require_scores(scores)
+    per_source = by_source(scores)
+    return _weighted(
+        per_source,
+        dict.fromkeys(per_source, 1.0),
+        n=len(scores),
+        valid_step_n=_valid_step_n(scores),
+    )
+
+
+def post_stratified(scores: Sequence[ItemScore], populations: Mapping[str, int]) -> Metrics:
+    """Source scores re-weighted to population sizes: ``Σ_b (N_b / Σ N) · S_b`` (LongRCA Table 10).
+
+    Args:
+        scores: item scores of every source in ``populations`` (e.g. a Mini run).
+        populations: each source's population size ``N_b`` (e.g. `LONGRCA_FULL_POPULATIONS`).
+
+    Raises:
+        ValueError: ``scores`` is empty, a scored source has no population, a population's source has no
+            scores, or a population is not a positive integer.
+    """
+    _require_scores(scores)
+    per_source = by_source(scores)
+    unweighted = sorted(set(per_source) - set(populations))
+    if unweighted:
+        raise ValueError(f"scored sources without a population size: {unweighted}")
+    unscored = sorted(set(populations) - set(per_source))
+    if unscored:
+        raise ValueError(f"population sources without any scores: {unscored}")
+    for source, size in populations.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"population of {source!r} must be a positive integer, got {size!r}")
+    weights = {source: float(populations[source]) for source in per_source}
+    return _weighted(per_source, weights, n=len(scores), valid_step_n=_valid_step_n(scores))
+
+
+def summarize(scores: Sequence[ItemScore], populations: Mapping[str, int] | None = None) -> Summary:
+    """Pooled, macro, per-source and (when ``populations`` is given) post-stratified scores.
+
+    Raises:
+        ValueError: as `pooled` and `post_stratified`.
+    """
+    return Summary(
+        pooled=pooled(scores),
+        macro=macro(scores),
+        per_source=by_source(scores),
+        post_stratified=None if populations is None else post_stratified(scores, populations),
+    )
+
+
+def length_groups(lengths: Mapping[str, int], k: int = 5) -> LengthPartition:
+    """Split trajectories into ``k`` contiguous length groups of sizes as equal as equal lengths allow.
+
+    The paper's shared length partition (App. K): dynamic programming over the distinct observed lengths
+    chooses ``k − 1`` cuts, each between two consecutive distinct lengths, minimising ``Σ_g (size_g − N/k)²``.
+    Trajectories of equal length always share a group. The objective is computed exactly in integers as
+    ``Σ_g (k·size_g − N)²`` (the same minimiser), so ties are real ties; among optimal partitions the one with
+    the lexicographically smallest boundary tuple wins (cuts as early as possible, first cut first).
+
+    Boundaries are the inclusive upper lengths of every group but the last: group g holds the lengths in
+    ``(boundary_{g−1}, boundary_g]``. That reading matches the paper: its boundary 63 closes a group holding
+    the 145 trajectories of exactly 63 steps, and its 4-group partition starts with 290 = 145 + 145 trajectories
+    while its 6-group one starts with the 145 below 63.
+
+    With fewer than ``k`` distinct lengths, each distinct length is a group of its own (fewer than ``k`` groups).
+
+    Args:
+        lengths: one length per unique trajectory, keyed by qid; no prediction outcome may enter here.
+        k: the number of groups.
+
+    Raises:
+        ValueError: ``k < 1``, ``lengths`` is empty, or a length is not an integer.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if not lengths:
+        raise ValueError("no lengths to partition")
+    by_length: dict[int, list[str]] = {}
+    for qid, length in lengths.items():
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise ValueError(f"length of {qid!r} must be an integer, got {length!r}")
+        by_length.setdefault(length, []).append(qid)
+    distinct = sorted(by_length)
+    counts = [len(by_length[length]) for length in distinct]
+    ends = _optimal_group_ends(counts, k, total=len(lengths))
+    groups: list[LengthGroup] = []
+    start = 0
+    for end in ends:  # each group spans distinct[start:end]
+        qids = sorted(qid for length in distinct[start:end] for qid in by_length[length])
+        groups.append(LengthGroup(low=distinct[start], high=distinct[end - 1], qids=tuple(qids)))
+        start = end
+    return LengthPartition(groups=tuple(groups), boundaries=tuple(group.high for group in groups[:-1]), k=k)
+
+
+def _optimal_group_ends(counts: Sequence[int], k: int, *, total: int) -> list[int]:
+    """Exclusive end indices (into ``counts``) of the optimal groups, the last being ``len(counts)``."""
+    m = len(counts)
+    groups = min(k, m)
+    prefix = [0]
+    for count in counts:
+        prefix.append(prefix[-1] + count)
+
+    def cost(start: int, end: int) -> int:
+        return (k * (prefix[end] - prefix[start]) - total) ** 2
+
+    # best[j][i]: least cost of splitting counts[i:] into exactly j non-empty groups (None: impossible).
+    # A suffix table lets the forward walk take the earliest optimal cut at each step, which yields the
+    # lexicographically smallest boundary tuple among all optimal partitions.
+    best: list[list[int | None]] = [[None] * (m + 1) for _ in range(groups + 1)]
+    best[0][m] = 0
+    for j in range(1, groups + 1):
+        for i in range(m - j, -1, -1):
+            options = [
+                cost(i, end) + rest
+                for end in range(i + 1, m - j + 2)
+                if (rest := best[j - 1][end]) is not None
+            ]
+            best[j][i] = min(options) if options else None
+    ends: list[int] = []
+    start = 0
+    for j in range(groups, 0, -1):
+        target = best[j][start]
+        for end in range(start + 1, m - j + 2):
+            rest = best[j - 1][end]
+            if rest is not None and cost(start, end) + rest == target:
+                ends.append(end)
+                start = end
+                break
+    return ends
+
+
+def by_length_group(scores: Iterable[ItemScore], partition: LengthPartition) -> list[GroupMetrics]:
+    """Pooled scores of each length group, in increasing length order.
+
+    A group none of whose trajectories was scored (e.g. a Mini run on the Full partition) gets ``None``.
+
+    Raises:
+        ValueError: a score's qid is not in the partition.
+    """
+    group_of = {qid: index for index, group in enumerate(partition.groups) for qid in group.qids}
+    members: list[list[ItemScore]] = [[] for _ in partition.groups]
+    for score in scores:
+        if score.qid not in group_of:
+            raise ValueError(f"qid {score.qid!r} is not in the length partition")
+        members[group_of[score.qid]].append(score)
+    return [
+        GroupMetrics(group=group, metrics=pooled(items) if items else None)
+        for group, items in zip(partition.groups, members, strict=True)
+    ]
