@@ -158,7 +158,11 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
     """
     return SweepConfig.model_validate(
         {
-            "sweep": {"dataset": str(bundled_sample_path()), "realizations": DEMO_REALIZATIONS},
+            "sweep": {
+                "dataset": str(bundled_sample_path()),
+                "realizations": DEMO_REALIZATIONS,
+                "simulated": True,
+            },
             "methods": [MethodConfig(name=name) for name in registered_methods()],
             "backbones": backbones,
             "stages": {"attribution": {"max_tokens": 1024, "length_retries": 1, "length_cap": 65_536}},

@@ -9,17 +9,7 @@ from typing import Any
 
 import pytest
 
-# The shared data tree sits beside the project checkout (../shared relative to the project root).
-WHO_AND_WHEN = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "who_and_when"
-
 RecordWriter = Callable[..., Path]
-
-
-@pytest.fixture
-def who_and_when() -> Path:
-    if not (WHO_AND_WHEN / "algorithm_generated").is_dir():
-        pytest.skip(f"Who&When data not found at {WHO_AND_WHEN} (expected ../shared/data beside the project)")
-    return WHO_AND_WHEN
 
 
 @pytest.fixture

@@ -9,16 +9,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
-import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE, CheckReport
-from rcarun.errors import ConfigError, RcarunError
+from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
+from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
+from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
+from rcarun.errors import RcarunError, StoreError
 from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
 from rcarun.store import open_store
 
@@ -107,105 +107,35 @@ def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool) -> None:
         )
 
 
+def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
+    """The report's accuracy table (Table 3 layout), with a pointer to the full report."""
+    from rcarun.analysis import ReportOptions, build_report, render_text
+
+    with open_store(db) as store:
+        report = build_report(store, outcome.run_id, ReportOptions(resamples=1))
+    lines = render_text(report, sections=("accuracy",)).splitlines()
+    body = lines[lines.index(next(line for line in lines if line.startswith("Accuracy"))) :]
+    print()
+    print("\n".join(body))
+    print(f"full report: rcarun report --db {db} --run {outcome.run_name} [--html report.html]")
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     db = Path(_setting(args.db, "RCARUN_DB", _DEFAULT_DB))
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
         outcome = asyncio.run(_demo(db, run, not args.no_progress, args.retry_failed))
         _print_summary(db, outcome, simulated=True)
+        _print_accuracy(db, outcome)
     else:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
         outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
-        simulated = all(b.provider == "simulated" for b in config.backbones.values())
+        simulated = config.sweep.simulated or all(
+            b.provider == "simulated" for b in config.backbones.values()
+        )
         _print_summary(db, outcome, simulated=simulated)
     return 0 if outcome.status == "finished" else 3
-
-
-def _cmd_data_check(args: argparse.Namespace) -> int:
-    from rcarun.data import check_dataset, load_manifest
-
-    manifest = load_manifest(args.manifest) if args.manifest else None
-    report = check_dataset(args.path, manifest=manifest)
-    if args.json:
-        print(json.dumps(_check_report_json(report), indent=2))
-        return 0 if report.ok else 1
-    for problem in report.problems:
-        print(problem)
-    unusable = sum(1 for problem in report.errors if problem.kind == "unusable")
-    print(
-        f"{report.path}: {report.loaded} trajectories loaded, {unusable} unusable, "
-        f"{len(report.errors)} errors, {len(report.warnings)} warnings"
-    )
-    header = f"{'source':<24} {'trajectories':>12} {'labelled':>8} {'steps':>8} {'history chars':>14} {'median root-to-end':>18}"
-    print(header)
-    print("-" * len(header))
-    for summary in report.sources.values():
-        median = "-" if summary.median_root_to_end is None else f"{summary.median_root_to_end:g}"
-        print(
-            f"{summary.source:<24} {summary.trajectories:>12} {summary.labelled:>8} {summary.steps:>8} "
-            f"{summary.history_chars:>14,} {median:>18}"
-        )
-    if report.manifest_records is not None:
-        print(
-            f"manifest {args.manifest}: {report.manifest_records} listed, {report.manifest_verified} verified; "
-            f"{report.manifest_unlisted} loaded trajectories are not in it"
-        )
-    print("OK" if report.ok else "FAILED: see the errors above")
-    return 0 if report.ok else 1
-
-
-def _check_report_json(report: CheckReport) -> dict[str, object]:
-    return {
-        "path": report.path,
-        "ok": report.ok,
-        "loaded": report.loaded,
-        "problems": [dataclasses.asdict(problem) for problem in report.problems],
-        "sources": {
-            name: {
-                "trajectories": summary.trajectories,
-                "labelled": summary.labelled,
-                "steps": summary.steps,
-                "history_chars": summary.history_chars,
-                "median_root_to_end": summary.median_root_to_end,
-            }
-            for name, summary in report.sources.items()
-        },
-        "manifest": None
-        if report.manifest_records is None
-        else {
-            "listed": report.manifest_records,
-            "verified": report.manifest_verified,
-            "unlisted": report.manifest_unlisted,
-        },
-    }
-
-
-def _cmd_data_sample_mini(args: argparse.Namespace) -> int:
-    from rcarun.data import iter_dataset, sample_mini, save_manifest
-
-    problems: list[RcarunError] = []
-    triples = [
-        (record.trajectory.qid, record.trajectory.source, record.trajectory.sha256)
-        for record in iter_dataset(args.path, strict=False, on_problem=problems.append)
-    ]
-    for problem in problems:
-        print(f"rcarun: left out: {problem}", file=sys.stderr)
-    try:
-        manifest = sample_mini(triples, size=args.size, seed=args.seed)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    quotas = ", ".join(f"{source} {count}" for source, count in sorted(manifest.quotas.items()))
-    if args.out:
-        save_manifest(manifest, args.out)
-        print(
-            f"{len(manifest.records)} trajectories (seed {args.seed}): {quotas} -> {args.out}",
-            file=sys.stderr,
-        )
-    else:
-        print(json.dumps(manifest.to_json(), indent=2))
-        print(f"{len(manifest.records)} trajectories (seed {args.seed}): {quotas}", file=sys.stderr)
-    return 0
 
 
 def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
@@ -251,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--seed", type=int, default=DEFAULT_MINI_SEED, help=f"default {DEFAULT_MINI_SEED}")
     sample.add_argument("--out", help="write the manifest here (default: print it)")
 
+    add_analysis_commands(commands, _DEFAULT_DB)
+
     bench = commands.add_parser("bench", help="performance benchmarks against the simulator")
     bench.add_argument("suite", choices=["throughput"])
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -268,8 +200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sweep(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "score":
+            return cmd_score(args)
+        if args.command in ("export", "cost", "report"):
+            db = Path(_setting(args.db, "RCARUN_DB", _DEFAULT_DB))
+            if not db.is_file():
+                raise StoreError(f"{db}: no such results database (run a sweep first, or pass --db)")
+            run = args.run or os.environ.get("RCARUN_RUN") or None
+            command = {"export": cmd_export, "cost": cmd_cost, "report": cmd_report}[args.command]
+            return command(args, db, run)
         if args.command == "data":
-            return _cmd_data_check(args) if args.data_command == "check" else _cmd_data_sample_mini(args)
+            return cmd_data_check(args) if args.data_command == "check" else cmd_data_sample_mini(args)
     except RcarunError as exc:
         print(f"rcarun: {exc}", file=sys.stderr)
         return 2

@@ -165,6 +165,10 @@ class SweepSection(_Strict):
         "run", description="serve finished calls from this run only, or any run"
     )
     strict_data: bool = False
+    simulated: bool = Field(
+        False,
+        description="the backbones are rcarun's simulator (reports say so); implied by provider 'simulated'",
+    )
     drain_timeout_s: float = Field(30.0, ge=0)
     items_in_flight: int | None = Field(
         None, ge=1, description="per backbone; default: its concurrency plus a quarter, to keep calls busy"

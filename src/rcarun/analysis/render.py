@@ -1,0 +1,945 @@
+"""Render a report dict as terminal tables or as one self-contained HTML page with plots.
+
+``rcarun report`` builds its numbers once, as a plain JSON-able dict (the schema is documented with the report
+builder); this module only lays them out, so the text and the HTML can never disagree about a number. Both
+renderers share one table model: every section is built once as `_Section` (plain-text cells) and then drawn by
+`_text_table` or `_html_table`.
+
+Conventions, as in the LongRCA paper's tables:
+
+* Accuracies are fractions in the dict and percentages here, with one decimal; differences are percentage
+  points (pp). Root MAE is in steps, one decimal. USD has four decimals, p-values three significant digits,
+  token counts thousands separators. A missing number (``None``) is shown as "–".
+* The headline table follows Table 3: rows are methods, columns are Agent and Step Acc per backbone, using the
+  report's aggregate (``macro`` or ``pooled``) of each backbone × method's first realization. The highest point
+  estimate per backbone and metric, as displayed, is marked (``*`` in text, bold in HTML); ties are all marked.
+* The HTML page has no external resources: inline CSS and three matplotlib plots embedded as base64 PNG, drawn
+  on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to close). A plot
+  without data is replaced by a sentence saying why. Every string that comes from the data (method, backbone and
+  source names are user-controlled) goes through `html.escape`.
+* When the report is ``simulated``, both renderers open with a banner: the backbones were rcarun's mock server,
+  and the numbers exercise the engine, not any model.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import textwrap
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["render_html", "render_text"]
+
+DASH = "–"
+_GAP = "  "  # between text columns; two spaces so that names with single spaces stay one cell
+_TEXT_WIDTH = 100
+_DPI = 110
+_METRICS = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
+_METRIC_LABELS = {
+    "agent_acc": "Agent Acc",
+    "step_acc": "Step Acc",
+    "step_pm5": "Step ±5",
+    "joint_exact": "Joint exact",
+    "joint_pm5": "Joint ±5",
+    "root_mae": "Root MAE",
+    "coverage": "Coverage",
+}
+_SIMULATED = (
+    "SIMULATED BACKBONES: every backbone in this run was rcarun's mock server. The numbers below show the "
+    "engine at work (scoring, statistics, cost accounting); they are not any model's accuracy."
+)
+
+
+# --- number formatting ---------------------------------------------------------------------------------------
+
+
+def _num(row: Mapping[str, Any] | None, key: str) -> float | None:
+    """A finite number from the dict, or None (missing, null or NaN)."""
+    if row is None:
+        return None
+    value = row.get(key)
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(row: Mapping[str, Any], key: str) -> str:
+    value = row.get(key)
+    return "" if value is None else str(value)
+
+
+def _pct(value: float | None) -> str:
+    return DASH if value is None else f"{value * 100:.1f}"
+
+
+def _steps(value: float | None) -> str:
+    return DASH if value is None else f"{value:.1f}"
+
+
+def _usd(value: float | None) -> str:
+    return DASH if value is None else f"{value:.4f}"
+
+
+def _p(value: float | None) -> str:
+    return DASH if value is None else f"{value:#.3g}"
+
+
+def _count(value: float | None) -> str:
+    return DASH if value is None else f"{round(value):,}"
+
+
+def _is_fraction(metric: str) -> bool:
+    """Every metric but the MAE (steps) is a fraction shown as a percentage."""
+    return "mae" not in metric
+
+
+def _metric_value(metric: str, value: float | None) -> str:
+    return _pct(value) if _is_fraction(metric) else _steps(value)
+
+
+def _metric_label(metric: str) -> str:
+    return _METRIC_LABELS.get(metric, metric)
+
+
+# --- the table model -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    text: str
+    best: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    cells: tuple[_Cell, ...]
+    total: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A table of plain-text cells.
+
+    ``label_columns`` leading columns hold names (left-aligned); the rest hold numbers (right-aligned).
+    ``groups`` are spanning headers (label, number of columns) over the number columns, as in Table 3.
+    """
+
+    columns: tuple[str, ...]
+    rows: tuple[_Row, ...]
+    label_columns: int = 1
+    groups: tuple[tuple[str, int], ...] = ()
+    caption: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    key: str
+    title: str
+    tables: tuple[_Table, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _row(*texts: str, total: bool = False) -> _Row:
+    return _Row(tuple(_Cell(t) for t in texts), total=total)
+
+
+# --- reading the report ----------------------------------------------------------------------------------------
+
+
+def _rows(report: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = report.get(key)
+    return [row for row in value if isinstance(row, Mapping)] if isinstance(value, Sequence) else []
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _aggregate(report: Mapping[str, Any]) -> str:
+    return "pooled" if report.get("aggregate") == "pooled" else "macro"
+
+
+def _first_realizations(report: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """(backbone, method) -> its metrics row with the lowest realization, in the report's order."""
+    chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in _rows(report, "metrics"):
+        key = (_text(row, "backbone"), _text(row, "method"))
+        realization = _num(row, "realization") or 0.0
+        if key not in chosen or realization < (_num(chosen[key], "realization") or 0.0):
+            chosen[key] = row
+    return chosen
+
+
+def _headline(report: Mapping[str, Any], row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The metric dict of the report's aggregate: the ``macro`` sub-dict or the top-level (pooled) keys."""
+    if _aggregate(report) == "pooled":
+        return row
+    macro = row.get("macro")
+    return macro if isinstance(macro, Mapping) else None
+
+
+def _sources(report: Mapping[str, Any]) -> list[str]:
+    names: list[str] = []
+    for row in _rows(report, "metrics"):
+        per_source = row.get("per_source")
+        if isinstance(per_source, Mapping):
+            names.extend(str(s) for s in per_source)
+    return _unique(names)
+
+
+def _per_source(row: Mapping[str, Any], source: str) -> Mapping[str, Any] | None:
+    per_source = row.get("per_source")
+    if not isinstance(per_source, Mapping):
+        return None
+    metrics = per_source.get(source)
+    return metrics if isinstance(metrics, Mapping) else None
+
+
+def _aggregate_label(report: Mapping[str, Any]) -> str:
+    if _aggregate(report) == "pooled":
+        return "pooled: every trajectory weighs the same"
+    k = len(_sources(report))
+    name = f"Macro-{k}" if k else "macro"
+    return f"{name}: each source's mean, then the unweighted mean over sources"
+
+
+def _usd_per_trajectory(report: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped)."""
+    totals: dict[tuple[str, str], float] = {}
+    for row in _rows(report, "cost"):
+        value = _num(row, "usd_per_trajectory")
+        if value is not None:
+            key = (_text(row, "backbone"), _text(row, "method"))
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
+def _best_flags(values: Sequence[float | None], fmt: Callable[[float | None], str]) -> list[bool]:
+    """Mark the highest value as displayed (so that visible ties are all marked); nothing with < 2 values."""
+    shown = [float(fmt(v)) if v is not None else None for v in values]
+    present = [v for v in shown if v is not None]
+    if len(present) < 2:
+        return [False] * len(values)
+    top = max(present)
+    return [v is not None and v == top for v in shown]
+
+
+# --- sections ----------------------------------------------------------------------------------------------------
+
+
+def _accuracy_section(report: Mapping[str, Any]) -> _Section:
+    first = _first_realizations(report)
+    title = "Accuracy (Table 3 layout)"
+    if not first:
+        return _Section("accuracy", title, notes=("No accuracy metrics in this report.",))
+    backbones = _unique(b for b, _ in first)
+    methods = _unique(m for _, m in first)
+    grid: dict[tuple[str, str], list[float | None]] = {}
+    for (backbone, method), row in first.items():
+        headline = _headline(report, row)
+        grid[backbone, method] = [_num(headline, "agent_acc"), _num(headline, "step_acc")]
+    columns: list[list[_Cell]] = []  # one list per number column, in backbone order, Agent then Step
+    for backbone in backbones:
+        for index in (0, 1):
+            values = [grid.get((backbone, m), [None, None])[index] for m in methods]
+            flags = _best_flags(values, _pct)
+            columns.append([_Cell(_pct(v), best) for v, best in zip(values, flags, strict=True)])
+    rows = tuple(
+        _Row((_Cell(method), *(column[i] for column in columns))) for i, method in enumerate(methods)
+    )
+    table = _Table(
+        columns=("Method", *(["Agent", "Step"] * len(backbones))),
+        rows=rows,
+        groups=tuple((b, 2) for b in backbones),
+        caption=f"Agent and Step Acc (%, {_aggregate_label(report)}).",
+    )
+    notes = (
+        "First realization of each backbone × method; see Repeatability. "
+        "Marked (* in text, bold in HTML): the highest point estimate per backbone and metric.",
+    )
+    return _Section("accuracy", title, (table,), notes)
+
+
+def _full_metrics_section(report: Mapping[str, Any]) -> _Section:
+    first = _first_realizations(report)
+    title = "Full metrics"
+    if not first:
+        return _Section("full-metrics", title, notes=("No accuracy metrics in this report.",))
+    rows = []
+    for (backbone, method), row in first.items():
+        headline = _headline(report, row)
+        values = [_metric_value(m, _num(headline, m)) for m in _METRICS]
+        rows.append(_row(backbone, method, _count(_num(headline, "n")), *values))
+    table = _Table(
+        columns=(
+            "Backbone",
+            "Method",
+            "n",
+            "Agent",
+            "Step",
+            "Step ±5",
+            "Joint exact",
+            "Joint ±5",
+            "Root MAE",
+            "Coverage",
+        ),
+        rows=tuple(rows),
+        label_columns=2,
+        caption=f"All metrics (%; Root MAE in steps), {_aggregate_label(report)}; first realization.",
+    )
+    return _Section("full-metrics", title, (table,))
+
+
+def _per_source_section(report: Mapping[str, Any]) -> _Section:
+    first = _first_realizations(report)
+    sources = _sources(report)
+    title = "Per source"
+    if not first or not sources:
+        return _Section("per-source", title, notes=("No per-source metrics in this report.",))
+    tables = []
+    for backbone in _unique(b for b, _ in first):
+        rows = []
+        for (b, method), row in first.items():
+            if b != backbone:
+                continue
+            cells = [method]
+            for source in sources:
+                metrics = _per_source(row, source)
+                cells += [_pct(_num(metrics, "agent_acc")), _pct(_num(metrics, "step_acc"))]
+            rows.append(_row(*cells))
+        tables.append(
+            _Table(
+                columns=("Method", *(["Agent", "Step"] * len(sources))),
+                rows=tuple(rows),
+                groups=tuple((s, 2) for s in sources),
+                caption=f"{backbone}: Agent and Step Acc (%) per source, first realization.",
+            )
+        )
+    return _Section("per-source", title, tuple(tables))
+
+
+_PAIRED_STATS = ("Metric", "Δ (pp)", "95% CI (pp)", "W/L", "p (McNemar)", "p (Holm)", "n")
+
+
+def _paired_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """Metric, Δ, interval, W/L, p-values and n of one paired comparison (pp; steps for the MAE)."""
+    metric = _text(row, "metric")
+    delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+    scale = 100 if _is_fraction(metric) else 1
+    shown = DASH if delta is None else f"{delta * scale:+.1f}"
+    interval = DASH if low is None or high is None else f"[{low * scale:.1f}, {high * scale:.1f}]"
+    wins, losses = _num(row, "wins"), _num(row, "losses")
+    wl = DASH if wins is None or losses is None else f"{round(wins)}/{round(losses)}"
+    p_values = (_p(_num(row, "p_mcnemar")), _p(_num(row, "p_holm")))
+    return (_metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")))
+
+
+def _paired_section(report: Mapping[str, Any]) -> _Section:
+    paired = _rows(report, "paired")
+    across = _rows(report, "paired_backbones")  # the same method on two backbones, when the builder made them
+    title = "Paired comparisons"
+    if not paired and not across:
+        return _Section("paired", title, notes=("No paired comparisons in this report.",))
+    tables = []
+    if paired:
+        reference = report.get("reference_method")
+        against = f" against {reference}" if reference else ""
+        rows = tuple(
+            _row(_text(r, "backbone"), f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}", *_paired_cells(r))
+            for r in paired
+        )
+        caption = f"Paired differences A − B between methods{against}, first realization."
+        tables.append(_Table(("Backbone", "A vs B", *_PAIRED_STATS), rows, label_columns=3, caption=caption))
+    if across:
+        rows = tuple(
+            _row(
+                _text(r, "method"), f"{_text(r, 'backbone_a')} vs {_text(r, 'backbone_b')}", *_paired_cells(r)
+            )
+            for r in across
+        )
+        caption = "Paired differences A − B between backbones, same method, first realization."
+        tables.append(_Table(("Method", "A vs B", *_PAIRED_STATS), rows, label_columns=3, caption=caption))
+    notes = [
+        "Δ and its pointwise 95% source-stratified paired-bootstrap interval are in percentage points; W/L counts "
+        "trajectories only A / only B gets right; p from the two-sided exact McNemar test, then Holm-adjusted."
+    ]
+    if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across)):
+        notes.append("Root MAE differences and intervals are in steps, not percentage points.")
+    return _Section("paired", title, tuple(tables), tuple(notes))
+
+
+def _complementarity_section(report: Mapping[str, Any]) -> _Section:
+    rows_in = _rows(report, "complementarity")
+    title = "Complementarity"
+    if not rows_in:
+        return _Section("complementarity", title, notes=("No complementarity counts in this report.",))
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}",
+            _metric_label(_text(row, "metric") or "step_acc"),
+            *(_count(_num(row, k)) for k in ("a_only", "b_only", "both", "neither")),
+        )
+        for row in rows_in
+    )
+    table = _Table(
+        columns=("Backbone", "A vs B", "Metric", "A only", "B only", "Both", "Neither"),
+        rows=rows,
+        label_columns=3,
+        caption="Trajectories each method gets right (first realization), by which of the two gets them.",
+    )
+    return _Section("complementarity", title, (table,))
+
+
+def _repeatability_section(report: Mapping[str, Any]) -> _Section:
+    rows_in = _rows(report, "repeatability")
+    title = "Repeatability"
+    if not rows_in:
+        return _Section("repeatability", title, notes=("No repeated realizations in this report.",))
+    spread_rows: list[_Row] = []
+    agreement_rows: list[_Row] = []
+    for row in rows_in:
+        backbone, method = _text(row, "backbone"), _text(row, "method")
+        realizations = row.get("realizations")
+        names = ", ".join(str(r) for r in realizations) if isinstance(realizations, Sequence) else DASH
+        found = row.get("metrics")
+        metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        ordered = [m for m in _METRICS if m in metrics] + [str(m) for m in metrics if m not in _METRICS]
+        for metric in ordered:
+            stats = metrics[metric] if isinstance(metrics[metric], Mapping) else {}
+            fmt = _pct if _is_fraction(metric) else _steps
+            mean, sd = _num(stats, "mean"), _num(stats, "sd")
+            lo, hi = _num(stats, "min"), _num(stats, "max")
+            spread_rows.append(
+                _row(
+                    backbone,
+                    method,
+                    _metric_label(metric),
+                    _count(_num(stats, "n")),
+                    f"{fmt(mean)} ± {fmt(sd)}",
+                    f"{fmt(lo)}–{fmt(hi)}",
+                    fmt(_num(stats, "range")),
+                )
+            )
+        pairs = [
+            f"{_text(a, 'first')} vs {_text(a, 'second')}: {_pct(_num(a, 'rate'))}"
+            for a in _rows(row, "agreement")
+        ]
+        agreement_rows.append(
+            _row(backbone, method, names, "; ".join(pairs) or DASH, _pct(_num(row, "mean_agreement")))
+        )
+    spread = _Table(
+        columns=("Backbone", "Method", "Metric", "n", "Mean ± SD", "Min–max", "Range"),
+        rows=tuple(spread_rows),
+        label_columns=3,
+        caption="Spread of each metric over realizations (%, Root MAE in steps; SD with ddof = 1).",
+    )
+    agreement = _Table(
+        columns=("Backbone", "Method", "Realizations", "Pairwise agreement (%)", "Mean (%)"),
+        rows=tuple(agreement_rows),
+        label_columns=4,
+        caption="Agreement of root-step predictions between realizations.",
+    )
+    return _Section("repeatability", title, (spread, agreement))
+
+
+def _length_section(report: Mapping[str, Any]) -> _Section | None:
+    rows_in = _rows(report, "length_groups")
+    if not rows_in:
+        return None
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            _text(row, "method"),
+            f"{_count(_num(row, 'low'))}–{_count(_num(row, 'high'))}",
+            _count(_num(row, "n")),
+            _pct(_num(row, "step_acc")),
+            _pct(_num(row, "step_pm5")),
+            _pct(_num(row, "agent_acc")),
+        )
+        for row in rows_in
+    )
+    table = _Table(
+        columns=("Backbone", "Method", "Steps", "n", "Step", "Step ±5", "Agent"),
+        rows=rows,
+        label_columns=2,
+        caption="Accuracy (%) by recorded trajectory length (shared partition, bounds inclusive), first realization.",
+    )
+    return _Section("length-groups", "Length groups", (table,))
+
+
+_COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
+_TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+_MONEY = ("cost_usd", "usd_per_trajectory", "budget_use")
+
+
+def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    values = [v for v in (_num(r, key) for r in rows) if v is not None]
+    return sum(values) if values else None
+
+
+def _cost_cells(row: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    usage = [_count(_num(row, k)) for k in ("items", *_COUNTS, *_TOKENS)]
+    budget = _num(row, "budget_use")
+    money = [
+        _usd(_num(row, "cost_usd")),
+        _usd(_num(row, "usd_per_trajectory")),
+        _count(_num(row, "latency_p50_ms")),
+        _count(_num(row, "latency_p95_ms")),
+        DASH if budget is None else f"{budget * 100:.1f}%",
+    ]
+    return usage, money
+
+
+def _cost_section(report: Mapping[str, Any]) -> _Section:
+    cost = _rows(report, "cost")
+    title = "Cost"
+    if not cost:
+        return _Section("cost", title, notes=("No cost rows in this report (no recorded calls).",))
+    usage_rows: list[_Row] = []
+    money_rows: list[_Row] = []
+    for backbone in _unique(_text(r, "backbone") for r in cost):
+        mine = [r for r in cost if _text(r, "backbone") == backbone]
+        for row in mine:
+            labels = (backbone, _text(row, "method"), _text(row, "stage"))
+            usage, money = _cost_cells(row)
+            usage_rows.append(_row(*labels, *usage))
+            money_rows.append(_row(*labels, *money))
+        # Stage rows of one backbone × method add up to its USD per trajectory, so the sum over methods is the
+        # cost of running every method once on one trajectory. Items and latencies do not add up.
+        totals = {k: _sum(mine, k) for k in (*_COUNTS, *_TOKENS, *_MONEY)}
+        usage, money = _cost_cells(totals)
+        usage[0] = ""
+        money[2:4] = ["", ""]
+        usage_rows.append(_row(backbone, "total", "", *usage, total=True))
+        money_rows.append(_row(backbone, "total", "", *money, total=True))
+    labels = ("Backbone", "Method", "Stage")
+    usage_table = _Table(
+        columns=(
+            *labels,
+            *("Items", "Calls", "Attempts", "Length retries", "Rate limited"),
+            *("Prompt", "Cached", "Completion", "Reasoning"),
+        ),
+        rows=tuple(usage_rows),
+        label_columns=3,
+        groups=(("", 5), ("Tokens", 4)),
+        caption="Calls and tokens (prompt tokens include cached ones, completion tokens include reasoning).",
+    )
+    money_table = _Table(
+        columns=(*labels, "USD", "USD / traj.", "p50 ms", "p95 ms", "Budget use"),
+        rows=tuple(money_rows),
+        label_columns=3,
+        caption="Money and time (budget use: share of the backbone's USD budget).",
+    )
+    notes = (
+        "A backbone's total USD / traj. is the sum over its methods: running every method once on one trajectory.",
+    )
+    return _Section("cost", title, (usage_table, money_table), notes)
+
+
+def _sections(report: Mapping[str, Any]) -> list[_Section]:
+    sections = [
+        _accuracy_section(report),
+        _full_metrics_section(report),
+        _per_source_section(report),
+        _paired_section(report),
+        _complementarity_section(report),
+        _repeatability_section(report),
+        _length_section(report),
+        _cost_section(report),
+    ]
+    return [s for s in sections if s is not None]
+
+
+def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
+    found = report.get("run")
+    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    title = f"rcarun report: {_text(run, 'name') or 'unnamed run'}"
+    details = [
+        f"run {_text(run, 'run_id') or DASH}, status {_text(run, 'status') or DASH}, "
+        f"created {_text(run, 'created_at') or DASH}",
+        f"database: {_text(report, 'db') or DASH}",
+        f"aggregate: {_aggregate_label(report)}",
+    ]
+    reference = report.get("reference_method")
+    if reference:
+        details.append(f"reference method for paired comparisons: {reference}")
+    return title, details
+
+
+# --- text ----------------------------------------------------------------------------------------------------------
+
+
+def _text_table(table: _Table) -> list[str]:
+    n = len(table.columns)
+    marked = [any(r.cells[i].best for r in table.rows) for i in range(n)]
+    # A marked column pads unmarked numbers with a space so that the digits stay aligned.
+    body = [
+        [c.text + ("*" if c.best else " " if marked[i] else "") for i, c in enumerate(r.cells)]
+        for r in table.rows
+    ]
+    widths = [max([len(table.columns[i])] + [len(row[i]) for row in body]) for i in range(n)]
+    start = table.label_columns
+    for label, span in table.groups:
+        have = sum(widths[start : start + span]) + len(_GAP) * (span - 1)
+        if have < len(label):
+            widths[start + span - 1] += len(label) - have
+        start += span
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(widths[i]) if i < table.label_columns else c.rjust(widths[i]) for i, c in enumerate(cells)
+        ]
+        return _GAP.join(parts).rstrip()
+
+    lines = [table.caption] if table.caption else []
+    if table.groups:
+        parts = [" " * w for w in widths[: table.label_columns]]
+        start = table.label_columns
+        for label, span in table.groups:
+            parts.append(label.center(sum(widths[start : start + span]) + len(_GAP) * (span - 1)))
+            start += span
+        lines.append(_GAP.join(parts).rstrip())
+    lines.append(line(table.columns))
+    lines.append(_GAP.join("-" * w for w in widths))
+    lines.extend(line(row) for row in body)
+    return lines
+
+
+def render_text(report: Mapping[str, Any], sections: Collection[str] | None = None) -> str:
+    """Render a report as fixed-width terminal tables.
+
+    Args:
+        report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
+        sections: only these section keys (``accuracy``, ``full-metrics``, ``per-source``, ``paired``,
+            ``complementarity``, ``repeatability``, ``length-groups``, ``cost``); all when None.
+
+    Returns:
+        The text, ending with a newline.
+    """
+    title, details = _header_lines(report)
+    lines = [title, "=" * len(title), *details, ""]
+    if report.get("simulated"):
+        banner = textwrap.wrap(_SIMULATED, _TEXT_WIDTH - 4)
+        rule = "!" * _TEXT_WIDTH
+        lines += [rule, *(f"!! {w}" for w in banner), rule, ""]
+    for section in _sections(report):
+        if sections is not None and section.key not in sections:
+            continue
+        lines += [section.title, "-" * len(section.title)]
+        for table in section.tables:
+            lines += [*_text_table(table), ""]
+        for note in section.notes:
+            lines += [*textwrap.wrap(note, _TEXT_WIDTH), ""]
+        if not section.notes and not section.tables:
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --- plots ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Plot:
+    png: bytes
+    alt: str
+    caption: str
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    # No "Software" tEXt chunk: it would put matplotlib's URL into the page; fixed DPI for stable output.
+    figure.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _colors(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _short(label: str, limit: int = 28) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
+    first = _first_realizations(report)
+    values = {key: _headline(report, row) for key, row in first.items()}
+    if not any(_num(v, m) is not None for v in values.values() for m in ("agent_acc", "step_acc")):
+        return "Accuracy plot omitted: no Agent or Step Acc in this report."
+    backbones = _unique(b for b, _ in first)
+    methods = _unique(m for _, m in first)
+    colors = _colors(len(methods))
+    figure = _figure(min(14.0, max(7.0, 3.0 + 0.9 * len(backbones) * len(methods))), 4.4)
+    axes = figure.subplots(1, 2, sharey=True)
+    width = 0.8 / len(methods)
+    top = 0.0
+    for ax, metric in zip(axes, ("agent_acc", "step_acc"), strict=True):
+        for j, method in enumerate(methods):
+            xs, heights = [], []
+            for i, backbone in enumerate(backbones):
+                value = _num(values.get((backbone, method)), metric)
+                x = i - 0.4 + width * (j + 0.5)
+                if value is not None:
+                    xs.append(x)
+                    heights.append(value * 100)
+                else:  # a missing value must not look like a zero score
+                    ax.text(x, 0.5, "n/a", ha="center", va="bottom", fontsize=7, color="0.35", rotation=90)
+            bars = ax.bar(xs, heights, width * 0.92, color=colors[j], label=_short(method))
+            if len(backbones) * len(methods) <= 24:
+                ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
+            top = max([top, *heights])
+        ax.set_title(f"{_metric_label(metric)} ({_aggregate(report)})")
+        ax.set_xticks(range(len(backbones)), [_short(b, 18) for b in backbones])
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0].set_ylabel("%")
+    axes[0].set_ylim(0, min(100.0, max(10.0, top * 1.2)))
+    figure.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(methods), 6)
+    )
+    caption = "Agent and Step Acc per backbone (groups) and method (bars), first realization; n/a: no value."
+    return _Plot(_png(figure), "Bar chart of Agent and Step Acc per backbone and method", caption)
+
+
+def _cost_plot(report: Mapping[str, Any]) -> _Plot | str:
+    usd = _usd_per_trajectory(report)
+    if not usd:
+        return "Accuracy-versus-cost plot omitted: no USD per trajectory in this report."
+    points = []
+    for (backbone, method), row in _first_realizations(report).items():
+        step = _num(_headline(report, row), "step_acc")
+        if (backbone, method) in usd and step is not None:
+            points.append((backbone, method, usd[backbone, method], step * 100))
+    if not points:
+        return "Accuracy-versus-cost plot omitted: no backbone × method has both a cost and a Step Acc."
+    backbones = _unique(p[0] for p in points)
+    methods = _unique(p[1] for p in points)
+    colors = _colors(len(methods))
+    markers = "osD^v<>ph*X"
+    figure = _figure(8.0, 4.8)
+    ax = figure.subplots()
+    for backbone, method, x, y in points:
+        b, m = backbones.index(backbone), methods.index(method)
+        ax.scatter([x], [y], s=46, color=colors[m], marker=markers[b % len(markers)], zorder=3)
+        label = _short(method) if len(backbones) == 1 else f"{_short(backbone, 16)} · {_short(method, 16)}"
+        ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7)
+    scale = _cost_scale(ax, [p[2] for p in points])
+    ax.set_xlabel(f"USD per trajectory, summed over stages ({scale})")
+    ax.set_ylabel(f"Step Acc (%, {_aggregate(report)})")
+    ax.set_ylim(0, min(100.0, max(10.0, max(p[3] for p in points) * 1.25)))
+    ax.grid(alpha=0.3)
+    _cost_legend(ax, backbones, methods, colors, markers)
+    caption = "Step Acc against USD per trajectory, one point per backbone × method (first realization)."
+    return _Plot(_png(figure), "Scatter plot of Step Acc against USD per trajectory", caption)
+
+
+def _cost_scale(ax: Axes, xs: Sequence[float]) -> str:
+    """Log x when the positive costs span more than 100×; free (zero-cost) points stay visible via symlog."""
+    positive = [x for x in xs if x > 0]
+    if positive and max(positive) / min(positive) > 100:
+        if len(positive) < len(xs):
+            ax.set_xscale("symlog", linthresh=min(positive))
+            ax.set_xlim(-0.3 * min(positive), max(positive) * 2)
+            return "symlog scale, linear below the cheapest paid point"
+        ax.set_xscale("log")
+        ax.set_xlim(min(positive) / 2, max(positive) * 2)
+        return "log scale"
+    top = max(xs)
+    ax.set_xlim(-0.05 * top if top > 0 else -1, top * 1.3 if top > 0 else 1)
+    return "linear scale"
+
+
+def _cost_legend(
+    ax: Axes, backbones: Sequence[str], methods: Sequence[str], colors: Sequence[Any], markers: str
+) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], linestyle="", marker="o", color=colors[i], label=_short(m))
+        for i, m in enumerate(methods)
+    ]
+    if len(backbones) > 1:
+        handles += [
+            Line2D([], [], linestyle="", marker=markers[i % len(markers)], color="0.3", label=_short(b))
+            for i, b in enumerate(backbones)
+        ]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
+    first = _first_realizations(report)
+    sources = _sources(report)
+    if not first or not sources:
+        return "Per-source heat map omitted: no per-source metrics in this report."
+    import numpy as np
+    from matplotlib import colormaps
+
+    single = len(_unique(b for b, _ in first)) == 1
+    labels = [_short(m) if single else f"{_short(b, 18)} · {_short(m, 18)}" for b, m in first]
+    grid = np.full((len(first), len(sources)), np.nan)
+    for i, row in enumerate(first.values()):
+        for j, source in enumerate(sources):
+            value = _num(_per_source(row, source), "step_acc")
+            if value is not None:
+                grid[i, j] = value * 100
+    if np.isnan(grid).all():
+        return "Per-source heat map omitted: no per-source Step Acc in this report."
+    figure = _figure(min(14.0, 3.2 + 1.15 * len(sources)), min(12.0, 1.3 + 0.42 * len(first)))
+    ax = figure.subplots()
+    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=100, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        text = DASH if np.isnan(value) else f"{value:.1f}"
+        color = "black" if np.isnan(value) or value >= 55 else "white"
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color=color)
+    ax.set_xticks(
+        range(len(sources)), [_short(s, 20) for s in sources], rotation=30 if len(sources) > 4 else 0
+    )
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    figure.colorbar(image, ax=ax, label="Step Acc (%)", shrink=0.9)
+    caption = "Step Acc (%) per source; grey cells have no data. First realization."
+    return _Plot(_png(figure), "Heat map of Step Acc per source and method", caption)
+
+
+# Where each plot goes: after the tables of its section.
+_PLOTS: dict[str, Callable[[Mapping[str, Any]], _Plot | str]] = {
+    "accuracy": _accuracy_plot,
+    "per-source": _source_plot,
+    "cost": _cost_plot,
+}
+
+
+# --- HTML ----------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1320px;
+       padding: 0 16px; color: #1a1a1a; line-height: 1.4; }
+h1 { font-size: 1.5em; margin-bottom: 4px; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; padding-bottom: 2px; margin-top: 32px; }
+.meta { color: #555; margin: 0; }
+.banner { border: 2px solid #b00020; background: #fdecee; color: #6b0012; padding: 10px 14px; margin: 16px 0;
+          font-weight: 600; }
+nav { font-size: 0.9em; margin: 12px 0; }
+nav a { margin-right: 12px; color: #0b4f8a; }
+table { border-collapse: collapse; margin: 0 0 16px; font-size: 0.88em; }
+.scroll { overflow-x: auto; }
+.caption { font-weight: 600; margin: 12px 0 4px; color: #333; font-size: 0.92em; }
+th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; white-space: nowrap; }
+th { background: #f3f5f7; text-align: left; }
+th.group { text-align: center; border-left: 1px solid #d8d8d8; }
+th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.start, th.start { border-left: 1px solid #d8d8d8; }
+tr.total td { font-weight: 600; background: #fafafa; border-top: 1px solid #bbb; }
+.note { color: #444; font-size: 0.9em; max-width: 60em; }
+figure { margin: 12px 0 20px; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.88em; color: #444; }
+"""
+
+
+def _html_table(table: _Table) -> str:
+    starts = set()  # first column of each group: a rule on its left, as in the paper's grouped columns
+    position = table.label_columns
+    for label, span in table.groups:
+        if label:
+            starts.add(position)
+        position += span
+
+    def classes(i: int) -> str:
+        names = (["num"] if i >= table.label_columns else []) + (["start"] if i in starts else [])
+        return f' class="{" ".join(names)}"' if names else ""
+
+    # The caption is a paragraph, not <caption>, so that a long caption does not wrap to a narrow table's width.
+    out = [f'<p class="caption">{html.escape(table.caption)}</p>'] if table.caption else []
+    out.append('<div class="scroll"><table><thead>')
+    if table.groups:
+        group_cells = [f'<th colspan="{table.label_columns}"></th>']
+        for label, span in table.groups:
+            kind = ' class="group"' if label else ""
+            group_cells.append(f'<th colspan="{span}"{kind}>{html.escape(label)}</th>')
+        out.append(f"<tr>{''.join(group_cells)}</tr>")
+    out.append(
+        "<tr>"
+        + "".join(f"<th{classes(i)}>{html.escape(c)}</th>" for i, c in enumerate(table.columns))
+        + "</tr>"
+    )
+    out.append("</thead><tbody>")
+    for row in table.rows:
+        cells = []
+        for i, cell in enumerate(row.cells):
+            text = html.escape(cell.text)
+            cells.append(f"<td{classes(i)}>{f'<strong>{text}</strong>' if cell.best else text}</td>")
+        opening = '<tr class="total">' if row.total else "<tr>"
+        out.append(f"{opening}{''.join(cells)}</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def _html_plot(plot: _Plot | str) -> str:
+    if isinstance(plot, str):
+        return f'<p class="note">{html.escape(plot)}</p>'
+    data = base64.b64encode(plot.png).decode("ascii")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(plot.alt)}">'
+        f"<figcaption>{html.escape(plot.caption)}</figcaption></figure>"
+    )
+
+
+def _html_section(section: _Section, report: Mapping[str, Any]) -> str:
+    parts = [f'<section id="{section.key}">', f"<h2>{html.escape(section.title)}</h2>"]
+    parts += [_html_table(t) for t in section.tables]
+    parts += [f'<p class="note">{html.escape(n)}</p>' for n in section.notes]
+    plot = _PLOTS.get(section.key)
+    if plot is not None:
+        parts.append(_html_plot(plot(report)))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """Render a report as one self-contained HTML page: the text tables plus three embedded PNG plots.
+
+    The page has inline CSS, no scripts and no external URLs. The plots (accuracy per backbone and method,
+    Step Acc against USD per trajectory, Step Acc per source) are omitted with a sentence when there is no data.
+
+    Args:
+        report: the report dict built by ``rcarun report``.
+
+    Returns:
+        The HTML document.
+    """
+    title, details = _header_lines(report)
+    sections = _sections(report)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<header><h1>{html.escape(title)}</h1>",
+        *(f'<p class="meta">{html.escape(d)}</p>' for d in details),
+        "</header>",
+    ]
+    if report.get("simulated"):
+        parts.append(f'<div class="banner" role="alert">{html.escape(_SIMULATED)}</div>')
+    links = " ".join(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in sections)
+    parts.append(f"<nav>{links}</nav>")
+    parts += [_html_section(s, report) for s in sections]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

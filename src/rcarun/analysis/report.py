@@ -1,0 +1,353 @@
+"""The report of one run as plain data: accuracy, paired comparisons, repeatability, length groups and cost.
+
+`rcarun report` prints it (text), dumps it (``--json``) or renders it (``--html``); all three read the same
+dict built here, so the page, the terminal and a script see identical numbers. Accuracies are fractions.
+
+Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOptions`:
+    - Headline aggregate: Macro over sources (``aggregate="macro"``, the paper's Mini protocol; with one source
+      it equals pooled) or pooled.
+    - Paired comparisons use one retained prediction per method and backbone: realization 0 (as the paper's
+      "one retained prediction"; the other realizations feed the repeatability section). Each method is
+      compared with ``reference_method`` (default: ``rcta`` when present, else the first method by name) on
+      every backbone, for Agent Acc and Step Acc: difference in the headline aggregate, wins/losses, two-sided
+      exact McNemar on the discordant pairs, and a source-stratified paired bootstrap interval
+      (``resamples``, ``seed``, ``confidence``).
+    - Holm families (``holm_family``): ``"metric"`` adjusts each metric's comparisons together (the paper's
+      Holm-20 over Step Acc); ``"all"`` adjusts every comparison of the report together (Holm-40).
+    - Backbone comparisons (``compare_backbones``): for every method, each backbone against the first one
+      named, with the same statistics, under ``paired_backbones``. When none are named and the run has a
+      single method on several backbones, every backbone is compared with the first by name (there is no
+      method comparison to make then).
+    - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
+    - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rcarun.store import Store
+
+from .cost import cost_rows
+from .results import Cell, RunScores, load_run_scores
+from .scoring import (
+    ItemScore,
+    Metrics,
+    Summary,
+    by_length_group,
+    length_groups,
+    summarize,
+)
+from .stats import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    PairedComparison,
+    adjust_family,
+    complementarity,
+    paired_comparison,
+    pairwise_agreement,
+    spread,
+)
+
+__all__ = ["METRIC_NAMES", "ReportOptions", "build_report", "metrics_json"]
+
+METRIC_NAMES = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
+PAIRED_METRICS = ("agent_acc", "step_acc")
+_CORRECT = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    """How the report is computed (module docstring)."""
+
+    reference_method: str | None = None
+    aggregate: str = "macro"
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+    confidence: float = 0.95
+    holm_family: str = "metric"
+    compare_backbones: tuple[str, ...] = ()
+    populations: Mapping[str, int] | None = None
+    length_groups: int = 5
+    keep_handoff: bool = False
+    paired_metrics: tuple[str, ...] = PAIRED_METRICS
+
+
+def metrics_json(metrics: Metrics) -> dict[str, Any]:
+    """A `Metrics` as the report's metric dict (fractions; ``root_mae`` in steps)."""
+    return {"n": metrics.n, **{name: getattr(metrics, name) for name in METRIC_NAMES}}
+
+
+def build_report(store: Store, run_id: int, options: ReportOptions | None = None) -> dict[str, Any]:
+    """The report dict of one run (schema: docs/analysis.md)."""
+    options = options or ReportOptions()
+    run = next(r for r in store.runs() if r.run_id == run_id)
+    scores = load_run_scores(store, run, keep_handoff=options.keep_handoff)
+    reference = _reference_method(scores, options.reference_method)
+    paired = _paired_methods(scores, reference, options)
+    if not options.compare_backbones and len(scores.methods) == 1 and len(scores.backbones) > 1:
+        options = replace(options, compare_backbones=tuple(scores.backbones))
+    paired_backbones = _paired_backbones(scores, options)
+    if options.holm_family == "all":
+        paired, paired_backbones = _holm_all(paired, paired_backbones)
+    return {
+        "run": {"name": run.name, "run_id": run.run_id, "status": run.status, "created_at": run.created_at},
+        "db": str(store.path),
+        "simulated": scores.simulated,
+        "aggregate": options.aggregate,
+        "reference_method": reference,
+        "expected": len(scores.expected),
+        "unlabelled": scores.unlabelled,
+        "protocol": {
+            "resamples": options.resamples,
+            "seed": options.seed,
+            "confidence": options.confidence,
+            "holm_family": options.holm_family,
+            "compare_backbones": list(options.compare_backbones),
+            "keep_handoff": options.keep_handoff,
+            "populations": dict(options.populations) if options.populations else None,
+        },
+        "metrics": _metrics(scores, options),
+        "paired": [entry for entry, _ in paired],
+        "paired_backbones": [entry for entry, _ in paired_backbones],
+        "complementarity": _complementarity(scores, reference),
+        "repeatability": _repeatability(scores, options),
+        "length_groups": _length_groups(scores, options),
+        "cost": [row.to_json() for row in cost_rows(store, run_id)],
+    }
+
+
+def _reference_method(scores: RunScores, wanted: str | None) -> str | None:
+    methods = scores.methods
+    if wanted is not None:
+        return wanted if wanted in methods else None
+    if "rcta" in methods:
+        return "rcta"
+    return methods[0] if methods else None
+
+
+def _metrics(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    entries = []
+    for cell, items in scores.scores.items():
+        if not items:
+            continue
+        summary = summarize(items, populations=options.populations)
+        entries.append(
+            {
+                "backbone": cell.backbone,
+                "method": cell.method,
+                "realization": cell.realization,
+                **metrics_json(summary.pooled),
+                "macro": metrics_json(summary.macro),
+                "per_source": {source: metrics_json(m) for source, m in sorted(summary.per_source.items())},
+                "post_stratified": metrics_json(summary.post_stratified) if summary.post_stratified else None,
+            }
+        )
+    return entries
+
+
+def _outcomes(items: Sequence[ItemScore], metric: str) -> list[bool]:
+    attribute = _CORRECT[metric]
+    return [bool(getattr(item, attribute)) for item in items]
+
+
+def _compare(
+    a: Sequence[ItemScore], b: Sequence[ItemScore], metric: str, options: ReportOptions
+) -> PairedComparison:
+    return paired_comparison(
+        _outcomes(a, metric),
+        _outcomes(b, metric),
+        [item.source for item in a],
+        aggregate="macro" if options.aggregate == "macro" else "pooled",
+        resamples=options.resamples,
+        seed=options.seed,
+        confidence=options.confidence,
+    )
+
+
+def _comparison_json(comparison: PairedComparison) -> dict[str, Any]:
+    return {
+        "n": comparison.n,
+        "score_a": comparison.score_a,
+        "score_b": comparison.score_b,
+        "delta": comparison.delta,
+        "ci_low": comparison.ci_low,
+        "ci_high": comparison.ci_high,
+        "wins": comparison.wins,
+        "losses": comparison.losses,
+        "p_mcnemar": comparison.p_mcnemar,
+        "p_holm": comparison.p_holm,
+    }
+
+
+Paired = list[tuple[dict[str, Any], PairedComparison]]
+
+
+def _with_holm(entries: Paired, group_key: str | None) -> Paired:
+    """Holm-adjust ``entries`` within groups of equal ``entry[group_key]`` (all together when None)."""
+    groups: dict[Any, list[int]] = {}
+    for index, (entry, _) in enumerate(entries):
+        groups.setdefault(entry[group_key] if group_key else None, []).append(index)
+    adjusted = list(entries)
+    for indices in groups.values():
+        for index, comparison in zip(indices, adjust_family([entries[i][1] for i in indices]), strict=True):
+            entry = {**entries[index][0], **_comparison_json(comparison)}
+            adjusted[index] = (entry, comparison)
+    return adjusted
+
+
+def _paired_methods(scores: RunScores, reference: str | None, options: ReportOptions) -> Paired:
+    if reference is None:
+        return []
+    entries: Paired = []
+    for backbone in scores.backbones:
+        base = scores.scores.get(Cell(backbone, reference, 0))
+        if not base:
+            continue
+        for method in scores.methods:
+            other = scores.scores.get(Cell(backbone, method, 0))
+            if method == reference or not other:
+                continue
+            for metric in options.paired_metrics:
+                comparison = _compare(base, other, metric, options)
+                entry = {"backbone": backbone, "method_a": reference, "method_b": method, "metric": metric}
+                entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+    return _with_holm(entries, "metric")
+
+
+def _paired_backbones(scores: RunScores, options: ReportOptions) -> Paired:
+    if len(options.compare_backbones) < 2:
+        return []
+    first, *others = options.compare_backbones
+    entries: Paired = []
+    for method in scores.methods:
+        base = scores.scores.get(Cell(first, method, 0))
+        if not base:
+            continue
+        for backbone in others:
+            other = scores.scores.get(Cell(backbone, method, 0))
+            if not other:
+                continue
+            for metric in options.paired_metrics:
+                comparison = _compare(base, other, metric, options)
+                entry = {"method": method, "backbone_a": first, "backbone_b": backbone, "metric": metric}
+                entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+    return _with_holm(entries, "metric")
+
+
+def _holm_all(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]:
+    combined = _with_holm(paired + paired_backbones, None)
+    return combined[: len(paired)], combined[len(paired) :]
+
+
+def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str, Any]]:
+    if reference is None:
+        return []
+    entries = []
+    for backbone in scores.backbones:
+        base = scores.scores.get(Cell(backbone, reference, 0))
+        if not base:
+            continue
+        for method in scores.methods:
+            other = scores.scores.get(Cell(backbone, method, 0))
+            if method == reference or not other:
+                continue
+            counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
+            entries.append(
+                {
+                    "backbone": backbone,
+                    "method_a": reference,
+                    "method_b": method,
+                    "metric": "step_acc",
+                    "a_only": counts.a_only,
+                    "b_only": counts.b_only,
+                    "both": counts.both,
+                    "neither": counts.neither,
+                }
+            )
+    return entries
+
+
+def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    entries = []
+    for backbone in scores.backbones:
+        for method in scores.methods:
+            realizations = scores.realizations(backbone, method)
+            if len(realizations) < 2:
+                continue
+            per_realization = {r: summarize(scores.scores[Cell(backbone, method, r)]) for r in realizations}
+            metrics = {}
+            for name in METRIC_NAMES:
+                values = {
+                    r: value
+                    for r, summary in per_realization.items()
+                    if (value := getattr(_headline(summary, options), name)) is not None
+                }
+                if values:
+                    s = spread(values)
+                    metrics[name] = {
+                        "n": s.n,
+                        "mean": s.mean,
+                        "sd": s.sd,
+                        "min": s.min,
+                        "max": s.max,
+                        "range": s.range,
+                    }
+            steps = {
+                r: {item.qid: item.step for item in scores.scores[Cell(backbone, method, r)]}
+                for r in realizations
+            }
+            agreement = [
+                {
+                    "first": a.first,
+                    "second": a.second,
+                    "n": a.n,
+                    "agree": a.agree,
+                    "both_missing": a.both_missing,
+                    "rate": a.rate,
+                }
+                for a in pairwise_agreement(steps)
+            ]
+            rates = [entry["rate"] for entry in agreement]
+            entries.append(
+                {
+                    "backbone": backbone,
+                    "method": method,
+                    "realizations": realizations,
+                    "metrics": metrics,
+                    "agreement": agreement,
+                    "mean_agreement": sum(rates) / len(rates) if rates else None,
+                }
+            )
+    return entries
+
+
+def _headline(summary: Summary, options: ReportOptions) -> Metrics:
+    return summary.macro if options.aggregate == "macro" else summary.pooled
+
+
+def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    if not scores.expected or options.length_groups < 1:
+        return []
+    partition = length_groups({e.qid: e.n_steps for e in scores.expected}, k=options.length_groups)
+    entries = []
+    for cell, items in scores.scores.items():
+        if cell.realization != 0:
+            continue
+        for group in by_length_group(items, partition):
+            metrics = group.metrics
+            entries.append(
+                {
+                    "backbone": cell.backbone,
+                    "method": cell.method,
+                    "low": group.group.low,
+                    "high": group.group.high,
+                    "n": len(group.group.qids),
+                    "agent_acc": metrics.agent_acc if metrics else None,
+                    "step_acc": metrics.step_acc if metrics else None,
+                    "step_pm5": metrics.step_pm5 if metrics else None,
+                }
+            )
+    return entries

@@ -1,0 +1,131 @@
+"""A run of results.db as scoring inputs: expected trajectories and, per backbone × method × realization, scores.
+
+The denominator of every LongRCA metric is the set of *expected* trajectories, not the set of predictions: an
+item that failed, was skipped by a budget stop or never ran is an error, not a gap. So the expected set is
+taken from the run's ``trajectories`` table (every labelled trajectory the run read), and each cell
+(backbone, method, realization) that has any item or prediction is scored against all of it.
+
+Unlabelled trajectories cannot be scored; they are counted (``unlabelled``) and left out of every
+denominator. A cell's predictions are re-scored from ``pred_role`` / ``pred_step`` (the stored validity flags
+are the method's own view, kept for audit): roles by the scorer's rule against the trajectory's recorded role
+set, steps as 0-based integers within range.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from rcarun.errors import StoreError
+from rcarun.store import RunRow, Store
+
+from .scoring import Expected, ItemScore, Prediction, score_items
+
+__all__ = ["Cell", "RunScores", "load_run_scores", "resolve_run"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cell:
+    """One backbone × method × realization of a run."""
+
+    backbone: str
+    method: str
+    realization: int
+
+
+@dataclass(slots=True)
+class RunScores:
+    """Everything scoring needs from one run.
+
+    Attributes:
+        run: the run's row.
+        expected: the labelled trajectories the run read, by qid order.
+        unlabelled: trajectories the run read without a label (not scored).
+        scores: per cell, one `ItemScore` per expected trajectory (same order as ``expected``).
+        simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
+            provider ``simulated``: the numbers then show the engine, not any model.
+    """
+
+    run: RunRow
+    expected: list[Expected]
+    unlabelled: int
+    scores: dict[Cell, list[ItemScore]] = field(default_factory=dict)
+    simulated: bool = False
+
+    @property
+    def backbones(self) -> list[str]:
+        return sorted({cell.backbone for cell in self.scores})
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted({cell.method for cell in self.scores})
+
+    def realizations(self, backbone: str, method: str) -> list[int]:
+        return sorted(c.realization for c in self.scores if (c.backbone, c.method) == (backbone, method))
+
+
+def resolve_run(store: Store, name: str | None) -> RunRow:
+    """The run called ``name``, or the most recently updated run when ``name`` is None.
+
+    Raises:
+        StoreError: no such run, or the database holds no run at all.
+    """
+    if name is not None:
+        run = store.run_by_name(name)
+        if run is None:
+            known = ", ".join(repr(r.name) for r in store.runs()) or "none"
+            raise StoreError(f"{store.path}: no run named {name!r} (runs: {known})")
+        return run
+    runs = store.runs()
+    if not runs:
+        raise StoreError(f"{store.path}: holds no runs yet")
+    return max(runs, key=lambda r: (r.updated_at, r.run_id))
+
+
+def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) -> RunScores:
+    """Score every cell of ``run`` against its expected trajectories (rules in the module docstring)."""
+    expected: list[Expected] = []
+    unlabelled = 0
+    for row in store.trajectories(run.run_id):
+        if row.ref_role is None or row.ref_step is None:
+            unlabelled += 1
+            continue
+        expected.append(
+            Expected(
+                qid=row.qid,
+                source=row.source,
+                n_steps=row.n_steps,
+                ref_role=row.ref_role,
+                ref_step=row.ref_step,
+                roles=frozenset(json.loads(row.roles_json)),
+            )
+        )
+    predictions: dict[Cell, dict[str, Prediction]] = defaultdict(dict)
+    for item in store.items(run.run_id):
+        predictions[Cell(item.backbone, item.method, item.realization)]  # a cell with items but no answers
+    for prediction in store.predictions(run.run_id):
+        cell = Cell(prediction.backbone, prediction.method, prediction.realization)
+        predictions[cell][prediction.qid] = Prediction(
+            role=prediction.pred_role, step=prediction.pred_step, abstained=bool(prediction.abstained)
+        )
+    result = RunScores(run=run, expected=expected, unlabelled=unlabelled, simulated=_simulated(run))
+    for cell in sorted(predictions):
+        result.scores[cell] = score_items(expected, predictions[cell], keep_handoff=keep_handoff)
+    return result
+
+
+def _simulated(run: RunRow) -> bool:
+    try:
+        config = json.loads(run.config_json)
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(config, dict):
+        return False
+    sweep = config.get("sweep")
+    if isinstance(sweep, dict) and sweep.get("simulated") is True:
+        return True
+    backbones = config.get("backbones")
+    if not isinstance(backbones, dict) or not backbones:
+        return False
+    return all(isinstance(b, dict) and b.get("provider") == "simulated" for b in backbones.values())

@@ -1,0 +1,328 @@
+"""`rcarun score`, `rcarun export`, `rcarun cost` and `rcarun report`: printing around `rcarun.analysis`.
+
+Every number printed here comes from `rcarun.analysis`; this module only chooses the run, reads flags and
+formats. Text goes to stdout, problems to stderr, and ``--json`` prints exactly one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rcarun.analysis import (
+    LONGRCA_FULL_POPULATIONS,
+    Cell,
+    Expected,
+    Metrics,
+    Prediction,
+    ReportOptions,
+    build_report,
+    cost_rows,
+    leaderboard_entry,
+    load_labels,
+    load_predictions_jsonl,
+    load_run_scores,
+    metrics_json,
+    references_from_dataset,
+    resolve_run,
+    score_submission,
+    summarize,
+    write_predictions_jsonl,
+)
+from rcarun.errors import ConfigError, DataError
+from rcarun.store import open_store
+
+__all__ = ["add_analysis_commands", "cmd_cost", "cmd_export", "cmd_report", "cmd_score"]
+
+
+def add_analysis_commands(commands: Any, default_db: str) -> None:
+    """Register score, export, cost and report on the top-level subparsers."""
+    score = commands.add_parser("score", help="score a predictions.jsonl submission against references")
+    score.add_argument(
+        "predictions", help="predictions.jsonl: {question_ID, predicted_role, predicted_step} per line"
+    )
+    score.add_argument(
+        "--references",
+        required=True,
+        help="a dataset (directory or .jsonl of records) or a labels file (.csv / .jsonl with question_ID, "
+        "source, n_steps, reference_role, reference_step)",
+    )
+    score.add_argument(
+        "--json", action="store_true", help="print the leaderboard fields and the accuracy table"
+    )
+    score.add_argument("--keep-handoff", action="store_true", help="ablation role rule: keep (-> X) suffixes")
+
+    export = commands.add_parser("export", help="write one backbone x method as a leaderboard submission")
+    _db_and_run(export, default_db)
+    export.add_argument("--backbone", required=True)
+    export.add_argument("--method", required=True)
+    export.add_argument("--realization", type=int, default=0, help="0-based (default 0)")
+    export.add_argument("--out", required=True, help="directory for predictions.jsonl and leaderboard.json")
+
+    cost = commands.add_parser("cost", help="tokens, USD and latency per backbone x method x stage")
+    _db_and_run(cost, default_db)
+    cost.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    report = commands.add_parser(
+        "report", help="accuracy, paired comparisons, repeatability and cost of a run"
+    )
+    _db_and_run(report, default_db)
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument("--html", help="also write one self-contained HTML page with tables and plots")
+    report.add_argument(
+        "--reference", help="method the others are compared with (default: rcta, else the first)"
+    )
+    report.add_argument("--aggregate", choices=["macro", "pooled"], default="macro", help="default: macro")
+    report.add_argument("--resamples", type=int, default=10_000, help="paired bootstrap resamples (10,000)")
+    report.add_argument("--seed", type=int, default=20260820, help="bootstrap seed (20260820)")
+    report.add_argument(
+        "--holm-family",
+        choices=["metric", "all"],
+        default="metric",
+        help="Holm per metric, or over everything",
+    )
+    report.add_argument(
+        "--compare-backbones",
+        help="comma-separated backbones: each is compared with the first, per method "
+        "(default: all backbones when the run has a single method)",
+    )
+    report.add_argument(
+        "--populations",
+        help="post-stratify to source sizes: 'longrca' (Full: 128/42/685/108/177) or source=N,source=N",
+    )
+    report.add_argument(
+        "--keep-handoff", action="store_true", help="ablation role rule: keep (-> X) suffixes"
+    )
+
+
+def _db_and_run(parser: argparse.ArgumentParser, default_db: str) -> None:
+    parser.add_argument("--db", help=f"results database (env RCARUN_DB, default {default_db})")
+    parser.add_argument("--run", help="run name (env RCARUN_RUN; default: the most recently updated run)")
+
+
+# -- score ----------------------------------------------------------------------------------------------------
+
+
+def _references(path: Path) -> tuple[list[Expected], list[DataError]]:
+    """A labels file (.csv, or .jsonl whose first record has ``reference_role``) or a dataset."""
+    if path.suffix == ".csv":
+        return load_labels(path), []
+    if path.suffix == ".jsonl" and path.is_file() and _looks_like_labels(path):
+        return load_labels(path), []
+    references = references_from_dataset(path)
+    return references.expected, references.problems
+
+
+def _looks_like_labels(path: Path) -> bool:
+    with path.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(first, dict) and "reference_role" in first
+    return False
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    expected, reference_problems = _references(Path(args.references))
+    if not expected:
+        raise DataError("no labelled trajectories found", path=args.references)
+    for problem in reference_problems:
+        print(f"rcarun: references: left out: {problem}", file=sys.stderr)
+    submission = score_submission(
+        load_predictions_jsonl(args.predictions), expected, keep_handoff=args.keep_handoff
+    )
+    summary = summarize(list(submission.items))
+    if args.json:
+        document = {
+            **submission.entry,
+            "accuracy": {
+                "pooled": metrics_json(summary.pooled),
+                "macro": metrics_json(summary.macro),
+                "per_source": {source: metrics_json(m) for source, m in summary.per_source.items()},
+            },
+            "missing": list(submission.missing),
+            "duplicates": [
+                {"qid": d.qid, "line": d.line, "first_line": d.first_line} for d in submission.duplicates
+            ],
+            "unknown": list(submission.unknown),
+            "problems": [str(problem) for problem in submission.problems],
+            "notes": [str(note) for note in submission.notes],
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    for problem in submission.problems:
+        print(f"dropped: {problem}")
+    for duplicate in submission.duplicates:
+        print(f"duplicate: {duplicate.qid} on line {duplicate.line} (line {duplicate.first_line} was scored)")
+    for note in submission.notes:
+        print(f"invalid field: {note}")
+    if submission.unknown:
+        print(f"unknown qids (ignored): {len(submission.unknown)}: {_some(submission.unknown)}")
+    if submission.missing:
+        print(
+            f"missing predictions (scored as errors): {len(submission.missing)}: {_some(submission.missing)}"
+        )
+    entry = submission.entry
+    print(
+        f"n {entry['n']}: role {entry['role_correct']}, root exact {entry['root_exact_correct']}, "
+        f"root ±5 {entry['root_within_5_correct']}, valid steps {entry['valid_step_n']}, failed {entry['failed_n']}, "
+        f"MAE {_number(entry['root_mae'], 2)}"
+    )
+    print(_metrics_table({"pooled": summary.pooled, "macro": summary.macro, **summary.per_source}))
+    return 0
+
+
+def _some(qids: tuple[str, ...], limit: int = 5) -> str:
+    return ", ".join(qids[:limit]) + (", ..." if len(qids) > limit else "")
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _metrics_table(rows: Mapping[str, Metrics]) -> str:
+    header = (
+        f"{'':<24} {'n':>6} {'Agent':>7} {'Step':>7} {'Step±5':>7} {'Joint':>7} {'Joint±5':>8} "
+        f"{'MAE':>7} {'Cov.':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for name, m in rows.items():
+        lines.append(
+            f"{name:<24} {m.n:>6} {m.agent_acc:>7.1%} {m.step_acc:>7.1%} {m.step_pm5:>7.1%} {m.joint_exact:>7.1%} "
+            f"{m.joint_pm5:>8.1%} {_number(m.root_mae, 1):>7} {m.coverage:>7.1%}"
+        )
+    return "\n".join(lines)
+
+
+# -- export ---------------------------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
+    with open_store(db) as store:
+        run = resolve_run(store, run_name)
+        scores = load_run_scores(store, run)
+        cell = Cell(args.backbone, args.method, args.realization)
+        if cell not in scores.scores:
+            known = (
+                ", ".join(f"{c.backbone}/{c.method}/r{c.realization}" for c in sorted(scores.scores))
+                or "none"
+            )
+            raise ConfigError(
+                f"run {run.name!r} has no {cell.backbone}/{cell.method}/r{cell.realization} (has: {known})"
+            )
+        predictions = {
+            p.qid: Prediction(role=p.pred_role, step=p.pred_step, abstained=bool(p.abstained))
+            for p in store.predictions(run.run_id)
+            if Cell(p.backbone, p.method, p.realization) == cell
+        }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_predictions_jsonl(out / "predictions.jsonl", predictions)
+    entry = {
+        **leaderboard_entry(scores.scores[cell]),
+        "run": run.name,
+        "backbone": cell.backbone,
+        "method": cell.method,
+        "realization": cell.realization,
+        "simulated": scores.simulated,
+    }
+    (out / "leaderboard.json").write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
+    missing = len(scores.expected) - len(predictions)
+    print(
+        f"{written} predictions -> {out / 'predictions.jsonl'}; leaderboard entry -> {out / 'leaderboard.json'}"
+        + (f"; {missing} expected trajectories have no prediction (scored as errors)" if missing > 0 else "")
+    )
+    return 0
+
+
+# -- cost -----------------------------------------------------------------------------------------------------
+
+
+def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
+    with open_store(db) as store:
+        run = resolve_run(store, run_name)
+        rows = cost_rows(store, run.run_id)
+    if args.json:
+        print(
+            json.dumps(
+                {"run": run.name, "run_id": run.run_id, "rows": [row.to_json() for row in rows]}, indent=2
+            )
+        )
+        return 0
+    header = (
+        f"{'backbone':<16} {'method':<16} {'stage':<12} {'items':>6} {'calls':>6} {'attempts':>8} {'len':>4} "
+        f"{'429':>4} {'prompt':>11} {'cached':>10} {'completion':>11} {'reasoning':>10} {'USD':>10} "
+        f"{'USD/traj':>9} {'p50 ms':>8} {'p95 ms':>8} {'budget':>7}"
+    )
+    print(f"run {run.name!r} (id {run.run_id})")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row.backbone:<16} {row.method:<16} {row.stage:<12} {row.items:>6} {row.calls:>6} {row.attempts:>8} "
+            f"{row.length_retries:>4} {row.rate_limited:>4} {row.prompt_tokens:>11,} {row.cached_tokens:>10,} "
+            f"{row.completion_tokens:>11,} {row.reasoning_tokens:>10,} {row.cost_usd:>10.4f} "
+            f"{_number(row.usd_per_trajectory, 5):>9} {_number(row.latency_p50_ms, 0):>8} "
+            f"{_number(row.latency_p95_ms, 0):>8} {'–' if row.budget_use is None else f'{row.budget_use:.1%}':>7}"
+        )
+    total = sum(row.cost_usd for row in rows)
+    print(f"total USD {total:.4f} over {sum(row.attempts for row in rows)} attempts")
+    return 0
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def _populations(text: str | None) -> dict[str, int] | None:
+    if not text:
+        return None
+    if text.strip().lower() == "longrca":
+        return dict(LONGRCA_FULL_POPULATIONS)
+    populations = {}
+    for part in text.split(","):
+        source, _, count = part.partition("=")
+        if not source.strip() or not count.strip().isdigit():
+            raise ConfigError(f"--populations: expected source=N pairs or 'longrca', got {part!r}")
+        populations[source.strip()] = int(count)
+    return populations
+
+
+def report_options(args: argparse.Namespace) -> ReportOptions:
+    """The `ReportOptions` the flags of `rcarun report` ask for."""
+    if args.resamples < 1:
+        raise ConfigError(f"--resamples must be >= 1, got {args.resamples}")
+    backbones = tuple(b.strip() for b in (args.compare_backbones or "").split(",") if b.strip())
+    return ReportOptions(
+        reference_method=args.reference,
+        aggregate=args.aggregate,
+        resamples=args.resamples,
+        seed=args.seed,
+        holm_family=args.holm_family,
+        compare_backbones=backbones,
+        populations=_populations(args.populations),
+        keep_handoff=args.keep_handoff,
+    )
+
+
+def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
+    from rcarun.analysis.render import render_html, render_text
+
+    options = report_options(args)
+    with open_store(db) as store:
+        run = resolve_run(store, run_name)
+        report = build_report(store, run.run_id, options)
+    if args.html:
+        Path(args.html).write_text(render_html(report), encoding="utf-8")
+        print(f"rcarun: wrote {args.html}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_text(report))
+    return 0

@@ -1,0 +1,60 @@
+"""Real results databases for the analysis tests: the demo sweep and a two-method sweep, each run once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from helpers.sweeps import make_config
+from rcarun.demo import demo_sweep_config, simulated_backbones
+from rcarun.mock import MockConfig, MockServer
+from rcarun.runner import run_sweep
+
+
+async def _demo(db: Path) -> None:
+    async with simulated_backbones() as backbones:
+        await run_sweep(demo_sweep_config(backbones), db_path=db, run_name="demo", show_progress=False)
+
+
+async def _two_methods(db: Path) -> None:
+    # Two labels of all-at-once whose prompts differ (step ids shown or not), so the simulator's answers differ
+    # and the paired statistics have discordant pairs; temperature 0.7 makes the two realizations differ too.
+    async with (
+        MockServer(MockConfig(latency_s=0.001, seed=11)) as first,
+        MockServer(MockConfig(latency_s=0.001, seed=12)) as second,
+    ):
+        config = make_config(
+            {
+                "alpha": {
+                    "base_url": first.base_url,
+                    "prices": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+                },
+                "beta": {"base_url": second.base_url},
+            },
+            realizations=2,
+            methods=[
+                {"name": "all-at-once", "label": "aao", "options": {"temperature": 0.7}},
+                {
+                    "name": "all-at-once",
+                    "label": "aao-plain",
+                    "options": {"temperature": 0.7, "step_numbers": False},
+                },
+            ],
+        )
+        await run_sweep(config, db_path=db, run_name="two", show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("demo") / "results.db"
+    asyncio.run(_demo(db))
+    return db
+
+
+@pytest.fixture(scope="session")
+def two_method_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("two") / "results.db"
+    asyncio.run(_two_methods(db))
+    return db
