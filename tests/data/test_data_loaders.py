@@ -242,6 +242,12 @@ BAD_RECORDS: list[tuple[str, Mutation, str, str]] = [
     ("question not a string", _set("question", 7), "question", "got int"),
     ("question_ID not a string", _set("question_ID", 7), "question_ID", "got int"),
     ("mistake_step not an integer", _set("mistake_step", "two"), "mistake_step", "'two'"),
+    (
+        "mistake_step in non-ASCII digits",
+        _set("mistake_step", "\u0663"),
+        "mistake_step",
+        "expected a 0-based integer",
+    ),
     ("mistake_step a decimal string", _set("mistake_step", "1.5"), "mistake_step", "'1.5'"),
     ("mistake_step a float", _set("mistake_step", 1.0), "mistake_step", "1.0"),
     ("mistake_step a bool", _set("mistake_step", True), "mistake_step", "True"),

@@ -24,7 +24,7 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -198,22 +198,29 @@ def _with_holm(entries: Paired, group_key: str | None) -> Paired:
     return adjusted
 
 
-def _paired_methods(scores: RunScores, reference: str | None, options: ReportOptions) -> Paired:
+def _method_pairs(
+    scores: RunScores, reference: str | None
+) -> Iterator[tuple[str, str, list[ItemScore], list[ItemScore]]]:
+    """(backbone, method, reference's scores, method's scores) for every other method, realization 0."""
     if reference is None:
-        return []
-    entries: Paired = []
+        return
     for backbone in scores.backbones:
         base = scores.scores.get(Cell(backbone, reference, 0))
         if not base:
             continue
         for method in scores.methods:
             other = scores.scores.get(Cell(backbone, method, 0))
-            if method == reference or not other:
-                continue
-            for metric in options.paired_metrics:
-                comparison = _compare(base, other, metric, options)
-                entry = {"backbone": backbone, "method_a": reference, "method_b": method, "metric": metric}
-                entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+            if method != reference and other:
+                yield backbone, method, base, other
+
+
+def _paired_methods(scores: RunScores, reference: str | None, options: ReportOptions) -> Paired:
+    entries: Paired = []
+    for backbone, method, base, other in _method_pairs(scores, reference):
+        for metric in options.paired_metrics:
+            comparison = _compare(base, other, metric, options)
+            entry = {"backbone": backbone, "method_a": reference, "method_b": method, "metric": metric}
+            entries.append(({**entry, **_comparison_json(comparison)}, comparison))
     return _with_holm(entries, "metric")
 
 
@@ -243,30 +250,21 @@ def _holm_all(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]
 
 
 def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str, Any]]:
-    if reference is None:
-        return []
     entries = []
-    for backbone in scores.backbones:
-        base = scores.scores.get(Cell(backbone, reference, 0))
-        if not base:
-            continue
-        for method in scores.methods:
-            other = scores.scores.get(Cell(backbone, method, 0))
-            if method == reference or not other:
-                continue
-            counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
-            entries.append(
-                {
-                    "backbone": backbone,
-                    "method_a": reference,
-                    "method_b": method,
-                    "metric": "step_acc",
-                    "a_only": counts.a_only,
-                    "b_only": counts.b_only,
-                    "both": counts.both,
-                    "neither": counts.neither,
-                }
-            )
+    for backbone, method, base, other in _method_pairs(scores, reference):
+        counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
+        entries.append(
+            {
+                "backbone": backbone,
+                "method_a": reference,
+                "method_b": method,
+                "metric": "step_acc",
+                "a_only": counts.a_only,
+                "b_only": counts.b_only,
+                "both": counts.both,
+                "neither": counts.neither,
+            }
+        )
     return entries
 
 

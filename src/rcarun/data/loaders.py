@@ -60,7 +60,7 @@ __all__ = ["ProblemHandler", "iter_dataset", "load_jsonl", "load_trajectory_file
 ProblemHandler = Callable[[DataError], None]
 
 _LONGRCA_QID = re.compile(r"^[A-Za-z0-9_]+__\d+$")
-_INTEGER_TEXT = re.compile(r"^[+-]?\d+$")
+_INTEGER_TEXT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only, as the scorer parses steps
 _DIGIT_RUNS = re.compile(r"(\d+)")
 
 
