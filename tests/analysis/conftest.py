@@ -1,4 +1,4 @@
-"""Real results databases for the analysis tests: the demo sweep and a two-method sweep, each run once."""
+"""Real results databases for the analysis tests: the demo sweep and a three-method sweep, each run once."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ async def _demo(db: Path) -> None:
         await run_sweep(demo_sweep_config(backbones), db_path=db, run_name="demo", show_progress=False)
 
 
-async def _two_methods(db: Path) -> None:
-    # Two labels of all-at-once whose prompts differ (step ids shown or not), so the simulator's answers differ
-    # and the paired statistics have discordant pairs; temperature 0.7 makes the two realizations differ too.
+async def _three_methods(db: Path) -> None:
+    # Three labels of all-at-once whose prompts differ (step ids shown or not, task shown or not), so the
+    # simulator's answers differ and the paired statistics have discordant pairs.
     async with (
         MockServer(MockConfig(latency_s=0.001, seed=11)) as first,
         MockServer(MockConfig(latency_s=0.001, seed=12)) as second,
@@ -41,6 +41,11 @@ async def _two_methods(db: Path) -> None:
                     "label": "aao-plain",
                     "options": {"temperature": 0.7, "step_numbers": False},
                 },
+                {
+                    "name": "all-at-once",
+                    "label": "aao-notask",
+                    "options": {"temperature": 0.7, "include_task": False},
+                },
             ],
         )
         await run_sweep(config, db_path=db, run_name="two", show_progress=False)
@@ -54,7 +59,7 @@ def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def two_method_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def methods_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("two") / "results.db"
-    asyncio.run(_two_methods(db))
+    asyncio.run(_three_methods(db))
     return db

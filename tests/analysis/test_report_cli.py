@@ -51,12 +51,12 @@ def _outcomes(db: Path) -> dict[tuple[str, str, int], dict[str, dict[str, Any]]]
     return cells
 
 
-def test_report_json_agrees_with_the_tables(two_method_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = _json(capsys, ["report", "--db", str(two_method_db), "--json", "--resamples", "500"])
-    qids = [row["qid"] for row in _table(two_method_db, "SELECT qid FROM trajectories")]
-    cells = _outcomes(two_method_db)
+def test_report_json_agrees_with_the_tables(methods_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json(capsys, ["report", "--db", str(methods_db), "--json", "--resamples", "500"])
+    qids = [row["qid"] for row in _table(methods_db, "SELECT qid FROM trajectories")]
+    cells = _outcomes(methods_db)
     assert report["simulated"] is True and report["expected"] == len(qids) == 10
-    assert len(report["metrics"]) == 2 * 2 * 2  # backbones x methods x realizations
+    assert len(report["metrics"]) == 2 * 3 * 2  # backbones x methods x realizations
 
     for entry in report["metrics"]:
         outcomes = cells[(entry["backbone"], entry["method"], entry["realization"])]
@@ -72,23 +72,37 @@ def test_report_json_agrees_with_the_tables(two_method_db: Path, capsys: pytest.
         for source, values in by_source.items():
             assert entry["per_source"][source]["step_acc"] == pytest.approx(sum(values) / len(values))
 
-    # Paired: aao (reference, first by name) against aao-plain on each backbone, realization 0.
+    # Paired: aao (reference, first by name) against the two others on each backbone, realization 0.
     assert report["reference_method"] == "aao"
-    paired = {(p["backbone"], p["metric"]): p for p in report["paired"]}
-    assert set(paired) == {(b, m) for b in ("alpha", "beta") for m in ("agent_acc", "step_acc")}
-    for (backbone, metric), entry in paired.items():
-        a, b = cells[(backbone, "aao", 0)], cells[(backbone, "aao-plain", 0)]
+    paired = {(p["backbone"], p["method_b"], p["metric"]): p for p in report["paired"]}
+    others = ("aao-notask", "aao-plain")
+    assert set(paired) == {
+        (b, o, m) for b in ("alpha", "beta") for o in others for m in ("agent_acc", "step_acc")
+    }
+    for (backbone, other_method, metric), entry in paired.items():
+        a, b = cells[(backbone, "aao", 0)], cells[(backbone, other_method, 0)]
         key = "role" if metric == "agent_acc" else "exact"
         assert entry["wins"] == sum(a[q][key] and not b[q][key] for q in qids)
         assert entry["losses"] == sum(b[q][key] and not a[q][key] for q in qids)
         assert entry["ci_low"] <= entry["delta"] <= entry["ci_high"]
         assert entry["p_mcnemar"] <= entry["p_holm"] <= 1.0
-    # Holm over each metric's family of two comparisons: the smaller p is doubled.
+    # Holm over each metric's family of four comparisons: the smallest p is multiplied by 4.
     for metric in ("agent_acc", "step_acc"):
-        ps = sorted(
-            (paired[(b, metric)]["p_mcnemar"], paired[(b, metric)]["p_holm"]) for b in ("alpha", "beta")
-        )
-        assert ps[0][1] == pytest.approx(min(1.0, 2 * ps[0][0]))
+        family = sorted((p["p_mcnemar"], p["p_holm"]) for (_, _, m), p in paired.items() if m == metric)
+        assert len(family) == 4 and family[0][1] == pytest.approx(min(1.0, 4 * family[0][0]))
+
+    # Complementarity of Step Acc, per other method and against the union of both.
+    overlap = {(c["backbone"], c["method_b"]): c for c in report["complementarity"]}
+    for backbone in ("alpha", "beta"):
+        a = cells[(backbone, "aao", 0)]
+        union = {q: any(cells[(backbone, o, 0)][q]["exact"] for o in others) for q in qids}
+        for name, solved in [(o, {q: cells[(backbone, o, 0)][q]["exact"] for q in qids}) for o in others] + [
+            ("union of the others", union)
+        ]:
+            counts = overlap[(backbone, name)]
+            assert counts["a_only"] == sum(a[q]["exact"] and not solved[q] for q in qids)
+            assert counts["b_only"] == sum(solved[q] and not a[q]["exact"] for q in qids)
+            assert counts["both"] + counts["neither"] + counts["a_only"] + counts["b_only"] == len(qids)
 
     # Repeatability: agreement of root-step predictions between realizations 0 and 1.
     for entry in report["repeatability"]:
@@ -155,7 +169,7 @@ def test_report_text_and_html_page_from_the_demo(
 
 
 def test_export_then_score_reproduces_the_leaderboard_entry(
-    two_method_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    methods_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "submission"
     assert (
@@ -163,7 +177,7 @@ def test_export_then_score_reproduces_the_leaderboard_entry(
             [
                 "export",
                 "--db",
-                str(two_method_db),
+                str(methods_db),
                 "--run",
                 "two",
                 "--backbone",
@@ -185,7 +199,7 @@ def test_export_then_score_reproduces_the_leaderboard_entry(
     with labels.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["question_ID", "source", "n_steps", "reference_role", "reference_step"])
-        for row in _table(two_method_db, "SELECT * FROM trajectories"):
+        for row in _table(methods_db, "SELECT * FROM trajectories"):
             writer.writerow([row["qid"], row["source"], row["n_steps"], row["ref_role"], row["ref_step"]])
     scored = _json(capsys, ["score", str(out / "predictions.jsonl"), "--references", str(labels), "--json"])
     entry = json.loads((out / "leaderboard.json").read_text())
@@ -200,7 +214,7 @@ def test_export_then_score_reproduces_the_leaderboard_entry(
         "by_benchmark",
     )
     assert {f: scored[f] for f in fields} == {f: entry[f] for f in fields}
-    outcomes = _outcomes(two_method_db)[("beta", "aao-plain", 0)]
+    outcomes = _outcomes(methods_db)[("beta", "aao-plain", 0)]
     assert entry["root_exact_correct"] == sum(o["exact"] for o in outcomes.values())
     assert entry["simulated"] is True and entry["method"] == "aao-plain"
 

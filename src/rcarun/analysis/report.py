@@ -18,6 +18,9 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
       named, with the same statistics, under ``paired_backbones``. When none are named and the run has a
       single method on several backbones, every backbone is compared with the first by name (there is no
       method comparison to make then).
+    - Complementarity (Step Acc): the reference against each other method and, when there are two or more,
+      against their union (a trajectory counts for the union when any other method found its root; the
+      paper's Figure 8).
     - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
     - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
 """
@@ -43,12 +46,14 @@ from .scoring import (
 from .stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
+    Complementarity,
     PairedComparison,
     adjust_family,
     complementarity,
     paired_comparison,
     pairwise_agreement,
     spread,
+    union_complementarity,
 )
 
 __all__ = ["METRIC_NAMES", "ReportOptions", "build_report", "metrics_json"]
@@ -250,22 +255,37 @@ def _holm_all(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]
 
 
 def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str, Any]]:
+    """Step Acc overlap of the reference with each other method and, with two or more, with their union."""
     entries = []
+    others_by_backbone: dict[str, list[tuple[list[ItemScore], list[ItemScore]]]] = {}
     for backbone, method, base, other in _method_pairs(scores, reference):
-        counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
-        entries.append(
-            {
-                "backbone": backbone,
-                "method_a": reference,
-                "method_b": method,
-                "metric": "step_acc",
-                "a_only": counts.a_only,
-                "b_only": counts.b_only,
-                "both": counts.both,
-                "neither": counts.neither,
-            }
-        )
+        others_by_backbone.setdefault(backbone, []).append((base, other))
+        entries.append(_overlap(backbone, reference, method, complementarity(*_step_outcomes(base, other))))
+    for backbone, pairs in others_by_backbone.items():
+        if len(pairs) >= 2:
+            base = pairs[0][0]
+            union = union_complementarity(
+                _outcomes(base, "step_acc"), [_outcomes(other, "step_acc") for _, other in pairs]
+            )
+            entries.append(_overlap(backbone, reference, "union of the others", union))
     return entries
+
+
+def _step_outcomes(a: Sequence[ItemScore], b: Sequence[ItemScore]) -> tuple[list[bool], list[bool]]:
+    return _outcomes(a, "step_acc"), _outcomes(b, "step_acc")
+
+
+def _overlap(backbone: str, method_a: str | None, method_b: str, counts: Complementarity) -> dict[str, Any]:
+    return {
+        "backbone": backbone,
+        "method_a": method_a,
+        "method_b": method_b,
+        "metric": "step_acc",
+        "a_only": counts.a_only,
+        "b_only": counts.b_only,
+        "both": counts.both,
+        "neither": counts.neither,
+    }
 
 
 def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
