@@ -397,3 +397,13 @@ def test_count_entries_counts_files_and_jsonl_lines_without_parsing(tmp_path: Pa
     assert count_entries(tmp_path) == 4
     assert count_entries(tmp_path / "extra.jsonl") == 2
     assert count_entries(tmp_path / "missing") == 0
+
+
+def test_ground_truth_is_kept_apart_from_the_task(
+    write_record: RecordWriter, good_record: dict[str, Any]
+) -> None:
+    record = load_trajectory_file(write_record({**good_record, "ground_truth": "42"}), "src")
+    assert (record.trajectory.task, record.trajectory.ground_truth) == ("How many?", "42")
+    assert load_trajectory_file(write_record(good_record, name="2"), "src").trajectory.ground_truth == ""
+    with pytest.raises(DataError, match="field 'ground_truth': expected a string, got int"):
+        load_trajectory_file(write_record({**good_record, "ground_truth": 42}, name="3"), "src")

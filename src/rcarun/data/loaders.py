@@ -29,7 +29,7 @@ Validation, all raised as `DataError`:
 - a history item that is not an object, has no string ``content`` (empty text is allowed: two Who&When
   steps are empty) or no string ``role``, a ``name`` that is not a string, a ``step`` that is not its 0-based
   position, or an agent that comes out empty (rule in `rcarun.data.trajectory`);
-- ``question`` present but not a string;
+- ``question`` or ``ground_truth`` present but not a string;
 - a reference with only one of ``mistake_agent`` / ``mistake_step``; an empty ``mistake_agent`` or one that
   matches no recorded agent once both sides are compared the way the scorer compares roles (trim, drop one
   trailing ``(-> X)`` handoff suffix, NFKC, casefold, collapse whitespace); a ``mistake_step`` that is not an
@@ -362,7 +362,12 @@ def _parse_record(
     task = obj.get("question")
     if task is not None and not isinstance(task, str):
         raise _not_a_string(task, path=path, label=label, field="question")
-    trajectory = Trajectory(qid=qid, source=source, task=task or "", steps=steps, sha256=sha256)
+    ground_truth = obj.get("ground_truth")
+    if ground_truth is not None and not isinstance(ground_truth, str):
+        raise _not_a_string(ground_truth, path=path, label=label, field="ground_truth")
+    trajectory = Trajectory(
+        qid=qid, source=source, task=task or "", steps=steps, sha256=sha256, ground_truth=ground_truth or ""
+    )
     reference = _parse_reference(obj, trajectory, path=path, label=label)
     origin = path if line is None else f"{path}:{line}"
     return _Loaded(Record(trajectory, reference, origin), path=path, label=label, qid_field=qid_field)

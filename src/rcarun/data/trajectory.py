@@ -85,6 +85,9 @@ class Trajectory:
         task: the question text when the record has one, else ``""``.
         steps: the history; ``steps[i].index == i``.
         sha256: hex SHA-256 of the file's bytes (or of the JSONL line without its line terminator).
+        ground_truth: the task's correct final answer when the record has one (Who&When ``ground_truth``),
+            else ``""``. Not the attribution label: the Who&When baselines may show it to the model, which
+            LongRCA's protocol does not do by default (each method's ``include_ground_truth`` option).
     """
 
     qid: str
@@ -92,6 +95,7 @@ class Trajectory:
     task: str
     steps: tuple[Step, ...]
     sha256: str
+    ground_truth: str = ""
 
     def __post_init__(self) -> None:
         for position, step in enumerate(self.steps):
