@@ -120,6 +120,7 @@ def test_rcarun_manifest_round_trips(tmp_path: Path) -> None:
 
 def test_the_official_longrca_mini_list_ships_and_loads() -> None:
     manifest = load_manifest(longrca_mini_manifest_path())
+    assert load_manifest("longrca-mini") == manifest  # the keyword every manifest option accepts
     assert manifest.origin == "longrca"
     assert manifest.quotas == dict.fromkeys(LONGRCA, 40)
     first = manifest.records[0]

@@ -171,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate a dataset; list every problem by file, record, field"
     )
     check.add_argument("path", help="dataset directory or .jsonl file")
-    check.add_argument("--manifest", help="verify the records a manifest lists, file by file (SHA-256)")
+    check.add_argument(
+        "--manifest",
+        help="verify the records a manifest lists, file by file (SHA-256); 'longrca-mini': the official list",
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     sample = data_commands.add_parser(
         "sample-mini", help="draw a LongRCA-Mini style manifest (App. A protocol)"

@@ -21,6 +21,7 @@ from .loaders import (
 from .manifest import (
     DEFAULT_MINI_SEED,
     DEFAULT_MINI_SIZE,
+    LONGRCA_MINI,
     Manifest,
     ManifestRecord,
     allocate_quotas,
@@ -36,6 +37,7 @@ from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, ag
 __all__ = [
     "DEFAULT_MINI_SEED",
     "DEFAULT_MINI_SIZE",
+    "LONGRCA_MINI",
     "CheckReport",
     "Handoff",
     "Manifest",

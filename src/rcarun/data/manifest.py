@@ -51,6 +51,7 @@ from .loaders import natural_sort_key
 __all__ = [
     "DEFAULT_MINI_SEED",
     "DEFAULT_MINI_SIZE",
+    "LONGRCA_MINI",
     "Manifest",
     "ManifestRecord",
     "allocate_quotas",
@@ -61,6 +62,7 @@ __all__ = [
     "save_manifest",
 ]
 
+LONGRCA_MINI = "longrca-mini"  # names the official list wherever a manifest path is accepted
 DEFAULT_MINI_SIZE = 200
 DEFAULT_MINI_SEED = 20260821  # the seed of the released LongRCA-Mini manifest (App. A)
 
@@ -214,11 +216,13 @@ def save_manifest(manifest: Manifest, path: str | Path) -> None:
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read a manifest in rcarun's format or the official LongRCA one.
+    """Read a manifest in rcarun's format or the official LongRCA one (``"longrca-mini"``: the shipped list).
 
     Raises:
         DataError: unreadable, not JSON, neither format, or a record without qid/sha256 (named by index).
     """
+    if str(path) == LONGRCA_MINI:
+        path = longrca_mini_manifest_path()
     where = str(path)
     try:
         raw = json.loads(Path(path).read_bytes())

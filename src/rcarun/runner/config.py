@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rcarun.data import LONGRCA_MINI
 from rcarun.errors import ConfigError
 
 __all__ = [
-    "LONGRCA_MINI",
     "BackboneConfig",
     "LimitsConfig",
     "MethodConfig",
@@ -33,9 +33,6 @@ __all__ = [
     "load_backbones_file",
     "load_sweep_config",
 ]
-
-
-LONGRCA_MINI = "longrca-mini"
 
 
 class _Strict(BaseModel):

@@ -38,11 +38,10 @@ from rcarun.data import (
     count_entries,
     iter_dataset,
     load_manifest,
-    longrca_mini_manifest_path,
 )
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
 from rcarun.methods import Attribution, Method, create_method
-from rcarun.runner.config import LONGRCA_MINI, BackboneConfig, SweepConfig
+from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import BackboneCounters, BackboneRuntime, RunContext, StopController, WorkItem
 from rcarun.runner.session import ItemSession, StopRequested
@@ -126,7 +125,7 @@ def _load_sweep_manifest(config: SweepConfig) -> Manifest | None:
     name = config.sweep.manifest
     if name is None:
         return None
-    return load_manifest(longrca_mini_manifest_path() if name == LONGRCA_MINI else Path(name))
+    return load_manifest(name)
 
 
 def _iter_records(
