@@ -1,10 +1,14 @@
-"""Fixtures every test package may use: the shared Who&When data beside the project checkout."""
+"""Fixtures every test package may use: the shared Who&When data beside the project checkout, the demo's results.db."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+
+from rcarun.demo import demo_sweep_config, simulated_backbones
+from rcarun.runner import run_sweep
 
 # The shared data tree sits beside the project checkout (../shared relative to the project root).
 WHO_AND_WHEN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "who_and_when"
@@ -15,3 +19,16 @@ def who_and_when() -> Path:
     if not (WHO_AND_WHEN / "algorithm_generated").is_dir():
         pytest.skip(f"Who&When data not found at {WHO_AND_WHEN} (expected ../shared/data beside the project)")
     return WHO_AND_WHEN
+
+
+async def _demo(db: Path) -> None:
+    async with simulated_backbones() as backbones:
+        await run_sweep(demo_sweep_config(backbones), db_path=db, run_name="demo", show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded demo (`make demo`) run once per test session: every method on four simulated backbones."""
+    db = tmp_path_factory.mktemp("demo") / "results.db"
+    asyncio.run(_demo(db))
+    return db

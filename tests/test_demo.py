@@ -5,19 +5,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from rcarun.demo import DEMO_REALIZATIONS, demo_sweep_config, simulated_backbones
-from rcarun.runner import run_sweep
+from rcarun.demo import DEMO_REALIZATIONS
+from rcarun.methods import registered_methods
 
 
-async def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(tmp_path: Path) -> None:
-    db = tmp_path / "results.db"
-    async with simulated_backbones() as backbones:
-        outcome = await run_sweep(
-            demo_sweep_config(backbones), db_path=db, run_name="demo", show_progress=False
-        )
-
-    assert outcome.status == "finished"
-    assert set(outcome.counters) == {"sim-deepseek", "sim-gpt", "sim-kimi", "sim-qwen"}
+def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(demo_db: Path) -> None:
+    db = demo_db
+    with sqlite3.connect(db) as connection:
+        status = connection.execute("SELECT status FROM runs WHERE name = 'demo'").fetchone()[0]
+        backbones = {row[0] for row in connection.execute("SELECT DISTINCT backbone FROM items")}
+    assert status == "finished"
+    assert backbones == {"sim-deepseek", "sim-gpt", "sim-kimi", "sim-qwen"}
     with sqlite3.connect(db) as connection:
         per_backbone = dict(
             connection.execute("SELECT backbone, count(*) FROM predictions GROUP BY backbone")
@@ -32,8 +30,19 @@ async def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(tmp
         )
         distinct_endpoints = endpoints.fetchone()[0]
         priced = dict(connection.execute("SELECT backbone, sum(cost_usd) > 0 FROM calls GROUP BY backbone"))
-    assert per_backbone == {name: 10 * DEMO_REALIZATIONS for name in outcome.counters}
-    # sim-qwen thinks for 1,500 tokens: every first attempt at 1,024 stops on length and is retried at 2,048.
-    assert length == {"sim-qwen": 10 * DEMO_REALIZATIONS}
+        short_budget_calls = connection.execute(
+            "SELECT count(*) FROM calls WHERE backbone = 'sim-qwen' AND attempt = 1 AND max_tokens = 1024"
+        ).fetchone()[0]
+        retried_at_double = connection.execute(
+            "SELECT count(*) FROM calls WHERE backbone = 'sim-qwen' AND attempt = 2 AND max_tokens = 2048 "
+            "AND status = 'ok'"
+        ).fetchone()[0]
+    methods = registered_methods()
+    assert set(methods) >= {"all-at-once", "step-by-step", "binary-search", "echo", "falat"}
+    assert per_backbone == {name: 10 * DEMO_REALIZATIONS * len(methods) for name in backbones}
+    # sim-qwen thinks for 1,500 tokens: every call whose first budget is 1,024 (all-at-once's attribution as the
+    # demo configures it, step-by-step's and binary search's checks) stops on length once and is retried at 2,048.
+    assert length == {"sim-qwen": short_budget_calls}
+    assert short_budget_calls >= 10 * DEMO_REALIZATIONS and retried_at_double == short_budget_calls
     assert distinct_endpoints == 2  # both vLLM-style replicas served calls
     assert priced == {"sim-deepseek": 1, "sim-gpt": 1, "sim-kimi": 1, "sim-qwen": 0}

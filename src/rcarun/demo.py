@@ -75,7 +75,7 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
                 MockConfig(
                     model="sim-gpt",
                     latency_s=0.1,
-                    rpm=240,
+                    rpm=600,
                     tpm=2_000_000,
                     headers="openai",
                     reasoning_tokens=200,
@@ -84,7 +84,7 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
             ),
             {
                 "provider": "simulated",
-                "limits": {"concurrency": 16, "rpm": 240, "tpm": 2_000_000, "burst_s": 1.0},
+                "limits": {"concurrency": 16, "rpm": 600, "tpm": 2_000_000, "burst_s": 1.0},
                 "prices": {"input_per_mtok": 1.25, "cached_input_per_mtok": 0.125, "output_per_mtok": 10.0},
             },
         ),
@@ -94,8 +94,8 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
                 MockConfig(
                     model="sim-kimi",
                     latency_s=0.1,
-                    rps=4,
-                    rpm=180,
+                    rps=10,
+                    rpm=480,
                     headers="moonshot",
                     error_503_rate=0.05,
                     seed=13,
@@ -103,7 +103,7 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
             ),
             {
                 "provider": "kimi",
-                "limits": {"concurrency": 8, "rpm": 180, "burst_s": 1.0},
+                "limits": {"concurrency": 8, "rpm": 480, "burst_s": 1.0},
                 "prices": {"input_per_mtok": 0.6, "cached_input_per_mtok": 0.15, "output_per_mtok": 2.5},
                 "retry": {"base_s": 0.2, "cap_s": 2.0},
             },

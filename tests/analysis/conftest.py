@@ -1,4 +1,4 @@
-"""Real results databases for the analysis tests: the demo sweep and a three-method sweep, each run once."""
+"""A real results database for the analysis tests: a three-method sweep, run once (the demo's is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 
 from helpers.sweeps import make_config
-from rcarun.demo import demo_sweep_config, simulated_backbones
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
-
-
-async def _demo(db: Path) -> None:
-    async with simulated_backbones() as backbones:
-        await run_sweep(demo_sweep_config(backbones), db_path=db, run_name="demo", show_progress=False)
 
 
 async def _three_methods(db: Path) -> None:
@@ -49,13 +43,6 @@ async def _three_methods(db: Path) -> None:
             ],
         )
         await run_sweep(config, db_path=db, run_name="two", show_progress=False)
-
-
-@pytest.fixture(scope="session")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("demo") / "results.db"
-    asyncio.run(_demo(db))
-    return db
 
 
 @pytest.fixture(scope="session")

@@ -139,14 +139,21 @@ def test_cost_json_reconciles_with_the_calls_table(demo_db: Path, capsys: pytest
         for field in ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens"):
             assert row[field] == sum(r[field] for r in sent)
         assert row["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in sent))
-        items = len({r["item_id"] for r in every})
-        assert row["items"] == items == 20  # 10 trajectories x 2 realizations
-        assert row["usd_per_trajectory"] == pytest.approx(row["cost_usd"] / items)
+        assert row["items"] == len({r["item_id"] for r in every})
+        method_items = _table(
+            demo_db,
+            "SELECT count(DISTINCT item_id) AS n FROM calls WHERE backbone = ? AND method = ?",
+            key[:2],
+        )[0]["n"]
+        assert method_items == 20  # 10 trajectories x 2 realizations
+        assert row["usd_per_trajectory"] == pytest.approx(row["cost_usd"] / method_items)
         latencies = sorted(r["latency_ms"] for r in sent if r["latency_ms"] is not None)
         assert row["latency_p95_ms"] == latencies[math.ceil(0.95 * len(latencies)) - 1]
     # The demo's features show up where they should: 429s on sim-deepseek/kimi, length retries on sim-qwen.
-    by_backbone = {row["backbone"]: row for row in rows}
-    assert by_backbone["sim-qwen"]["length_retries"] == 20 and by_backbone["sim-qwen"]["cost_usd"] == 0
+    by_key = {(row["backbone"], row["method"], row["stage"]): row for row in rows}
+    qwen = by_key[("sim-qwen", "all-at-once", "attribution")]
+    assert qwen["length_retries"] == 20 and qwen["cost_usd"] == 0
+    assert sum(row["rate_limited"] for row in rows if row["backbone"] == "sim-deepseek") > 0
     total = _table(demo_db, "SELECT sum(cost_usd) AS usd FROM calls WHERE status != 'cached'")[0]["usd"]
     assert sum(row["cost_usd"] for row in rows) == pytest.approx(total)
 

@@ -1,8 +1,12 @@
-"""A scripted LLM: methods are tested against canned replies, with every request kept for inspection."""
+"""A scripted LLM: methods are tested against canned replies, with every request kept for inspection.
+
+``replies`` is either a list of answer texts, served in order, or a callable that writes the answer to each
+request (given the request as recorded in ``requests``), for methods whose number of calls depends on the log.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +17,7 @@ from rcarun.methods import Message, Reply
 
 @dataclass
 class ScriptedLLM:
-    replies: list[str]
+    replies: list[str] | Callable[[dict[str, Any]], str]
     context_window: int | None = None
     chars_per_token: float = 4.0
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -44,7 +48,7 @@ class ScriptedLLM:
         )
         import json
 
-        text = self.replies.pop(0)
+        text = self.replies(self.requests[-1]) if callable(self.replies) else self.replies.pop(0)
         try:
             parsed, error = json.loads(text), None
         except json.JSONDecodeError as exc:

@@ -125,3 +125,41 @@ async def test_no_truncation_policy_sends_everything(scripted) -> None:  # type:
     attribution = await method.attribute(trajectory, llm)
     assert attribution.output["truncation"]["applied"] is False
     assert "characters elided" not in llm.requests[0]["messages"][1].content
+
+
+@pytest.mark.parametrize(
+    ("include", "ground_truth", "expected_block"),
+    [
+        (False, "3 awnings", "Task:\nCount the awnings.\n\nAgents recorded in the log:"),
+        (
+            True,
+            "3 awnings",
+            "Task:\nCount the awnings.\nCorrect final answer: 3 awnings\n\nAgents recorded in the log:",
+        ),
+        (True, "", "Task:\nCount the awnings.\n\nAgents recorded in the log:"),
+    ],
+)
+def test_ground_truth_line_only_when_asked_and_recorded(
+    include: bool, ground_truth: str, expected_block: str
+) -> None:
+    base = _trajectory(3)
+    trajectory = Trajectory(
+        qid=base.qid,
+        source=base.source,
+        task=base.task,
+        steps=base.steps,
+        sha256=base.sha256,
+        ground_truth=ground_truth,
+    )
+    method = create_method("all-at-once", options={"include_ground_truth": include})
+    assert isinstance(method, AllAtOnce)
+    messages, _ = method.build_messages(trajectory, _NoWindow())
+    assert expected_block in messages[1].content
+    assert ("Correct final answer" in messages[1].content) is (include and bool(ground_truth))
+
+
+class _NoWindow:
+    context_window = None
+
+    def estimate_tokens(self, text: str) -> int:
+        return len(text) // 4

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rcarun.errors import ConfigError
+from rcarun.methods import create_method
 from rcarun.runner import build_prices, load_backbones_file, load_sweep_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -41,6 +42,16 @@ def test_shipped_sweep_resolves_backbones_and_paths() -> None:
         "qwen3.5-35b-a3b",
     ]
     assert Path(config.sweep.dataset).is_absolute()
+    assert config.sweep.manifest == "longrca-mini"
+    assert [m.name for m in config.methods] == [
+        "all-at-once",
+        "step-by-step",
+        "binary-search",
+        "echo",
+        "falat",
+    ]
+    for entry in config.methods:  # every method accepts its options
+        create_method(entry.name, label=entry.resolved_label, options=entry.options)
     assert config.stage("attribution").max_tokens == 8000
     assert config.stage("attribution").length_cap == 65_536
     assert config.stage("summary").length_retries == 1  # unlisted stages get the paper's default policy

@@ -4,6 +4,10 @@ Importing this package registers every method, so `create_method(name)` finds th
 """
 
 from rcarun.methods import all_at_once as _all_at_once  # noqa: F401  (registers "all-at-once")
+from rcarun.methods import binary_search as _binary_search  # noqa: F401  (registers "binary-search")
+from rcarun.methods import echo as _echo  # noqa: F401  (registers "echo")
+from rcarun.methods import falat as _falat  # noqa: F401  (registers "falat")
+from rcarun.methods import step_by_step as _step_by_step  # noqa: F401  (registers "step-by-step")
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.registry import create_method, method, registered_methods

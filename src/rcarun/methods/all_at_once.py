@@ -12,12 +12,15 @@ Choices where the papers are silent (each is an option):
 - ``max_tokens=8000`` and ``temperature=0``: the Full-benchmark attribution budget and temperature of RCTA's final
   call (App. H), so the baseline and RCTA get the same output room. Length retries (one doubling, cap 65,536) are the
   run's stage policy, applied by the session.
-- Truncation (``truncation="cap-steps"``): when the prompt would not fit the backbone's context window together
-  with the output budget, every step keeps its index and agent, and step contents longer than a common character
-  cap are cut in the middle (head and tail kept, the number of elided characters stated) — the smallest cut that
-  fits, found by bisection on the cap. Long tool outputs are cut first because they are the longest. The applied cap
-  and the number of cut steps are recorded in the output. ``truncation="none"`` sends the full log and lets the
-  provider refuse it (a ContextOverflow stored as the item's failure).
+- ``include_ground_truth=False``: the protocol's default. ``True`` adds a ``Correct final answer: ...`` line after
+  the task (the Who&When "with ground truth" setting) when the trajectory records one; off, the prompt is unchanged.
+- Truncation (``truncation="cap-steps"``): the shared context policy of `rcarun.methods.context`. When the prompt
+  would not fit the backbone's context window together with the output budget, every step keeps its index and
+  agent, and step contents longer than a common character cap are cut in the middle (head and tail kept, the number
+  of elided characters stated) — the smallest cut that fits, found by bisection on the cap. Long tool outputs are
+  cut first because they are the longest. The applied cap and the number of cut steps are recorded in the output.
+  ``truncation="none"`` sends the full log and lets the provider refuse it (a ContextOverflow stored as the item's
+  failure).
 """
 
 from __future__ import annotations
@@ -32,14 +35,11 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.context import TRUNCATION_POLICIES, fit_prompt, ground_truth_line, render_steps
 from rcarun.methods.llm import LLM, Message, Reasoning
 from rcarun.methods.registry import method
 
 __all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_schema", "render_log"]
-
-_ELISION = " [... {n} characters elided ...] "
-# Tokens kept free besides the output budget: chat-template overhead and estimate error.
-_CONTEXT_MARGIN_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,7 @@ class AllAtOnceOptions:
     reasoning: Reasoning | None = None
     step_numbers: bool = True
     include_task: bool = True
+    include_ground_truth: bool = False
     truncation: Literal["cap-steps", "none"] = "cap-steps"
     stage: str = "attribution"
 
@@ -61,7 +62,7 @@ class AllAtOnceOptions:
         parsed = cls(**options)
         if not isinstance(parsed.max_tokens, int) or parsed.max_tokens <= 0:
             raise ConfigError("all-at-once: max_tokens must be a positive integer")
-        if parsed.truncation not in ("cap-steps", "none"):
+        if parsed.truncation not in TRUNCATION_POLICIES:
             raise ConfigError("all-at-once: truncation must be 'cap-steps' or 'none'")
         if parsed.reasoning not in (None, "off", "low", "medium", "high"):
             raise ConfigError("all-at-once: reasoning must be one of off, low, medium, high")
@@ -83,21 +84,8 @@ def answer_schema(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def render_log(trajectory: Trajectory, *, step_numbers: bool, step_char_cap: int | None = None) -> str:
-    lines = []
-    for step in trajectory.steps:
-        content = step.content
-        if step_char_cap is not None and len(content) > step_char_cap:
-            content = _cut_middle(content, step_char_cap)
-        prefix = f"[step {step.index}] " if step_numbers else ""
-        lines.append(f"{prefix}{step.agent}: {content}")
-    return "\n".join(lines)
-
-
-def _cut_middle(text: str, cap: int) -> str:
-    head = cap // 2
-    tail = cap - head
-    elided = len(text) - cap
-    return text[:head] + _ELISION.format(n=elided) + (text[-tail:] if tail else "")
+    """The whole log as ``[step k] agent: content`` lines (``agent: content`` without step numbers)."""
+    return render_steps(trajectory.steps, step_numbers=step_numbers, step_char_cap=step_char_cap)
 
 
 def _load_prompt(name: str) -> Template:
@@ -129,6 +117,7 @@ class AllAtOnce:
         def user_prompt(cap: int | None, note: str) -> str:
             return self._user.substitute(
                 task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
+                ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
                 agents=agents,
                 n_steps=trajectory.n_steps,
                 step_format=step_format,
@@ -137,39 +126,16 @@ class AllAtOnce:
                 schema=schema_text,
             )
 
-        full = user_prompt(None, "")
-        truncation: dict[str, Any] = {"applied": False, "policy": self.options.truncation}
-        window = llm.context_window
-        if window is None or self.options.truncation == "none":
-            return self._messages(full), truncation
-        allowed = (
-            window - self.options.max_tokens - _CONTEXT_MARGIN_TOKENS - llm.estimate_tokens(self._system)
-        )
-        if llm.estimate_tokens(full) <= allowed:
-            return self._messages(full), truncation
-
         note = "\nSome long steps were cut in the middle to fit the model's context; their step numbers are kept.\n"
-        longest = max(len(step.content) for step in trajectory.steps)
-        low, high = (
-            0,
-            longest,
-        )  # invariant: `high` fits or is the full length; search the largest cap that fits
-        while low < high:
-            mid = (low + high + 1) // 2
-            if llm.estimate_tokens(user_prompt(mid, note)) <= allowed:
-                low = mid
-            else:
-                high = mid - 1
-        cap = low
-        cut_steps = sum(1 for step in trajectory.steps if len(step.content) > cap)
-        truncation.update(
-            applied=True,
-            step_char_cap=cap,
-            steps_cut=cut_steps,
-            context_window=window,
-            fits=llm.estimate_tokens(user_prompt(cap, note)) <= allowed,
+        fitted = fit_prompt(
+            lambda cap: user_prompt(cap, "" if cap is None else note),
+            [len(step.content) for step in trajectory.steps],
+            llm=llm,
+            max_tokens=self.options.max_tokens,
+            system=self._system,
+            policy=self.options.truncation,
         )
-        return self._messages(user_prompt(cap, note)), truncation
+        return self._messages(fitted.text), fitted.truncation.as_output()
 
     def _messages(self, user: str) -> list[Message]:
         return [Message("system", self._system), Message("user", user)]

@@ -1,0 +1,289 @@
+"""Binary search: halve the failed log, asking each time which half holds the decisive error, down to one step.
+
+The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.3) run under the LongRCA protocol (Sec. 5.1).
+It searches the inclusive range ``[start, end]``, from ``[0, n−1]``: with ``mid = start + (end − start) // 2`` the
+earlier half is ``[start, mid]`` and the later half ``[mid + 1, end]``. Each call (stage ``"bisect"``) shows the
+task and ONLY the current segment, names the two halves by their step ranges, and asks for the JSON object
+``{"reason": str, "half": "earlier" | "later"}``. The search stops when ``start == end``: the predicted root step
+is that index, and the role field is emitted explicitly as the speaker of the selected step, as in the original
+(role and step are always consistent; the role is never judged on its own). A trajectory of ``n`` steps takes
+``⌈log2 n⌉`` calls or one fewer (none for a one-step log).
+
+Where the protocol differs from the original:
+- JSON answers with a declared schema (``half`` an enum) instead of a substring test for "upper half" /
+  "lower half" anywhere in free text. "earlier" / "later" replace the original's "upper" / "lower", whose meaning
+  depends on picturing the log top-down.
+- No ground-truth final answer by default; ``include_ground_truth=True`` adds a ``Correct final answer: ...`` line.
+- ``step_numbers=True`` (default) renders the segment as ``[step k] agent: content`` with the stable 0-based ids;
+  ``False`` gives the original's ``agent: content`` lines (the ranges are then only stated in words, as there).
+
+Choices where the papers are silent (each an option where cheap):
+- Unclear answers — not a JSON object, or ``half`` missing or not exactly ``"earlier"`` / ``"later"`` (no case
+  folding, no substring search: invalid answers are not repaired) — are decided by ``unclear``: ``"random"``
+  (default, the original GPT path) draws a half from ``random.Random(s)`` where ``s`` is derived from the option
+  ``seed`` (default 0), the trajectory's qid and the range (SHA-256 of ``"seed|qid|start|end"``), so a rerun makes
+  the same draw whatever the order items run in; ``"earlier"`` always takes the earlier half (the original
+  local-model path). Every decision is recorded with ``unclear`` true/false and, when unclear, why.
+- ``max_tokens=1024`` (the original's budget; the answer is one sentence and a word), ``temperature=0``; a length
+  stop is retried with a doubled budget by the run's stage policy, not here.
+- A segment whose prompt does not fit the context goes through the same policy as All-at-once
+  (`rcarun.methods.context`): every shown step keeps its id and agent, and contents over a common character cap
+  are cut in the middle. Only the first, widest segments are ever cut; per decision the cap is recorded.
+- No ``max_steps`` option (Step-by-step has one): the search costs at most ``⌈log2 n⌉`` calls, nothing to bound.
+- Reasons and raw texts kept in the output are cut to 500 characters (full replies are in the calls table).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from string import Template
+from typing import Any, Literal
+
+from rcarun.data import Trajectory
+from rcarun.errors import ConfigError
+from rcarun.methods._options import check_common_options, reject_unknown_options
+from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.context import (
+    FittedPrompt,
+    TokenCounter,
+    Truncation,
+    fit_prompt,
+    ground_truth_line,
+    render_steps,
+    truncation_summary,
+)
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.registry import method
+
+__all__ = [
+    "ANSWER_SCHEMA",
+    "BinarySearch",
+    "BinarySearchOptions",
+    "Half",
+    "HalfChoice",
+    "decision_seed",
+    "read_half",
+    "split",
+]
+
+_NAME = "binary-search"
+_KEPT_CHARS = 500
+_HALVES = ("earlier", "later")
+_TRUNCATION_NOTE = (
+    "\nSome long steps were cut in the middle to fit the model's context; every step is still shown.\n"
+)
+
+Half = Literal["earlier", "later"]
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string"},
+        "half": {"type": "string", "enum": list(_HALVES)},
+    },
+    "required": ["reason", "half"],
+    "additionalProperties": False,
+}
+"""The answer of one ``bisect`` call: reason first, so the model explains before it commits."""
+
+
+@dataclass(frozen=True, slots=True)
+class BinarySearchOptions:
+    max_tokens: int = 1024
+    temperature: float | None = 0.0
+    reasoning: Reasoning | None = None
+    include_task: bool = True
+    include_ground_truth: bool = False
+    step_numbers: bool = True
+    truncation: Literal["cap-steps", "none"] = "cap-steps"
+    unclear: Literal["random", "earlier"] = "random"
+    seed: int = 0
+    stage: str = "bisect"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> BinarySearchOptions:
+        reject_unknown_options(_NAME, cls, options)
+        parsed = cls(**options)
+        check_common_options(_NAME, parsed)
+        if not isinstance(parsed.step_numbers, bool):
+            raise ConfigError(f"{_NAME}: step_numbers must be true or false")
+        if parsed.unclear not in ("random", "earlier"):
+            raise ConfigError(f"{_NAME}: unclear must be 'random' or 'earlier'")
+        if not isinstance(parsed.seed, int) or isinstance(parsed.seed, bool):
+            raise ConfigError(f"{_NAME}: seed must be an integer")
+        return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class HalfChoice:
+    """One ``bisect`` answer as read.
+
+    Attributes:
+        half: the half the answer names, None when it is unclear.
+        reason: the answer's reason, None when absent or not a string.
+        error: why the answer is unclear, None when it is not.
+    """
+
+    half: Half | None
+    reason: str | None
+    error: str | None = None
+
+
+def split(start: int, end: int) -> int:
+    """The last step of the earlier half of ``[start, end]``; the later half starts one step after it."""
+    return start + (end - start) // 2
+
+
+def decision_seed(seed: int, qid: str, start: int, end: int) -> int:
+    """The seed of the unclear-answer draw for one range: stable across runs, processes and item order."""
+    digest = hashlib.sha256(f"{seed}|{qid}|{start}|{end}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def read_half(reply: Reply) -> HalfChoice:
+    """Read one answer strictly: only ``half`` exactly ``"earlier"`` or ``"later"`` in a JSON object is clear."""
+    answer = reply.parsed
+    if not isinstance(answer, dict):
+        return HalfChoice(None, None, reply.parse_error or "the answer is not a JSON object")
+    reason = answer.get("reason")
+    reason = reason if isinstance(reason, str) else None
+    half = answer.get("half")
+    if half == "earlier":
+        return HalfChoice("earlier", reason)
+    if half == "later":
+        return HalfChoice("later", reason)
+    return HalfChoice(None, reason, "half is missing or not 'earlier' or 'later'")
+
+
+def _load_prompt(name: str) -> Template:
+    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
+
+
+class BinarySearch:
+    """Recursive halving of the log with one ``bisect`` call per level, down to a single step."""
+
+    def __init__(self, label: str, options: BinarySearchOptions) -> None:
+        self.label = label
+        self.options = options
+        self._system = _load_prompt("binary_search_system.txt").template.strip()
+        self._user = _load_prompt("binary_search_user.txt")
+        self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
+
+    @property
+    def system_prompt(self) -> str:
+        return self._system
+
+    def build_prompt(self, trajectory: Trajectory, start: int, end: int, llm: TokenCounter) -> FittedPrompt:
+        """The user prompt for the segment ``[start, end]`` (inclusive), fitted to ``llm``'s context."""
+        shown = trajectory.steps[start : end + 1]
+        mid = split(start, end)
+        task = trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+        step_format = (
+            'Each step is shown as "[step k] agent: content".'
+            if self.options.step_numbers
+            else f'Each step is shown as "agent: content", one step after another; the first one is step {start}.'
+        )
+
+        def render(cap: int | None) -> str:
+            return self._user.substitute(
+                task=task,
+                ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
+                agents=", ".join(trajectory.agents),
+                n_steps=trajectory.n_steps,
+                start=start,
+                end=end,
+                mid=mid,
+                mid_next=mid + 1,
+                step_format=step_format,
+                log=render_steps(shown, step_numbers=self.options.step_numbers, step_char_cap=cap),
+                truncation_note="" if cap is None else _TRUNCATION_NOTE,
+                schema=self._schema_text,
+            )
+
+        return fit_prompt(
+            render,
+            [len(s.content) for s in shown],
+            llm=llm,
+            max_tokens=self.options.max_tokens,
+            system=self._system,
+            policy=self.options.truncation,
+        )
+
+    def messages(self, user: str) -> list[Message]:
+        return [Message("system", self._system), Message("user", user)]
+
+    def _unclear_half(self, trajectory: Trajectory, start: int, end: int) -> Half:
+        if self.options.unclear == "earlier":
+            return "earlier"
+        rng = random.Random(decision_seed(self.options.seed, trajectory.qid, start, end))
+        return "earlier" if rng.random() < 0.5 else "later"
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        decisions: list[dict[str, Any]] = []
+        truncations: list[Truncation] = []
+        start, end = 0, trajectory.n_steps - 1
+        while start < end:
+            prompt = self.build_prompt(trajectory, start, end, llm)
+            truncations.append(prompt.truncation)
+            reply = await llm.chat(
+                self.messages(prompt.text),
+                stage=self.options.stage,
+                max_tokens=self.options.max_tokens,
+                schema=ANSWER_SCHEMA,
+                temperature=self.options.temperature,
+                reasoning=self.options.reasoning,
+            )
+            choice = read_half(reply)
+            half = choice.half if choice.half is not None else self._unclear_half(trajectory, start, end)
+            mid = split(start, end)
+            decision: dict[str, Any] = {
+                "start": start,
+                "end": end,
+                "mid": mid,
+                "half": half,
+                "unclear": choice.half is None,
+                "reason": None if choice.reason is None else choice.reason[:_KEPT_CHARS],
+                "finish_reason": reply.finish_reason,
+            }
+            if prompt.truncation.applied:
+                decision["step_char_cap"] = prompt.truncation.step_char_cap
+            if choice.error is not None:
+                decision["error"] = choice.error
+                decision["raw_text"] = reply.text[:_KEPT_CHARS]
+            decisions.append(decision)
+            start, end = (start, mid) if half == "earlier" else (mid + 1, end)
+
+        output: dict[str, Any] = {
+            "calls": len(decisions),
+            "unclear_decisions": sum(1 for d in decisions if d["unclear"]),
+            "unclear_rule": self.options.unclear,
+            "decisions": decisions,
+            "truncation": truncation_summary(self.options.truncation, truncations),
+        }
+        if trajectory.n_steps == 0:  # the loaders reject empty histories; an in-memory one gets no answer
+            return Attribution(
+                pred_role=None,
+                pred_step=None,
+                role_valid=False,
+                step_valid=False,
+                abstained=True,
+                output=output,
+            )
+        role = trajectory.steps[start].agent
+        return Attribution(
+            pred_role=role,
+            pred_step=start,
+            role_valid=role_is_valid(role, trajectory),
+            step_valid=step_is_valid(start, trajectory),
+            output=output,
+        )
+
+
+@method(_NAME)
+def _create_binary_search(label: str, options: Mapping[str, Any]) -> BinarySearch:
+    return BinarySearch(label, BinarySearchOptions.from_mapping(options))

@@ -1,0 +1,304 @@
+"""Step-by-step: walk the failed log from step 0 and stop at the first step judged to be the decisive error.
+
+The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.2) run under the LongRCA protocol (Sec. 5.1):
+at step ``i`` one call shows the task and the log prefix ``0..i`` (``[step k] agent: content`` lines), says that
+step ``i`` was taken by agent X, and asks whether step ``i`` introduces the decisive error. The answer is a JSON
+object ``{"reason": str, "decisive_error": bool}`` (stage ``"step_check"``). The walk stops at the first ``true``:
+the predicted root step is ``i`` and the predicted responsible role is the agent of step ``i`` — the role is the
+speaker of the flagged step, as in the original, so role and step are always consistent and the role is never
+judged on its own. Both are still emitted as separate fields and validated like any method's. If no step is
+flagged, the method abstains (no role, no step), which scoring counts as an error on both targets, as the
+original's missing prediction was.
+
+Where the protocol differs from the original:
+- JSON answers with a declared schema instead of a ``1. Yes/No`` line matched by prefix.
+- No ground-truth final answer by default (the original hard-wired it); ``include_ground_truth=True`` adds a
+  ``Correct final answer: ...`` line after the task when the trajectory records one.
+- Stable 0-based step ids ``[step k]`` (the original's ``Step k - agent:`` is the same idea in another format).
+
+Choices where the papers are silent (each an option where cheap):
+- Malformed answers — not a JSON object, or ``decisive_error`` missing or not a JSON boolean (the string
+  ``"true"`` is not repaired) — count as "no" and the walk continues, as the original continued on replies it
+  did not recognise. Each one is recorded as verdict ``"malformed"`` with the parse error and the start of the
+  raw text. A missing ``reason`` alone does not make an answer malformed: the verdict needs only the boolean.
+- ``max_tokens=1024``: the original's output budget; the answer is one sentence and a boolean. A length stop is
+  retried with a doubled budget by the run's stage policy (the session), not here.
+- ``temperature=0``, as for every LongRCA attribution call (the original used the provider default).
+- ``max_steps=None`` walks the whole log; a positive value stops the walk after that many steps (an abstention
+  recorded as ``stopped="max_steps"``) to bound the quadratic cost on long logs.
+- Long logs: each prefix goes through the same context policy as All-at-once (`rcarun.methods.context`): when a
+  prefix does not fit, every shown step keeps its id and agent and contents above a common character cap are cut
+  in the middle. The newest step is capped like the others (one rule for every step). The original never
+  truncated. Per step the applied cap is recorded; ``truncation`` in the output summarises all prompts.
+- Reasons kept in the output are cut to 500 characters, raw texts of malformed answers to 500: the output stays
+  compact on logs with hundreds of steps (the full replies are in the calls table).
+
+Cost: up to ``n`` calls whose prompts grow with the prefix, so prompt tokens grow quadratically with the log;
+`estimate_calls_and_prompt_tokens` gives the worst case (no early stop) without calling a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from string import Template
+from typing import Any, Literal, NamedTuple
+
+from rcarun.data import Trajectory
+from rcarun.methods._options import check_common_options, reject_unknown_options
+from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.context import (
+    FittedPrompt,
+    TokenCounter,
+    Truncation,
+    fit_prompt,
+    ground_truth_line,
+    render_steps,
+    truncation_summary,
+)
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.registry import method
+
+__all__ = [
+    "ANSWER_SCHEMA",
+    "CostEstimate",
+    "StepByStep",
+    "StepByStepOptions",
+    "StepVerdict",
+    "Verdict",
+    "estimate_calls_and_prompt_tokens",
+    "read_verdict",
+]
+
+_NAME = "step-by-step"
+_KEPT_CHARS = 500  # reasons and raw texts kept in the output
+_TRUNCATION_NOTE = (
+    "\nSome long steps were cut in the middle to fit the model's context; their step numbers are kept.\n"
+)
+
+StepVerdict = Literal["yes", "no", "malformed"]
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string"},
+        "decisive_error": {"type": "boolean"},
+    },
+    "required": ["reason", "decisive_error"],
+    "additionalProperties": False,
+}
+"""The answer of one ``step_check`` call: reason first, so the model explains before it commits."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepByStepOptions:
+    max_tokens: int = 1024
+    temperature: float | None = 0.0
+    reasoning: Reasoning | None = None
+    include_task: bool = True
+    include_ground_truth: bool = False
+    truncation: Literal["cap-steps", "none"] = "cap-steps"
+    max_steps: int | None = None
+    stage: str = "step_check"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> StepByStepOptions:
+        reject_unknown_options(_NAME, cls, options)
+        parsed = cls(**options)
+        check_common_options(_NAME, parsed)
+        return parsed
+
+
+class CostEstimate(NamedTuple):
+    """Worst-case cost of one trajectory: every step checked, none flagged."""
+
+    calls: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One ``step_check`` answer as read.
+
+    Attributes:
+        verdict: ``"yes"`` / ``"no"`` from the boolean, ``"malformed"`` when there is none (counted as "no").
+        reason: the answer's reason, None when absent or not a string.
+        error: why the answer is malformed, None when it is not.
+    """
+
+    verdict: StepVerdict
+    reason: str | None
+    error: str | None = None
+
+
+def read_verdict(reply: Reply) -> Verdict:
+    """Read one answer strictly: only a JSON object with a boolean ``decisive_error`` gives a yes or a no."""
+    answer = reply.parsed
+    if not isinstance(answer, dict):
+        return Verdict("malformed", None, reply.parse_error or "the answer is not a JSON object")
+    reason = answer.get("reason")
+    reason = reason if isinstance(reason, str) else None
+    flag = answer.get("decisive_error")
+    if not isinstance(flag, bool):
+        return Verdict("malformed", reason, "decisive_error is missing or not a boolean")
+    return Verdict("yes" if flag else "no", reason)
+
+
+def _load_prompt(name: str) -> Template:
+    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
+
+
+class StepByStep:
+    """One ``step_check`` call per step, from step 0, until a step is judged to introduce the decisive error."""
+
+    def __init__(self, label: str, options: StepByStepOptions) -> None:
+        self.label = label
+        self.options = options
+        self._system = _load_prompt("step_by_step_system.txt").template.strip()
+        self._user = _load_prompt("step_by_step_user.txt")
+        self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
+
+    def steps_to_check(self, trajectory: Trajectory) -> int:
+        """How many steps the walk covers at most: the whole log, or ``max_steps`` when that is smaller."""
+        if self.options.max_steps is None:
+            return trajectory.n_steps
+        return min(trajectory.n_steps, self.options.max_steps)
+
+    def build_prompt(self, trajectory: Trajectory, step: int, llm: TokenCounter) -> FittedPrompt:
+        """The user prompt that asks about ``step``, showing steps ``0..step``, fitted to ``llm``'s context."""
+        shown = trajectory.steps[: step + 1]
+        task = trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+
+        def render(cap: int | None) -> str:
+            return self._user.substitute(
+                task=task,
+                ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
+                agents=", ".join(trajectory.agents),
+                step=step,
+                agent=trajectory.steps[step].agent,
+                log=render_steps(shown, step_numbers=True, step_char_cap=cap),
+                truncation_note="" if cap is None else _TRUNCATION_NOTE,
+                schema=self._schema_text,
+            )
+
+        return fit_prompt(
+            render,
+            [len(s.content) for s in shown],
+            llm=llm,
+            max_tokens=self.options.max_tokens,
+            system=self._system,
+            policy=self.options.truncation,
+        )
+
+    @property
+    def system_prompt(self) -> str:
+        return self._system
+
+    def messages(self, user: str) -> list[Message]:
+        return [Message("system", self._system), Message("user", user)]
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        checks: list[dict[str, Any]] = []
+        truncations: list[Truncation] = []
+        flagged: int | None = None
+        for step in range(self.steps_to_check(trajectory)):
+            prompt = self.build_prompt(trajectory, step, llm)
+            truncations.append(prompt.truncation)
+            reply = await llm.chat(
+                self.messages(prompt.text),
+                stage=self.options.stage,
+                max_tokens=self.options.max_tokens,
+                schema=ANSWER_SCHEMA,
+                temperature=self.options.temperature,
+                reasoning=self.options.reasoning,
+            )
+            read = read_verdict(reply)
+            check: dict[str, Any] = {
+                "step": step,
+                "verdict": read.verdict,
+                "reason": None if read.reason is None else read.reason[:_KEPT_CHARS],
+                "finish_reason": reply.finish_reason,
+            }
+            if prompt.truncation.applied:
+                check["step_char_cap"] = prompt.truncation.step_char_cap
+            if read.error is not None:
+                check["error"] = read.error
+                check["raw_text"] = reply.text[:_KEPT_CHARS]
+            checks.append(check)
+            if read.verdict == "yes":
+                flagged = step
+                break
+
+        if flagged is not None:
+            stopped = "decisive_error"
+        elif len(checks) < trajectory.n_steps:
+            stopped = "max_steps"
+        else:
+            stopped = "end_of_log"
+        output: dict[str, Any] = {
+            "stopped": stopped,
+            "steps_checked": len(checks),
+            "malformed_steps": [c["step"] for c in checks if c["verdict"] == "malformed"],
+            "checks": checks,
+            "truncation": truncation_summary(self.options.truncation, truncations),
+        }
+        if flagged is None:
+            return Attribution(
+                pred_role=None,
+                pred_step=None,
+                role_valid=False,
+                step_valid=False,
+                abstained=True,
+                output=output,
+            )
+        role = trajectory.steps[flagged].agent
+        return Attribution(
+            pred_role=role,
+            pred_step=flagged,
+            role_valid=role_is_valid(role, trajectory),
+            step_valid=step_is_valid(flagged, trajectory),
+            output=output,
+        )
+
+
+class _CharsPerToken:
+    """A `TokenCounter` from a fixed chars-per-token ratio, with no context window (so nothing is cut)."""
+
+    context_window: int | None = None
+
+    def __init__(self, chars_per_token: float) -> None:
+        if chars_per_token <= 0:
+            raise ValueError("chars_per_token must be positive")
+        self._chars_per_token = chars_per_token
+
+    def estimate_tokens(self, text: str) -> int:
+        return math.ceil(len(text) / self._chars_per_token)
+
+
+def estimate_calls_and_prompt_tokens(
+    trajectory: Trajectory,
+    llm: TokenCounter | float,
+    options: StepByStepOptions | None = None,
+) -> CostEstimate:
+    """Worst-case calls and prompt tokens of Step-by-step on ``trajectory``: no step is flagged.
+
+    Every prompt (system + user, as sent, after the context policy) is estimated with ``llm``'s estimator; a
+    number is a chars-per-token ratio (tokens = ceil(chars / ratio), no context window, so no truncation). With
+    no truncation the total grows quadratically in the number of steps, since prompt ``i`` holds steps ``0..i``.
+    """
+    counter: TokenCounter = _CharsPerToken(float(llm)) if isinstance(llm, int | float) else llm
+    walker = StepByStep("estimate", options or StepByStepOptions())
+    calls = walker.steps_to_check(trajectory)
+    system_tokens = counter.estimate_tokens(walker.system_prompt)
+    tokens = 0
+    for step in range(calls):
+        tokens += system_tokens + counter.estimate_tokens(walker.build_prompt(trajectory, step, counter).text)
+    return CostEstimate(calls=calls, prompt_tokens=tokens)
+
+
+@method(_NAME)
+def _create_step_by_step(label: str, options: Mapping[str, Any]) -> StepByStep:
+    return StepByStep(label, StepByStepOptions.from_mapping(options))
