@@ -238,3 +238,5 @@ def test_commands_name_what_is_missing(
         == 2
     )
     assert "has no x/y/r0" in capsys.readouterr().err
+    assert main(["report", "--db", str(demo_db), "--reference", "rcta"]) == 2
+    assert "reference method 'rcta' is not in run 'demo'" in capsys.readouterr().err

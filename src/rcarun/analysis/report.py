@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rcarun.errors import ConfigError, StoreError
 from rcarun.store import Store
 
 from .cost import cost_rows
@@ -88,7 +89,9 @@ def metrics_json(metrics: Metrics) -> dict[str, Any]:
 def build_report(store: Store, run_id: int, options: ReportOptions | None = None) -> dict[str, Any]:
     """The report dict of one run (schema: docs/analysis.md)."""
     options = options or ReportOptions()
-    run = next(r for r in store.runs() if r.run_id == run_id)
+    run = next((r for r in store.runs() if r.run_id == run_id), None)
+    if run is None:
+        raise StoreError(f"{store.path}: no run with id {run_id}")
     scores = load_run_scores(store, run, keep_handoff=options.keep_handoff)
     reference = _reference_method(scores, options.reference_method)
     paired = _paired_methods(scores, reference, options)
@@ -127,7 +130,11 @@ def build_report(store: Store, run_id: int, options: ReportOptions | None = None
 def _reference_method(scores: RunScores, wanted: str | None) -> str | None:
     methods = scores.methods
     if wanted is not None:
-        return wanted if wanted in methods else None
+        if wanted not in methods:
+            raise ConfigError(
+                f"reference method {wanted!r} is not in run {scores.run.name!r} (methods: {methods})"
+            )
+        return wanted
     if "rcta" in methods:
         return "rcta"
     return methods[0] if methods else None
