@@ -240,3 +240,43 @@ def test_commands_name_what_is_missing(
     assert "has no x/y/r0" in capsys.readouterr().err
     assert main(["report", "--db", str(demo_db), "--reference", "rcta"]) == 2
     assert "reference method 'rcta' is not in run 'demo'" in capsys.readouterr().err
+
+
+def test_recall_diagnostics_count_reference_roots_in_each_stored_set(
+    methods_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "copy.db"
+    db.write_bytes(methods_db.read_bytes())
+    references = {row["qid"]: row["ref_step"] for row in _table(db, "SELECT qid, ref_step FROM trajectories")}
+    qids = sorted(references)
+    # Hand-made diagnostics for alpha/aao r0: roots of the first 6 qids among the base candidates, of the first 4
+    # among the excerpts, of the first 1 in the cited evidence; the rest list other steps only.
+    connection = sqlite3.connect(db)
+    with connection:
+        for position, qid in enumerate(qids):
+            root = references[qid]
+
+            def ids(limit: int, root: int = root, position: int = position) -> list[int]:
+                return [root] if position < limit else [root + 1000]
+
+            diagnostics = {"base_candidate_ids": ids(6), "excerpt_ids": ids(4), "evidence_ids": ids(1)}
+            connection.execute(
+                "UPDATE predictions SET output_json = ? WHERE backbone = 'alpha' AND method = 'aao' "
+                "AND realization = 0 AND qid = ?",
+                (json.dumps({"diagnostics": diagnostics}), qid),
+            )
+    connection.close()
+    report = _json(capsys, ["report", "--db", str(db), "--json", "--resamples", "10"])
+    assert report["recall"] == [
+        {
+            "backbone": "alpha",
+            "method": "aao",
+            "n": 10,
+            "base_candidate": 0.6,
+            "excerpt": 0.4,
+            "evidence": 0.1,
+        }
+    ]
+    assert main(["report", "--db", str(db), "--resamples", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "Recall diagnostics" in text and "60.0" in text

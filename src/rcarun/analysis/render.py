@@ -451,6 +451,31 @@ def _repeatability_section(report: Mapping[str, Any]) -> _Section:
     return _Section("repeatability", title, (spread, agreement))
 
 
+def _recall_section(report: Mapping[str, Any]) -> _Section | None:
+    rows_in = _rows(report, "recall")
+    if not rows_in:
+        return None
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            _text(row, "method"),
+            _count(_num(row, "n")),
+            _pct(_num(row, "base_candidate")),
+            _pct(_num(row, "excerpt")),
+            _pct(_num(row, "evidence")),
+        )
+        for row in rows_in
+    )
+    table = _Table(
+        columns=("Backbone", "Method", "n", "Base candidates", "Excerpts", "Cited evidence"),
+        rows=rows,
+        label_columns=2,
+        caption="Reference-root retention (%): trajectories whose reference root step is in each stage's set, "
+        "first realization.",
+    )
+    return _Section("recall", "Recall diagnostics", (table,))
+
+
 def _length_section(report: Mapping[str, Any]) -> _Section | None:
     rows_in = _rows(report, "length_groups")
     if not rows_in:
@@ -553,6 +578,7 @@ def _sections(report: Mapping[str, Any]) -> list[_Section]:
         _paired_section(report),
         _complementarity_section(report),
         _repeatability_section(report),
+        _recall_section(report),
         _length_section(report),
         _cost_section(report),
     ]
@@ -620,7 +646,7 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
     Args:
         report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
         sections: only these section keys (``accuracy``, ``full-metrics``, ``per-source``, ``paired``,
-            ``complementarity``, ``repeatability``, ``length-groups``, ``cost``); all when None.
+            ``complementarity``, ``repeatability``, ``recall``, ``length-groups``, ``cost``); all when None.
 
     Returns:
         The text, ending with a newline.

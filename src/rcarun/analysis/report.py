@@ -21,6 +21,10 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
     - Complementarity (Step Acc): the reference against each other method and, when there are two or more,
       against their union (a trajectory counts for the union when any other method found its root; the
       paper's Figure 8).
+    - Recall diagnostics (LongRCA Fig. 6a): for methods that store ``diagnostics`` in their output (lists of
+      step ids under `RECALL_SETS`: RCTA's base candidates, excerpts shown to the attribution call, evidence it
+      cited), the share of expected trajectories whose reference root is in each list; realization 0; a
+      trajectory without diagnostics counts as not retained.
     - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
     - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
 """
@@ -57,10 +61,12 @@ from .stats import (
     union_complementarity,
 )
 
-__all__ = ["METRIC_NAMES", "ReportOptions", "build_report", "metrics_json"]
+__all__ = ["METRIC_NAMES", "RECALL_SETS", "ReportOptions", "build_report", "metrics_json"]
 
 METRIC_NAMES = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
 PAIRED_METRICS = ("agent_acc", "step_acc")
+# Step-id lists a method may store under output["diagnostics"], in pipeline order.
+RECALL_SETS = ("base_candidate_ids", "excerpt_ids", "evidence_ids")
 _CORRECT = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
 
 
@@ -122,6 +128,7 @@ def build_report(store: Store, run_id: int, options: ReportOptions | None = None
         "paired_backbones": [entry for entry, _ in paired_backbones],
         "complementarity": _complementarity(scores, reference),
         "repeatability": _repeatability(scores, options),
+        "recall": _recall(scores),
         "length_groups": _length_groups(scores, options),
         "cost": [row.to_json() for row in cost_rows(store, run_id)],
     }
@@ -351,6 +358,24 @@ def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, 
 
 def _headline(summary: Summary, options: ReportOptions) -> Metrics:
     return summary.macro if options.aggregate == "macro" else summary.pooled
+
+
+def _recall(scores: RunScores) -> list[dict[str, Any]]:
+    entries = []
+    roots = {e.qid: e.ref_step for e in scores.expected}
+    for cell, by_qid in sorted(scores.diagnostics.items()):
+        if cell.realization != 0 or not by_qid or not roots:
+            continue
+        entry: dict[str, Any] = {"backbone": cell.backbone, "method": cell.method, "n": len(roots)}
+        for name in RECALL_SETS:
+            retained = sum(
+                1
+                for qid, root in roots.items()
+                if isinstance(ids := by_qid.get(qid, {}).get(name), list) and root in ids
+            )
+            entry[name.removesuffix("_ids")] = retained / len(roots)
+        entries.append(entry)
+    return entries
 
 
 def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:

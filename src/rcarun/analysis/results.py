@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from rcarun.errors import StoreError
 from rcarun.store import RunRow, Store
@@ -43,6 +44,8 @@ class RunScores:
         expected: the labelled trajectories the run read, by qid order.
         unlabelled: trajectories the run read without a label (not scored).
         scores: per cell, one `ItemScore` per expected trajectory (same order as ``expected``).
+        diagnostics: per cell, qid → the ``diagnostics`` object a method stored in its output (e.g. RCTA's
+            candidate, excerpt and evidence step ids), for recall diagnostics.
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
     """
@@ -51,6 +54,7 @@ class RunScores:
     expected: list[Expected]
     unlabelled: int
     scores: dict[Cell, list[ItemScore]] = field(default_factory=dict)
+    diagnostics: dict[Cell, dict[str, dict[str, Any]]] = field(default_factory=dict)
     simulated: bool = False
 
     @property
@@ -104,15 +108,36 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
     predictions: dict[Cell, dict[str, Prediction]] = defaultdict(dict)
     for item in store.items(run.run_id):
         predictions[Cell(item.backbone, item.method, item.realization)]  # a cell with items but no answers
+    diagnostics: dict[Cell, dict[str, dict[str, Any]]] = defaultdict(dict)
     for prediction in store.predictions(run.run_id):
         cell = Cell(prediction.backbone, prediction.method, prediction.realization)
         predictions[cell][prediction.qid] = Prediction(
             role=prediction.pred_role, step=prediction.pred_step, abstained=bool(prediction.abstained)
         )
-    result = RunScores(run=run, expected=expected, unlabelled=unlabelled, simulated=_simulated(run))
+        found = _diagnostics(prediction.output_json)
+        if found is not None:
+            diagnostics[cell][prediction.qid] = found
+    result = RunScores(
+        run=run,
+        expected=expected,
+        unlabelled=unlabelled,
+        diagnostics=dict(diagnostics),
+        simulated=_simulated(run),
+    )
     for cell in sorted(predictions):
         result.scores[cell] = score_items(expected, predictions[cell], keep_handoff=keep_handoff)
     return result
+
+
+def _diagnostics(output_json: str | None) -> dict[str, Any] | None:
+    if not output_json:
+        return None
+    try:
+        output = json.loads(output_json)
+    except json.JSONDecodeError:
+        return None
+    found = output.get("diagnostics") if isinstance(output, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _simulated(run: RunRow) -> bool:
