@@ -1,0 +1,189 @@
+"""Deterministic "faithful implementation" linkage hints: executor steps that look like they carry out a handoff.
+
+Why: RCTA's backward reasoning (A3) asks whether an executor merely implemented a flawed instruction, in which
+case the root is the instruction. The authors' release gives the attribution call cheap, rule-based hints that
+point from an executor candidate to the handoff addressed to it, placed before the excerpts (release notes 3.8).
+The hints only direct attention; the model must still quote the copied defect, which A4 grounds
+(`rcarun.methods.rcta.grounding`). The A3 control (paper App. H) removes them: its caller simply does not build
+or send them. The paper names the hints but gives no rules, so every rule below is the release's.
+
+Rules (`linkage_hints`):
+
+1. Steps examined: the given candidate ids, which should be the handoff-AUGMENTED set (the release computes the
+   hints over the ids after augmentation). Ids are deduplicated and visited in ascending order; ids that are not
+   steps of the trajectory are skipped.
+2. Only executor candidates: `role_class` of the raw agent name (``Step.agent``) is ``"executor"`` (the paper's
+   App. H class lists, as in `rcarun.methods.rcta.handoffs`; the release's narrower lists are not used).
+3. The handoff: the nearest strictly earlier handoff whose recipient equals the raw agent name, case-sensitively
+   (the executor branch of `rcarun.methods.rcta.handoffs.nearest_handoff_for`). Without one, no hint — never a
+   handoff addressed to someone else. (So an executor whose raw name is a handoff form gets no hint.)
+4. ``cites_plan`` (the release's "strong" hint): the executor's content contains a plan-citation phrase,
+   searched case-insensitively and WITHOUT word boundaries, as the release does: "per the plan", "as delegated",
+   "as instructed", "as planned", "as specified", "as [the] plan says|states|requires|specifies|dictates",
+   "following the plan|delegation|instruction(s)|spec", "according to the plan", and the Chinese 按计划, 按照计划,
+   照计划, 按委派, 遵循计划, 依照计划. The first match in the text is recorded as written. Because there are no
+   word boundaries, "has specified" and "following the specification" fire too (release behaviour, kept).
+5. ``identifier_overlap`` (the release's "weak" hint): code identifiers are maximal ASCII runs
+   ``[A-Za-z_][A-Za-z0-9_]*`` of at least 6 characters that contain an underscore, an uppercase letter after
+   the first character, or a digit (``parse_config``, ``fetchData``, ``HTTPError``, ``utf8_text``, ``README``;
+   not ``Python`` or ``return``). Identifiers are compared case-sensitively as sets.
+   ``overlap = |shared| / |executor identifiers|``; the hint fires when the executor has at least 5
+   identifiers, at least 3 are shared with the handoff's text and ``overlap >= 0.34`` (compared exactly, in
+   integers: ``100 * shared >= 34 * executor``).
+6. One hint per executor candidate at most; when both rules fire the kind is ``cites_plan`` (strong). Overlap
+   numbers are recorded either way.
+
+Recorded per hint: executor step and agent, handoff step, agent and recipient, kind (with the release's
+strength word), the matched phrase, overlap rounded to 2 decimals, the shared count and the first 10 shared
+identifiers in sorted order. The release's free-text guidance note is prompt text and is left to the prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from rcarun.data import Trajectory
+
+from .handoffs import HandoffRecord, handoffs_of, nearest_handoff_for
+from .roles import role_class
+
+__all__ = [
+    "MAX_SHARED_LISTED",
+    "MIN_EXECUTOR_IDENTIFIERS",
+    "MIN_IDENTIFIER_CHARS",
+    "MIN_SHARED_IDENTIFIERS",
+    "OVERLAP_THRESHOLD_PERCENT",
+    "LinkageHint",
+    "LinkageKind",
+    "code_identifiers",
+    "linkage_hints",
+    "plan_citation",
+]
+
+LinkageKind = Literal["cites_plan", "identifier_overlap"]
+
+MIN_IDENTIFIER_CHARS = 6
+MIN_EXECUTOR_IDENTIFIERS = 5
+MIN_SHARED_IDENTIFIERS = 3
+OVERLAP_THRESHOLD_PERCENT = 34  # overlap >= 0.34
+MAX_SHARED_LISTED = 10
+
+_PLAN_CITATION = re.compile(
+    r"per the plan|as delegated|as instructed|as planned|as specified"
+    r"|as (?:the )?plan (?:says|states|requires|specifies|dictates)"
+    r"|following the (?:plan|delegation|instructions?|spec)"
+    r"|according to the plan"
+    r"|按照?计划|照计划|按委派|遵循计划|依照计划",
+    re.IGNORECASE,
+)
+_IDENTIFIER_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkageHint:
+    """A rule-based sign that an executor step carries out the handoff addressed to it.
+
+    Attributes:
+        executor_step: the executor candidate's step id.
+        executor_agent: its raw agent name.
+        handoff_step: the step id of the nearest earlier handoff addressed to that exact name.
+        handoff_agent: the raw agent name of the handoff step.
+        handoff_recipient: the handoff's recipient (equal to `executor_agent`).
+        kind: ``"cites_plan"`` (a plan-citation phrase) or ``"identifier_overlap"`` (shared identifiers).
+        cites_plan: the matched phrase as written, or None.
+        overlap: shared identifiers / executor identifiers, rounded to 2 decimals (0.0 with none).
+        shared_count: how many identifiers the two texts share.
+        shared_identifiers: the first `MAX_SHARED_LISTED` shared identifiers, sorted.
+    """
+
+    executor_step: int
+    executor_agent: str
+    handoff_step: int
+    handoff_agent: str
+    handoff_recipient: str
+    kind: LinkageKind
+    cites_plan: str | None
+    overlap: float
+    shared_count: int
+    shared_identifiers: tuple[str, ...]
+
+    @property
+    def strength(self) -> Literal["strong", "weak"]:
+        """The release's word for the kind: ``"strong"`` for a plan citation, ``"weak"`` for overlap only."""
+        return "strong" if self.kind == "cites_plan" else "weak"
+
+
+def plan_citation(text: str) -> str | None:
+    """The first plan-citation phrase in ``text`` as written, or None (phrases in the module docstring)."""
+    match = _PLAN_CITATION.search(text)
+    return None if match is None else match.group(0)
+
+
+def code_identifiers(text: str) -> frozenset[str]:
+    """The distinct code-identifier tokens of ``text`` (rule 5 of the module docstring), case preserved."""
+    return frozenset(
+        token
+        for token in _IDENTIFIER_RUN.findall(text)
+        if len(token) >= MIN_IDENTIFIER_CHARS
+        and ("_" in token or any(c.isupper() for c in token[1:]) or any(c.isdigit() for c in token))
+    )
+
+
+def _overlap_fires(executor: int, shared: int) -> bool:
+    return (
+        executor >= MIN_EXECUTOR_IDENTIFIERS
+        and shared >= MIN_SHARED_IDENTIFIERS
+        and 100 * shared >= OVERLAP_THRESHOLD_PERCENT * executor
+    )
+
+
+def linkage_hints(
+    candidate_ids: Iterable[int],
+    trajectory: Trajectory,
+    handoffs: Sequence[HandoffRecord] | None = None,
+) -> tuple[LinkageHint, ...]:
+    """The faithful-implementation hints for the executor candidates among ``candidate_ids``.
+
+    Args:
+        candidate_ids: the handoff-augmented candidate ids (any order, duplicates allowed).
+        trajectory: the trajectory they belong to.
+        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
+
+    Returns:
+        At most one hint per executor candidate, in ascending executor step order.
+    """
+    records = handoffs_of(trajectory) if handoffs is None else tuple(handoffs)
+    hints: list[LinkageHint] = []
+    for step_id in sorted(set(candidate_ids)):
+        if not 0 <= step_id < trajectory.n_steps:
+            continue
+        step = trajectory.steps[step_id]
+        if role_class(step.agent) != "executor":
+            continue
+        handoff = nearest_handoff_for(step_id, trajectory, records)
+        if handoff is None:  # the executor branch: only a handoff addressed to this exact name
+            continue
+        cited = plan_citation(step.content)
+        executor_identifiers = code_identifiers(step.content)
+        shared = executor_identifiers & code_identifiers(handoff.text)
+        if cited is None and not _overlap_fires(len(executor_identifiers), len(shared)):
+            continue
+        overlap = len(shared) / len(executor_identifiers) if executor_identifiers else 0.0
+        hints.append(
+            LinkageHint(
+                executor_step=step_id,
+                executor_agent=step.agent,
+                handoff_step=handoff.step,
+                handoff_agent=handoff.agent,
+                handoff_recipient=handoff.recipient,
+                kind="cites_plan" if cited is not None else "identifier_overlap",
+                cites_plan=cited,
+                overlap=round(overlap, 2),
+                shared_count=len(shared),
+                shared_identifiers=tuple(sorted(shared)[:MAX_SHARED_LISTED]),
+            )
+        )
+    return tuple(hints)

@@ -1,0 +1,862 @@
+"""The answers of RCTA's three LLM stages: their JSON schemas and readers that turn an answer into values.
+
+RCTA makes m + 2 calls per trajectory (one local summary per segment, one trajectory outline, one final
+attribution; LongRCA paper Sec. 4, App. H). Each call is constrained by a schema built here from what the stage
+may legally answer (the segment's own step ids, the recorded agents, the step range), and each answer is read
+into frozen dataclasses by a ``parse_*`` function. Readers never repair: a value of the wrong type is left out
+(``None`` / skipped item) and an out-of-range value is kept as answered; either way a `FieldError` records it.
+Deciding what an invalid answer means (retry, fallback, abstain) is the caller's business (A4 lives in
+`rcarun.methods.rcta.validate`).
+
+Local summary (paper Sec. 4.1; release notes 3.4). Fields as released: ``segment_id``, ``step_range`` (first and
+last own id), ``segment_goal``, ``key_events`` (3–8, each ``{event, step_ids}``), ``verifier_findings``
+(``{step_ids, result: PASS|FAIL|UNKNOWN, note}``) and ``uncertainties``. The release's ``candidate_failures``
+(failure *types*) is replaced by the paper's tagged proposals (release notes 3.13 item 2; the paper wins):
+``proposed_steps`` is a list of ``{step_id, tags, note}`` where ``tags`` is a non-empty set drawn from
+``possible_manifestation, possible_root, terminal_context, other, recovered_noise``. Every step id in the answer
+is constrained to the segment's own ids (overlap ids are context, not answerable; release 3.2). Choices where
+the sources are silent: one proposal per step id, at most 12 proposals per segment (enough for an 80-step
+segment; the cap of 80 pooled candidates then binds from seven segments on), ``recovered_noise`` is one more tag
+(the paper calls it a hint that adds 3 to the priority), and ``note`` is the "why" the release asks for.
+
+Outline (paper Sec. 4.1; release 3.5): ``phases`` (3–8, enforced by minItems/maxItems — the release's prompt asks
+for 3–8 but never checks) of ``{phase_id, step_range, phase_goal, involved_agents, sub_phases, failure_signals,
+supporting_step_ids (3–10)}`` and ``conflicts`` (``{description, segment_ids, step_ids}``). When the answer cannot
+be read (not a JSON object, or no list of phase objects), `fallback_outline` gives one phase per local summary
+with ``fallback=True`` — the paper's summary says the fallback is recorded, which the release does not do
+(release 3.5, 3.13 item 7; we record it). A readable answer with a wrong phase count is kept and flagged
+(``errors``), not replaced.
+
+Attribution (paper Sec. 4.2, App. D–F; release 3.9), field names as the rcarun issue fixes them: ``root_cause``
+``{agent, step}``, ``reason``, ``evidence_step_ids`` (0–10), ``abstain``, ``primary_category`` (one code of the
+15-code failure taxonomy), ``contributing_factors`` (codes), ``analysis`` ``{delegation_trace {checked,
+faithful_implementation, prescribing_step, quote, defect_in_quote}, failure_chain, counterfactual, confidence}``.
+Paper vs release: the release lets ``agent`` be SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED and
+``step`` be a digit string or ``"system_evaluation"``; the paper allows only recorded roles (never ENVIRONMENT) and
+existing steps, and keeps the system evaluation only as an unscored terminal node of the failure chain. We follow
+the paper: ``agent`` is an enum of the recorded agents (minus any literally named ENVIRONMENT), ``step`` an integer
+in ``[0, n_steps)``, and a failure-chain node with ``step: null`` stands for the system evaluation. The failure
+chain is the release's list of nodes ``{step, agent, role, description}`` with ``role`` in ``root_cause,
+propagation, exposure, terminal``. ``prescribing_step`` is ``integer | null`` as released. A digit string where
+an integer is required is invalid (no casting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rcarun.data import Trajectory
+
+__all__ = [
+    "CANDIDATE_TAGS",
+    "CHAIN_ROLES",
+    "CONFIDENCE_LEVELS",
+    "FAILURE_CATEGORIES",
+    "SEVERITIES",
+    "VERIFIER_RESULTS",
+    "AttributionAnswer",
+    "ChainNode",
+    "Conflict",
+    "DelegationTrace",
+    "FailureSignal",
+    "FieldError",
+    "KeyEvent",
+    "LocalSummary",
+    "Outline",
+    "Phase",
+    "StepProposal",
+    "SubPhase",
+    "VerifierFinding",
+    "attribution_schema",
+    "fallback_outline",
+    "local_summary_schema",
+    "outline_schema",
+    "parse_attribution",
+    "parse_local_summary",
+    "parse_outline",
+    "scorable_agents",
+]
+
+# Candidate tags in the paper's priority order (App. H "Candidate ordering"); recovered_noise is a modifier.
+CANDIDATE_TAGS: tuple[str, ...] = (
+    "possible_manifestation",
+    "possible_root",
+    "terminal_context",
+    "other",
+    "recovered_noise",
+)
+VERIFIER_RESULTS: tuple[str, ...] = ("PASS", "FAIL", "UNKNOWN")
+SEVERITIES: tuple[str, ...] = ("low", "medium", "high")
+CHAIN_ROLES: tuple[str, ...] = ("root_cause", "propagation", "exposure", "terminal")
+CONFIDENCE_LEVELS: tuple[str, ...] = ("high", "medium", "low")
+
+# The release's 15-code failure taxonomy (release notes 3.9), with the group each code belongs to.
+FAILURE_CATEGORIES: Mapping[str, str] = {
+    "A1": "task understanding",
+    "A2": "task understanding",
+    "A3": "task understanding",
+    "B1": "reasoning",
+    "B2": "reasoning",
+    "C1": "planning / coordination",
+    "C2": "planning / coordination",
+    "C3": "planning / coordination",
+    "D1": "execution / tool use",
+    "D2": "execution / tool use",
+    "D3": "execution / tool use",
+    "E1": "verification / completion",
+    "E2": "verification / completion",
+    "X1": "under-specified or contradictory input",
+    "X2": "unrecoverable environment",
+}
+
+_ENVIRONMENT = "environment"
+_MAX_PROPOSALS = 12
+_MAX_EVIDENCE = 10
+_MISSING: Any = object()  # a key absent from an answer, as opposed to a JSON null
+_ANALYSIS_FIELDS = ("delegation_trace", "failure_chain", "counterfactual", "confidence")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem found in an answer.
+
+    Attributes:
+        field: the answer field it belongs to (a top-level name such as ``"agent"`` or ``"phases"``).
+        message: what is wrong, naming the JSON path.
+    """
+
+    field: str
+    message: str
+
+
+# --- schemas ------------------------------------------------------------------------------------------------
+
+
+def scorable_agents(trajectory: Trajectory) -> tuple[str, ...]:
+    """The recorded agents an attribution may name: all of them except one literally called ENVIRONMENT."""
+    return tuple(a for a in trajectory.agents if a.strip().casefold() != _ENVIRONMENT)
+
+
+def _ids(valid_ids: Sequence[int]) -> dict[str, Any]:
+    return {"type": "integer", "enum": list(valid_ids)}
+
+
+def _id_list(valid_ids: Sequence[int], *, min_items: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "array", "items": _ids(valid_ids)}
+    if min_items is not None:
+        schema["minItems"] = min_items
+    return schema
+
+
+def _step(n_steps: int, *, nullable: bool = False) -> dict[str, Any]:
+    return {"type": ["integer", "null"] if nullable else "integer", "minimum": 0, "maximum": n_steps - 1}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _range(low: int, high: int) -> dict[str, Any]:
+    bound = {"type": "integer", "minimum": low, "maximum": high}
+    return {"type": "array", "items": bound, "minItems": 2, "maxItems": 2}
+
+
+def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str, Any]:
+    """The schema of one segment's local summary.
+
+    Args:
+        segment_id: the segment's id, the only value ``segment_id`` may take.
+        valid_ids: the segment's own step ids (overlap excluded), the only ids the answer may cite.
+    """
+    if not valid_ids:
+        raise ValueError("a segment has at least one own step")
+    return _object(
+        {
+            "segment_id": {"type": "integer", "enum": [segment_id]},
+            "step_range": _range(min(valid_ids), max(valid_ids)),
+            "segment_goal": {"type": "string"},
+            "key_events": {
+                "type": "array",
+                "items": _object({"event": {"type": "string"}, "step_ids": _id_list(valid_ids, min_items=1)}),
+                "minItems": 3,
+                "maxItems": 8,
+            },
+            "proposed_steps": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "step_id": _ids(valid_ids),
+                        "tags": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": list(CANDIDATE_TAGS)},
+                            "minItems": 1,
+                            "maxItems": len(CANDIDATE_TAGS),
+                            "uniqueItems": True,
+                        },
+                        "note": {"type": "string"},
+                    }
+                ),
+                "minItems": 0,
+                "maxItems": _MAX_PROPOSALS,
+            },
+            "verifier_findings": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "step_ids": _id_list(valid_ids, min_items=1),
+                        "result": {"type": "string", "enum": list(VERIFIER_RESULTS)},
+                        "note": {"type": "string"},
+                    }
+                ),
+                "minItems": 0,
+            },
+            "uncertainties": {"type": "array", "items": {"type": "string"}, "minItems": 0},
+        }
+    )
+
+
+def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
+    """The schema of the trajectory outline: 3–8 phases over the whole trajectory, and conflicts.
+
+    Args:
+        trajectory: gives the step bounds and the recorded agents (``involved_agents``).
+        segment_ids: the ids of the local summaries a conflict may name.
+    """
+    last = trajectory.n_steps - 1
+    step = _step(trajectory.n_steps)
+    steps = {"type": "array", "items": step}
+    return _object(
+        {
+            "phases": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "phase_id": {"type": "integer", "minimum": 1, "maximum": 8},
+                        "step_range": _range(0, last),
+                        "phase_goal": {"type": "string"},
+                        "involved_agents": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": list(trajectory.agents)},
+                            "minItems": 1,
+                            "uniqueItems": True,
+                        },
+                        "sub_phases": {
+                            "type": "array",
+                            "items": _object(
+                                {"step_range": _range(0, last), "description": {"type": "string"}}
+                            ),
+                            "minItems": 1,
+                        },
+                        "failure_signals": {
+                            "type": "array",
+                            "items": _object(
+                                {
+                                    "description": {"type": "string"},
+                                    "step_ids": {**steps, "minItems": 1},
+                                    "severity": {"type": "string", "enum": list(SEVERITIES)},
+                                }
+                            ),
+                            "minItems": 0,
+                        },
+                        "supporting_step_ids": {**steps, "minItems": 3, "maxItems": 10},
+                    }
+                ),
+                "minItems": 3,
+                "maxItems": 8,
+            },
+            "conflicts": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "description": {"type": "string"},
+                        "segment_ids": {
+                            "type": "array",
+                            "items": {"type": "integer", "enum": list(segment_ids)},
+                        },
+                        "step_ids": steps,
+                    }
+                ),
+                "minItems": 0,
+            },
+        }
+    )
+
+
+def attribution_schema(trajectory: Trajectory) -> dict[str, Any]:
+    """The schema of the final attribution: explicit role and step fields, evidence, and the analysis."""
+    step = _step(trajectory.n_steps)
+    agents = list(scorable_agents(trajectory))
+    return _object(
+        {
+            "root_cause": _object({"agent": {"type": "string", "enum": agents}, "step": step}),
+            "reason": {"type": "string"},
+            "evidence_step_ids": {"type": "array", "items": step, "minItems": 0, "maxItems": _MAX_EVIDENCE},
+            "abstain": {"type": "boolean"},
+            "primary_category": {"type": "string", "enum": list(FAILURE_CATEGORIES)},
+            "contributing_factors": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(FAILURE_CATEGORIES)},
+                "minItems": 0,
+                "uniqueItems": True,
+            },
+            "analysis": _object(
+                {
+                    "delegation_trace": _object(
+                        {
+                            "checked": {"type": "boolean"},
+                            "faithful_implementation": {"type": "boolean"},
+                            "prescribing_step": _step(trajectory.n_steps, nullable=True),
+                            "quote": {"type": "string"},
+                            "defect_in_quote": {"type": "string"},
+                        }
+                    ),
+                    "failure_chain": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "step": _step(trajectory.n_steps, nullable=True),
+                                "agent": {"type": "string"},
+                                "role": {"type": "string", "enum": list(CHAIN_ROLES)},
+                                "description": {"type": "string"},
+                            }
+                        ),
+                        "minItems": 2,
+                    },
+                    "counterfactual": {"type": "string"},
+                    "confidence": {"type": "string", "enum": list(CONFIDENCE_LEVELS)},
+                }
+            ),
+        }
+    )
+
+
+# --- values -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEvent:
+    event: str
+    step_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepProposal:
+    """One step a local summary proposes as failure-relevant.
+
+    Attributes:
+        step_id: the proposed id, as answered (it may lie outside the segment; that is an error, kept).
+        tags: the tags as answered, in answer order, duplicates removed (unknown tags kept and flagged).
+        note: why the step was proposed.
+    """
+
+    step_id: int
+    tags: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierFinding:
+    step_ids: tuple[int, ...]
+    result: str
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSummary:
+    """One segment's local summary as answered.
+
+    Attributes:
+        segment_id: the segment the summary was asked for (the caller's id, not the answer's echo).
+        errors: every problem found; empty when the answer matches its schema.
+    """
+
+    segment_id: int
+    step_range: tuple[int, int] | None
+    segment_goal: str
+    key_events: tuple[KeyEvent, ...]
+    proposals: tuple[StepProposal, ...]
+    verifier_findings: tuple[VerifierFinding, ...]
+    uncertainties: tuple[str, ...]
+    errors: tuple[FieldError, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True, slots=True)
+class SubPhase:
+    step_range: tuple[int, int] | None
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureSignal:
+    description: str
+    step_ids: tuple[int, ...]
+    severity: str
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    phase_id: int | None
+    step_range: tuple[int, int] | None
+    phase_goal: str
+    involved_agents: tuple[str, ...]
+    sub_phases: tuple[SubPhase, ...]
+    failure_signals: tuple[FailureSignal, ...]
+    supporting_step_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    description: str
+    segment_ids: tuple[int, ...]
+    step_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outline:
+    """The trajectory outline.
+
+    Attributes:
+        readable: the answer was a JSON object with a non-empty list of phase objects. When False the caller
+            replaces it with `fallback_outline`.
+        fallback: this outline is the one-phase-per-summary fallback, not a model answer.
+        errors: every problem found (a phase count outside 3–8 included).
+    """
+
+    phases: tuple[Phase, ...]
+    conflicts: tuple[Conflict, ...]
+    readable: bool
+    fallback: bool = False
+    errors: tuple[FieldError, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return self.readable and not self.errors
+
+
+@dataclass(frozen=True, slots=True)
+class DelegationTrace:
+    """The model's check of the instruction behind its root (A3), as answered.
+
+    Attributes:
+        checked: whether a preceding handoff was examined.
+        faithful_implementation: the claim that the root's recipient faithfully carried out a flawed instruction.
+        prescribing_step: the handoff step that prescribed the behaviour, or None.
+        quote: the text cited from that handoff.
+        defect_in_quote: what is wrong in the quote.
+    """
+
+    checked: bool
+    faithful_implementation: bool
+    prescribing_step: int | None
+    quote: str
+    defect_in_quote: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainNode:
+    """One node of the explanatory failure chain; ``step`` None stands for the system evaluation."""
+
+    step: int | None
+    agent: str
+    role: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionAnswer:
+    """The final attribution as answered; a field is None when it is missing or of the wrong type.
+
+    ``errors`` lists the structural problems found while reading (missing field, wrong type); range and
+    consistency checks are A4's (`rcarun.methods.rcta.validate`).
+    """
+
+    agent: str | None
+    step: int | None
+    reason: str | None
+    evidence_step_ids: tuple[int, ...] | None
+    abstain: bool | None
+    primary_category: str | None
+    contributing_factors: tuple[str, ...] | None
+    delegation_trace: DelegationTrace | None
+    failure_chain: tuple[ChainNode, ...] | None
+    counterfactual: str | None
+    confidence: str | None
+    errors: tuple[FieldError, ...] = ()
+
+
+# --- readers ------------------------------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Reader:
+    """Reads typed values out of decoded JSON, recording a `FieldError` for everything it cannot use."""
+
+    __slots__ = ("errors",)
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def error(self, field: str, message: str) -> None:
+        self.errors.append(FieldError(field, message))
+
+    def get(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> Any:
+        """The value at ``key``, or `_MISSING` (recorded) when the key is absent; a null is returned as None."""
+        if key not in obj:
+            self.error(field, f"{path}: missing")
+            return _MISSING
+        return obj[key]
+
+    def string(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> str | None:
+        value = self.get(obj, key, field, path)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, str):
+            self.error(field, f"{path}: expected a string, got {type(value).__name__}")
+            return None
+        return value
+
+    def boolean(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> bool | None:
+        value = self.get(obj, key, field, path)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, bool):
+            self.error(field, f"{path}: expected true or false, got {value!r}")
+            return None
+        return value
+
+    def integer(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> int | None:
+        value = self.get(obj, key, field, path)
+        if value is _MISSING:
+            return None
+        if not _is_int(value):
+            self.error(field, f"{path}: expected an integer, got {value!r}")
+            return None
+        return int(value)
+
+    def array(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> list[Any] | None:
+        value = self.get(obj, key, field, path)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, list):
+            self.error(field, f"{path}: expected a list, got {type(value).__name__}")
+            return None
+        return value
+
+    def objects(
+        self, obj: Mapping[str, Any], key: str, field: str, path: str
+    ) -> list[tuple[str, dict[str, Any]]]:
+        items = self.array(obj, key, field, path)
+        found: list[tuple[str, dict[str, Any]]] = []
+        for position, item in enumerate(items or ()):
+            if isinstance(item, dict):
+                found.append((f"{path}[{position}]", item))
+            else:
+                self.error(field, f"{path}[{position}]: expected an object, skipped")
+        return found
+
+    def ints(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, ...] | None:
+        items = self.array(obj, key, field, path)
+        if items is None:
+            return None
+        bad = [item for item in items if not _is_int(item)]
+        if bad:
+            self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
+        return tuple(int(item) for item in items if _is_int(item))
+
+    def strings(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[str, ...] | None:
+        items = self.array(obj, key, field, path)
+        if items is None:
+            return None
+        bad = [item for item in items if not isinstance(item, str)]
+        if bad:
+            self.error(field, f"{path}: non-string items {bad[:5]!r} left out")
+        return tuple(item for item in items if isinstance(item, str))
+
+    def step_range(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, int] | None:
+        items = self.array(obj, key, field, path)
+        if items is None:
+            return None
+        if len(items) != 2 or not all(_is_int(item) for item in items):
+            self.error(field, f"{path}: expected [first, last] integers, got {items!r}")
+            return None
+        first, last = int(items[0]), int(items[1])
+        if first > last:
+            self.error(field, f"{path}: first {first} is after last {last}")
+        return (first, last)
+
+    def enum(self, value: str | None, allowed: Iterable[str], field: str, path: str) -> None:
+        allowed = tuple(allowed)
+        if value is not None and value not in allowed:
+            self.error(field, f"{path}: {value!r} is not one of {', '.join(allowed)}")
+
+    def id_range(self, ids: Iterable[int], allowed: frozenset[int] | range, field: str, path: str) -> None:
+        outside = sorted({i for i in ids if i not in allowed})
+        if outside:
+            self.error(field, f"{path}: ids {outside[:10]} are not valid here")
+
+
+def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[int]) -> LocalSummary:
+    """Read one local summary; ids outside ``valid_ids`` and unknown tags are kept and recorded as errors.
+
+    Args:
+        answer: the decoded JSON answer (anything: a non-object gives an empty, invalid summary).
+        segment_id: the segment the summary was asked for.
+        valid_ids: the segment's own step ids.
+    """
+    reader = _Reader()
+    if not isinstance(answer, dict):
+        reader.error("summary", "the answer is not a JSON object")
+        return LocalSummary(segment_id, None, "", (), (), (), (), tuple(reader.errors))
+    own = frozenset(valid_ids)
+    echoed = reader.integer(answer, "segment_id", "segment_id", "segment_id")
+    if echoed is not None and echoed != segment_id:
+        reader.error("segment_id", f"segment_id: answered {echoed}, asked for {segment_id}")
+    step_range = reader.step_range(answer, "step_range", "step_range", "step_range")
+    if step_range is not None:
+        reader.id_range(step_range, own, "step_range", "step_range")
+    goal = reader.string(answer, "segment_goal", "segment_goal", "segment_goal")
+
+    events: list[KeyEvent] = []
+    for path, item in reader.objects(answer, "key_events", "key_events", "key_events"):
+        ids = reader.ints(item, "step_ids", "key_events", f"{path}.step_ids") or ()
+        reader.id_range(ids, own, "key_events", f"{path}.step_ids")
+        events.append(KeyEvent(reader.string(item, "event", "key_events", f"{path}.event") or "", ids))
+    if "key_events" in answer and not 3 <= len(events) <= 8:
+        reader.error("key_events", f"key_events: expected 3–8 events, got {len(events)}")
+
+    proposals: list[StepProposal] = []
+    for path, item in reader.objects(answer, "proposed_steps", "proposed_steps", "proposed_steps"):
+        step_id = reader.integer(item, "step_id", "proposed_steps", f"{path}.step_id")
+        tags = reader.strings(item, "tags", "proposed_steps", f"{path}.tags") or ()
+        note = reader.string(item, "note", "proposed_steps", f"{path}.note") or ""
+        if step_id is None:
+            continue
+        if step_id not in own:
+            reader.error("proposed_steps", f"{path}.step_id: {step_id} is not one of this segment's steps")
+        unknown = [tag for tag in tags if tag not in CANDIDATE_TAGS]
+        if unknown:
+            reader.error("proposed_steps", f"{path}.tags: unknown tags {unknown!r}")
+        if not tags:
+            reader.error("proposed_steps", f"{path}.tags: no tag")
+        proposals.append(StepProposal(step_id, tuple(dict.fromkeys(tags)), note))
+    if len(proposals) > _MAX_PROPOSALS:
+        reader.error("proposed_steps", f"proposed_steps: at most {_MAX_PROPOSALS}, got {len(proposals)}")
+
+    findings: list[VerifierFinding] = []
+    for path, item in reader.objects(answer, "verifier_findings", "verifier_findings", "verifier_findings"):
+        ids = reader.ints(item, "step_ids", "verifier_findings", f"{path}.step_ids") or ()
+        reader.id_range(ids, own, "verifier_findings", f"{path}.step_ids")
+        result = reader.string(item, "result", "verifier_findings", f"{path}.result")
+        reader.enum(result, VERIFIER_RESULTS, "verifier_findings", f"{path}.result")
+        note = reader.string(item, "note", "verifier_findings", f"{path}.note") or ""
+        findings.append(VerifierFinding(ids, result or "", note))
+    uncertainties = reader.strings(answer, "uncertainties", "uncertainties", "uncertainties") or ()
+    return LocalSummary(
+        segment_id=segment_id,
+        step_range=step_range,
+        segment_goal=goal or "",
+        key_events=tuple(events),
+        proposals=tuple(proposals),
+        verifier_findings=tuple(findings),
+        uncertainties=uncertainties,
+        errors=tuple(reader.errors),
+    )
+
+
+def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequence[int]) -> Outline:
+    """Read the trajectory outline; ``readable`` is False when there is no list of phase objects to read."""
+    reader = _Reader()
+    if not isinstance(answer, dict):
+        reader.error("phases", "the answer is not a JSON object")
+        return Outline((), (), readable=False, errors=tuple(reader.errors))
+    steps = range(trajectory.n_steps)
+    agents = frozenset(trajectory.agents)
+    phases: list[Phase] = []
+    for path, item in reader.objects(answer, "phases", "phases", "phases"):
+        step_range = reader.step_range(item, "step_range", "phases", f"{path}.step_range")
+        if step_range is not None:
+            reader.id_range(step_range, steps, "phases", f"{path}.step_range")
+        involved = reader.strings(item, "involved_agents", "phases", f"{path}.involved_agents") or ()
+        strangers = [a for a in involved if a not in agents]
+        if strangers:
+            reader.error("phases", f"{path}.involved_agents: {strangers!r} are not recorded agents")
+        sub_phases: list[SubPhase] = []
+        for sub_path, sub in reader.objects(item, "sub_phases", "phases", f"{path}.sub_phases"):
+            sub_range = reader.step_range(sub, "step_range", "phases", f"{sub_path}.step_range")
+            if sub_range is not None:
+                reader.id_range(sub_range, steps, "phases", f"{sub_path}.step_range")
+            text = reader.string(sub, "description", "phases", f"{sub_path}.description") or ""
+            sub_phases.append(SubPhase(sub_range, text))
+        signals: list[FailureSignal] = []
+        for sig_path, sig in reader.objects(item, "failure_signals", "phases", f"{path}.failure_signals"):
+            ids = reader.ints(sig, "step_ids", "phases", f"{sig_path}.step_ids") or ()
+            reader.id_range(ids, steps, "phases", f"{sig_path}.step_ids")
+            severity = reader.string(sig, "severity", "phases", f"{sig_path}.severity")
+            reader.enum(severity, SEVERITIES, "phases", f"{sig_path}.severity")
+            text = reader.string(sig, "description", "phases", f"{sig_path}.description") or ""
+            signals.append(FailureSignal(text, ids, severity or ""))
+        supporting = reader.ints(item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids") or ()
+        reader.id_range(supporting, steps, "phases", f"{path}.supporting_step_ids")
+        phases.append(
+            Phase(
+                phase_id=reader.integer(item, "phase_id", "phases", f"{path}.phase_id"),
+                step_range=step_range,
+                phase_goal=reader.string(item, "phase_goal", "phases", f"{path}.phase_goal") or "",
+                involved_agents=involved,
+                sub_phases=tuple(sub_phases),
+                failure_signals=tuple(signals),
+                supporting_step_ids=supporting,
+            )
+        )
+    if phases and not 3 <= len(phases) <= 8:
+        reader.error("phases", f"phases: expected 3–8 phases, got {len(phases)}")
+    known_segments = frozenset(segment_ids)
+    conflicts: list[Conflict] = []
+    for path, item in reader.objects(answer, "conflicts", "conflicts", "conflicts"):
+        segs = reader.ints(item, "segment_ids", "conflicts", f"{path}.segment_ids") or ()
+        unknown = sorted({s for s in segs if s not in known_segments})
+        if unknown:
+            reader.error("conflicts", f"{path}.segment_ids: {unknown} are not segment ids")
+        ids = reader.ints(item, "step_ids", "conflicts", f"{path}.step_ids") or ()
+        reader.id_range(ids, steps, "conflicts", f"{path}.step_ids")
+        text = reader.string(item, "description", "conflicts", f"{path}.description") or ""
+        conflicts.append(Conflict(text, segs, ids))
+    return Outline(tuple(phases), tuple(conflicts), readable=bool(phases), errors=tuple(reader.errors))
+
+
+def fallback_outline(summaries: Sequence[LocalSummary]) -> Outline:
+    """The outline used when the model's cannot be read: one phase per local summary, flagged ``fallback``.
+
+    Each phase takes the summary's segment id and step range, its goal (a placeholder when empty), one
+    sub-phase covering the range, and no failure signals or supporting ids; there are no conflicts
+    (release notes 3.5).
+    """
+    phases = tuple(
+        Phase(
+            phase_id=summary.segment_id,
+            step_range=summary.step_range,
+            phase_goal=summary.segment_goal or f"(segment {summary.segment_id}: no goal recorded)",
+            involved_agents=(),
+            sub_phases=(SubPhase(summary.step_range, summary.segment_goal),),
+            failure_signals=(),
+            supporting_step_ids=(),
+        )
+        for summary in summaries
+    )
+    return Outline(phases, (), readable=True, fallback=True)
+
+
+def _read_trace(reader: _Reader, analysis: Mapping[str, Any]) -> DelegationTrace | None:
+    raw = reader.get(analysis, "delegation_trace", "delegation_trace", "analysis.delegation_trace")
+    if raw is _MISSING:
+        return None
+    if not isinstance(raw, dict):
+        reader.error("delegation_trace", "analysis.delegation_trace: expected an object")
+        return None
+    before = len(reader.errors)
+    path = "analysis.delegation_trace"
+    checked = reader.boolean(raw, "checked", "delegation_trace", f"{path}.checked")
+    faithful = reader.boolean(
+        raw, "faithful_implementation", "delegation_trace", f"{path}.faithful_implementation"
+    )
+    prescribing: int | None = None
+    if "prescribing_step" not in raw:
+        reader.error("delegation_trace", f"{path}.prescribing_step: missing")
+    elif raw["prescribing_step"] is not None:
+        prescribing = reader.integer(raw, "prescribing_step", "delegation_trace", f"{path}.prescribing_step")
+    quote = reader.string(raw, "quote", "delegation_trace", f"{path}.quote")
+    defect = reader.string(raw, "defect_in_quote", "delegation_trace", f"{path}.defect_in_quote")
+    if len(reader.errors) > before or checked is None or faithful is None or quote is None or defect is None:
+        return None
+    return DelegationTrace(checked, faithful, prescribing, quote, defect)
+
+
+def _read_chain(reader: _Reader, analysis: Mapping[str, Any]) -> tuple[ChainNode, ...] | None:
+    items = reader.array(analysis, "failure_chain", "failure_chain", "analysis.failure_chain")
+    if items is None:
+        return None
+    nodes: list[ChainNode] = []
+    before = len(reader.errors)
+    for position, item in enumerate(items):
+        path = f"analysis.failure_chain[{position}]"
+        if not isinstance(item, dict):
+            reader.error("failure_chain", f"{path}: expected an object")
+            continue
+        step: int | None = None
+        if "step" not in item:
+            reader.error("failure_chain", f"{path}.step: missing")
+        elif item["step"] is not None:
+            step = reader.integer(item, "step", "failure_chain", f"{path}.step")
+        agent = reader.string(item, "agent", "failure_chain", f"{path}.agent")
+        role = reader.string(item, "role", "failure_chain", f"{path}.role")
+        description = reader.string(item, "description", "failure_chain", f"{path}.description")
+        nodes.append(ChainNode(step, agent or "", role or "", description or ""))
+    return None if len(reader.errors) > before else tuple(nodes)
+
+
+def parse_attribution(answer: object) -> AttributionAnswer:
+    """Read the final attribution answer; nothing is cast or repaired (a digit string step is an error)."""
+    reader = _Reader()
+    if not isinstance(answer, dict):
+        for name in ("agent", "step"):
+            reader.error(name, "the answer is not a JSON object")
+        return AttributionAnswer(
+            None, None, None, None, None, None, None, None, None, None, None, tuple(reader.errors)
+        )
+    agent: str | None = None
+    step: int | None = None
+    root = reader.get(answer, "root_cause", "agent", "root_cause")
+    if root is _MISSING:
+        reader.error("step", "root_cause: missing")
+    elif not isinstance(root, dict):
+        reader.error("agent", "root_cause: expected an object")
+        reader.error("step", "root_cause: expected an object")
+    else:
+        agent = reader.string(root, "agent", "agent", "root_cause.agent")
+        step = reader.integer(root, "step", "step", "root_cause.step")
+    evidence = reader.ints(answer, "evidence_step_ids", "evidence_step_ids", "evidence_step_ids")
+    factors = reader.strings(answer, "contributing_factors", "contributing_factors", "contributing_factors")
+    trace: DelegationTrace | None = None
+    chain: tuple[ChainNode, ...] | None = None
+    counterfactual: str | None = None
+    confidence: str | None = None
+    analysis = answer.get("analysis")
+    if isinstance(analysis, dict):
+        trace = _read_trace(reader, analysis)
+        chain = _read_chain(reader, analysis)
+        counterfactual = reader.string(
+            analysis, "counterfactual", "counterfactual", "analysis.counterfactual"
+        )
+        confidence = reader.string(analysis, "confidence", "confidence", "analysis.confidence")
+    else:
+        problem = "missing" if "analysis" not in answer else "expected an object"
+        for name in _ANALYSIS_FIELDS:
+            reader.error(name, f"analysis: {problem}")
+    return AttributionAnswer(
+        agent=agent,
+        step=step,
+        reason=reader.string(answer, "reason", "reason", "reason"),
+        evidence_step_ids=evidence,
+        abstain=reader.boolean(answer, "abstain", "abstain", "abstain"),
+        primary_category=reader.string(answer, "primary_category", "primary_category", "primary_category"),
+        contributing_factors=factors,
+        delegation_trace=trace,
+        failure_chain=chain,
+        counterfactual=counterfactual,
+        confidence=confidence,
+        errors=tuple(reader.errors),
+    )
