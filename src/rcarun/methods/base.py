@@ -42,7 +42,12 @@ class Attribution:
 
 
 class Method(Protocol):
-    """A root-cause attribution method: pure orchestration over the `LLM` it is given."""
+    """A root-cause attribution method: pure orchestration over the `LLM` it is given.
+
+    A method may also declare ``shareable_stages: frozenset[str]``: stages whose requests are identical across
+    its conditions (RCTA's summary and outline under every ablation). The runner then pays for such a request
+    once per trajectory and realization and serves the other conditions the same answer, recorded as cached.
+    """
 
     label: str
 

@@ -6,16 +6,26 @@ loop that feeds items.
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from rcarun.backends import Backend
+from rcarun.backends import Backend, ChatResult
 from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
 
-__all__ = ["BackboneCounters", "BackboneRuntime", "RowKeys", "RunContext", "StopController", "WorkItem"]
+__all__ = [
+    "BackboneCounters",
+    "BackboneRuntime",
+    "RowKeys",
+    "RunContext",
+    "SharedCalls",
+    "StopController",
+    "WorkItem",
+]
 
 
 class RowKeys(TypedDict):
@@ -97,6 +107,45 @@ class BackboneRuntime:
     counters: BackboneCounters = field(default_factory=BackboneCounters)
 
 
+class SharedCalls:
+    """Answers of shareable stages, by cache key, while they are in flight and shortly after.
+
+    Ablation conditions of one method (RCTA and rcta/no-aK) send byte-identical Stage I requests for the same
+    trajectory, usually at the same moment (their items are queued side by side). The first request is sent;
+    the others wait for its answer instead of paying again. Finished answers are kept for the last
+    ``keep_finished`` keys only — long enough to bridge the writer's commit delay, after which the stored row
+    serves them — so memory stays bounded by work in flight, not by the size of the sweep.
+    """
+
+    def __init__(self, keep_finished: int = 512) -> None:
+        self._in_flight: dict[str, asyncio.Future[ChatResult | None]] = {}
+        self._finished: OrderedDict[str, ChatResult] = OrderedDict()
+        self._keep_finished = keep_finished
+
+    def finished(self, key: str) -> ChatResult | None:
+        return self._finished.get(key)
+
+    def in_flight(self, key: str) -> asyncio.Future[ChatResult | None] | None:
+        return self._in_flight.get(key)
+
+    def lead(self, key: str) -> asyncio.Future[ChatResult | None]:
+        """Register the caller as the one sending ``key``; others await the returned future."""
+        future: asyncio.Future[ChatResult | None] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        return future
+
+    def settle(self, key: str, result: ChatResult | None) -> None:
+        """The leader's outcome: an answer, or None when it failed (waiters then send their own)."""
+        future = self._in_flight.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+        if result is not None:
+            self._finished[key] = result
+            self._finished.move_to_end(key)
+            while len(self._finished) > self._keep_finished:
+                self._finished.popitem(last=False)
+
+
 @dataclass(slots=True)
 class RunContext:
     config: SweepConfig
@@ -104,5 +153,7 @@ class RunContext:
     store: Store
     writer: StoreWriter
     stop: StopController
-    # False when no earlier attempt could be served (a fresh run): every lookup would miss, so none is made.
+    # False when no earlier attempt could be served (a fresh run): every lookup would miss, so none is made
+    # (shareable stages look anyway: another condition of the same run may have answered already).
     cache_lookups: bool = True
+    shared: SharedCalls = field(default_factory=SharedCalls)

@@ -430,7 +430,9 @@ async def _drive_backbone(
 async def _run_item(
     context: RunContext, runtime: BackboneRuntime, item: WorkItem, method: Method, record: Record
 ) -> None:
-    session = ItemSession(context, runtime, item)
+    session = ItemSession(
+        context, runtime, item, shareable_stages=frozenset(getattr(method, "shareable_stages", ()))
+    )
     counters = runtime.counters
     writer = context.writer
 

@@ -1,7 +1,9 @@
 """The `LLM` a method receives for one work item: cache lookup → budgets → backend → record, per attempt.
 
 Everything a method should never think about lives here, in one loop per ``llm.chat`` call:
-- the call cache (a finished attempt of an interrupted item is served, not paid again, on resume);
+- the call cache (a finished attempt of an interrupted item is served, not paid again, on resume), and for
+  stages a method declares shareable across its conditions, the answer another item of the same run is
+  getting or just got (`rcarun.runner.runtime.SharedCalls`);
 - admission through the backbone's gate (pause after 429, adaptive concurrency, requests/tokens per minute,
   spend budget), with the token reservation settled against the reported usage;
 - retries of retryable errors as the retry policy decides, each attempt its own ``calls`` row (429s get five
@@ -27,7 +29,7 @@ from rcarun.errors import CallError, ConfigError, RateLimited, RcarunError
 from rcarun.methods import Message, Reasoning, Reply
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
-from rcarun.store import CallRow, utc_timestamp
+from rcarun.store import CallRow, blob_sha256, utc_timestamp
 
 __all__ = ["ItemSession", "StopRequested", "parse_json_answer"]
 
@@ -61,10 +63,18 @@ def parse_json_answer(text: str) -> tuple[Any, str | None]:
 class ItemSession:
     """Implements `rcarun.methods.LLM` for one work item on one backbone."""
 
-    def __init__(self, context: RunContext, runtime: BackboneRuntime, item: WorkItem) -> None:
+    def __init__(
+        self,
+        context: RunContext,
+        runtime: BackboneRuntime,
+        item: WorkItem,
+        shareable_stages: frozenset[str] = frozenset(),
+    ) -> None:
         self._context = context
         self._runtime = runtime
         self._item = item
+        # Stages the method declares identical across its conditions (e.g. RCTA's summary and outline).
+        self._shareable_stages = shareable_stages
         self.attempts = 0
 
     @property
@@ -115,24 +125,37 @@ class ItemSession:
             )
             request_json = request.canonical_json().encode()
             request_sha = hashlib.sha256(request_json).hexdigest()
+            shareable = stage_policy.shareable or stage in self._shareable_stages
             key = call_cache_key(
                 backbone=runtime.name,
                 model=config.model,
                 request_sha256=request_sha,
                 stage=stage,
                 realization=self._item.realization,
-                method_label=None if stage_policy.shareable else self._item.method,
+                method_label=None if shareable else self._item.method,
             )
             result = (
                 self._from_cache(key, request, stage, attempt, request_sha)
-                if self._context.cache_lookups
+                if self._context.cache_lookups or shareable
                 else None
             )
+            if result is None and shareable:
+                result = await self._from_shared(key, request, stage, attempt, request_sha)
             if result is None:
                 request_sha = self._context.writer.put_blob(request_json, request_sha)
-                outcome = await self._call_backend(
-                    key, request, stage, attempt, prompt_chars, failures, request_sha
-                )
+                leader = shareable and self._context.shared.in_flight(key) is None
+                if leader:
+                    self._context.shared.lead(key)
+                try:
+                    outcome = await self._call_backend(
+                        key, request, stage, attempt, prompt_chars, failures, request_sha
+                    )
+                except BaseException:
+                    if leader:
+                        self._context.shared.settle(key, None)
+                    raise
+                if leader:
+                    self._context.shared.settle(key, outcome if isinstance(outcome, ChatResult) else None)
                 if isinstance(outcome, tuple):
                     error, decision = outcome
                     if not decision.retry:
@@ -238,6 +261,35 @@ class ItemSession:
             latency_s=0.0,
             model=cached.model or "",
         )
+
+    async def _from_shared(
+        self, key: str, request: ChatRequest, stage: str, attempt: int, request_sha: str
+    ) -> ChatResult | None:
+        """Another item's answer to the same shareable request, sent or just received; recorded as cached."""
+        shared = self._context.shared
+        result = shared.finished(key)
+        if result is None:
+            pending = shared.in_flight(key)
+            if pending is None:
+                return None
+            result = await asyncio.shield(pending)
+            if result is None:
+                return None  # the leader failed: this item sends its own request
+        now = utc_timestamp()
+        self._context.writer.add_call(
+            CallRow(
+                **self._base_row(stage, attempt, request.max_tokens, key, request_sha),
+                status="cached",
+                started_at=now,
+                ended_at=now,
+                finish_reason=result.finish_reason,
+                response_sha256=blob_sha256(result.raw_body) if result.raw_body else None,
+                response_text_sha256=None if result.raw_body else blob_sha256(result.text.encode()),
+                latency_ms=0.0,
+            )
+        )
+        self._runtime.counters.cached_calls += 1
+        return result
 
     async def _call_backend(
         self,
