@@ -150,11 +150,15 @@ async def simulated_backbones() -> AsyncIterator[dict[str, BackboneConfig]]:
         yield configs
 
 
+_DEMO_METHOD_OPTIONS: dict[str, dict[str, Any]] = {"all-at-once": {"max_tokens": 1024}}
+
+
 def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
     """Bundled sample × every registered method × the given backbones × 2 realizations.
 
-    The attribution budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
-    thinking runs out of room and the length retry doubles it, as a real thinking model would need.
+    All-at-once's budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
+    thinking runs out of room and the length retry doubles it, as a real thinking model would need (step-by-step
+    and binary search default to 1,024 too). Every other method keeps its own budgets (RCTA's preset).
     """
     return SweepConfig.model_validate(
         {
@@ -163,8 +167,10 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
                 "realizations": DEMO_REALIZATIONS,
                 "simulated": True,
             },
-            "methods": [MethodConfig(name=name) for name in registered_methods()],
+            "methods": [
+                MethodConfig(name=name, options=_DEMO_METHOD_OPTIONS.get(name, {}))
+                for name in registered_methods()
+            ],
             "backbones": backbones,
-            "stages": {"attribution": {"max_tokens": 1024, "length_retries": 1, "length_cap": 65_536}},
         }
     )

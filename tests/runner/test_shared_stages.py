@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from helpers.sweeps import make_config, rows
 from rcarun.data import Trajectory
-from rcarun.methods import LLM, Attribution, Message, method, registered_methods
+from rcarun.methods import LLM, Attribution, Message, method, registered_methods, registry
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 
@@ -35,20 +37,31 @@ class _TwoStage:
         return Attribution(pred_role=None, pred_step=None, role_valid=False, step_valid=False, abstained=True)
 
 
-if "test-two-stage" not in registered_methods():
+@pytest.fixture
+def two_stage_method() -> Iterator[str]:
+    """Registered for this test only: the demo and other tests run every registered method."""
+    name = "test-two-stage"
 
-    @method("test-two-stage")
+    @method(name)
     def _create(label: str, options: Mapping[str, Any]) -> _TwoStage:
         return _TwoStage(label)
 
+    try:
+        yield name
+    finally:
+        registry._REGISTRY.pop(name, None)
+    assert name not in registered_methods()
 
-async def test_conditions_share_declared_stages_within_one_fresh_run(tmp_path: Path) -> None:
+
+async def test_conditions_share_declared_stages_within_one_fresh_run(
+    tmp_path: Path, two_stage_method: str
+) -> None:
     db = tmp_path / "results.db"
     async with MockServer(MockConfig(latency_s=0.05)) as server:
         config = make_config(
             {"sim": {"base_url": server.base_url, "limits": {"concurrency": 8}}},
             realizations=2,
-            methods=[{"name": "test-two-stage", "label": label} for label in ("a", "b", "c")],
+            methods=[{"name": two_stage_method, "label": label} for label in ("a", "b", "c")],
         )
         outcome = await run_sweep(config, db_path=db, run_name="s", show_progress=False)
         accepted = server.stats().accepted

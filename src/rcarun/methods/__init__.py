@@ -10,6 +10,7 @@ from rcarun.methods import falat as _falat  # noqa: F401  (registers "falat")
 from rcarun.methods import step_by_step as _step_by_step  # noqa: F401  (registers "step-by-step")
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.rcta import method as _rcta  # noqa: F401  (registers "rcta" and "rcta/no-a1".."rcta/no-a4")
 from rcarun.methods.registry import create_method, method, registered_methods
 
 __all__ = [

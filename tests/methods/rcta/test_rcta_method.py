@@ -1,0 +1,679 @@
+"""The RCTA pipeline against a routed scripted LLM: call structure, A1–A4 controls, shared Stage I, outputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcarun.data import Step, Trajectory, iter_dataset
+from rcarun.errors import ConfigError
+from rcarun.methods import Message, Reply, create_method
+from rcarun.methods.rcta.method import PRESETS, RCTA, RctaOptions, uniform_ids
+
+# --- a routed scripted LLM --------------------------------------------------------------------------------
+
+Route = Callable[["Request"], Any]
+
+
+@dataclass(frozen=True)
+class Request:
+    stage: str
+    messages: tuple[Message, ...]
+    max_tokens: int
+    schema: Mapping[str, Any] | None
+    temperature: float | None
+    reasoning: str | None
+
+    @property
+    def user(self) -> str:
+        return self.messages[-1].content
+
+    @property
+    def system(self) -> str:
+        return self.messages[0].content
+
+
+@dataclass
+class RoutedLLM:
+    """Answers each request with ``routes[stage](request)``: a JSON value (dumped) or a raw string."""
+
+    routes: Mapping[str, Route]
+    context_window: int | None = None
+    requests: list[Request] = field(default_factory=list)
+
+    def estimate_tokens(self, text: str) -> int:
+        return len(text) // 4 + 1
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        stage: str,
+        max_tokens: int,
+        schema: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+        reasoning: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Reply:
+        request = Request(stage, tuple(messages), max_tokens, schema, temperature, reasoning)
+        self.requests.append(request)
+        answer = self.routes[stage](request)
+        text = answer if isinstance(answer, str) else json.dumps(answer)
+        try:
+            parsed, error = json.loads(text), None
+        except json.JSONDecodeError as exc:
+            parsed, error = None, str(exc)
+        return Reply(text=text, parsed=parsed, parse_error=error, finish_reason="stop")
+
+    def stages(self) -> list[str]:
+        return [r.stage for r in self.requests]
+
+
+def instance(schema: Mapping[str, Any]) -> Any:
+    """A value that satisfies ``schema`` (the subset our stage schemas use); arrays get max(minItems, 1) items."""
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next(k for k in kind if k != "null")
+    if "enum" in schema:
+        return schema["enum"][0]
+    if kind == "object":
+        return {key: instance(sub) for key, sub in schema["properties"].items()}
+    if kind == "array":
+        return [instance(schema["items"]) for _ in range(max(schema.get("minItems", 0), 1))]
+    if kind == "integer":
+        return schema.get("minimum", 0)
+    if kind == "boolean":
+        return False
+    return "text"
+
+
+def answer(
+    agent: str,
+    step: int,
+    *,
+    evidence: Sequence[int] | None = None,
+    category: str = "D1",
+    trace: Mapping[str, Any] | None = None,
+    abstain: bool = False,
+) -> dict[str, Any]:
+    """A valid attribution answer (for a non-planner agent, or a planner pointing at a planner step)."""
+    analysis: dict[str, Any] = {
+        "delegation_trace": dict(
+            trace
+            or {
+                "checked": False,
+                "faithful_implementation": False,
+                "prescribing_step": None,
+                "quote": "",
+                "defect_in_quote": "",
+            }
+        ),
+        "failure_chain": [
+            {"step": step, "agent": agent, "role": "root_cause", "description": "root"},
+            {"step": None, "agent": agent, "role": "terminal", "description": "evaluation"},
+        ],
+        "counterfactual": "had this step been right, the run would have succeeded",
+        "confidence": "low" if abstain else "medium",
+    }
+    return {
+        "root_cause": {"agent": agent, "step": step},
+        "reason": "because",
+        "evidence_step_ids": list(evidence if evidence is not None else [step]),
+        "abstain": abstain,
+        "primary_category": category,
+        "contributing_factors": [],
+        "analysis": analysis,
+    }
+
+
+def summary_for(proposals: Callable[[list[int]], list[dict[str, Any]]] | None = None) -> Route:
+    """A valid local summary built from the request's schema; ``proposals(own_ids)`` chooses the proposals."""
+
+    def route(request: Request) -> dict[str, Any]:
+        assert request.schema is not None
+        value = instance(request.schema)
+        own = request.schema["properties"]["proposed_steps"]["items"]["properties"]["step_id"]["enum"]
+        value["step_range"] = [own[0], own[-1]]
+        value["key_events"] = [{"event": "e", "step_ids": [own[0]]}] * 3
+        value["proposed_steps"] = proposals(own) if proposals else []
+        return value
+
+    return route
+
+
+def outline_route(request: Request) -> Any:
+    assert request.schema is not None
+    value = instance(request.schema)
+    value["phases"] = value["phases"] * 3
+    return value
+
+
+# --- a hand-made Magentic-One style trajectory ---------------------------------------------------------------
+
+PLAN = "Search the web for the 2019 price list and report the price in euros using parse_config settings."
+TASK = "What did the product cost in 2019?"
+
+
+def _step(index: int, role: str, content: str) -> Step:
+    agent = re.sub(r"\s*\([^()]*\)\s*$", "", role)
+    return Step(index=index, agent=agent, role=role, content=content)
+
+
+def magentic() -> Trajectory:
+    """12 steps; handoffs at 1 (-> WebSurfer), 4 (-> Coder), 7 (-> Coder), 10 (-> WebSurfer)."""
+    rows = [
+        ("human", TASK),
+        ("Orchestrator (-> WebSurfer)", PLAN),
+        ("WebSurfer", "I searched as instructed and found a price of 40 dollars."),
+        ("Orchestrator (thought)", "The price is in dollars; we need euros."),
+        ("Orchestrator (-> Coder)", "Convert 40 dollars to euros with rate 0.5."),
+        ("Coder", "```python\nprint(40 * 0.5)\n```"),
+        ("ComputerTerminal", "exitcode: 0\n20.0"),
+        ("Orchestrator (-> Coder)", "Double-check the conversion."),
+        ("Coder", "The conversion is right."),
+        ("ComputerTerminal", "exitcode: 0"),
+        ("Orchestrator (-> WebSurfer)", "Confirm the year of the price list."),
+        ("WebSurfer", "FINAL ANSWER: 20 euros."),
+    ]
+    steps = tuple(_step(i, role, content) for i, (role, content) in enumerate(rows))
+    return Trajectory(qid="hand/1", source="hand_crafted", task=TASK, steps=steps, sha256="0" * 64)
+
+
+SMALL = {"max_steps": 4}  # 12 steps -> 3 segments of 4 (semantic cuts need 10,000 characters)
+
+
+def rcta(name: str = "rcta", **options: Any) -> RCTA:
+    options.setdefault("segmentation", SMALL)
+    made = create_method(name, options=options)
+    assert isinstance(made, RCTA)
+    return made
+
+
+def propose(*ids_tags: tuple[int, str]) -> Callable[[list[int]], list[dict[str, Any]]]:
+    def proposals(own: list[int]) -> list[dict[str, Any]]:
+        return [{"step_id": i, "tags": [t], "note": f"note {i}"} for i, t in ids_tags if i in own]
+
+    return proposals
+
+
+def llm_with(
+    attribution: Route, proposals: Callable[[list[int]], list[dict[str, Any]]] | None = None
+) -> RoutedLLM:
+    return RoutedLLM(
+        {"summary": summary_for(proposals), "outline": outline_route, "attribution": attribution}
+    )
+
+
+def attribution_user(llm: RoutedLLM, index: int = 0) -> str:
+    return [r for r in llm.requests if r.stage == "attribution"][index].user
+
+
+def excerpt_ids_in(prompt: str) -> list[int]:
+    section = prompt.split("=== EVIDENCE EXCERPTS ===")[1].split("=== END OF EXCERPTS ===")[0]
+    return [int(m) for m in re.findall(r"^\[step (\d+)\]", section, flags=re.MULTILINE)]
+
+
+# --- registration and options ------------------------------------------------------------------------------
+
+
+def test_registered_names_fix_their_ablation_and_label() -> None:
+    for name, ablation in [("rcta", None), ("rcta/no-a1", "no-a1"), ("rcta/no-a4", "no-a4")]:
+        made = rcta(name)
+        assert made.label == name
+        assert made.ablation == ablation
+    assert rcta("rcta", ablation="no-a2").ablation == "no-a2"
+    assert rcta("rcta/no-a3", ablation="no-a3").ablation == "no-a3"
+    assert RCTA.shareable_stages == frozenset({"summary", "outline"})
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("rcta", {"bogus": 1}),
+        ("rcta", {"preset": "huge"}),
+        ("rcta", {"ablation": "no-a5"}),
+        ("rcta/no-a1", {"ablation": "no-a2"}),
+        ("rcta", {"segmentation": {"max_step": 3}}),
+        ("rcta", {"segmentation": {"max_steps": 0}}),
+        ("rcta", {"candidate_cap": 0}),
+        ("rcta", {"truncation": "cut"}),
+    ],
+)
+def test_bad_options_are_config_errors(name: str, options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        create_method(name, options=options)
+
+
+def test_uniform_ids_are_centred_in_equal_bins() -> None:
+    assert uniform_ids(12, 3) == (2, 6, 10)
+    assert uniform_ids(10, 4) == (1, 3, 6, 8)
+    assert uniform_ids(3, 5) == (0, 1, 2)
+    assert uniform_ids(7, 0) == ()
+
+
+# --- call structure -----------------------------------------------------------------------------------------
+
+
+async def test_m_plus_two_calls_with_stage_settings_and_a_valid_answer() -> None:
+    llm = llm_with(
+        lambda r: answer("Coder", 5), propose((5, "possible_root"), (11, "possible_manifestation"))
+    )
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages() == ["summary", "summary", "summary", "outline", "attribution"]
+    assert [(r.reasoning, r.temperature) for r in llm.requests] == [
+        ("off", 0.1),
+        ("off", 0.1),
+        ("off", 0.1),
+        ("high", 0.1),
+        ("high", 0.0),
+    ]
+    assert (result.pred_role, result.pred_step, result.role_valid, result.step_valid) == (
+        "Coder",
+        5,
+        True,
+        True,
+    )
+    assert not result.abstained
+    out = result.output
+    assert out["calls"] == 5
+    assert [(s["steps"], s["overlap"], s["cut"]) for s in out["segments"]] == [
+        ([0, 3], [], "max_steps"),
+        ([4, 7], [0, 1, 2, 3], "max_steps"),
+        ([8, 11], [4, 5, 6, 7], "end_of_trace"),
+    ]
+    assert out["covered"] and not out["needs_review"]
+    assert out["preset"] == "full" and out["ablation"] is None
+    assert [a["attempt"] for a in out["stages"]["attribution"]] == ["first"]
+    # the summary of a later segment shows its overlap as context but may cite only its own steps
+    second = llm.requests[1]
+    assert second.schema is not None
+    assert second.schema["properties"]["proposed_steps"]["items"]["properties"]["step_id"]["enum"] == [
+        4,
+        5,
+        6,
+        7,
+    ]
+    assert "CONTEXT FROM THE PREVIOUS SEGMENT" in second.user and "[step 3] Orchestrator" in second.user
+    assert TASK in second.user
+
+
+@pytest.mark.parametrize(
+    ("preset", "budgets"), [("full", [4000, 6000, 8000]), ("ablation", [4000, 12000, 32000])]
+)
+async def test_presets_set_each_stage_budget(preset: str, budgets: list[int]) -> None:
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    result = await rcta(preset=preset).attribute(magentic(), llm)
+    assert [r.max_tokens for r in llm.requests] == [budgets[0]] * 3 + budgets[1:]
+    assert result.output["preset"] == preset
+    assert PRESETS[preset].attribution == budgets[2]
+
+
+async def test_one_validation_retry_carries_the_feedback_and_merges_fields() -> None:
+    # first attempt: valid role, step out of range; retry: unrecorded role, valid step -> both valid fields kept
+    replies = iter([answer("Coder", 99, evidence=[5]), answer("Nobody", 5)])
+    llm = llm_with(lambda r: next(replies), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages() == ["summary"] * 3 + ["outline", "attribution", "attribution"]
+    retry = attribution_user(llm, 1)
+    assert retry.startswith(attribution_user(llm, 0))
+    assert "did not pass validation" in retry and "root_cause.step: 99" in retry
+    assert (result.pred_role, result.pred_step, result.role_valid, result.step_valid) == (
+        "Coder",
+        5,
+        True,
+        True,
+    )
+    out = result.output
+    assert out["calls"] == 6
+    assert out["field_sources"]["agent"] == "first" and out["field_sources"]["step"] == "retry"
+    assert [a["valid"] for a in out["stages"]["attribution"]] == [False, False]
+    assert any("root_cause.agent: 'Nobody'" in e for e in out["stages"]["attribution"][1]["errors"])
+    assert not result.abstained
+
+
+async def test_unparseable_answers_abstain_and_flag_review() -> None:
+    llm = llm_with(lambda r: "I cannot tell.", propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages()[-2:] == ["attribution", "attribution"]
+    assert result.abstained and result.pred_role is None and result.pred_step is None
+    assert not result.role_valid and not result.step_valid
+    out = result.output
+    assert out["needs_review"] and not out["covered"]
+    assert "abstain_missing_fields" in out["diagnostics"]["fallbacks"]
+
+
+async def test_model_abstention_is_kept() -> None:
+    llm = llm_with(lambda r: answer("Coder", 5, evidence=[], abstain=True), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert result.abstained and result.output["model_abstained"]
+    assert llm.stages().count("attribution") == 1
+
+
+async def test_role_is_read_from_the_agent_field_not_the_speaker() -> None:
+    # step 5 is spoken by Coder; the answer blames WebSurfer (an executor, so no planner consistency rule)
+    llm = llm_with(lambda r: answer("WebSurfer", 5), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert (result.pred_role, result.pred_step) == ("WebSurfer", 5)
+    assert result.role_valid
+
+
+async def test_unreadable_outline_falls_back_and_is_recorded() -> None:
+    routes: dict[str, Route] = {
+        "summary": summary_for(propose((5, "possible_root"))),
+        "outline": lambda r: "not json",
+        "attribution": lambda r: answer("Coder", 5),
+    }
+    llm = RoutedLLM(routes)
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages() == ["summary"] * 3 + ["outline", "attribution"]  # no retry for an unreadable outline
+    out = result.output
+    assert out["stages"]["outline"]["fallback"] and out["stages"]["outline"]["phases"] == 3
+    assert out["diagnostics"]["fallbacks"] == ["outline"]
+    assert "the outline could not be built" in attribution_user(llm)
+
+
+async def test_stage1_answers_with_errors_are_retried_once() -> None:
+    bad_done: set[int] = set()
+
+    def summary(request: Request) -> Any:
+        value = summary_for(propose((5, "possible_root")))(request)
+        own = value["step_range"]
+        if own[0] == 4 and 4 not in bad_done:  # segment 1 first cites a step of segment 0
+            bad_done.add(4)
+            value["proposed_steps"] = [{"step_id": 2, "tags": ["possible_root"], "note": "x"}]
+        return value
+
+    outline_calls: list[int] = []
+
+    def outline(request: Request) -> Any:
+        outline_calls.append(1)
+        value = outline_route(request)
+        if len(outline_calls) == 1:
+            value["phases"][0]["step_range"] = [5, 2]
+        return value
+
+    llm = RoutedLLM({"summary": summary, "outline": outline, "attribution": lambda r: answer("Coder", 5)})
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages() == ["summary", "summary", "summary", "summary", "outline", "outline", "attribution"]
+    assert (
+        "did not pass validation" in llm.requests[2].user
+        and "not one of this segment" in llm.requests[2].user
+    )
+    records = result.output["stages"]["summary"]
+    assert records[1]["retried"] and records[1]["used"] == "retry"
+    assert result.output["stages"]["outline"]["used"] == "retry"
+    assert result.output["candidates"]["base_ids"] == [5]
+
+
+async def test_without_stage1_retry_out_of_segment_proposals_are_dropped() -> None:
+    def summary(request: Request) -> Any:
+        value = summary_for()(request)
+        if value["step_range"][0] == 4:
+            value["proposed_steps"] = [
+                {"step_id": 2, "tags": ["possible_root"], "note": "x"},
+                {"step_id": 6, "tags": ["possible_root"], "note": "y"},
+            ]
+        return value
+
+    llm = RoutedLLM(
+        {"summary": summary, "outline": outline_route, "attribution": lambda r: answer("Coder", 5)}
+    )
+    result = await rcta(stage1_retry=False).attribute(magentic(), llm)
+    assert llm.stages().count("summary") == 3
+    assert result.output["stages"]["summary"][1]["dropped_ids"] == [2]
+    assert result.output["candidates"]["base_ids"] == [6]
+
+
+# --- candidates, excerpts and handoffs --------------------------------------------------------------------
+
+
+async def test_candidate_pool_feeds_the_excerpts_with_handoffs_and_hints() -> None:
+    llm = llm_with(
+        lambda r: answer("Coder", 5),
+        propose((2, "possible_root"), (5, "possible_manifestation"), (11, "terminal_context")),
+    )
+    result = await rcta().attribute(magentic(), llm)
+    out = result.output
+    assert out["candidates"]["base_ids"] == [2, 5, 11]
+    # WebSurfer@2 <- handoff 1, Coder@5 <- handoff 4, WebSurfer@11 <- handoff 10 (recipient matches)
+    assert out["handoff_links"] == [[2, 1, "recipient"], [5, 4, "recipient"], [11, 10, "recipient"]]
+    assert out["excerpt_ids"] == [1, 2, 4, 5, 10, 11]
+    prompt = attribution_user(llm)
+    assert excerpt_ids_in(prompt) == [1, 2, 4, 5, 10, 11]
+    assert PLAN in prompt  # original text of the handoff
+    assert "[step 1] Orchestrator (planner; delegate; hands off to WebSurfer;" in prompt
+    assert "HANDOFF INSTRUCTION: the logged instruction preceding candidate step(s) 2" in prompt
+    assert "candidate: tags possible_root; proposed by local:0; notes: note 2" in prompt
+    # WebSurfer@2 says "as instructed": a linkage hint to handoff 1
+    assert out["linkage_hints"] == [{"executor": 2, "handoff": 1, "kind": "cites_plan", "overlap": 0.0}]
+    assert "LINKAGE HINTS" in prompt and "step 2 (WebSurfer) may implement handoff step 1" in prompt
+    assert "Backward instruction-execution reasoning" in llm.requests[-1].system
+    assert out["diagnostics"] == {
+        "base_candidate_ids": [2, 5, 11],
+        "excerpt_ids": [1, 2, 4, 5, 10, 11],
+        "evidence_ids": [5],
+        "used_handoff": False,
+        "fallbacks": [],
+    }
+
+
+async def test_candidate_cap_limits_the_base_candidates() -> None:
+    every = propose(*[(i, "possible_root" if i % 2 else "possible_manifestation") for i in range(12)])
+    llm = llm_with(lambda r: answer("Coder", 5), every)
+    result = await rcta(candidate_cap=3).attribute(magentic(), llm)
+    out = result.output
+    # manifestations (even ids) rank first; ties by ascending id
+    assert out["candidates"]["base_ids"] == [0, 2, 4]
+    assert out["candidates"]["overflow"] == 9
+    assert out["diagnostics"]["base_candidate_ids"] == [0, 2, 4]
+    # human@0 has no earlier handoff; WebSurfer@2 <- 1; handoff 4 (Orchestrator, "any") <- 1
+    assert out["excerpt_ids"] == [0, 1, 2, 4]
+
+
+async def test_faithful_instruction_root_is_validated_and_marked_as_handoff_use() -> None:
+    trace = {
+        "checked": True,
+        "faithful_implementation": True,
+        "prescribing_step": 4,
+        "quote": "Convert 40 dollars to euros with rate 0.5",
+        "defect_in_quote": "wrong exchange rate",
+    }
+    llm = llm_with(
+        lambda r: answer("Orchestrator", 4, category="C1", trace=trace), propose((5, "possible_root"))
+    )
+    result = await rcta().attribute(magentic(), llm)
+    assert (result.pred_role, result.pred_step, result.role_valid) == ("Orchestrator", 4, True)
+    assert llm.stages().count("attribution") == 1
+    assert result.output["covered"]
+    assert result.output["diagnostics"]["used_handoff"] is True
+
+
+async def test_ungrounded_quote_triggers_the_retry() -> None:
+    trace = {
+        "checked": True,
+        "faithful_implementation": True,
+        "prescribing_step": 4,
+        "quote": "use the rate from the central bank website",
+        "defect_in_quote": "x",
+    }
+    replies = iter([answer("Orchestrator", 4, category="C1", trace=trace), answer("Coder", 5)])
+    llm = llm_with(lambda r: next(replies), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages().count("attribution") == 2
+    assert "not found in the logged instruction of handoff step 4" in attribution_user(llm, 1)
+    assert (result.pred_role, result.pred_step) == ("Coder", 5)
+
+
+# --- component controls -----------------------------------------------------------------------------------
+
+
+async def test_no_a2_sends_no_handoff_evidence() -> None:
+    llm = llm_with(lambda r: answer("Coder", 5), propose((2, "possible_root"), (5, "possible_manifestation")))
+    result = await rcta("rcta/no-a2").attribute(magentic(), llm)
+    out = result.output
+    assert out["excerpt_ids"] == [2, 5] and out["handoff_links"] == [] and out["linkage_hints"] == []
+    prompt = attribution_user(llm)
+    assert excerpt_ids_in(prompt) == [2, 5]
+    assert "HANDOFF INSTRUCTION" not in prompt and PLAN not in prompt.split("=== EVIDENCE EXCERPTS ===")[1]
+    assert "LINKAGE HINTS" not in prompt
+    assert out["diagnostics"]["excerpt_ids"] == [2, 5] and out["ablation"] == "no-a2"
+
+
+async def test_no_a3_keeps_excerpts_but_drops_backward_reasoning() -> None:
+    full_llm = llm_with(
+        lambda r: answer("Coder", 5), propose((2, "possible_root"), (5, "possible_manifestation"))
+    )
+    await rcta().attribute(magentic(), full_llm)
+
+    def no_trace(request: Request) -> dict[str, Any]:
+        value = answer("Coder", 5)
+        del value["analysis"]["delegation_trace"]
+        return value
+
+    llm = llm_with(no_trace, propose((2, "possible_root"), (5, "possible_manifestation")))
+    result = await rcta("rcta/no-a3").attribute(magentic(), llm)
+    request = next(r for r in llm.requests if r.stage == "attribution")
+    assert excerpt_ids_in(request.user) == excerpt_ids_in(attribution_user(full_llm)) == [1, 2, 4, 5]
+    assert PLAN in request.user
+    assert "Backward instruction-execution reasoning" not in request.system
+    assert "faithfully" not in request.system and "delegation_trace" not in request.system
+    assert "LINKAGE HINTS" not in request.user and "HANDOFF INSTRUCTION" not in request.user
+    assert "CONTEXT: an earlier step shown for context." in request.user
+    assert "(executor;" not in request.user and "(executor;" in attribution_user(full_llm)  # no role hints
+    assert request.schema is not None
+    assert "delegation_trace" not in request.schema["properties"]["analysis"]["properties"]
+    assert "delegation_trace" not in request.user.split("=== END OF EXCERPTS ===")[1]
+    # no instruction-evidence check: the answer without a trace is valid and covered, no retry
+    assert llm.stages().count("attribution") == 1
+    assert result.output["covered"] and (result.pred_role, result.pred_step) == ("Coder", 5)
+
+
+async def test_no_a4_keeps_the_first_answer_without_retry_or_sanitising() -> None:
+    llm = llm_with(lambda r: answer("Nobody", 99), propose((5, "possible_root")))
+    result = await rcta("rcta/no-a4").attribute(magentic(), llm)
+    assert llm.stages().count("attribution") == 1
+    assert (result.pred_role, result.pred_step) == ("Nobody", 99)
+    assert not result.role_valid and not result.step_valid and not result.abstained
+    out = result.output
+    assert not out["covered"] and out["stages"]["attribution"][0]["valid"] is False
+    assert out["raw_answer"] == {"agent": "Nobody", "step": 99, "abstain": False}
+
+
+async def test_no_a1_uses_equally_many_uniform_excerpts_with_masked_cues() -> None:
+    proposals = propose((2, "possible_root"), (5, "possible_manifestation"), (11, "terminal_context"))
+    llm = llm_with(lambda r: answer("Coder", 5), proposals)
+    result = await rcta("rcta/no-a1").attribute(magentic(), llm)
+    out = result.output
+    assert out["candidates"]["pooled_ids"] == [2, 5, 11]
+    assert out["candidates"]["base_ids"] == [2, 6, 10] == list(uniform_ids(12, 3))
+    # A2 still applies: ComputerTerminal@6 and Orchestrator@10 are "any" candidates -> nearest earlier handoffs
+    assert out["excerpt_ids"] == [1, 2, 4, 6, 7, 10]
+    prompt = attribution_user(llm)
+    assert excerpt_ids_in(prompt) == out["excerpt_ids"]
+    assert "candidate: tags" not in prompt and "proposed by local" not in prompt and "note 2" not in prompt
+    assert '"segment_goal"' not in prompt and '"phases"' not in prompt
+    assert prompt.count("(not provided in this condition)") == 2
+    assert out["diagnostics"]["base_candidate_ids"] == [2, 6, 10]
+
+
+async def test_stage1_requests_are_identical_across_all_conditions() -> None:
+    proposals = propose((2, "possible_root"), (5, "possible_manifestation"), (11, "terminal_context"))
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    for name in ["rcta", "rcta/no-a1", "rcta/no-a2", "rcta/no-a3", "rcta/no-a4"]:
+        llm = llm_with(lambda r: answer("Coder", 5), proposals)
+        made = rcta(name, preset="ablation")
+        assert made.shareable_stages == frozenset({"summary", "outline"})
+        await made.attribute(magentic(), llm)
+        seen[name] = [
+            (
+                r.stage,
+                r.messages,
+                json.dumps(r.schema, sort_keys=True),
+                r.max_tokens,
+                r.temperature,
+                r.reasoning,
+            )
+            for r in llm.requests
+            if r.stage in made.shareable_stages
+        ]
+    reference = seen["rcta"]
+    assert len(reference) == 4
+    for name, requests in seen.items():
+        assert requests == reference, name
+
+
+# --- Who&When hand-crafted and the bundled sample --------------------------------------------------------
+
+
+def _valid_attribution(trajectory: Trajectory) -> Route:
+    def route(request: Request) -> dict[str, Any]:
+        ids = excerpt_ids_in(request.user) or [trajectory.n_steps - 1]
+        step = ids[-1]
+        agent = trajectory.steps[step].agent
+        planner = agent == "Orchestrator"
+        return answer(agent, step, category="C1" if planner else "D1")
+
+    return route
+
+
+async def test_full_pipeline_on_every_who_and_when_hand_crafted_file(who_and_when: Path) -> None:
+    records = [r for r in iter_dataset(who_and_when) if r.trajectory.source == "hand_crafted"]
+    assert records
+    for record in records:
+        trajectory = record.trajectory
+        proposals = propose(*[(i, "possible_root") for i in range(0, trajectory.n_steps, 3)])
+        for name in ["rcta", "rcta/no-a1", "rcta/no-a3"]:
+            llm = RoutedLLM(
+                {
+                    "summary": summary_for(proposals),
+                    "outline": outline_route,
+                    "attribution": _valid_attribution(trajectory),
+                },
+                context_window=200_000,
+            )
+            made = create_method(name)
+            result = await made.attribute(trajectory, llm)
+            m = len(result.output["segments"])
+            assert llm.stages() == ["summary"] * m + ["outline", "attribution"], (trajectory.qid, name)
+            assert result.role_valid and result.step_valid and not result.abstained, (trajectory.qid, name)
+            assert set(result.output["diagnostics"]) == {
+                "base_candidate_ids",
+                "excerpt_ids",
+                "evidence_ids",
+                "used_handoff",
+                "fallbacks",
+            }
+
+
+async def test_long_steps_are_capped_to_fit_the_context_window() -> None:
+    long = magentic()
+    steps = list(long.steps)
+    steps[5] = Step(5, "Coder", "Coder", "x" * 40_000)
+    trajectory = Trajectory("long/1", "hand_crafted", TASK, tuple(steps), "0" * 64)
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    llm.context_window = 12_000
+    result = await rcta().attribute(trajectory, llm)
+    out = result.output
+    assert out["truncation"]["applied"] and out["truncation"]["fits"]
+    # step 5 is over the 32,000-character segment cap: its own segment, whose summary prompt is cut
+    (own,) = [s for s in out["segments"] if s["steps"] == [5, 5]]
+    assert out["stages"]["summary"][own["id"]]["truncation"]["applied"]
+    assert all(llm.estimate_tokens(r.user) < 12_000 - r.max_tokens for r in llm.requests)
+    assert "characters elided" in attribution_user(llm)
+
+
+def test_options_defaults() -> None:
+    options = RctaOptions.from_mapping({})
+    assert (options.preset, options.ablation, options.candidate_cap, options.include_task) == (
+        "full",
+        None,
+        80,
+        True,
+    )
+    assert not options.include_ground_truth and options.stage1_retry and options.truncation == "cap-steps"
