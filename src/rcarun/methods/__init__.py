@@ -8,7 +8,14 @@ from rcarun.methods import binary_search as _binary_search  # noqa: F401  (regis
 from rcarun.methods import echo as _echo  # noqa: F401  (registers "echo")
 from rcarun.methods import falat as _falat  # noqa: F401  (registers "falat")
 from rcarun.methods import step_by_step as _step_by_step  # noqa: F401  (registers "step-by-step")
-from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
+from rcarun.methods.base import (
+    Attribution,
+    Method,
+    abstention,
+    role_is_valid,
+    speaker_attribution,
+    step_is_valid,
+)
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.rcta import method as _rcta  # noqa: F401  (registers "rcta" and "rcta/no-a1".."rcta/no-a4")
 from rcarun.methods.registry import create_method, method, registered_methods
@@ -20,9 +27,11 @@ __all__ = [
     "Method",
     "Reasoning",
     "Reply",
+    "abstention",
     "create_method",
     "method",
     "registered_methods",
     "role_is_valid",
+    "speaker_attribution",
     "step_is_valid",
 ]

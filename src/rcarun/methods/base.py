@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from rcarun.data import Trajectory
 from rcarun.methods.llm import LLM
 
-__all__ = ["Attribution", "Method", "role_is_valid", "step_is_valid"]
+__all__ = ["Attribution", "Method", "abstention", "role_is_valid", "speaker_attribution", "step_is_valid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +60,23 @@ def role_is_valid(role: object, trajectory: Trajectory) -> bool:
 
 def step_is_valid(step: object, trajectory: Trajectory) -> bool:
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < trajectory.n_steps
+
+
+def abstention(output: Mapping[str, Any]) -> Attribution:
+    """No prediction: both fields missing, scored as errors for both targets."""
+    return Attribution(
+        pred_role=None, pred_step=None, role_valid=False, step_valid=False, abstained=True, output=output
+    )
+
+
+def speaker_attribution(trajectory: Trajectory, step: int, output: Mapping[str, Any]) -> Attribution:
+    """A chosen step with its speaker as the explicit role, for methods that locate a step but never ask for a
+    role (step-by-step, binary search: as the Who&When originals do)."""
+    role = trajectory.steps[step].agent
+    return Attribution(
+        pred_role=role,
+        pred_step=step,
+        role_valid=role_is_valid(role, trajectory),
+        step_valid=step_is_valid(step, trajectory),
+        output=output,
+    )

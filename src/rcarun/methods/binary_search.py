@@ -47,7 +47,7 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods._options import check_common_options, reject_unknown_options
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
@@ -266,22 +266,8 @@ class BinarySearch:
             "truncation": truncation_summary(self.options.truncation, truncations),
         }
         if trajectory.n_steps == 0:  # the loaders reject empty histories; an in-memory one gets no answer
-            return Attribution(
-                pred_role=None,
-                pred_step=None,
-                role_valid=False,
-                step_valid=False,
-                abstained=True,
-                output=output,
-            )
-        role = trajectory.steps[start].agent
-        return Attribution(
-            pred_role=role,
-            pred_step=start,
-            role_valid=role_is_valid(role, trajectory),
-            step_valid=step_is_valid(start, trajectory),
-            output=output,
-        )
+            return abstention(output)
+        return speaker_attribution(trajectory, start, output)
 
 
 @method(_NAME)

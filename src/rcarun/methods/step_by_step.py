@@ -49,7 +49,7 @@ from typing import Any, Literal, NamedTuple
 
 from rcarun.data import Trajectory
 from rcarun.methods._options import check_common_options, reject_unknown_options
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
@@ -246,22 +246,8 @@ class StepByStep:
             "truncation": truncation_summary(self.options.truncation, truncations),
         }
         if flagged is None:
-            return Attribution(
-                pred_role=None,
-                pred_step=None,
-                role_valid=False,
-                step_valid=False,
-                abstained=True,
-                output=output,
-            )
-        role = trajectory.steps[flagged].agent
-        return Attribution(
-            pred_role=role,
-            pred_step=flagged,
-            role_valid=role_is_valid(role, trajectory),
-            step_valid=step_is_valid(flagged, trajectory),
-            output=output,
-        )
+            return abstention(output)
+        return speaker_attribution(trajectory, flagged, output)
 
 
 class _CharsPerToken:

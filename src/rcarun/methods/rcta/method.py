@@ -65,7 +65,7 @@ Choices where paper and release are silent or differ (each documented where it i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from string import Template
@@ -451,16 +451,7 @@ class RCTA:
                 schema=_compact(schema),
             )
 
-        fitted = fit_prompt(
-            render,
-            [len(c) for c in contents],
-            llm=llm,
-            max_tokens=self.budgets.summary,
-            system=self._summary_system,
-            policy=self.options.truncation,
-        )
-        messages = [Message("system", self._summary_system), Message("user", fitted.text)]
-        return messages, fitted.truncation.as_output()
+        return self._fitted(render, contents, llm, self.budgets.summary, self._summary_system)
 
     async def _summarise(
         self, run: _Run, trajectory: Trajectory, seg: Segment, llm: LLM
@@ -705,16 +696,26 @@ class RCTA:
                 schema=_compact(schema),
             )
 
+        return self._fitted(render, contents, llm, self.budgets.attribution, self._attribution_system)
+
+    def _fitted(
+        self,
+        render: Callable[[int | None], str],
+        contents: Sequence[str],
+        llm: LLM,
+        max_tokens: int,
+        system: str,
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """The system prompt and the user prompt cut by the shared context policy, with what was cut."""
         fitted = fit_prompt(
             render,
             [len(c) for c in contents],
             llm=llm,
-            max_tokens=self.budgets.attribution,
-            system=self._attribution_system,
+            max_tokens=max_tokens,
+            system=system,
             policy=self.options.truncation,
         )
-        messages = [Message("system", self._attribution_system), Message("user", fitted.text)]
-        return messages, fitted.truncation.as_output()
+        return [Message("system", system), Message("user", fitted.text)], fitted.truncation.as_output()
 
     def _attribution_schema(self, trajectory: Trajectory) -> dict[str, Any]:
         schema = attribution_schema(trajectory)
