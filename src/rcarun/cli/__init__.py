@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
 from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
+from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import RcarunError, StoreError
 from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--out", help="write the manifest here (default: print it)")
 
     add_analysis_commands(commands, _DEFAULT_DB)
+    add_estimate_command(commands)
 
     bench = commands.add_parser("bench", help="performance benchmarks against the simulator")
     bench.add_argument("suite", choices=["throughput"])
@@ -203,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sweep(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "estimate":
+            return cmd_estimate(args)
         if args.command == "score":
             return cmd_score(args)
         if args.command in ("export", "cost", "report"):

@@ -1,0 +1,487 @@
+"""What a sweep will cost before it is run: a dry run of every method against an LLM that sends nothing.
+
+`rcarun estimate` must answer "how many calls, tokens and dollars?" from the dataset's actual sizes and each
+method's real call structure, not from a formula per method that drifts from the code. So each method's own
+``attribute(trajectory, llm)`` runs against `EstimatingLLM`, which implements the `LLM` protocol without a network:
+
+- **Prompt tokens** are what the runner reserves for the request: the backbone's `TokenEstimator` (its
+  ``chars_per_token``, 5% margin) over the messages' characters, as `ItemSession` estimates them. The method sees
+  the backbone's context window and the same estimator, so its truncation policy shapes the prompts as in a sweep.
+  Cached prompt tokens are assumed to be 0 (no provider-side prefix caching is counted).
+- **Answers** are schema-valid synthetic values (`rcarun.mock.answers.generate_value`), seeded by the request's
+  content and the sample number, so a run is reproducible and a request shared across methods gets one answer.
+- **Output tokens, expected**: the answer's own tokens (``ceil(characters / chars_per_token)``, the simulator's
+  rule) plus the reasoning tokens the caller declares for the backbone (0 when not declared; rcarun cannot know
+  how long a model thinks). When that exceeds the first budget, the length retries are followed as the session
+  follows them (budget doubled up to the stage's cap, the model's maximum output and the context left): every
+  attempt that stops for length costs its whole budget and its prompt again.
+- **Output tokens, worst case**: every call stops for length on every attempt the stage allows: the first
+  budget plus every doubled budget, and the prompt once per attempt.
+- **Calls**: logical calls (``llm.chat`` invocations), length retries not counted. ``calls_expected`` is the dry
+  run's mean; ``calls_max`` the largest a dry run made — except Step-by-step, whose answers decide when it stops:
+  its maximum is the no-early-stop bound (`rcarun.methods.step_by_step.estimate_calls_and_prompt_tokens`, every
+  step checked), and its worst-case tokens follow that bound.
+- **Randomness**: methods whose call count depends on answers (Step-by-step stops at the first flagged step,
+  FALAT verifies candidates, RCTA retries invalid answers) are dry-run ``samples`` times with different seeds;
+  expected figures are the mean over samples.
+- **Realizations**: one realization is estimated and multiplied by ``realizations`` (they send the same requests;
+  only the answers differ).
+- **Shared stages**: a request of a stage the method declares shareable (``shareable_stages``, e.g. RCTA's
+  summary and outline) or the sweep marks ``shareable`` is counted once per backbone × trajectory × realization
+  across the sweep's methods — identical content, stage and backbone, as the runner's cache key sees it — and
+  charged to the first method in config order that sends it, as the runner pays for it once.
+- **USD**: the backbone's default price (`build_prices`; time-of-day windows are ignored) over prompt and output
+  tokens.
+
+Failures in the dry run (a prompt that cannot fit the context window) are counted per row, not raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rcarun.backends import ChatMessage, ChatRequest, Usage
+from rcarun.budgets import PriceTable, TokenEstimator, clamp_to_context, next_length_budget
+from rcarun.data import Record, Trajectory, iter_dataset, load_manifest
+from rcarun.errors import ConfigError, DataError, RcarunError
+from rcarun.methods import Message, Method, Reasoning, Reply, create_method
+from rcarun.methods.step_by_step import StepByStep, estimate_calls_and_prompt_tokens
+from rcarun.mock.answers import count_text_tokens, filler_sentence, generate_value
+from rcarun.runner.cache import call_cache_key
+from rcarun.runner.config import BackboneConfig, StageConfig, SweepConfig
+from rcarun.runner.scheduler import build_prices
+from rcarun.runner.session import parse_json_answer
+
+__all__ = ["EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
+
+# Dry runs per item: enough that Step-by-step's chance stopping point mostly averages out (more: --samples).
+DEFAULT_SAMPLES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateRow:
+    """One backbone × method: totals over every trajectory and realization of the sweep.
+
+    Attributes:
+        trajectories / realizations: the sizes the totals cover (items = trajectories × realizations).
+        calls_expected: mean logical calls (length retries not counted); shared calls counted once.
+        calls_max: the most calls a dry run made, or Step-by-step's no-early-stop bound.
+        shared_calls: calls another method of the sweep already pays for (not in the token or USD figures).
+        attempts_expected: calls plus the expected length retries.
+        prompt_tokens_* / output_tokens_* / usd_*: expected and worst case (see the module docstring).
+        failed_items: items whose dry run raised (e.g. a prompt larger than the context window), per sample mean.
+    """
+
+    backbone: str
+    method: str
+    trajectories: int
+    realizations: int
+    calls_expected: float
+    calls_max: int
+    shared_calls: float
+    attempts_expected: float
+    prompt_tokens_expected: int
+    prompt_tokens_worst: int
+    output_tokens_expected: int
+    output_tokens_worst: int
+    usd_expected: float
+    usd_worst: float
+    failed_items: float
+
+    @property
+    def usd_per_trajectory(self) -> float:
+        """Expected USD per trajectory (all realizations)."""
+        return self.usd_expected / self.trajectories if self.trajectories else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usd_per_trajectory": self.usd_per_trajectory}
+
+
+@dataclass(frozen=True, slots=True)
+class SweepEstimate:
+    rows: tuple[EstimateRow, ...]
+    trajectories: int
+    realizations: int
+    samples: int
+    data_problems: int
+
+    @property
+    def usd_expected(self) -> float:
+        return sum(row.usd_expected for row in self.rows)
+
+    @property
+    def usd_worst(self) -> float:
+        return sum(row.usd_worst for row in self.rows)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Counts of one item (backbone × method × trajectory) in one dry run."""
+
+    calls: int = 0
+    shared_calls: int = 0
+    attempts: int = 0
+    prompt_expected: int = 0
+    prompt_worst: int = 0
+    output_expected: int = 0
+    output_worst: int = 0
+    failed: int = 0
+    # The longest length-retry chain of one call (attempts, output budget summed), for bounds built on it.
+    chain_attempts: int = 0
+    chain_output: int = 0
+
+
+@dataclass(slots=True)
+class _Sums:
+    """One backbone × method over the trajectories: means over samples, and the bounds."""
+
+    calls: float = 0.0
+    calls_max: int = 0
+    shared_calls: float = 0.0
+    attempts: float = 0.0
+    prompt_expected: float = 0.0
+    prompt_worst: float = 0.0
+    output_expected: float = 0.0
+    output_worst: float = 0.0
+    failed: float = 0.0
+
+
+class EstimatingLLM:
+    """The `LLM` protocol for a dry run: counts what the request would cost and answers with a synthetic value.
+
+    Args:
+        backbone: the backbone the request would go to (model, context window, output limit, chars per token).
+        name: the backbone's name in the sweep (part of the shared-request identity).
+        stages: the sweep's stage policies (first budget, length retries and cap, shareable).
+        method_label: the method sending (part of the request identity unless the stage is shareable).
+        shareable_stages: stages the method declares identical across its conditions.
+        shared: identities of shareable requests already counted for this backbone × trajectory × realization.
+        tally: where this item's counts go.
+        sample: the dry run's number; seeds the answers.
+        reasoning_tokens: the expected reasoning tokens per call on this backbone.
+    """
+
+    def __init__(
+        self,
+        backbone: BackboneConfig,
+        *,
+        name: str,
+        stages: Mapping[str, StageConfig],
+        method_label: str,
+        shareable_stages: frozenset[str],
+        shared: set[str],
+        tally: _Tally,
+        sample: int = 0,
+        reasoning_tokens: int = 0,
+    ) -> None:
+        self._backbone = backbone
+        self._name = name
+        self._stages = stages
+        self._method_label = method_label
+        self._shareable_stages = shareable_stages
+        self._shared = shared
+        self._tally = tally
+        self._sample = sample
+        self._reasoning_tokens = reasoning_tokens
+        self._estimator = TokenEstimator(backbone.chars_per_token)
+        self.calls = 0
+
+    @property
+    def context_window(self) -> int | None:
+        return self._backbone.context_window
+
+    def estimate_tokens(self, text: str) -> int:
+        return self._estimator.estimate(len(text))
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        stage: str,
+        max_tokens: int,
+        schema: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+        reasoning: Reasoning | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Reply:
+        if tools:
+            raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
+        backbone = self._backbone
+        policy = self._stages.get(stage) or StageConfig()
+        prompt = self._estimator.estimate(sum(len(m.content) for m in messages))
+        budget = clamp_to_context(
+            policy.max_tokens or max_tokens,
+            context_window=backbone.context_window,
+            prompt_tokens_estimate=prompt,
+            model_max_output=backbone.max_output_tokens,
+        )
+        request = ChatRequest(
+            messages=tuple(ChatMessage(m.role, m.content) for m in messages),
+            max_tokens=budget,
+            temperature=temperature,
+            schema=schema,
+            reasoning=reasoning,
+        )
+        request_sha = request.sha256()
+        shareable = policy.shareable or stage in self._shareable_stages
+        key = call_cache_key(
+            backbone=self._name,
+            model=backbone.model,
+            request_sha256=request_sha,
+            stage=stage,
+            realization=0,
+            method_label=None if shareable else self._method_label,
+        )
+        # Seeded by the request (not the method), so a shared request gets the same answer in every method.
+        rng = random.Random(
+            int.from_bytes(hashlib.sha256(f"{request_sha}:{self._sample}".encode()).digest()[:8])
+        )
+        answer = (
+            json.dumps(generate_value(schema, rng), ensure_ascii=False)
+            if schema is not None
+            else filler_sentence(rng)
+        )
+        self.calls += 1
+        tally = self._tally
+        if shareable and key in self._shared:
+            tally.shared_calls += 1
+            return self._reply(answer, schema, "stop", attempts=1)
+        if shareable:
+            self._shared.add(key)
+        tally.calls += 1
+
+        chain = self._budget_chain(budget, policy, prompt)
+        tally.prompt_worst += prompt * len(chain)
+        tally.output_worst += sum(chain)
+        tally.chain_attempts = max(tally.chain_attempts, len(chain))
+        tally.chain_output = max(tally.chain_output, sum(chain))
+
+        cpt = backbone.chars_per_token
+        needed = self._reasoning_tokens + count_text_tokens(answer, cpt)
+        # Attempts until a budget holds the whole output, or the chain ends.
+        attempts = next((i + 1 for i, room in enumerate(chain) if needed <= room), len(chain))
+        final_budget = chain[attempts - 1]
+        tally.attempts += attempts
+        tally.prompt_expected += prompt * attempts
+        tally.output_expected += sum(chain[: attempts - 1]) + min(needed, final_budget)
+        if needed <= final_budget:
+            return self._reply(answer, schema, "stop", attempts=attempts)
+        # Out of budget even after the retries: thinking first, then what is left of the answer.
+        room = max(0, final_budget - self._reasoning_tokens)
+        return self._reply(answer[: math.floor(room * cpt)], schema, "length", attempts=attempts)
+
+    def _budget_chain(self, first: int, policy: StageConfig, prompt: int) -> list[int]:
+        """The first budget and each doubled budget the stage's length retries may use."""
+        chain = [first]
+        for _ in range(policy.length_retries):
+            grown = next_length_budget(
+                chain[-1],
+                cap=policy.length_cap,
+                model_max_output=self._backbone.max_output_tokens,
+                context_window=self._backbone.context_window,
+                prompt_tokens=prompt,
+            )
+            if grown is None:
+                break
+            chain.append(grown)
+        return chain
+
+    @staticmethod
+    def _reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str, *, attempts: int) -> Reply:
+        parsed: Any = None
+        parse_error: str | None = None
+        if schema is not None:
+            parsed, parse_error = parse_json_answer(text)
+        return Reply(
+            text=text, parsed=parsed, parse_error=parse_error, finish_reason=finish_reason, attempts=attempts
+        )
+
+
+def estimate_sweep(
+    config: SweepConfig,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    reasoning_tokens: Mapping[str, int] | None = None,
+) -> SweepEstimate:
+    """Dry-run every backbone × method × trajectory of ``config`` and total the expected and worst-case cost.
+
+    Synchronous (each dry run gets its own event loop): call it outside a running loop.
+
+    Args:
+        config: the sweep (backbones must be resolved: ``config.backbones`` is what is estimated).
+        samples: dry runs per item with different answer seeds; expected figures are their mean.
+        reasoning_tokens: expected reasoning tokens per call, by backbone name (default 0).
+
+    Raises:
+        ConfigError: unknown method, duplicate labels, no backbones, ``samples`` below 1.
+        DataError: no trajectories (or a bad record with ``strict_data``).
+    """
+    if samples < 1:
+        raise ConfigError(f"samples must be >= 1, got {samples}")
+    if not config.backbones:
+        raise ConfigError("the sweep has no backbones to estimate")
+    methods = [create_method(m.name, label=m.resolved_label, options=m.options) for m in config.methods]
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
+    problems: list[DataError] = []
+    trajectories = [record.trajectory for record in _records(config, problems)]
+    if not trajectories:
+        raise DataError("no trajectories found", path=config.sweep.dataset)
+    reasoning = dict(reasoning_tokens or {})
+    unknown = sorted(set(reasoning) - set(config.backbones))
+    if unknown:
+        raise ConfigError(f"reasoning tokens given for backbones the sweep does not use: {unknown}")
+
+    realizations = config.sweep.realizations
+    rows: list[EstimateRow] = []
+    for name, backbone in config.backbones.items():
+        sums = {method.label: _Sums() for method in methods}
+        for trajectory in trajectories:
+            runs = [
+                asyncio.run(
+                    _dry_run(config, name, backbone, methods, trajectory, sample, reasoning.get(name, 0))
+                )
+                for sample in range(samples)
+            ]
+            for method in methods:
+                _fold(sums[method.label], [run[method.label] for run in runs], method, trajectory, backbone)
+        prices = build_prices(backbone)
+        for method in methods:
+            rows.append(_row(name, method.label, sums[method.label], len(trajectories), realizations, prices))
+    return SweepEstimate(
+        rows=tuple(rows),
+        trajectories=len(trajectories),
+        realizations=realizations,
+        samples=samples,
+        data_problems=len(problems),
+    )
+
+
+async def _dry_run(
+    config: SweepConfig,
+    name: str,
+    backbone: BackboneConfig,
+    methods: Sequence[Method],
+    trajectory: Trajectory,
+    sample: int,
+    reasoning_tokens: int,
+) -> dict[str, _Tally]:
+    """Every method on one trajectory, in config order, sharing one set of already-paid shareable requests."""
+    shared: set[str] = set()
+    tallies: dict[str, _Tally] = {}
+    for method in methods:
+        tally = _Tally()
+        llm = EstimatingLLM(
+            backbone,
+            name=name,
+            stages=config.stages,
+            method_label=method.label,
+            shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
+            shared=shared,
+            tally=tally,
+            sample=sample,
+            reasoning_tokens=reasoning_tokens,
+        )
+        try:
+            await method.attribute(trajectory, llm)
+        except RcarunError:
+            tally.failed += 1
+        tallies[method.label] = tally
+    return tallies
+
+
+def _fold(
+    sums: _Sums, tallies: Sequence[_Tally], method: Method, trajectory: Trajectory, backbone: BackboneConfig
+) -> None:
+    """Add one trajectory's dry runs: means for the expected figures, the largest run or a bound for the maxima."""
+    samples = len(tallies)
+    sums.calls += sum(t.calls for t in tallies) / samples
+    sums.shared_calls += sum(t.shared_calls for t in tallies) / samples
+    sums.attempts += sum(t.attempts for t in tallies) / samples
+    sums.prompt_expected += sum(t.prompt_expected for t in tallies) / samples
+    sums.output_expected += sum(t.output_expected for t in tallies) / samples
+    sums.failed += sum(t.failed for t in tallies) / samples
+    worst = max(tallies, key=lambda t: t.prompt_worst + t.output_worst)
+    calls_max, prompt_worst, output_worst = (
+        max(t.calls for t in tallies),
+        worst.prompt_worst,
+        worst.output_worst,
+    )
+    if isinstance(method, StepByStep):
+        # Answers decide when the walk stops; its worst case is every step checked, each at its worst chain.
+        bound = estimate_calls_and_prompt_tokens(trajectory, _Counter(backbone), method.options)
+        attempts = max(t.chain_attempts for t in tallies) or 1
+        chain_output = max(t.chain_output for t in tallies)
+        calls_max = max(calls_max, bound.calls)
+        prompt_worst = max(prompt_worst, bound.prompt_tokens * attempts)
+        output_worst = max(output_worst, bound.calls * chain_output)
+    sums.calls_max += calls_max
+    sums.prompt_worst += prompt_worst
+    sums.output_worst += output_worst
+
+
+class _Counter:
+    """A `TokenCounter` with the backbone's estimator and context window (what the method sees in a sweep)."""
+
+    def __init__(self, backbone: BackboneConfig) -> None:
+        self._estimator = TokenEstimator(backbone.chars_per_token)
+        self.context_window = backbone.context_window
+
+    def estimate_tokens(self, text: str) -> int:
+        return self._estimator.estimate(len(text))
+
+
+def _row(
+    backbone: str, method: str, sums: _Sums, trajectories: int, realizations: int, prices: PriceTable
+) -> EstimateRow:
+    """Totals over every realization (one realization estimated, multiplied), priced at the default price."""
+    price = prices.default
+    prompt_expected = round(sums.prompt_expected * realizations)
+    output_expected = round(sums.output_expected * realizations)
+    prompt_worst = round(sums.prompt_worst * realizations)
+    output_worst = round(sums.output_worst * realizations)
+    return EstimateRow(
+        backbone=backbone,
+        method=method,
+        trajectories=trajectories,
+        realizations=realizations,
+        calls_expected=sums.calls * realizations,
+        calls_max=sums.calls_max * realizations,
+        shared_calls=sums.shared_calls * realizations,
+        attempts_expected=sums.attempts * realizations,
+        prompt_tokens_expected=prompt_expected,
+        prompt_tokens_worst=prompt_worst,
+        output_tokens_expected=output_expected,
+        output_tokens_worst=output_worst,
+        usd_expected=price.cost_usd(Usage(prompt_tokens=prompt_expected, completion_tokens=output_expected)),
+        usd_worst=price.cost_usd(Usage(prompt_tokens=prompt_worst, completion_tokens=output_worst)),
+        failed_items=sums.failed * realizations,
+    )
+
+
+def _records(config: SweepConfig, problems: list[DataError]) -> Iterator[Record]:
+    """The sweep's records: the dataset, or the manifest's selection with its pinned SHA-256 (as the runner reads)."""
+    records = iter_dataset(
+        Path(config.sweep.dataset), strict=config.sweep.strict_data, on_problem=problems.append
+    )
+    if config.sweep.manifest is None:
+        yield from records
+        return
+    listed = {entry.qid: entry for entry in load_manifest(config.sweep.manifest).records}
+    for record in records:
+        entry = listed.get(record.trajectory.qid)
+        if entry is None:
+            continue
+        if entry.sha256 != record.trajectory.sha256:
+            problems.append(DataError("SHA-256 differs from the manifest's; left out", record=entry.qid))
+            continue
+        yield record

@@ -1,0 +1,258 @@
+"""`rcarun estimate`: call structure per method on a tiny config, shared stages, USD, and the demo comparison.
+
+The comparison runs the estimate on the embedded demo's config and sets it against the demo's results.db
+(`demo_db`, run once per session): measured tokens are the `calls` rows the provider saw (status != 'cached';
+rate-limited and failed attempts carry no tokens), so retries after length stops count and cache hits do not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcarun.budgets import TokenEstimator
+from rcarun.cli import main
+from rcarun.cli.estimate import demo_estimate_config, demo_reasoning_tokens
+from rcarun.data import bundled_sample_path, iter_dataset
+from rcarun.methods.step_by_step import StepByStepOptions, estimate_calls_and_prompt_tokens
+from rcarun.runner import SweepConfig
+from rcarun.runner.estimate import EstimateRow, SweepEstimate, estimate_sweep
+
+_URL = "http://127.0.0.1:9/v1"
+
+
+def _config(
+    methods: list[dict[str, Any]],
+    *,
+    realizations: int = 1,
+    prices: dict[str, float] | None = None,
+    stages: dict[str, Any] | None = None,
+    backbone: dict[str, Any] | None = None,
+) -> SweepConfig:
+    return SweepConfig.model_validate(
+        {
+            "sweep": {"dataset": str(bundled_sample_path()), "realizations": realizations},
+            "methods": methods,
+            "backbones": {
+                "b": {
+                    "provider": "simulated",
+                    "model": "m",
+                    "base_url": _URL,
+                    **({"prices": prices} if prices else {}),
+                    **(backbone or {}),
+                }
+            },
+            "stages": stages or {},
+        }
+    )
+
+
+def _row(estimate: SweepEstimate, method: str) -> EstimateRow:
+    return next(row for row in estimate.rows if row.method == method)
+
+
+@pytest.fixture(scope="module")
+def step_counts() -> list[int]:
+    return [record.trajectory.n_steps for record in iter_dataset(bundled_sample_path())]
+
+
+def test_all_at_once_makes_one_call_per_item(step_counts: list[int]) -> None:
+    estimate = estimate_sweep(_config([{"name": "all-at-once"}], realizations=3), samples=2)
+    row = _row(estimate, "all-at-once")
+    assert row.trajectories == len(step_counts) == 10
+    assert row.calls_expected == row.calls_max == 10 * 3
+    assert row.attempts_expected == 30
+    assert row.prompt_tokens_expected > 0
+    # One realization estimated and multiplied: the totals are multiples of 3.
+    assert row.prompt_tokens_expected % 3 == 0
+
+
+def test_binary_search_stays_within_log2_of_the_steps(step_counts: list[int]) -> None:
+    estimate = estimate_sweep(_config([{"name": "binary-search"}]), samples=3)
+    row = _row(estimate, "binary-search")
+    bound = sum(math.ceil(math.log2(n)) for n in step_counts if n > 1)
+    assert 0 < row.calls_expected <= row.calls_max <= bound
+
+
+def test_step_by_step_reports_the_no_early_stop_bound(step_counts: list[int]) -> None:
+    estimate = estimate_sweep(_config([{"name": "step-by-step"}]), samples=3)
+    row = _row(estimate, "step-by-step")
+    assert row.calls_max == sum(step_counts)
+    assert row.calls_expected < row.calls_max  # random verdicts stop the walk early
+    assert row.prompt_tokens_worst > row.prompt_tokens_expected
+
+
+def test_rcta_makes_m_plus_two_calls_plus_validation_retries() -> None:
+    estimate = estimate_sweep(_config([{"name": "rcta"}]), samples=2)
+    row = _row(estimate, "rcta")
+    config = _config([{"name": "rcta"}])
+    trajectories = [record.trajectory for record in iter_dataset(config.sweep.dataset)]
+    # Stage I (summary, outline) is 2 calls; Stage II has one call per segment (m >= 1) and a few retries.
+    assert 3 * len(trajectories) <= row.calls_expected <= row.calls_max
+    assert row.shared_calls == 0
+
+
+def test_shared_rcta_stage_is_counted_once_across_conditions() -> None:
+    alone = _row(estimate_sweep(_config([{"name": "rcta/no-a1"}]), samples=2), "rcta/no-a1")
+    both = estimate_sweep(_config([{"name": "rcta"}, {"name": "rcta/no-a1"}]), samples=2)
+    rcta, ablation = _row(both, "rcta"), _row(both, "rcta/no-a1")
+    # The ablation's Stage I (a summary per segment and the outline: at least 2 per trajectory) is what rcta
+    # already sent; everything else it pays for itself.
+    assert ablation.shared_calls >= 2 * 10
+    assert ablation.calls_expected == alone.calls_expected - ablation.shared_calls
+    assert ablation.prompt_tokens_expected < alone.prompt_tokens_expected
+    assert rcta.shared_calls == 0
+
+
+def test_usd_is_tokens_times_the_price() -> None:
+    prices = {"input_per_mtok": 2.0, "cached_input_per_mtok": 0.5, "output_per_mtok": 8.0}
+    row = _row(estimate_sweep(_config([{"name": "all-at-once"}], prices=prices), samples=1), "all-at-once")
+    expected = (row.prompt_tokens_expected * 2.0 + row.output_tokens_expected * 8.0) / 1e6
+    worst = (row.prompt_tokens_worst * 2.0 + row.output_tokens_worst * 8.0) / 1e6
+    assert row.usd_expected == pytest.approx(expected)
+    assert row.usd_worst == pytest.approx(worst)
+    assert row.usd_per_trajectory == pytest.approx(expected / 10)
+
+
+def test_declared_reasoning_follows_the_length_retries() -> None:
+    config = _config(
+        [{"name": "all-at-once", "options": {"max_tokens": 1024}}],
+        stages={"attribution": {"length_retries": 1, "length_cap": 65_536}},
+    )
+    plain = _row(estimate_sweep(config, samples=1), "all-at-once")
+    thinking = _row(estimate_sweep(config, samples=1, reasoning_tokens={"b": 1500}), "all-at-once")
+    # 1,500 reasoning tokens overrun 1,024: every call is sent twice (1,024 wasted, then 1,500 + the answer).
+    assert thinking.attempts_expected == 2 * plain.attempts_expected == 20
+    assert thinking.prompt_tokens_expected == 2 * plain.prompt_tokens_expected
+    assert thinking.output_tokens_expected == plain.output_tokens_expected + 10 * (1024 + 1500)
+    # Worst case: 1,024 then 2,048 on every call, the prompt twice.
+    assert plain.output_tokens_worst == thinking.output_tokens_worst == 10 * (1024 + 2048)
+
+
+def test_cli_prints_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "sweep.toml"
+    config.write_text(
+        f"""
+[sweep]
+dataset = "{bundled_sample_path()}"
+
+[[methods]]
+name = "all-at-once"
+
+[backbones.b]
+provider = "simulated"
+model = "m"
+base_url = "{_URL}"
+prices = {{ input_per_mtok = 1.0, output_per_mtok = 1.0 }}
+"""
+    )
+    assert main(["estimate", "--config", str(config), "--json", "--samples", "1"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [(row["backbone"], row["method"], row["calls_expected"]) for row in payload["rows"]] == [
+        ("b", "all-at-once", 10)
+    ]
+    assert main(["estimate", "--config", str(config), "--reasoning-tokens", "nope"]) == 2
+
+
+# -- the demo ------------------------------------------------------------------------------------------------
+
+
+def _measured(db: Path) -> dict[tuple[str, str], tuple[int, int]]:
+    """Prompt and completion tokens the providers saw, per backbone × method (cache hits excluded).
+
+    RCTA's shared Stage I is paid by whichever condition sends it first, which is timing; the estimate charges
+    it to the first condition in config order (``rcta``), so the measured side does the same.
+    """
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute(
+            "SELECT backbone, CASE WHEN method LIKE 'rcta%' AND stage IN ('summary', 'outline') THEN 'rcta' "
+            "ELSE method END AS charged, SUM(prompt_tokens), SUM(completion_tokens) FROM calls "
+            "WHERE status != 'cached' GROUP BY backbone, charged"
+        ).fetchall()
+    return {(backbone, method): (int(prompt), int(output)) for backbone, method, prompt, output in rows}
+
+
+def _error(estimated: float, measured: float) -> float:
+    return (estimated - measured) / measured if measured else math.inf
+
+
+@pytest.fixture(scope="module")
+def demo_comparison(demo_db: Path) -> dict[str, tuple[float, float]]:
+    """Relative error of the estimate against the demo, per method over the four backbones: (prompt, output)."""
+    measured = _measured(demo_db)
+    estimate = estimate_sweep(demo_estimate_config(), reasoning_tokens=demo_reasoning_tokens())
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    lines = [
+        f"{'backbone':<14} {'method':<14} {'prompt est':>11} {'measured':>10} {'err':>7} {'output err':>10}"
+    ]
+    for row in estimate.rows:
+        prompt, output = measured[(row.backbone, row.method)]
+        for index, value in enumerate(
+            (row.prompt_tokens_expected, prompt, row.output_tokens_expected, output)
+        ):
+            sums[row.method][index] += value
+        lines.append(
+            f"{row.backbone:<14} {row.method:<14} {row.prompt_tokens_expected:>11,} {prompt:>10,} "
+            f"{_error(row.prompt_tokens_expected, prompt):>+7.1%} "
+            f"{_error(row.output_tokens_expected, output):>+10.1%}"
+        )
+    errors = {method: (_error(s[0], s[1]), _error(s[2], s[3])) for method, s in sums.items()}
+    lines.append("per method, over the four backbones:")
+    lines.extend(f"{m:<14} prompt {p:+.1%}  output {o:+.1%}" for m, (p, o) in errors.items())
+    print("\n".join(lines))
+    return errors
+
+
+def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
+    demo_comparison: dict[str, tuple[float, float]],
+) -> None:
+    assert len(demo_comparison) == 10
+    for method, (prompt_error, _) in demo_comparison.items():
+        if method == "step-by-step":
+            continue  # where the walk stops is chance: checked per walk length below
+        assert abs(prompt_error) <= 0.15, (method, prompt_error)
+
+
+class _Counter:
+    """The estimate's token model: the backbone's estimator (5% margin) and context window."""
+
+    def __init__(self, chars_per_token: float, context_window: int | None) -> None:
+        self._estimator = TokenEstimator(chars_per_token)
+        self.context_window = context_window
+
+    def estimate_tokens(self, text: str) -> int:
+        return self._estimator.estimate(len(text))
+
+
+def test_step_by_step_prompt_tokens_match_the_demo_given_where_each_walk_stopped(demo_db: Path) -> None:
+    """The token model on the walks the demo made: each walk's measured length, the estimate's prompt sizes.
+
+    The demo's verdicts are the simulator's coin flips, identical across a backbone's realizations, so its
+    step-by-step total is one draw of a quadratic, heavy-tailed quantity; the dry runs' mean is the
+    expectation. Conditioning on each walk's length checks the prompts themselves.
+    """
+    config = demo_estimate_config()
+    trajectories = {record.trajectory.qid: record.trajectory for record in iter_dataset(config.sweep.dataset)}
+    with sqlite3.connect(demo_db) as connection:
+        walks = connection.execute(
+            "SELECT backbone, qid, SUM(attempt = 1), SUM(prompt_tokens > 0), SUM(prompt_tokens) FROM calls "
+            "WHERE method = 'step-by-step' AND status != 'cached' GROUP BY backbone, qid, realization"
+        ).fetchall()
+    estimated = measured = 0.0
+    for backbone, qid, calls, paid, prompt in walks:
+        settings = config.backbones[backbone]
+        counter = _Counter(settings.chars_per_token, settings.context_window)
+        walk = estimate_calls_and_prompt_tokens(
+            trajectories[qid], counter, StepByStepOptions(max_steps=calls)
+        )
+        assert walk.calls == calls
+        estimated += walk.prompt_tokens * paid / calls  # a length retry sends the same prompt again
+        measured += prompt
+    print(f"step-by-step given each walk's length: prompt error {_error(estimated, measured):+.1%}")
+    assert abs(_error(estimated, measured)) <= 0.15
