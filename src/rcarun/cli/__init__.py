@@ -19,7 +19,7 @@ from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd
 from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
-from rcarun.errors import RcarunError, StoreError
+from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
 from rcarun.store import open_store
 
@@ -131,7 +131,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     else:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
-        outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
+        try:
+            outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
+        except ConfigError as exc:  # found by the runner (dataset path, key variable): name the file too
+            raise ConfigError(f"{args.config}: {exc}") from None
         simulated = config.sweep.simulated or all(
             b.provider == "simulated" for b in config.backbones.values()
         )

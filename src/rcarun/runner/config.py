@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rcarun.data import LONGRCA_MINI
 from rcarun.errors import ConfigError
+from rcarun.methods import create_method
 
 __all__ = [
     "BackboneConfig",
@@ -201,9 +202,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-def _explain(path: Path, exc: ValidationError) -> ConfigError:
+def _explain(path: Path, exc: ValidationError, table: str = "") -> ConfigError:
     problems = "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or '(top)'}: {error['msg']}" for error in exc.errors()
+        f"{'.'.join(str(part) for part in ((table,) if table else ()) + tuple(error['loc'])) or '(top)'}: "
+        f"{error['msg']}"
+        for error in exc.errors()
     )
     return ConfigError(f"{path}: {problems}")
 
@@ -218,7 +221,7 @@ def load_backbones_file(path: Path) -> dict[str, BackboneConfig]:
         try:
             backbones[name] = BackboneConfig.model_validate(table)
         except ValidationError as exc:
-            raise _explain(path, exc) from None
+            raise _explain(path, exc, table=name) from None
     return backbones
 
 
@@ -229,6 +232,11 @@ def load_sweep_config(path: Path) -> SweepConfig:
         config = SweepConfig.model_validate(raw)
     except ValidationError as exc:
         raise _explain(path, exc) from None
+    for index, method in enumerate(config.methods):
+        try:  # an unknown name or a bad option is a config error, found before any run exists
+            create_method(method.name, label=method.resolved_label, options=method.options)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: methods[{index}]: {exc}") from None
     base = path.parent
     backbones = dict(config.backbones)
     if config.backbones_file:

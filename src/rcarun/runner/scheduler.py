@@ -187,10 +187,15 @@ async def run_sweep(
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
 
+    if not Path(config.sweep.dataset).exists():
+        raise ConfigError(f"sweep.dataset: {config.sweep.dataset}: no such file or directory")
     manifest = _load_sweep_manifest(config)
     entries = len(manifest.records) if manifest is not None else count_entries(config.sweep.dataset)
     if entries == 0:
         raise DataError("no trajectories found", path=config.sweep.dataset)
+    # A missing key would otherwise surface when the backends are built, after the run row exists.
+    for name, backbone in config.backbones.items():
+        _backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
     store = open_store(db_path)
     try:
         run_id = store.get_or_create_run(run_name, config.model_dump_json())
