@@ -274,7 +274,8 @@ def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str,
     others_by_backbone: dict[str, list[tuple[list[ItemScore], list[ItemScore]]]] = {}
     for backbone, method, base, other in _method_pairs(scores, reference):
         others_by_backbone.setdefault(backbone, []).append((base, other))
-        entries.append(_overlap(backbone, reference, method, complementarity(*_step_outcomes(base, other))))
+        counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
+        entries.append(_overlap(backbone, reference, method, counts))
     for backbone, pairs in others_by_backbone.items():
         if len(pairs) >= 2:
             base = pairs[0][0]
@@ -283,10 +284,6 @@ def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str,
             )
             entries.append(_overlap(backbone, reference, "union of the others", union))
     return entries
-
-
-def _step_outcomes(a: Sequence[ItemScore], b: Sequence[ItemScore]) -> tuple[list[bool], list[bool]]:
-    return _outcomes(a, "step_acc"), _outcomes(b, "step_acc")
 
 
 def _overlap(backbone: str, method_a: str | None, method_b: str, counts: Complementarity) -> dict[str, Any]:

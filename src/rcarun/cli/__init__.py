@@ -115,7 +115,7 @@ def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
     with open_store(db) as store:
         report = build_report(store, outcome.run_id, ReportOptions(resamples=1))
     lines = render_text(report, sections=("accuracy",)).splitlines()
-    body = lines[lines.index(next(line for line in lines if line.startswith("Accuracy"))) :]
+    body = lines[next(i for i, line in enumerate(lines) if line.startswith("Accuracy")) :]
     print()
     print("\n".join(body))
     print(f"full report: rcarun report --db {db} --run {outcome.run_name} [--html report.html]")

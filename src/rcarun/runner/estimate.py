@@ -313,7 +313,7 @@ def estimate_sweep(
 ) -> SweepEstimate:
     """Dry-run every backbone × method × trajectory of ``config`` and total the expected and worst-case cost.
 
-    Synchronous (each dry run gets its own event loop): call it outside a running loop.
+    Synchronous (it runs its own event loop): call it outside a running loop.
 
     Args:
         config: the sweep (backbones must be resolved: ``config.backbones`` is what is estimated).
@@ -342,21 +342,30 @@ def estimate_sweep(
         raise ConfigError(f"reasoning tokens given for backbones the sweep does not use: {unknown}")
 
     realizations = config.sweep.realizations
-    rows: list[EstimateRow] = []
-    for name, backbone in config.backbones.items():
-        sums = {method.label: _Sums() for method in methods}
-        for trajectory in trajectories:
-            runs = [
-                asyncio.run(
-                    _dry_run(config, name, backbone, methods, trajectory, sample, reasoning.get(name, 0))
-                )
-                for sample in range(samples)
-            ]
+
+    async def dry_runs() -> list[EstimateRow]:
+        rows: list[EstimateRow] = []
+        for name, backbone in config.backbones.items():
+            sums = {method.label: _Sums() for method in methods}
+            for trajectory in trajectories:
+                runs = [
+                    await _dry_run(
+                        config, name, backbone, methods, trajectory, sample, reasoning.get(name, 0)
+                    )
+                    for sample in range(samples)
+                ]
+                for method in methods:
+                    _fold(
+                        sums[method.label], [run[method.label] for run in runs], method, trajectory, backbone
+                    )
+            prices = build_prices(backbone)
             for method in methods:
-                _fold(sums[method.label], [run[method.label] for run in runs], method, trajectory, backbone)
-        prices = build_prices(backbone)
-        for method in methods:
-            rows.append(_row(name, method.label, sums[method.label], len(trajectories), realizations, prices))
+                rows.append(
+                    _row(name, method.label, sums[method.label], len(trajectories), realizations, prices)
+                )
+        return rows
+
+    rows = asyncio.run(dry_runs())  # one loop for the whole estimate, not one per dry run
     return SweepEstimate(
         rows=tuple(rows),
         trajectories=len(trajectories),
