@@ -30,7 +30,7 @@ ReasoningSetting = Literal["off", "low", "medium", "high"]
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
 
 

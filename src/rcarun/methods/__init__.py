@@ -12,11 +12,12 @@ from rcarun.methods.base import (
     Attribution,
     Method,
     abstention,
+    home_backbone,
     role_is_valid,
     speaker_attribution,
     step_is_valid,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolCall
 from rcarun.methods.rcta import method as _rcta  # noqa: F401  (registers "rcta" and "rcta/no-a1".."rcta/no-a4")
 from rcarun.methods.registry import create_method, method, registered_methods
 
@@ -27,8 +28,10 @@ __all__ = [
     "Method",
     "Reasoning",
     "Reply",
+    "ToolCall",
     "abstention",
     "create_method",
+    "home_backbone",
     "method",
     "registered_methods",
     "role_is_valid",

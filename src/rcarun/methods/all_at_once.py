@@ -35,7 +35,13 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
-from rcarun.methods.context import TRUNCATION_POLICIES, fit_prompt, ground_truth_line, render_steps
+from rcarun.methods.context import (
+    TRUNCATION_POLICIES,
+    TokenCounter,
+    fit_prompt,
+    ground_truth_line,
+    render_steps,
+)
 from rcarun.methods.llm import LLM, Message, Reasoning
 from rcarun.methods.registry import method
 
@@ -102,7 +108,7 @@ class AllAtOnce:
         self._user = _load_prompt("all_at_once_user.txt")
 
     def build_messages(
-        self, trajectory: Trajectory, llm: LLM, schema: dict[str, Any] | None = None
+        self, trajectory: Trajectory, llm: TokenCounter, schema: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """The prompt for ``trajectory``, and what truncation (if any) was applied to fit ``llm``'s context."""
         schema = schema if schema is not None else answer_schema(trajectory)

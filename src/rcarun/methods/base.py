@@ -17,7 +17,15 @@ from typing import Any, Protocol
 from rcarun.data import Trajectory
 from rcarun.methods.llm import LLM
 
-__all__ = ["Attribution", "Method", "abstention", "role_is_valid", "speaker_attribution", "step_is_valid"]
+__all__ = [
+    "Attribution",
+    "Method",
+    "abstention",
+    "home_backbone",
+    "role_is_valid",
+    "speaker_attribution",
+    "step_is_valid",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,11 @@ class Method(Protocol):
     A method may also declare ``shareable_stages: frozenset[str]``: stages whose requests are identical across
     its conditions (RCTA's summary and outline under every ablation). The runner then pays for such a request
     once per trajectory and realization and serves the other conditions the same answer, recorded as cached.
+
+    A method that names the backbones it asks itself (a judge panel) declares ``backbones: tuple[str, ...]``.
+    The runner then runs it once per trajectory and realization, as an item of the first of them (its home, where
+    its prediction is stored), and it reaches the others through ``llm.for_backbone``; each call is recorded and
+    priced under the backbone it went to.
     """
 
     label: str
@@ -80,3 +93,9 @@ def speaker_attribution(trajectory: Trajectory, step: int, output: Mapping[str, 
         step_valid=step_is_valid(step, trajectory),
         output=output,
     )
+
+
+def home_backbone(method: Method) -> str | None:
+    """The backbone a method that names its own backbones runs under (the first it names), else None."""
+    backbones: tuple[str, ...] = getattr(method, "backbones", ())
+    return backbones[0] if backbones else None

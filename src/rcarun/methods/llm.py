@@ -12,15 +12,36 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["LLM", "Message", "Reasoning", "Reply"]
+__all__ = ["LLM", "Message", "Reasoning", "Reply", "ToolCall"]
 
 Reasoning = Literal["off", "low", "medium", "high"]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call the model asked for (OpenAI-style function calling).
+
+    ``arguments`` is the JSON text exactly as the model wrote it: it may not be valid JSON, and deciding what to
+    do about that is the method's business (it answers the call with an error, never guesses).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
-    role: Literal["system", "user", "assistant"]
+    """One turn of a conversation.
+
+    An assistant turn that asked for tools carries ``tool_calls`` (its ``content`` may be empty); each answer to
+    one of those calls is a ``tool`` message naming the call in ``tool_call_id``.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +57,7 @@ class Reply:
         attempts: how many attempts the session made (cache hits count as attempts served from the cache).
         prompt_tokens / completion_tokens / reasoning_tokens / cached_tokens: summed over all attempts.
         reasoning_text: thinking text of the final attempt, when the provider returns it.
+        tool_calls: the functions the model asked to call (finish_reason "tool_calls"); empty otherwise.
     """
 
     text: str
@@ -48,6 +70,7 @@ class Reply:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     reasoning_text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class LLM(Protocol):
@@ -55,7 +78,11 @@ class LLM(Protocol):
 
     ``stage`` names the call's role in the method ("attribution", "summary", ...): stage budgets, the call cache
     and the cost report are keyed by it. ``max_tokens`` is the first attempt's output budget; a length stop is
-    retried with the budget doubled up to the stage's cap, as configured for the run.
+    retried with the budget doubled up to the stage's cap, as configured for the run. ``tools`` offers the model
+    OpenAI-style function specs (``{"type": "function", "function": {...}}``); its requests come back in
+    ``Reply.tool_calls`` and the method answers them with ``tool`` messages in its next call. ``sample`` numbers
+    independent draws of the same request (self-consistency): draws with different numbers are never served
+    each other's answer from the call cache, while a resumed item still gets each draw's own stored answer.
 
     Raises:
         rcarun.errors.FatalCallError: the call cannot succeed (bad request, context overflow, auth, quota);
@@ -73,7 +100,23 @@ class LLM(Protocol):
         temperature: float | None = None,
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        sample: int = 0,
     ) -> Reply: ...
+
+    @property
+    def backbone(self) -> str:
+        """The name of the backbone this LLM sends to (as named in the sweep)."""
+        ...
+
+    def for_backbone(self, name: str) -> LLM:
+        """The same work item's LLM on another backbone of the sweep (a judge panel asks several).
+
+        Its calls are limited, retried, priced and recorded under backbone ``name``, in the same item.
+
+        Raises:
+            rcarun.errors.ConfigError: the sweep defines no backbone called ``name``.
+        """
+        ...
 
     @property
     def context_window(self) -> int | None:

@@ -4,7 +4,8 @@ A finished attempt is served again instead of paid again when backbone, model, t
 budget, sampling, schema, reasoning), stage and realization all match. Realization is in the key so repeated
 realizations are never served from each other's cache — otherwise a repeatability study would measure the cache.
 The method label is in the key too, unless the stage declares itself shareable across ablation conditions (for
-example a summary stage that several RCTA conditions send identically).
+example a summary stage that several RCTA conditions send identically). The sample number keeps the independent
+draws of one request (self-consistency) apart for the same reason; sample 0 leaves the key as it always was.
 """
 
 from __future__ import annotations
@@ -23,20 +24,24 @@ def call_cache_key(
     stage: str,
     realization: int,
     method_label: str | None,
+    sample: int = 0,
 ) -> str:
     """sha256 over the identity of one attempt; ``method_label=None`` for shareable stages.
 
     ``request_sha256`` is the SHA-256 of the request's canonical JSON (`ChatRequest.canonical_json`).
     """
+    fields: dict[str, object] = {
+        "backbone": backbone,
+        "model": model,
+        "stage": stage,
+        "realization": realization,
+        "method": method_label,
+        "request": request_sha256,
+    }
+    if sample:
+        fields["sample"] = sample
     identity = json.dumps(
-        {
-            "backbone": backbone,
-            "model": model,
-            "stage": stage,
-            "realization": realization,
-            "method": method_label,
-            "request": request_sha256,
-        },
+        fields,
         sort_keys=True,
         separators=(",", ":"),
     )

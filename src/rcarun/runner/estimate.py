@@ -43,7 +43,7 @@ import hashlib
 import json
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +52,12 @@ from rcarun.backends import ChatMessage, ChatRequest, Usage
 from rcarun.budgets import PriceTable, TokenEstimator, clamp_to_context, next_length_budget
 from rcarun.data import Record, Trajectory, iter_dataset, load_manifest
 from rcarun.errors import ConfigError, DataError, RcarunError
-from rcarun.methods import Message, Method, Reasoning, Reply, create_method
+from rcarun.methods import Message, Method, Reasoning, Reply, create_method, home_backbone
 from rcarun.methods.step_by_step import StepByStep, estimate_calls_and_prompt_tokens
 from rcarun.mock.answers import count_text_tokens, filler_sentence, generate_value
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.config import BackboneConfig, StageConfig, SweepConfig
-from rcarun.runner.scheduler import build_prices
+from rcarun.runner.scheduler import build_prices, check_method_backbones
 from rcarun.runner.session import parse_json_answer
 
 __all__ = ["EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
@@ -181,6 +181,7 @@ class EstimatingLLM:
         tally: _Tally,
         sample: int = 0,
         reasoning_tokens: int = 0,
+        sibling: Callable[[str], EstimatingLLM] | None = None,
     ) -> None:
         self._backbone = backbone
         self._name = name
@@ -192,7 +193,20 @@ class EstimatingLLM:
         self._sample = sample
         self._reasoning_tokens = reasoning_tokens
         self._estimator = TokenEstimator(backbone.chars_per_token)
+        # Makes the same item's LLM on another backbone (a judge panel's judges).
+        self._sibling = sibling
         self.calls = 0
+
+    @property
+    def backbone(self) -> str:
+        return self._name
+
+    def for_backbone(self, name: str) -> EstimatingLLM:
+        if name == self._name:
+            return self
+        if self._sibling is None:
+            raise ConfigError(f"this dry run reaches no backbone but {self._name!r}")
+        return self._sibling(name)
 
     @property
     def context_window(self) -> int | None:
@@ -211,6 +225,7 @@ class EstimatingLLM:
         temperature: float | None = None,
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        sample: int = 0,
     ) -> Reply:
         if tools:
             raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
@@ -239,10 +254,11 @@ class EstimatingLLM:
             stage=stage,
             realization=0,
             method_label=None if shareable else self._method_label,
+            sample=sample,
         )
         # Seeded by the request (not the method), so a shared request gets the same answer in every method.
         rng = random.Random(
-            int.from_bytes(hashlib.sha256(f"{request_sha}:{self._sample}".encode()).digest()[:8])
+            int.from_bytes(hashlib.sha256(f"{request_sha}:{self._sample}:{sample}".encode()).digest()[:8])
         )
         answer = (
             json.dumps(generate_value(schema, rng), ensure_ascii=False)
@@ -332,6 +348,7 @@ def estimate_sweep(
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
+    check_method_backbones(methods, config)
     problems: list[DataError] = []
     trajectories = [record.trajectory for record in _records(config, problems)]
     if not trajectories:
@@ -342,27 +359,33 @@ def estimate_sweep(
         raise ConfigError(f"reasoning tokens given for backbones the sweep does not use: {unknown}")
 
     realizations = config.sweep.realizations
+    by_label = {method.label: method for method in methods}
 
     async def dry_runs() -> list[EstimateRow]:
-        rows: list[EstimateRow] = []
-        for name, backbone in config.backbones.items():
-            sums = {method.label: _Sums() for method in methods}
+        sums: dict[tuple[str, str], _Sums] = {}
+        for name in config.backbones:
+            runs_here = [m for m in methods if home_backbone(m) in (None, name)]
             for trajectory in trajectories:
                 runs = [
-                    await _dry_run(
-                        config, name, backbone, methods, trajectory, sample, reasoning.get(name, 0)
-                    )
+                    await _dry_run(config, name, runs_here, trajectory, sample, reasoning)
                     for sample in range(samples)
                 ]
-                for method in methods:
+                for key in dict.fromkeys(key for run in runs for key in run):
+                    backbone_name, label = key
                     _fold(
-                        sums[method.label], [run[method.label] for run in runs], method, trajectory, backbone
+                        sums.setdefault(key, _Sums()),
+                        [run.get(key, _Tally()) for run in runs],
+                        by_label[label],
+                        trajectory,
+                        config.backbones[backbone_name],
                     )
+        rows: list[EstimateRow] = []
+        for name, backbone in config.backbones.items():
             prices = build_prices(backbone)
             for method in methods:
-                rows.append(
-                    _row(name, method.label, sums[method.label], len(trajectories), realizations, prices)
-                )
+                key = (name, method.label)
+                if key in sums:
+                    rows.append(_row(name, method.label, sums[key], len(trajectories), realizations, prices))
         return rows
 
     rows = asyncio.run(dry_runs())  # one loop for the whole estimate, not one per dry run
@@ -378,33 +401,38 @@ def estimate_sweep(
 async def _dry_run(
     config: SweepConfig,
     name: str,
-    backbone: BackboneConfig,
     methods: Sequence[Method],
     trajectory: Trajectory,
     sample: int,
-    reasoning_tokens: int,
-) -> dict[str, _Tally]:
-    """Every method on one trajectory, in config order, sharing one set of already-paid shareable requests."""
-    shared: set[str] = set()
-    tallies: dict[str, _Tally] = {}
+    reasoning_tokens: Mapping[str, int],
+) -> dict[tuple[str, str], _Tally]:
+    """Every method run by backbone ``name`` on one trajectory, in config order, sharing one set of already-paid
+    shareable requests per backbone; counts are keyed by (backbone sent to, method)."""
+    shared: dict[str, set[str]] = {}
+    tallies: dict[tuple[str, str], _Tally] = {}
     for method in methods:
-        tally = _Tally()
-        llm = EstimatingLLM(
-            backbone,
-            name=name,
-            stages=config.stages,
-            method_label=method.label,
-            shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
-            shared=shared,
-            tally=tally,
-            sample=sample,
-            reasoning_tokens=reasoning_tokens,
-        )
+
+        def llm_on(backbone_name: str, method: Method = method) -> EstimatingLLM:
+            if backbone_name not in config.backbones:
+                raise ConfigError(f"the sweep defines no backbone called {backbone_name!r}")
+            return EstimatingLLM(
+                config.backbones[backbone_name],
+                name=backbone_name,
+                stages=config.stages,
+                method_label=method.label,
+                shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
+                shared=shared.setdefault(backbone_name, set()),
+                tally=tallies.setdefault((backbone_name, method.label), _Tally()),
+                sample=sample,
+                reasoning_tokens=reasoning_tokens.get(backbone_name, 0),
+                sibling=llm_on,
+            )
+
+        llm = llm_on(name)
         try:
             await method.attribute(trajectory, llm)
         except RcarunError:
-            tally.failed += 1
-        tallies[method.label] = tally
+            tallies[(name, method.label)].failed += 1
     return tallies
 
 

@@ -157,3 +157,5 @@ class RunContext:
     # (shareable stages look anyway: another condition of the same run may have answered already).
     cache_lookups: bool = True
     shared: SharedCalls = field(default_factory=SharedCalls)
+    # Every backbone of the sweep by name, so an item may address more than its own (a judge panel).
+    runtimes: dict[str, BackboneRuntime] = field(default_factory=dict)

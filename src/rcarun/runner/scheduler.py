@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import time
 from pathlib import Path
@@ -40,7 +40,7 @@ from rcarun.data import (
     load_manifest,
 )
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
-from rcarun.methods import Attribution, Method, create_method
+from rcarun.methods import Attribution, Method, create_method, home_backbone
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import BackboneCounters, BackboneRuntime, RunContext, StopController, WorkItem
@@ -57,7 +57,7 @@ from rcarun.store import (
     utc_timestamp,
 )
 
-__all__ = ["SweepOutcome", "build_prices", "run_sweep"]
+__all__ = ["SweepOutcome", "build_prices", "check_method_backbones", "run_sweep"]
 
 BackendFactory = Callable[[BackendSettings], Backend]
 
@@ -187,6 +187,7 @@ async def run_sweep(
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
 
+    check_method_backbones(methods, config)
     if not Path(config.sweep.dataset).exists():
         raise ConfigError(f"sweep.dataset: {config.sweep.dataset}: no such file or directory")
     manifest = _load_sweep_manifest(config)
@@ -232,9 +233,11 @@ async def run_sweep(
             )
             recorder = _TrajectoryRecorder(context)
             runtimes = _build_runtimes(config, ledger, backend_factory)
-            per_backbone_items = entries * len(methods) * config.sweep.realizations
+            context.runtimes.update(runtimes)
             for runtime in runtimes.values():
-                runtime.counters.items_total = per_backbone_items
+                runtime.counters.items_total = (
+                    entries * len(_methods_run_by(runtime.name, methods)) * config.sweep.realizations
+                )
                 runtime.counters.items_finished_before = sum(1 for key in finished if key[0] == runtime.name)
             board = ProgressBoard(runtimes, enabled=show_progress)
             try:
@@ -269,6 +272,21 @@ async def run_sweep(
         raise
     finally:
         store.close()
+
+
+def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> None:
+    """A method that names its own backbones (a judge panel) may name only backbones the sweep defines.
+
+    Raises:
+        ConfigError: naming the method and the unknown backbones.
+    """
+    for method in methods:
+        unknown = [name for name in getattr(method, "backbones", ()) if name not in config.backbones]
+        if unknown:
+            raise ConfigError(
+                f"method {method.label!r} names backbones the sweep does not define: {unknown} "
+                f"(defined: {sorted(config.backbones)})"
+            )
 
 
 def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:
@@ -374,6 +392,11 @@ def _build_runtimes(
     return runtimes
 
 
+def _methods_run_by(backbone: str, methods: list[Method]) -> list[Method]:
+    """The methods whose items this backbone's workers run: all, except those homed on another backbone."""
+    return [m for m in methods if home_backbone(m) in (None, backbone)]
+
+
 def _default_items_in_flight(concurrency: int) -> int:
     """A few more items than call slots, so the next prompts are built while the slots are busy.
 
@@ -395,6 +418,7 @@ async def _drive_backbone(
         runtime.config.limits.concurrency
     )
     queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
+    methods = _methods_run_by(runtime.name, methods)
 
     async def produce() -> None:
         try:

@@ -75,7 +75,33 @@ class ItemSession:
         self._item = item
         # Stages the method declares identical across its conditions (e.g. RCTA's summary and outline).
         self._shareable_stages = shareable_stages
-        self.attempts = 0
+        self._own_attempts = 0
+        # Sessions of the same item on other backbones (a judge panel's judges), made on first use.
+        self._on_other_backbones: dict[str, ItemSession] = {}
+
+    @property
+    def attempts(self) -> int:
+        """Attempts made for this item, on every backbone it addressed."""
+        return self._own_attempts + sum(s.attempts for s in self._on_other_backbones.values())
+
+    @property
+    def backbone(self) -> str:
+        return self._runtime.name
+
+    def for_backbone(self, name: str) -> ItemSession:
+        if name == self._runtime.name:
+            return self
+        session = self._on_other_backbones.get(name)
+        if session is None:
+            runtime = self._context.runtimes.get(name)
+            if runtime is None:
+                known = ", ".join(sorted(self._context.runtimes)) or "none"
+                raise ConfigError(
+                    f"item {self._item.item_id} asks for backbone {name!r}, not in the sweep ({known})"
+                )
+            session = ItemSession(self._context, runtime, self._item, self._shareable_stages)
+            self._on_other_backbones[name] = session
+        return session
 
     @property
     def context_window(self) -> int | None:
@@ -94,6 +120,7 @@ class ItemSession:
         temperature: float | None = None,
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        sample: int = 0,
     ) -> Reply:
         if tools:
             raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
@@ -115,7 +142,7 @@ class ItemSession:
         totals = Usage()
         while True:
             attempt += 1
-            self.attempts += 1
+            self._own_attempts += 1
             request = ChatRequest(
                 messages=wire_messages,
                 max_tokens=budget,
@@ -133,6 +160,7 @@ class ItemSession:
                 stage=stage,
                 realization=self._item.realization,
                 method_label=None if shareable else self._item.method,
+                sample=sample,
             )
             result = (
                 self._from_cache(key, request, stage, attempt, request_sha)
@@ -202,6 +230,8 @@ class ItemSession:
     ) -> dict[str, Any]:
         return {
             **self._item.row_keys(self._context.run_id),
+            # A judge panel's item sends to several backbones: each call is recorded under the one it went to.
+            "backbone": self._runtime.name,
             "model": self._runtime.config.model,
             "stage": stage,
             "attempt": attempt,
