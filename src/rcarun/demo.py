@@ -150,7 +150,19 @@ async def simulated_backbones() -> AsyncIterator[dict[str, BackboneConfig]]:
         yield configs
 
 
-_DEMO_METHOD_OPTIONS: dict[str, dict[str, Any]] = {"all-at-once": {"max_tokens": 1024}}
+_SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
+
+
+def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dict[str, Any]:
+    """All-at-once, and every method built on it, starts at 1,024 output tokens; the judge panel sits every
+    backbone of the demo (four judges, as in the Continual Search paper's panel)."""
+    if name == "all-at-once":
+        return dict(_SHORT_ATTRIBUTION)
+    if name in ("continual-search", "passive-continuation", "self-consistency"):
+        return {"base_options": dict(_SHORT_ATTRIBUTION)}
+    if name == "judge-panel":
+        return {"judges": list(backbones), "base_options": dict(_SHORT_ATTRIBUTION)}
+    return {}
 
 
 def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
@@ -158,7 +170,9 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
 
     All-at-once's budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
     thinking runs out of room and the length retry doubles it, as a real thinking model would need (step-by-step
-    and binary search default to 1,024 too). Every other method keeps its own budgets (RCTA's preset).
+    and binary search default to 1,024 too), and so do the methods that run All-at-once inside them (Continual
+    Search, Passive Continuation, self-consistency, the judge panel). Every other method keeps its own budgets
+    (RCTA's preset). The judge panel's items run once per trajectory and realization, under its first judge.
     """
     return SweepConfig.model_validate(
         {
@@ -168,7 +182,7 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
                 "simulated": True,
             },
             "methods": [
-                MethodConfig(name=name, options=_DEMO_METHOD_OPTIONS.get(name, {}))
+                MethodConfig(name=name, options=_demo_method_options(name, backbones))
                 for name in registered_methods()
             ],
             "backbones": backbones,

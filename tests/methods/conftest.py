@@ -35,6 +35,7 @@ class ScriptedLLM:
         temperature: float | None = None,
         reasoning: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        sample: int = 0,
     ) -> Reply:
         self.requests.append(
             {
@@ -44,6 +45,7 @@ class ScriptedLLM:
                 "schema": schema,
                 "temperature": temperature,
                 "reasoning": reasoning,
+                "sample": sample,
             }
         )
         import json

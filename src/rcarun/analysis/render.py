@@ -476,6 +476,41 @@ def _recall_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("recall", "Recall diagnostics", (table,))
 
 
+def _turns_section(report: Mapping[str, Any]) -> _Section | None:
+    rows_in = [row for row in _rows(report, "turns") if _num(row, "realization") == 0]
+    if not rows_in:
+        return None
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            _text(row, "method"),
+            _count(_num(row, "turn")),
+            _count(_num(row, "n")),
+            _pct(_num(row, "agent_acc")),
+            _pct(_num(row, "step_acc")),
+            _pct(_num(row, "step_pm5")),
+            _pct(_num(row, "changed")),
+            _count(_num(row, "evidence_tokens")),
+            _count(_num(row, "evidence_total")),
+        )
+        for row in rows_in
+    )
+    table = _Table(
+        columns=(
+            *("Backbone", "Method", "Turn", "n"),
+            *("Agent", "Step", "Step ±5", "Changed"),
+            *("New", "Cumulative"),
+        ),
+        rows=rows,
+        label_columns=3,
+        groups=(("", 1), ("Accuracy (%)", 4), ("Evidence read (tokens)", 2)),
+        caption="Multi-turn methods: the answer standing after each turn (headline aggregate), the share of "
+        "trajectories whose answer changed at that turn, and the deduplicated evidence read (13-gram dedupe; "
+        "mean per trajectory), first realization (every realization is in --json).",
+    )
+    return _Section("turns", "Turns", (table,))
+
+
 def _length_section(report: Mapping[str, Any]) -> _Section | None:
     rows_in = _rows(report, "length_groups")
     if not rows_in:
@@ -579,6 +614,7 @@ def _sections(report: Mapping[str, Any]) -> list[_Section]:
         _complementarity_section(report),
         _repeatability_section(report),
         _recall_section(report),
+        _turns_section(report),
         _length_section(report),
         _cost_section(report),
     ]
@@ -646,7 +682,8 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
     Args:
         report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
         sections: only these section keys (``accuracy``, ``full-metrics``, ``per-source``, ``paired``,
-            ``complementarity``, ``repeatability``, ``recall``, ``length-groups``, ``cost``); all when None.
+            ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``, ``cost``); all when
+            None.
 
     Returns:
         The text, ending with a newline.

@@ -25,6 +25,9 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
       step ids under `RECALL_SETS`: RCTA's base candidates, excerpts shown to the attribution call, evidence it
       cited), the share of expected trajectories whose reference root is in each list; realization 0; a
       trajectory without diagnostics counts as not retained.
+    - Turns (Continual Search paper, Table 2 and Fig. 7): for methods that store per-turn records (``turns``),
+      accuracy of the answer standing after each turn in the headline aggregate, the share of trajectories whose
+      answer changed at that turn, and the deduplicated evidence read (new in the turn, and cumulative).
     - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
     - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
 """
@@ -43,9 +46,11 @@ from .results import Cell, RunScores, load_run_scores
 from .scoring import (
     ItemScore,
     Metrics,
+    Prediction,
     Summary,
     by_length_group,
     length_groups,
+    score_items,
     summarize,
 )
 from .stats import (
@@ -129,6 +134,7 @@ def build_report(store: Store, run_id: int, options: ReportOptions | None = None
         "complementarity": _complementarity(scores, reference),
         "repeatability": _repeatability(scores, options),
         "recall": _recall(scores),
+        "turns": _turns(scores, options),
         "length_groups": _length_groups(scores, options),
         "cost": [row.to_json() for row in cost_rows(store, run_id)],
     }
@@ -373,6 +379,59 @@ def _recall(scores: RunScores) -> list[dict[str, Any]]:
             entry[name.removesuffix("_ids")] = retained / len(roots)
         entries.append(entry)
     return entries
+
+
+def _turns(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    """Per-turn accuracy of multi-turn methods (Continual Search, Passive Continuation), every realization.
+
+    Turn t's prediction of a trajectory is the answer standing after turn t; a trajectory whose record stops
+    earlier (no continuation was possible) keeps its last answer, and one without a prediction (a failed item)
+    counts as wrong at every turn, as in the method's own row. Evidence figures are means over the trajectories
+    with a record: new deduplicated tokens read in the turn, and the cumulative total after it.
+    """
+    entries = []
+    for cell, by_qid in sorted(scores.turns.items()):
+        if not by_qid:
+            continue
+        last_turn = max(len(records) for records in by_qid.values())
+        for index in range(last_turn):
+            predictions = {}
+            changed = evidence_new = evidence_total = 0.0
+            for qid, records in by_qid.items():
+                record = records[min(index, len(records) - 1)]
+                step = record.get("pred_step")
+                role = record.get("pred_role")
+                predictions[qid] = Prediction(
+                    role=role if isinstance(role, str) else None,
+                    step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    abstained=False,
+                )
+                if index < len(records):
+                    changed += bool(record.get("changed_from_prev"))
+                    evidence_new += _number(record.get("evidence_tokens"))
+                evidence_total += _number(record.get("evidence_total"))
+            items = score_items(scores.expected, predictions, keep_handoff=options.keep_handoff)
+            metrics = _headline(summarize(items, populations=options.populations), options) if items else None
+            entries.append(
+                {
+                    "backbone": cell.backbone,
+                    "method": cell.method,
+                    "realization": cell.realization,
+                    "turn": index + 1,
+                    "n": len(by_qid),
+                    "agent_acc": metrics.agent_acc if metrics else None,
+                    "step_acc": metrics.step_acc if metrics else None,
+                    "step_pm5": metrics.step_pm5 if metrics else None,
+                    "changed": changed / len(by_qid),
+                    "evidence_tokens": evidence_new / len(by_qid),
+                    "evidence_total": evidence_total / len(by_qid),
+                }
+            )
+    return entries
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:

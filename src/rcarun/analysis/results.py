@@ -46,6 +46,8 @@ class RunScores:
         scores: per cell, one `ItemScore` per expected trajectory (same order as ``expected``).
         diagnostics: per cell, qid → the ``diagnostics`` object a method stored in its output (e.g. RCTA's
             candidate, excerpt and evidence step ids), for recall diagnostics.
+        turns: per cell, qid → the per-turn records a multi-turn method stored (``turns``: each turn's
+            prediction, ``changed_from_prev`` and evidence read), for per-turn accuracy.
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
     """
@@ -55,6 +57,7 @@ class RunScores:
     unlabelled: int
     scores: dict[Cell, list[ItemScore]] = field(default_factory=dict)
     diagnostics: dict[Cell, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    turns: dict[Cell, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     simulated: bool = False
 
     @property
@@ -109,19 +112,25 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
     for item in store.items(run.run_id):
         predictions[Cell(item.backbone, item.method, item.realization)]  # a cell with items but no answers
     diagnostics: dict[Cell, dict[str, dict[str, Any]]] = defaultdict(dict)
+    turns: dict[Cell, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
     for prediction in store.predictions(run.run_id):
         cell = Cell(prediction.backbone, prediction.method, prediction.realization)
         predictions[cell][prediction.qid] = Prediction(
             role=prediction.pred_role, step=prediction.pred_step, abstained=bool(prediction.abstained)
         )
-        found = _diagnostics(prediction.output_json)
-        if found is not None:
+        output = _output(prediction.output_json)
+        found = output.get("diagnostics")
+        if isinstance(found, dict):
             diagnostics[cell][prediction.qid] = found
+        recorded = output.get("turns")
+        if isinstance(recorded, list) and all(isinstance(t, dict) for t in recorded):
+            turns[cell][prediction.qid] = recorded
     result = RunScores(
         run=run,
         expected=expected,
         unlabelled=unlabelled,
         diagnostics=dict(diagnostics),
+        turns=dict(turns),
         simulated=_simulated(run),
     )
     for cell in sorted(predictions):
@@ -129,15 +138,15 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
     return result
 
 
-def _diagnostics(output_json: str | None) -> dict[str, Any] | None:
+def _output(output_json: str | None) -> dict[str, Any]:
+    """A prediction's method output, or {} when there is none or it is not a JSON object."""
     if not output_json:
-        return None
+        return {}
     try:
         output = json.loads(output_json)
     except json.JSONDecodeError:
-        return None
-    found = output.get("diagnostics") if isinstance(output, dict) else None
-    return found if isinstance(found, dict) else None
+        return {}
+    return output if isinstance(output, dict) else {}
 
 
 def _simulated(run: RunRow) -> bool:

@@ -5,7 +5,9 @@ Importing this package registers every method, so `create_method(name)` finds th
 
 from rcarun.methods import all_at_once as _all_at_once  # noqa: F401  (registers "all-at-once")
 from rcarun.methods import binary_search as _binary_search  # noqa: F401  (registers "binary-search")
+from rcarun.methods import continual_search as _continual_search  # noqa: F401  (continual-search, passive-...)
 from rcarun.methods import echo as _echo  # noqa: F401  (registers "echo")
+from rcarun.methods import ensembles as _ensembles  # noqa: F401  (self-consistency, judge-panel)
 from rcarun.methods import falat as _falat  # noqa: F401  (registers "falat")
 from rcarun.methods import step_by_step as _step_by_step  # noqa: F401  (registers "step-by-step")
 from rcarun.methods.base import (

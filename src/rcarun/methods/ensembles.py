@@ -1,0 +1,204 @@
+"""Self-consistency and the heterogeneous judge panel: several independent answers, one majority vote.
+
+The Continual Search paper (Sec. 5.1, Table 4) compares its multi-turn judge against these two ways of spending
+more calls on one trajectory. Both run an unchanged base method (All-at-once by default, any registered method by
+name) several times and vote each field (`rcarun.methods.voting`, whose module docstring states the tie rules):
+
+- **Self-consistency** (``self-consistency``; Wang et al. 2022): ``samples`` draws (default 4, as the paper) of
+  the base method on the same backbone at ``temperature`` (default 0.7; the paper does not give its value, and
+  0.7 is the usual self-consistency setting). Every call of draw ``i`` is sent with ``sample=i`` so the call
+  cache never serves one draw another's answer, and with the given temperature whatever the base method asks.
+- **Judge panel** (``judge-panel``; Verga et al. 2024): the base method once on each backbone named in
+  ``judges`` (two at least, names of the sweep's backbones, in vote order). The item belongs to the first judge
+  (its home: the prediction is stored under that backbone); every judge's calls are limited, retried, priced and
+  recorded under the judge's own backbone. Judges keep the base method's own temperature.
+
+Draws and judges run concurrently (the backbone's limits still bound calls in flight). A draw or judge whose call
+fails for good (`FatalCallError`: a 400, a context overflow, auth, quota) is recorded in the output and does not
+vote; when every one fails, the item fails with the first error. Any other error (budget stop, interruption)
+stops the whole item, which is left for resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rcarun.data import Trajectory
+from rcarun.errors import ConfigError, FatalCallError
+from rcarun.methods._options import reject_unknown_options
+from rcarun.methods.base import Attribution, Method
+from rcarun.methods.llm import LLM
+from rcarun.methods.proxies import ResampledLLM
+from rcarun.methods.registry import create_method, method
+from rcarun.methods.voting import TIE_BREAKS, TieBreak, vote
+
+__all__ = ["JudgePanel", "JudgePanelOptions", "SelfConsistency", "SelfConsistencyOptions"]
+
+
+@dataclass(frozen=True, slots=True)
+class SelfConsistencyOptions:
+    base: str = "all-at-once"
+    base_options: dict[str, Any] = field(default_factory=dict)
+    samples: int = 4
+    temperature: float = 0.7
+    tie_break: TieBreak = "first-voter"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> SelfConsistencyOptions:
+        reject_unknown_options("self-consistency", cls, options)
+        parsed = cls(**options)
+        if not _is_int(parsed.samples) or parsed.samples < 2:
+            raise ConfigError("self-consistency: samples must be an integer of at least 2")
+        if isinstance(parsed.temperature, bool) or not isinstance(parsed.temperature, int | float):
+            raise ConfigError("self-consistency: temperature must be a number")
+        if parsed.temperature <= 0:
+            raise ConfigError("self-consistency: temperature must be above 0 (identical draws vote nothing)")
+        _check_base("self-consistency", parsed.base, parsed.base_options, parsed.tie_break)
+        return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class JudgePanelOptions:
+    judges: tuple[str, ...] = ()
+    base: str = "all-at-once"
+    base_options: dict[str, Any] = field(default_factory=dict)
+    tie_break: TieBreak = "first-voter"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> JudgePanelOptions:
+        reject_unknown_options("judge-panel", cls, options)
+        judges = options.get("judges", ())
+        if not isinstance(judges, list | tuple) or not all(isinstance(j, str) and j for j in judges):
+            raise ConfigError("judge-panel: judges must be a list of backbone names")
+        if len(judges) < 2 or len(set(judges)) != len(judges):
+            raise ConfigError("judge-panel: judges must name at least two different backbones")
+        parsed = cls(**{**options, "judges": tuple(judges)})
+        _check_base("judge-panel", parsed.base, parsed.base_options, parsed.tie_break)
+        return parsed
+
+
+def _check_base(name: str, base: str, base_options: Mapping[str, Any], tie_break: str) -> None:
+    if base in ("self-consistency", "judge-panel"):
+        raise ConfigError(f"{name}: base must be a single-judge method, not {base!r}")
+    if not isinstance(base_options, dict):
+        raise ConfigError(f"{name}: base_options must be a table")
+    if tie_break not in TIE_BREAKS:
+        raise ConfigError(f"{name}: tie_break must be one of {list(TIE_BREAKS)}")
+    try:
+        create_method(base, options=base_options)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: base: {exc}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def _run_voters(
+    base: Method, trajectory: Trajectory, llms: Sequence[LLM]
+) -> list[Attribution | FatalCallError]:
+    """The base method on every LLM at once; a voter's fatal call error is its result, anything else raises."""
+
+    async def one(llm: LLM) -> Attribution | FatalCallError:
+        try:
+            return await base.attribute(trajectory, llm)
+        except FatalCallError as error:
+            return error
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(llm)) for llm in llms]
+    return [task.result() for task in tasks]
+
+
+def _voter_record(index_name: str, index: int | str, result: Attribution | FatalCallError) -> dict[str, Any]:
+    if isinstance(result, FatalCallError):
+        return {index_name: index, "error": f"{type(result).__name__}: {result}"[:1000]}
+    return {
+        index_name: index,
+        "pred_role": result.pred_role,
+        "pred_step": result.pred_step,
+        "role_valid": result.role_valid,
+        "step_valid": result.step_valid,
+        "abstained": result.abstained,
+        "output": dict(result.output),
+    }
+
+
+def _voted(
+    trajectory: Trajectory,
+    results: Sequence[Attribution | FatalCallError],
+    tie_break: TieBreak,
+    output: dict[str, Any],
+) -> Attribution:
+    answers = [r for r in results if isinstance(r, Attribution)]
+    if not answers:
+        first = results[0]
+        assert isinstance(first, FatalCallError)
+        raise first
+    ballot = vote(
+        trajectory, [r if isinstance(r, Attribution) else None for r in results], tie_break=tie_break
+    )
+    output["vote"] = ballot.as_output()
+    output["tie_break"] = tie_break
+    chosen = ballot.attribution
+    return Attribution(
+        pred_role=chosen.pred_role,
+        pred_step=chosen.pred_step,
+        role_valid=chosen.role_valid,
+        step_valid=chosen.step_valid,
+        abstained=chosen.abstained,
+        output=output,
+    )
+
+
+class SelfConsistency:
+    """``samples`` independent draws of the base method on one backbone, majority vote per field."""
+
+    def __init__(self, label: str, options: SelfConsistencyOptions) -> None:
+        self.label = label
+        self.options = options
+        self._base = create_method(options.base, options=options.base_options)
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        options = self.options
+        draws = [ResampledLLM(llm, sample=i, temperature=options.temperature) for i in range(options.samples)]
+        results = await _run_voters(self._base, trajectory, draws)
+        output: dict[str, Any] = {
+            "base": options.base,
+            "temperature": options.temperature,
+            "samples": [_voter_record("sample", i, r) for i, r in enumerate(results)],
+        }
+        return _voted(trajectory, results, options.tie_break, output)
+
+
+class JudgePanel:
+    """The base method once on each judge backbone, majority vote per field in the judges' order."""
+
+    def __init__(self, label: str, options: JudgePanelOptions) -> None:
+        self.label = label
+        self.options = options
+        # The runner reads this: run once per trajectory and realization, under the first judge.
+        self.backbones: tuple[str, ...] = options.judges
+        self._base = create_method(options.base, options=options.base_options)
+
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        options = self.options
+        results = await _run_voters(self._base, trajectory, [llm.for_backbone(j) for j in options.judges])
+        output: dict[str, Any] = {
+            "base": options.base,
+            "judges": [_voter_record("judge", j, r) for j, r in zip(options.judges, results, strict=True)],
+        }
+        return _voted(trajectory, results, options.tie_break, output)
+
+
+@method("self-consistency")
+def _create_self_consistency(label: str, options: Mapping[str, Any]) -> SelfConsistency:
+    return SelfConsistency(label, SelfConsistencyOptions.from_mapping(options))
+
+
+@method("judge-panel")
+def _create_judge_panel(label: str, options: Mapping[str, Any]) -> JudgePanel:
+    return JudgePanel(label, JudgePanelOptions.from_mapping(options))

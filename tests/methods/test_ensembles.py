@@ -1,0 +1,167 @@
+"""Self-consistency and the judge panel: the vote and its tie rules, numbered draws, per-judge backbones."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from rcarun.data import Step, Trajectory
+from rcarun.errors import BadRequest, ConfigError
+from rcarun.methods import Attribution, Message, Reply, create_method, home_backbone
+from rcarun.methods.voting import majority, vote
+
+
+def _trajectory(n: int = 6) -> Trajectory:
+    agents = ["Planner", "Coder", "Computer_terminal"]
+    steps = tuple(
+        Step(index=i, agent=agents[i % 3], role="assistant", content=f"step {i} content") for i in range(n)
+    )
+    return Trajectory(qid="demo/1", source="demo", task="Count the awnings.", steps=steps, sha256="0" * 64)
+
+
+def _answer(role: str | None, step: int | None, trajectory: Trajectory) -> Attribution:
+    return Attribution(
+        pred_role=role,
+        pred_step=step,
+        role_valid=role in trajectory.agents,
+        step_valid=isinstance(step, int) and 0 <= step < trajectory.n_steps,
+    )
+
+
+def _json(role: str, step: int) -> str:
+    return json.dumps({"reason": "r", "responsible_role": role, "root_step": step})
+
+
+def test_majority_counts_and_breaks_ties_by_first_voter_or_smallest() -> None:
+    assert majority([3, 1, 1, 3, 2]) == (3, True)  # 3 and 1 tie at two votes; 3 was voted first
+    assert majority([3, 1, 1, 3, 2], prefer_smallest=True) == (1, True)
+    assert majority([2, 5, 5]) == (5, False)
+    assert majority([]) == (None, False)
+
+
+def test_vote_per_field_ignores_invalid_fields_and_keeps_tallies() -> None:
+    trajectory = _trajectory()
+    answers = [
+        _answer("Coder", 4, trajectory),
+        _answer("Planner", 2, trajectory),
+        _answer("Nobody", 2, trajectory),  # invalid role: its step still votes
+        _answer("Coder", 99, trajectory),  # invalid step: its role still votes
+        None,  # a failed voter
+    ]
+    ballot = vote(trajectory, answers)
+    assert (ballot.attribution.pred_role, ballot.attribution.pred_step) == ("Coder", 2)
+    assert ballot.role_votes == {"Coder": 2, "Planner": 1}
+    assert ballot.step_votes == {4: 1, 2: 2}
+    assert not ballot.role_tied and not ballot.step_tied
+    assert ballot.attribution.role_valid and ballot.attribution.step_valid
+
+
+def test_vote_tie_rules() -> None:
+    trajectory = _trajectory()
+    answers = [_answer("Coder", 4, trajectory), _answer("Planner", 1, trajectory)]
+    first = vote(trajectory, answers).attribution
+    assert (first.pred_role, first.pred_step) == ("Coder", 4)
+    earliest = vote(trajectory, answers, tie_break="earliest-step").attribution
+    assert (earliest.pred_role, earliest.pred_step) == ("Coder", 1)  # role ties still go to the first voter
+
+
+def test_vote_with_no_valid_field_has_no_winner() -> None:
+    trajectory = _trajectory()
+    ballot = vote(trajectory, [_answer("Nobody", 77, trajectory)])
+    assert ballot.attribution.pred_role is None and ballot.attribution.pred_step is None
+    assert not ballot.attribution.role_valid and not ballot.attribution.abstained
+
+
+async def test_self_consistency_draws_numbered_samples_at_its_temperature(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory()
+    answers = iter([_json("Coder", 4), _json("Planner", 1), _json("Coder", 1), _json("Coder", 4)])
+    llm = scripted(lambda request: next(answers))
+    method = create_method("self-consistency", options={"samples": 4, "temperature": 0.9})
+    result = await method.attribute(trajectory, llm)
+    assert sorted(r["sample"] for r in llm.requests) == [0, 1, 2, 3]
+    assert {r["temperature"] for r in llm.requests} == {0.9}
+    # Same prompt in every draw: only the sample number tells them apart (so the cache keeps them apart).
+    assert len({r["messages"][1].content for r in llm.requests}) == 1
+    assert (result.pred_role, result.pred_step) == ("Coder", 4)  # steps 4 and 1 tie 2-2; sample 0 said 4
+    assert result.output["vote"]["step_tied"] is True
+    assert [s["pred_step"] for s in result.output["samples"]] == [4, 1, 1, 4]
+
+
+def test_self_consistency_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="samples must be an integer of at least 2"):
+        create_method("self-consistency", options={"samples": 1})
+    with pytest.raises(ConfigError, match="temperature must be above 0"):
+        create_method("self-consistency", options={"temperature": 0})
+    with pytest.raises(ConfigError, match="base: unknown method 'nope'"):
+        create_method("self-consistency", options={"base": "nope"})
+    with pytest.raises(ConfigError, match="base: all-at-once: unknown option"):
+        create_method("self-consistency", options={"base_options": {"bogus": 1}})
+    with pytest.raises(ConfigError, match="single-judge method"):
+        create_method("self-consistency", options={"base": "judge-panel"})
+
+
+@dataclass
+class PanelLLM:
+    """One scripted answer per backbone; every request kept with the backbone it went to."""
+
+    answers: Mapping[str, str | Exception]
+    name: str = "a"
+    context_window: int | None = None
+    requests: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def backbone(self) -> str:
+        return self.name
+
+    def for_backbone(self, name: str) -> PanelLLM:
+        if name not in self.answers:
+            raise ConfigError(f"no backbone {name!r}")
+        return PanelLLM(self.answers, name, self.context_window, self.requests)
+
+    def estimate_tokens(self, text: str) -> int:
+        return len(text) // 4 + 1
+
+    async def chat(self, messages: Sequence[Message], *, stage: str, **kwargs: Any) -> Reply:
+        self.requests.append((self.name, stage))
+        answer = self.answers[self.name]
+        if isinstance(answer, Exception):
+            raise answer
+        return Reply(text=answer, parsed=json.loads(answer), parse_error=None, finish_reason="stop")
+
+
+async def test_judge_panel_asks_each_judge_on_its_backbone_and_votes_in_judge_order() -> None:
+    trajectory = _trajectory()
+    llm = PanelLLM({"a": _json("Coder", 4), "b": _json("Planner", 1), "c": _json("Planner", 4)})
+    panel = create_method("judge-panel", options={"judges": ["b", "a", "c"]})
+    assert home_backbone(panel) == "b"
+    result = await panel.attribute(trajectory, llm)
+    assert sorted(llm.requests) == [("a", "attribution"), ("b", "attribution"), ("c", "attribution")]
+    assert (result.pred_role, result.pred_step) == ("Planner", 4)
+    assert [j["judge"] for j in result.output["judges"]] == ["b", "a", "c"]
+
+
+async def test_judge_panel_votes_without_a_failed_judge_and_fails_when_all_fail() -> None:
+    trajectory = _trajectory()
+    panel = create_method("judge-panel", options={"judges": ["a", "b", "c"]})
+    llm = PanelLLM({"a": BadRequest("context too long"), "b": _json("Planner", 1), "c": _json("Planner", 1)})
+    result = await panel.attribute(trajectory, llm)
+    assert (result.pred_role, result.pred_step) == ("Planner", 1)
+    assert "BadRequest: context too long" in result.output["judges"][0]["error"]
+    failing = PanelLLM({name: BadRequest(f"refused by {name}") for name in "abc"})
+    with pytest.raises(BadRequest, match="refused by a"):
+        await panel.attribute(trajectory, failing)
+
+
+def test_judge_panel_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="at least two different backbones"):
+        create_method("judge-panel", options={"judges": ["a"]})
+    with pytest.raises(ConfigError, match="at least two different backbones"):
+        create_method("judge-panel", options={"judges": ["a", "a"]})
+    with pytest.raises(ConfigError, match="list of backbone names"):
+        create_method("judge-panel", options={"judges": "a,b"})
+    with pytest.raises(ConfigError, match="tie_break"):
+        create_method("judge-panel", options={"judges": ["a", "b"], "tie_break": "coin"})
