@@ -41,7 +41,10 @@ base_url = "http://127.0.0.1:9/v1"
 {backbone_extra}
 """
 
-_KNOWN_METHODS = "all-at-once, binary-search, echo, falat, rcta, rcta/no-a1, rcta/no-a2, rcta/no-a3, rcta/no-a4, step-by-step"
+_KNOWN_METHODS = (
+    "all-at-once, binary-search, continual-search, echo, falat, judge-panel, passive-continuation, rcta, "
+    "rcta/no-a1, rcta/no-a2, rcta/no-a3, rcta/no-a4, self-consistency, step-by-step"
+)
 
 
 @dataclass(frozen=True)

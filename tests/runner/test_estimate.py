@@ -20,6 +20,7 @@ from rcarun.budgets import TokenEstimator
 from rcarun.cli import main
 from rcarun.cli.estimate import demo_estimate_config, demo_reasoning_tokens
 from rcarun.data import bundled_sample_path, iter_dataset
+from rcarun.methods import registered_methods
 from rcarun.methods.step_by_step import StepByStepOptions, estimate_calls_and_prompt_tokens
 from rcarun.runner import SweepConfig
 from rcarun.runner.estimate import EstimateRow, SweepEstimate, estimate_sweep
@@ -166,12 +167,14 @@ prices = {{ input_per_mtok = 1.0, output_per_mtok = 1.0 }}
 def _measured(db: Path) -> dict[tuple[str, str], tuple[int, int]]:
     """Prompt and completion tokens the providers saw, per backbone × method (cache hits excluded).
 
-    RCTA's shared Stage I is paid by whichever condition sends it first, which is timing; the estimate charges
-    it to the first condition in config order (``rcta``), so the measured side does the same.
+    RCTA's shared Stage I, and the turn 1 Continual Search and Passive Continuation share, are paid by whichever
+    condition sends them first, which is timing; the estimate charges them to the first condition in config
+    order (``rcta``, ``continual-search``), so the measured side does the same.
     """
     with sqlite3.connect(db) as connection:
         rows = connection.execute(
             "SELECT backbone, CASE WHEN method LIKE 'rcta%' AND stage IN ('summary', 'outline') THEN 'rcta' "
+            "WHEN method = 'passive-continuation' AND stage = 'attribution' THEN 'continual-search' "
             "ELSE method END AS charged, SUM(prompt_tokens), SUM(completion_tokens) FROM calls "
             "WHERE status != 'cached' GROUP BY backbone, charged"
         ).fetchall()
@@ -212,7 +215,7 @@ def demo_comparison(demo_db: Path) -> dict[str, tuple[float, float]]:
 def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
     demo_comparison: dict[str, tuple[float, float]],
 ) -> None:
-    assert len(demo_comparison) == 10
+    assert set(demo_comparison) == set(registered_methods())
     for method, (prompt_error, _) in demo_comparison.items():
         if method == "step-by-step":
             continue  # where the walk stops is chance: checked per walk length below
