@@ -31,7 +31,7 @@ from rcarun.backends.types import (
     Usage,
     prompt_chars,
 )
-from rcarun.backends.wire import build_body, parse_completion
+from rcarun.backends.wire import build_body, parse_completion, replay_body
 
 __all__ = [
     "PRESETS",
@@ -65,6 +65,7 @@ __all__ = [
     "prompt_chars",
     "register_lazy_backend",
     "register_preset",
+    "replay_body",
     "transport",
     "transport_names",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "error_for_status",
     "parse_completion",
     "provider_message",
+    "replay_body",
 ]
 
 MAX_QUOTED_CHARS = 300
@@ -239,6 +240,30 @@ def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
             )
         )
     return tuple(calls)
+
+
+def replay_body(result: ChatResult, preset: Preset) -> bytes:
+    """A completion body that `parse_completion` reads back into ``result``'s answer, for a result that came
+    without a raw body (an in-process engine) but carries tool calls, which no other stored column can hold.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
+    if result.reasoning_text and preset.reasoning_text_fields:
+        message[preset.reasoning_text_fields[0]] = result.reasoning_text
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in result.tool_calls
+        ]
+    payload = {
+        "object": "chat.completion",
+        "model": result.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
+        "usage": {
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.completion_tokens,
+        },
+    }
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _load_json(body: bytes) -> Any:

@@ -52,7 +52,7 @@ from rcarun.backends import ChatMessage, ChatRequest, Usage
 from rcarun.budgets import PriceTable, TokenEstimator, clamp_to_context, next_length_budget
 from rcarun.data import Record, Trajectory, iter_dataset, load_manifest
 from rcarun.errors import ConfigError, DataError, RcarunError
-from rcarun.methods import Message, Method, Reasoning, Reply, create_method, home_backbone
+from rcarun.methods import Message, Method, Reasoning, Reply, ToolChoice, create_method, home_backbone
 from rcarun.methods.step_by_step import StepByStep, estimate_calls_and_prompt_tokens
 from rcarun.mock.answers import count_text_tokens, filler_sentence, generate_value
 from rcarun.runner.cache import call_cache_key
@@ -226,6 +226,7 @@ class EstimatingLLM:
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
         if tools:
             raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
