@@ -154,11 +154,15 @@ _SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
 
 
 def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dict[str, Any]:
-    """All-at-once, and every method built on it, starts at 1,024 output tokens; the judge panel sits every
-    backbone of the demo (four judges, as in the Continual Search paper's panel)."""
+    """All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
+    Continuation read the log with tools; the judge panel sits every backbone of the demo (four judges, as in the
+    Continual Search paper's panel)."""
     if name == "all-at-once":
         return dict(_SHORT_ATTRIBUTION)
-    if name in ("continual-search", "passive-continuation", "self-consistency"):
+    if name in ("continual-search", "passive-continuation"):
+        # The paper's setting: a judge that reads the log with tools (the simulator calls them for a few rounds).
+        return {"reading": "agentic", "base_options": dict(_SHORT_ATTRIBUTION)}
+    if name == "self-consistency":
         return {"base_options": dict(_SHORT_ATTRIBUTION)}
     if name == "judge-panel":
         return {"judges": list(backbones), "base_options": dict(_SHORT_ATTRIBUTION)}

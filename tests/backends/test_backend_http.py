@@ -21,6 +21,7 @@ from rcarun.backends import (
     ChatMessage,
     ChatRequest,
     ChatResult,
+    ChatToolCall,
     OpenAICompatBackend,
     RateLimitInfo,
     Usage,
@@ -139,6 +140,38 @@ async def test_both_transports_send_the_same_body_and_get_the_same_result(
     first, second = (dataclasses.replace(result, latency_s=0.0) for result in results)
     assert first == second
     assert (first.finish_reason, first.text, first.reasoning_text) == ("length", "", "ran out while thinking")
+
+
+async def test_tool_calls_travel_identically_over_both_transports(canned: Canned) -> None:
+    tools = (
+        {
+            "type": "function",
+            "function": {"name": "list_roles", "parameters": {"type": "object", "properties": {}}},
+        },
+    )
+    wire_calls = [{"id": "call_9", "type": "function", "function": {"name": "list_roles", "arguments": "{}"}}]
+    server = await canned(reply(completion(content=None, finish_reason="tool_calls", tool_calls=wire_calls)))
+    earlier = ChatToolCall("call_1", "list_roles", "{}")
+    request = chat_request(
+        messages=(
+            ChatMessage("user", "who failed?"),
+            ChatMessage("assistant", "", tool_calls=(earlier,)),
+            ChatMessage("tool", "Planner, Coder", tool_call_id="call_1"),
+        ),
+        tools=tools,
+        tool_choice="auto",
+    )
+    results: list[ChatResult] = []
+    for transport in ("aiohttp", "openai-sdk"):
+        settings = settings_for(server.base_url, provider="vllm", transport=transport)
+        results.append(await call_once(settings, request))
+        assert server.seen[-1].body == build_body(request, settings, get_preset("vllm")), transport
+    assert server.seen[-1].body["messages"][1]["content"] is None
+    assert server.seen[-1].body["tools"] == list(tools)
+    first, second = (dataclasses.replace(result, latency_s=0.0) for result in results)
+    assert first == second
+    assert first.tool_calls == (ChatToolCall("call_9", "list_roles", "{}"),)
+    assert (first.text, first.finish_reason) == ("", "tool_calls")
 
 
 async def test_no_key_configured_sends_no_authorization(

@@ -14,6 +14,7 @@ import pytest
 from rcarun.backends import (
     ChatMessage,
     ChatRequest,
+    ChatToolCall,
     RateLimitInfo,
     Usage,
     build_body,
@@ -380,3 +381,143 @@ def test_only_openai_meters_the_whole_output_budget_against_tokens_per_minute() 
     from rcarun.backends import PRESETS
 
     assert {name for name, preset in PRESETS.items() if preset.meters_output_budget} == {"openai"}
+
+
+# ------------------------------------------------------------------------------------------------ tool calls
+
+READ_STEPS = {
+    "type": "function",
+    "function": {
+        "name": "read_steps",
+        "description": "Read a range of steps.",
+        "parameters": {
+            "type": "object",
+            "properties": {"start": {"type": "integer", "minimum": 0}, "end": {"type": "integer"}},
+            "required": ["start", "end"],
+        },
+    },
+}
+
+
+def tool_conversation() -> tuple[ChatMessage, ...]:
+    call = ChatToolCall("call_a", "read_steps", '{"start": 0, "end": 2}')
+    return (
+        ChatMessage("user", "which step failed?"),
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "[step 0] Planner: go", tool_call_id="call_a"),
+    )
+
+
+def test_tool_less_request_hash_is_pinned() -> None:
+    # The rendering from before rcarun sent tools: every stored request hash and call-cache key depends on it.
+    chat = request(temperature=0.0, schema=SCHEMA)
+    assert chat.canonical_json() == (
+        '{"max_tokens":512,"messages":[{"content":"be brief","role":"system"},'
+        '{"content":"which step failed?","role":"user"}],"reasoning":null,"schema":{"properties":'
+        '{"step":{"type":"integer"}},"required":["step"],"type":"object"},"schema_name":"answer","seed":null,'
+        '"temperature":0.0}'
+    )
+    assert chat.sha256() == "ad30665e9be330249502249f12dafe232d2ac79bbb169f3021c1fe2fcca370d1"
+
+
+def test_tool_fields_change_the_hash_only_when_set() -> None:
+    plain = request()
+    assert request(tools=(), tool_choice=None).sha256() == plain.sha256()
+    with_tools = request(tools=(READ_STEPS,))
+    assert with_tools.sha256() != plain.sha256()
+    assert request(tools=(READ_STEPS,), tool_choice="none").sha256() != with_tools.sha256()
+    rendered = json.loads(request(messages=tool_conversation(), tools=(READ_STEPS,)).canonical_json())
+    assert rendered["messages"][1]["tool_calls"] == [
+        {"id": "call_a", "name": "read_steps", "arguments": '{"start": 0, "end": 2}'}
+    ]
+    assert rendered["messages"][2]["tool_call_id"] == "call_a"
+    assert "tool_call_id" not in rendered["messages"][0]
+
+
+def test_prompt_chars_count_tool_specs_and_call_arguments() -> None:
+    messages = tool_conversation()
+    contents = sum(len(m.content) for m in messages)
+    spec_chars = len(json.dumps([READ_STEPS], separators=(",", ":")))
+    call_chars = len("read_steps") + len('{"start": 0, "end": 2}')
+    assert request(messages=messages).prompt_chars() == contents + call_chars
+    assert (
+        request(messages=messages, tools=(READ_STEPS,)).prompt_chars() == contents + call_chars + spec_chars
+    )
+
+
+def test_body_carries_tools_tool_choice_and_tool_messages_in_openai_shape() -> None:
+    body = body_for("openai", request(messages=tool_conversation(), tools=(READ_STEPS,), tool_choice="auto"))
+    assert body["tools"] == [READ_STEPS]
+    assert body["tool_choice"] == "auto"
+    assert body["messages"] == [
+        {"role": "user", "content": "which step failed?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "read_steps", "arguments": '{"start": 0, "end": 2}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "[step 0] Planner: go"},
+    ]
+
+
+def test_body_without_tools_has_no_tool_fields() -> None:
+    body = body_for("vllm", request())
+    assert "tools" not in body and "tool_choice" not in body
+    assert all(set(message) == {"role", "content"} for message in body["messages"])
+
+
+def test_assistant_text_beside_tool_calls_is_kept() -> None:
+    call = ChatToolCall("c1", "list_roles", "{}")
+    body = body_for("vllm", request(messages=(ChatMessage("assistant", "let me look", tool_calls=(call,)),)))
+    assert body["messages"][0]["content"] == "let me look"
+
+
+def openai_tool_calls(*calls: tuple[str, str, str]) -> list[dict[str, Any]]:
+    return [
+        {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+        for cid, name, args in calls
+    ]
+
+
+@pytest.mark.parametrize("content", [None, ""])
+def test_tool_calls_parsed_with_null_or_empty_content(content: str | None) -> None:
+    calls = openai_tool_calls(
+        ("call_1", "read_steps", '{"start": 3, "end": 5}'), ("call_2", "list_roles", "{}")
+    )
+    result = parse("openai", completion(content=content, finish_reason="tool_calls", tool_calls=calls))
+    assert (result.text, result.finish_reason) == ("", "tool_calls")
+    assert result.tool_calls == (
+        ChatToolCall("call_1", "read_steps", '{"start": 3, "end": 5}'),
+        ChatToolCall("call_2", "list_roles", "{}"),
+    )
+
+
+def test_tool_call_arguments_sent_as_an_object_are_serialised_and_missing_ids_numbered() -> None:
+    raw_calls = [{"type": "function", "function": {"name": "search", "arguments": {"pattern": "é"}}}]
+    result = parse("vllm", completion(content=None, finish_reason="tool_calls", tool_calls=raw_calls))
+    assert result.tool_calls == (ChatToolCall("call_0", "search", '{"pattern": "é"}'),)
+
+
+def test_answers_without_tool_calls_have_none() -> None:
+    assert parse("vllm", completion(tool_calls=None)).tool_calls == ()
+    assert parse("vllm", completion()).tool_calls == ()
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        {"id": "x"},
+        [{"id": "x", "type": "function"}],
+        [{"id": "x", "function": {"arguments": "{}"}}],
+        ["call"],
+    ],
+)
+def test_malformed_tool_calls_are_malformed_responses(tool_calls: Any) -> None:
+    with pytest.raises(MalformedResponse, match="tool_calls"):
+        parse("openai", completion(content=None, finish_reason="tool_calls", tool_calls=tool_calls))

@@ -1,11 +1,14 @@
 """A scripted LLM: methods are tested against canned replies, with every request kept for inspection.
 
-``replies`` is either a list of answer texts, served in order, or a callable that writes the answer to each
-request (given the request as recorded in ``requests``), for methods whose number of calls depends on the log.
+``replies`` is either a list of answers, served in order, or a callable that writes the answer to each request
+(given the request as recorded in ``requests``), for methods whose number of calls depends on the log. An answer
+is a text (decoded as JSON when it is JSON, finish_reason "stop") or a whole `Reply`, for tool calls, length stops
+and usage.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,10 +17,12 @@ import pytest
 
 from rcarun.methods import Message, Reply
 
+Answer = str | Reply
+
 
 @dataclass
 class ScriptedLLM:
-    replies: list[str] | Callable[[dict[str, Any]], str]
+    replies: list[str] | list[Answer] | Callable[[dict[str, Any]], Answer]
     context_window: int | None = None
     chars_per_token: float = 4.0
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -36,6 +41,7 @@ class ScriptedLLM:
         reasoning: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: str | None = None,
     ) -> Reply:
         self.requests.append(
             {
@@ -45,17 +51,19 @@ class ScriptedLLM:
                 "schema": schema,
                 "temperature": temperature,
                 "reasoning": reasoning,
+                "tools": list(tools) if tools is not None else None,
+                "tool_choice": tool_choice,
                 "sample": sample,
             }
         )
-        import json
-
-        text = self.replies(self.requests[-1]) if callable(self.replies) else self.replies.pop(0)
+        answer = self.replies(self.requests[-1]) if callable(self.replies) else self.replies.pop(0)
+        if isinstance(answer, Reply):
+            return answer
         try:
-            parsed, error = json.loads(text), None
+            parsed, error = json.loads(answer), None
         except json.JSONDecodeError as exc:
             parsed, error = None, str(exc)
-        return Reply(text=text, parsed=parsed, parse_error=error, finish_reason="stop")
+        return Reply(text=answer, parsed=parsed, parse_error=error, finish_reason="stop")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from rcarun.data import Step, Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods import create_method, registered_methods
+from rcarun.methods import Reply, ToolCall, create_method, registered_methods
 from rcarun.methods.all_at_once import AllAtOnce, AllAtOnceOptions, answer_schema, render_log
 
 
@@ -163,3 +163,88 @@ class _NoWindow:
 
     def estimate_tokens(self, text: str) -> int:
         return len(text) // 4
+
+
+# ------------------------------------------------------------------------------------------ agentic reading
+
+
+def _tool_reply(*calls: ToolCall) -> Reply:
+    return Reply(text="", parsed=None, parse_error=None, finish_reason="tool_calls", tool_calls=calls)
+
+
+async def test_agentic_reading_reads_with_tools_and_records_them(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory(6)
+    answer = json.dumps({"reason": "bad code", "responsible_role": "Coder", "root_step": 4})
+    llm = scripted(
+        [
+            _tool_reply(
+                ToolCall("a", "read_steps", '{"start": 3, "end": 4}'), ToolCall("b", "list_roles", "{}")
+            ),
+            _tool_reply(ToolCall("c", "read_steps", '{"start": 4, "end": 99}')),
+            answer,
+        ]
+    )
+    method = create_method("all-at-once", options={"reading": "agentic", "max_tool_calls": 5})
+    attribution = await method.attribute(trajectory, llm)
+
+    assert len(llm.requests) == 3
+    user = llm.requests[0]["messages"][1].content
+    assert "The log has 6 steps, numbered from 0 to 5" in user
+    assert "at most 5 tool calls" in user
+    assert "Count the awnings." in user
+    assert all(step.content not in user for step in trajectory.steps)  # the log itself is not inlined
+    assert '"maximum": 5' in user  # the answer schema is
+    assert [spec["function"]["name"] for spec in llm.requests[0]["tools"]] == [
+        "read_steps",
+        "search",
+        "list_roles",
+    ]
+    assert all(request["stage"] == "attribution" for request in llm.requests)
+    assert (attribution.pred_role, attribution.pred_step) == ("Coder", 4)
+    assert attribution.role_valid and attribution.step_valid
+    output = attribution.output
+    assert output["reading"] == "agentic"
+    assert (output["calls"], output["tool_calls"], output["capped"]) == (3, 3, False)
+    assert output["steps_read"] == [3, 4]
+    assert output["evidence_tokens"] == 6  # one short text of two 3-token steps, counted whole
+    assert [entry["name"] for entry in output["tool_log"]] == ["read_steps", "list_roles", "read_steps"]
+    assert "outside the log" in output["tool_log"][2]["error"]
+    assert output["max_result_chars"] == 12_000
+    json.dumps(output)  # stored as JSON
+
+
+async def test_agentic_reading_that_hits_the_cap_is_an_invalid_answer(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(lambda request: _tool_reply(ToolCall(f"c{len(llm.requests)}", "list_roles", "{}")))
+    method = create_method("all-at-once", options={"reading": "agentic", "max_tool_calls": 2})
+    attribution = await method.attribute(_trajectory(4), llm)
+    assert len(llm.requests) == 3
+    assert llm.requests[2]["tool_choice"] == "none"
+    assert attribution.pred_role is None and attribution.pred_step is None
+    assert not attribution.role_valid and not attribution.step_valid
+    assert attribution.output["capped"] is True
+    assert "still called tools after its 2 tool calls" in attribution.output["invalid_answer"]
+
+
+def test_agentic_result_size_follows_the_context_window(scripted) -> None:  # type: ignore[no-untyped-def]
+    method = AllAtOnce("aao", AllAtOnceOptions(reading="agentic", max_tool_calls=10, max_tokens=1000))
+    messages = method.build_agentic_messages(_trajectory(4))
+    prompt_tokens = sum(int(len(m.content) / 4.0) + 1 for m in messages)
+    small = scripted([], context_window=9000)
+    assert method.result_chars(messages, small) == (9000 - 1000 - prompt_tokens) * 3 // 10
+    assert method.result_chars(messages, scripted([], context_window=2000)) == 500
+    assert method.result_chars(messages, scripted([], context_window=10**6)) == 12_000
+    assert method.result_chars(messages, scripted([])) == 12_000
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"reading": "skim"}, "reading must be 'inline' or 'agentic'"),
+        ({"reading": "agentic", "max_tool_calls": 0}, "max_tool_calls must be a positive integer"),
+        ({"max_tool_calls": True}, "max_tool_calls must be a positive integer"),
+        ({"reading": "agentic", "step_numbers": False}, "needs step_numbers=true"),
+    ],
+)
+def test_agentic_options_are_checked(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        create_method("all-at-once", options=options)

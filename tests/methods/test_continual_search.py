@@ -9,10 +9,9 @@ import pytest
 
 from rcarun.data import Step, Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods import create_method
+from rcarun.methods import Reply, ToolCall, create_method
 from rcarun.methods.continual_search import (
     SENTENCES,
-    EvidenceCounter,
     continuation_prompt,
     passive_prompt,
     quote_found,
@@ -120,19 +119,6 @@ def test_quote_found_needs_fifteen_characters_in_the_text() -> None:
     assert not quote_found("year=2019", text)  # too short to be evidence
     assert not quote_found("the parameter year=2021 instead", text)
     assert not quote_found(None, text)
-
-
-def test_evidence_counter_dedupes_thirteen_grams() -> None:
-    counter = EvidenceCounter()
-    words = [f"w{i}" for i in range(20)]
-    assert counter.add(" ".join(words)) == 20
-    # The first 13 words again: fully covered by a seen 13-gram.
-    assert counter.add(" ".join(words[:13])) == 0
-    # Words 5..19 plus three new ones: windows 5..17 .. 7..19 are seen (covering 5..19), the new tail is not.
-    assert counter.add(" ".join([*words[5:], "x1", "x2", "x3"])) == 3
-    # A short text is one window: new the first time, not the second.
-    assert counter.add("short text") == 2 and counter.add("short text") == 0
-    assert counter.total == 25
 
 
 async def test_change_rule_accepts_an_earlier_cause_with_a_quote_from_that_step(scripted) -> None:  # type: ignore[no-untyped-def]
@@ -253,3 +239,60 @@ def test_options_are_checked() -> None:
         create_method("passive-continuation", options={"answer_kind": "list"})
     with pytest.raises(ConfigError, match="unknown option"):
         create_method("continual-search", options={"turn": 3})
+
+
+def _tool_reply(name: str, arguments: str, call_id: str) -> Reply:
+    return Reply(
+        text="",
+        parsed=None,
+        parse_error=None,
+        finish_reason="tool_calls",
+        tool_calls=(ToolCall(call_id, name, arguments),),
+    )
+
+
+def _final_reply(text: str) -> Reply:
+    return Reply(text=text, parsed=json.loads(text), parse_error=None, finish_reason="stop")
+
+
+async def test_agentic_reading_lists_unopened_pieces_and_counts_new_evidence(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory()
+    llm = scripted(
+        [
+            _tool_reply("read_steps", '{"start": 0, "end": 1}', "c1"),  # turn 1 (agentic all-at-once)
+            _final_reply(_answer("Planner", 3)),
+            _tool_reply("read_steps", '{"start": 4, "end": 5}', "c2"),  # turn 2
+            _tool_reply("read_steps", '{"start": 0, "end": 1}', "c3"),  # re-read: no new evidence
+            _final_reply(_answer("Planner", 3, "")),
+            _final_reply(_answer("Planner", 3, "")),  # turn 3: no tools
+        ]
+    )
+    options = {"turns": 3, "reading": "agentic", "piece_steps": 2}
+    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
+    turns = result.output["turns"]
+    assert result.output["layout"] == "pieces"
+    # Every call offered the reading tools; the conversation carries the tool exchanges forward.
+    assert all(r["tools"] for r in llm.requests)
+    turn2_prompt = llm.requests[2]["messages"][-1].content
+    assert turn2_prompt.split("\n\n")[2].startswith("Derive the answer again from the start")
+    turn3_prompt = llm.requests[5]["messages"][-1].content
+    assert "Unopened so far:\n- steps 2-3\n" in turn3_prompt  # 0-1 read at turn 1, 4-5 at turn 2
+    assert [t["steps_read"] for t in turns] == [2, 4, 4]
+    assert turns[0]["evidence_tokens"] == sum(len(text.split()) for text in _CONTENTS[:2])
+    assert turns[1]["evidence_tokens"] == sum(len(text.split()) for text in _CONTENTS[4:])
+    assert turns[1]["tool_calls"] == 2 and turns[2]["evidence_tokens"] == 0
+    assert turns[2]["evidence_total"] == turns[0]["evidence_tokens"] + turns[1]["evidence_tokens"]
+
+
+async def test_agentic_turn_stops_at_the_tool_cap_and_keeps_the_standing_answer(scripted) -> None:  # type: ignore[no-untyped-def]
+    trajectory = _trajectory()
+    runaway = [_tool_reply("read_steps", '{"start": 0, "end": 0}', f"c{i}") for i in range(4)]
+    llm = scripted([_final_reply(_answer("Planner", 3)), *runaway])
+    options = {"turns": 3, "reading": "agentic", "max_tool_calls": 1}
+    llm.replies = [_final_reply(_answer("Planner", 3)), *runaway]
+    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
+    turns = result.output["turns"]
+    assert turns[1]["capped"] is True and "still called tools" in turns[1]["invalid_answer"]
+    assert turns[2]["capped"] is True
+    # Turn 2 has no change rule: its invalid answer stands; turn 3's rule rejects the "move" and it stays invalid.
+    assert (turns[1]["pred_step"], turns[2]["pred_step"]) == (None, None)

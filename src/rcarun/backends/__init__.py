@@ -24,11 +24,14 @@ from rcarun.backends.types import (
     ChatMessage,
     ChatRequest,
     ChatResult,
+    ChatToolCall,
     RateLimitInfo,
     ReasoningSetting,
+    ToolChoice,
     Usage,
+    prompt_chars,
 )
-from rcarun.backends.wire import build_body, parse_completion
+from rcarun.backends.wire import build_body, parse_completion, replay_body
 
 __all__ = [
     "PRESETS",
@@ -37,6 +40,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "ChatResult",
+    "ChatToolCall",
     "OpenAICompatBackend",
     "Preset",
     "RateLimitInfo",
@@ -44,6 +48,7 @@ __all__ = [
     "ReasoningSetting",
     "ReplicaBalancer",
     "Secret",
+    "ToolChoice",
     "Transport",
     "Usage",
     "backend",
@@ -57,8 +62,10 @@ __all__ = [
     "parse_duration_s",
     "parse_rate_limit_headers",
     "parse_retry_after_s",
+    "prompt_chars",
     "register_lazy_backend",
     "register_preset",
+    "replay_body",
     "transport",
     "transport_names",
 ]

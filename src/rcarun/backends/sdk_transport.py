@@ -37,6 +37,8 @@ _SDK_KEYWORDS = frozenset(
         "seed",
         "stop",
         "temperature",
+        "tool_choice",
+        "tools",
         "top_p",
     }
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -18,8 +18,10 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "ChatResult",
+    "ChatToolCall",
     "RateLimitInfo",
     "ReasoningSetting",
+    "ToolChoice",
     "Usage",
 ]
 
@@ -27,11 +29,27 @@ __all__ = [
 # backbone's configured default.
 ReasoningSetting = Literal["off", "low", "medium", "high"]
 
+# OpenAI's string forms of ``tool_choice``; None leaves it out of the request (the provider's "auto").
+ToolChoice = Literal["auto", "none", "required"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatToolCall:
+    """One function call an assistant turn asked for; ``arguments`` is the JSON text as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One message; an assistant turn may carry ``tool_calls``, a ``tool`` turn names the call it answers."""
+
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ChatToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +64,8 @@ class ChatRequest:
         schema_name: name given to the schema in ``response_format``.
         reasoning: thinking on/off and effort; None leaves the backbone default.
         seed: optional sampling seed, sent where supported.
+        tools: OpenAI function specs (``{"type": "function", "function": {...}}``) the model may call.
+        tool_choice: whether the model may, must or must not call them; None leaves the provider default.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -55,15 +75,21 @@ class ChatRequest:
     schema_name: str = "answer"
     reasoning: ReasoningSetting | None = None
     seed: int | None = None
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: ToolChoice | None = None
 
     def prompt_chars(self) -> int:
-        """Characters of message content, the basis of token estimates before a call."""
-        return sum(len(message.content) for message in self.messages)
+        """Characters the prompt is made of, the basis of token estimates before a call (see `prompt_chars`)."""
+        return prompt_chars(self.messages, self.tools)
 
     def canonical_json(self) -> str:
-        """A stable JSON rendering (sorted keys, no whitespace) used for hashing, caching and storage."""
-        payload = {
-            "messages": [{"role": m.role, "content": m.content} for m in self.messages],
+        """A stable JSON rendering (sorted keys, no whitespace) used for hashing, caching and storage.
+
+        Tool fields appear only when set, so a request without tools renders (and hashes, and is cached) exactly
+        as it did before rcarun sent tools.
+        """
+        payload: dict[str, Any] = {
+            "messages": [_canonical_message(m) for m in self.messages],
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "schema": self.schema,
@@ -71,10 +97,39 @@ class ChatRequest:
             "reasoning": self.reasoning,
             "seed": self.seed,
         }
+        if self.tools:
+            payload["tools"] = list(self.tools)
+        if self.tool_choice is not None:
+            payload["tool_choice"] = self.tool_choice
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = ()) -> int:
+    """Characters a prompt is made of: message contents, the names and arguments of earlier tool calls, and the
+    compact JSON of the tool specs (providers render all three into the prompt and bill them as prompt tokens).
+    """
+    chars = 0
+    for message in messages:
+        chars += len(message.content)
+        for call in message.tool_calls:
+            chars += len(call.name) + len(call.arguments)
+    if tools:
+        chars += len(json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False))
+    return chars
+
+
+def _canonical_message(message: ChatMessage) -> dict[str, Any]:
+    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {"id": call.id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +177,7 @@ class ChatResult:
         rate_limit: parsed rate-limit headers, when the provider sends them.
         raw_body: the response body exactly as received, for the store.
         endpoint: which replica or base URL served the call.
+        tool_calls: the functions the model asked to call (finish_reason "tool_calls"), in its order.
     """
 
     text: str
@@ -134,6 +190,7 @@ class ChatResult:
     raw_body: bytes = b""
     endpoint: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    tool_calls: tuple[ChatToolCall, ...] = ()
 
 
 @runtime_checkable

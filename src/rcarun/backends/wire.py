@@ -7,6 +7,11 @@ whichever transport carries it. Provider differences come from the `Preset`, nev
 Parsing is done by hand on the decoded JSON rather than with pydantic models: it runs once per call on the hot
 path of fast self-hosted sweeps, and it must tolerate shapes a strict model would refuse (null content,
 reasoning in either field, usage fields that some providers omit).
+
+Tool calls travel in OpenAI's function-calling shape both ways: an assistant message that called tools carries
+``tool_calls: [{id, type: "function", function: {name, arguments}}]`` and ``content: null`` when it said nothing
+else; each answer is ``{"role": "tool", "tool_call_id", "content"}``. The same parser reads a fresh answer and a
+raw body the call cache replays, so both give the same tool calls.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from rcarun.backends.presets import Preset
 from rcarun.backends.ratelimits import longest_reset_s, parse_rate_limit_headers
 from rcarun.backends.settings import BackendSettings
-from rcarun.backends.types import ChatRequest, ChatResult, RateLimitInfo, Usage
+from rcarun.backends.types import ChatMessage, ChatRequest, ChatResult, ChatToolCall, RateLimitInfo, Usage
 from rcarun.errors import (
     AuthError,
     BadRequest,
@@ -36,6 +41,7 @@ __all__ = [
     "error_for_status",
     "parse_completion",
     "provider_message",
+    "replay_body",
 ]
 
 MAX_QUOTED_CHARS = 300
@@ -71,9 +77,13 @@ def build_body(request: ChatRequest, settings: BackendSettings, preset: Preset) 
     """
     body: dict[str, Any] = {
         "model": settings.model,
-        "messages": [{"role": message.role, "content": message.content} for message in request.messages],
+        "messages": [_wire_message(message) for message in request.messages],
         preset.max_tokens_field: request.max_tokens,
     }
+    if request.tools:
+        body["tools"] = list(request.tools)
+    if request.tool_choice is not None:
+        body["tool_choice"] = request.tool_choice
     if request.temperature is not None:
         body["temperature"] = request.temperature
     if request.seed is not None:
@@ -97,6 +107,23 @@ def build_body(request: ChatRequest, settings: BackendSettings, preset: Preset) 
         for name in preset.sampling_fields:
             body.pop(name, None)
     return body
+
+
+def _wire_message(message: ChatMessage) -> dict[str, Any]:
+    if not message.tool_calls and message.tool_call_id is None:
+        return {"role": message.role, "content": message.content}
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        # OpenAI's own shape for an assistant turn that only called tools is null content.
+        if not message.content:
+            wire["content"] = None
+        wire["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        wire["tool_call_id"] = message.tool_call_id
+    return wire
 
 
 def _reasoning_choice(request: ChatRequest, settings: BackendSettings) -> tuple[bool | None, str | None]:
@@ -178,7 +205,65 @@ def parse_completion(
         rate_limit=rate_limit,
         raw_body=body,
         endpoint=endpoint,
+        tool_calls=_tool_calls(message.get("tool_calls"), label, status),
     )
+
+
+def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
+    """The tool calls of a message; a call without an id gets ``call_<position>`` so it can still be answered.
+
+    Arguments are kept as the model's JSON text; a provider that sends them as an object gets them serialised.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise MalformedResponse(f"{label}: HTTP {status} tool_calls is a {type(raw).__name__}", status=status)
+    calls: list[ChatToolCall] = []
+    for position, entry in enumerate(raw):
+        function = entry.get("function") if isinstance(entry, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str):
+            raise MalformedResponse(
+                f"{label}: HTTP {status} tool_calls[{position}] has no function name", status=status
+            )
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = ""
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        call_id = entry.get("id")
+        calls.append(
+            ChatToolCall(
+                id=call_id if isinstance(call_id, str) and call_id else f"call_{position}",
+                name=name,
+                arguments=arguments,
+            )
+        )
+    return tuple(calls)
+
+
+def replay_body(result: ChatResult, preset: Preset) -> bytes:
+    """A completion body that `parse_completion` reads back into ``result``'s answer, for a result that came
+    without a raw body (an in-process engine) but carries tool calls, which no other stored column can hold.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
+    if result.reasoning_text and preset.reasoning_text_fields:
+        message[preset.reasoning_text_fields[0]] = result.reasoning_text
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in result.tool_calls
+        ]
+    payload = {
+        "object": "chat.completion",
+        "model": result.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
+        "usage": {
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.completion_tokens,
+        },
+    }
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _load_json(body: bytes) -> Any:

@@ -19,7 +19,7 @@ from rcarun.methods.base import (
     speaker_attribution,
     step_is_valid,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolCall
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.methods.rcta import method as _rcta  # noqa: F401  (registers "rcta" and "rcta/no-a1".."rcta/no-a4")
 from rcarun.methods.registry import create_method, method, registered_methods
 
@@ -31,6 +31,7 @@ __all__ = [
     "Reasoning",
     "Reply",
     "ToolCall",
+    "ToolChoice",
     "abstention",
     "create_method",
     "home_backbone",

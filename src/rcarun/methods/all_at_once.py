@@ -21,6 +21,15 @@ Choices where the papers are silent (each is an option):
   cut first because they are the longest. The applied cap and the number of cut steps are recorded in the output.
   ``truncation="none"`` sends the full log and lets the provider refuse it (a ContextOverflow stored as the item's
   failure).
+- ``reading="agentic"`` (default ``"inline"``): instead of the log, the prompt gives the task, the agents, the
+  number of steps and the answer schema, and the judge reads the log through tools (`rcarun.methods.reading`:
+  ``read_steps``, ``search``, ``list_roles``) with at most ``max_tool_calls`` (default 24) tool calls; each round
+  is one call of the attribution stage. The output records the tool log, the calls, whether the cap was hit
+  (a capped answer is stored as invalid), the steps read and the deduplicated evidence tokens. Tool results are
+  capped at 12,000 characters each, or less when the backbone's context window is known: the room left after the
+  prompt and the output budget, at a conservative 3 characters per token, shared by the ``max_tool_calls``
+  results (never below 500). ``step_numbers`` must stay true (the tools show step numbers) and ``truncation``
+  does not apply (nothing is inlined).
 """
 
 from __future__ import annotations
@@ -42,7 +51,8 @@ from rcarun.methods.context import (
     ground_truth_line,
     render_steps,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import method
 
 __all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_schema", "render_log"]
@@ -58,6 +68,8 @@ class AllAtOnceOptions:
     include_ground_truth: bool = False
     truncation: Literal["cap-steps", "none"] = "cap-steps"
     stage: str = "attribution"
+    reading: Literal["inline", "agentic"] = "inline"
+    max_tool_calls: int = 24
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> AllAtOnceOptions:
@@ -72,6 +84,15 @@ class AllAtOnceOptions:
             raise ConfigError("all-at-once: truncation must be 'cap-steps' or 'none'")
         if parsed.reasoning not in (None, "off", "low", "medium", "high"):
             raise ConfigError("all-at-once: reasoning must be one of off, low, medium, high")
+        if parsed.reading not in ("inline", "agentic"):
+            raise ConfigError("all-at-once: reading must be 'inline' or 'agentic'")
+        max_tool_calls = parsed.max_tool_calls
+        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 1:
+            raise ConfigError("all-at-once: max_tool_calls must be a positive integer")
+        if parsed.reading == "agentic" and not parsed.step_numbers:
+            raise ConfigError(
+                "all-at-once: reading='agentic' needs step_numbers=true (the tools show step numbers)"
+            )
         return parsed
 
 
@@ -94,6 +115,12 @@ def render_log(trajectory: Trajectory, *, step_numbers: bool, step_char_cap: int
     return render_steps(trajectory.steps, step_numbers=step_numbers, step_char_cap=step_char_cap)
 
 
+_MAX_RESULT_CHARS = 12_000
+_MIN_RESULT_CHARS = 500
+# Conservative characters per token for sizing tool results to the context left (most tokenizers give more).
+_RESULT_CHARS_PER_TOKEN = 3
+
+
 def _load_prompt(name: str) -> Template:
     return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
@@ -106,6 +133,7 @@ class AllAtOnce:
         self.options = options
         self._system = _load_prompt("all_at_once_system.txt").template.strip()
         self._user = _load_prompt("all_at_once_user.txt")
+        self._agentic_user = _load_prompt("all_at_once_agentic_user.txt")
 
     def build_messages(
         self, trajectory: Trajectory, llm: TokenCounter, schema: dict[str, Any] | None = None
@@ -143,10 +171,38 @@ class AllAtOnce:
         )
         return self._messages(fitted.text), fitted.truncation.as_output()
 
+    def build_agentic_messages(
+        self, trajectory: Trajectory, schema: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """The prompt of the agentic reading mode: everything but the log, which the judge reads with tools."""
+        schema = schema if schema is not None else answer_schema(trajectory)
+        user = self._agentic_user.substitute(
+            task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
+            ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
+            agents=", ".join(trajectory.agents),
+            n_steps=trajectory.n_steps,
+            last_step=trajectory.n_steps - 1,
+            max_tool_calls=self.options.max_tool_calls,
+            schema=json.dumps(schema, ensure_ascii=False),
+        )
+        return self._messages(user)
+
+    def result_chars(self, messages: list[Message], llm: TokenCounter) -> int:
+        """The per-result character cap of the agentic mode for ``llm``'s context (see the module docstring)."""
+        window = llm.context_window
+        if window is None:
+            return _MAX_RESULT_CHARS
+        prompt_tokens = sum(llm.estimate_tokens(m.content) for m in messages)
+        room_tokens = window - self.options.max_tokens - prompt_tokens
+        share = room_tokens * _RESULT_CHARS_PER_TOKEN // self.options.max_tool_calls
+        return max(_MIN_RESULT_CHARS, min(_MAX_RESULT_CHARS, share))
+
     def _messages(self, user: str) -> list[Message]:
         return [Message("system", self._system), Message("user", user)]
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        if self.options.reading == "agentic":
+            return await self._attribute_agentic(trajectory, llm)
         schema = answer_schema(trajectory)
         messages, truncation = self.build_messages(trajectory, llm, schema)
         reply = await llm.chat(
@@ -158,8 +214,6 @@ class AllAtOnce:
             reasoning=self.options.reasoning,
         )
         answer = reply.parsed if isinstance(reply.parsed, dict) else None
-        role = answer.get("responsible_role") if answer else None
-        step = answer.get("root_step") if answer else None
         output: dict[str, Any] = {
             "answer": answer,
             "finish_reason": reply.finish_reason,
@@ -168,14 +222,62 @@ class AllAtOnce:
         if answer is None:
             output["invalid_answer"] = reply.parse_error or "the answer is not a JSON object"
             output["raw_text"] = reply.text[:2000]
-        return Attribution(
-            pred_role=role if isinstance(role, str) else None,
-            pred_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-            role_valid=role_is_valid(role, trajectory),
-            step_valid=step_is_valid(step, trajectory),
-            abstained=False,
-            output=output,
+        return _attribution(trajectory, answer, output)
+
+    async def _attribute_agentic(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        schema = answer_schema(trajectory)
+        messages = self.build_agentic_messages(trajectory, schema)
+        result_chars = self.result_chars(messages, llm)
+        reader = TrajectoryReader(trajectory, max_result_chars=result_chars)
+        turn = await converse_with_tools(
+            llm,
+            messages,
+            reader=reader,
+            ledger=EvidenceLedger(),
+            stage=self.options.stage,
+            max_tokens=self.options.max_tokens,
+            schema=schema,
+            temperature=self.options.temperature,
+            reasoning=self.options.reasoning,
+            max_tool_calls=self.options.max_tool_calls,
         )
+        reply: Reply = turn.reply
+        answer = reply.parsed if isinstance(reply.parsed, dict) and not turn.capped else None
+        output: dict[str, Any] = {
+            "answer": answer,
+            "finish_reason": reply.finish_reason,
+            "reading": "agentic",
+            "calls": turn.calls,
+            "tool_calls": turn.tool_calls,
+            "capped": turn.capped,
+            "evidence_tokens": turn.evidence_tokens,
+            "steps_read": sorted(reader.steps_read),
+            "max_result_chars": result_chars,
+            "tool_log": turn.tool_log,
+        }
+        if answer is None:
+            output["invalid_answer"] = (
+                f"the model still called tools after its {self.options.max_tool_calls} tool calls were spent"
+                if turn.capped
+                else reply.parse_error or "the answer is not a JSON object"
+            )
+            output["raw_text"] = reply.text[:2000]
+        return _attribution(trajectory, answer, output)
+
+
+def _attribution(
+    trajectory: Trajectory, answer: dict[str, Any] | None, output: dict[str, Any]
+) -> Attribution:
+    role = answer.get("responsible_role") if answer else None
+    step = answer.get("root_step") if answer else None
+    return Attribution(
+        pred_role=role if isinstance(role, str) else None,
+        pred_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        role_valid=role_is_valid(role, trajectory),
+        step_valid=step_is_valid(step, trajectory),
+        abstained=False,
+        output=output,
+    )
 
 
 @method("all-at-once")

@@ -66,18 +66,18 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods._options import reject_unknown_options
-from rcarun.methods.all_at_once import answer_schema
+from rcarun.methods.all_at_once import AllAtOnce, answer_schema
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
-from rcarun.methods.llm import LLM, Message, Reply
+from rcarun.methods.llm import LLM, Message, Reply, ToolCall
 from rcarun.methods.proxies import TranscriptLLM
 from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
+from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import create_method, method
 
 __all__ = [
     "ContinualSearch",
     "ContinualSearchOptions",
     "ContinuationPrompt",
-    "EvidenceCounter",
     "continuation_prompt",
     "passive_prompt",
     "quote_found",
@@ -86,8 +86,6 @@ __all__ = [
 Mode = Literal["search", "passive"]
 Layout = Literal["whole", "pieces"]
 AnswerKind = Literal["single", "list"]
-
-_NGRAM = 13
 
 
 def _load_sentences() -> dict[str, str]:
@@ -180,35 +178,6 @@ def quote_found(quote: object, text: str) -> bool:
     return len(wanted) >= MIN_QUOTE_CHARS and wanted in normalize_quote_text(text)
 
 
-class EvidenceCounter:
-    """Deduplicated evidence read: whitespace tokens not covered by a 13-gram seen before.
-
-    A token is new unless some 13-token window containing it was already seen (earlier in the session or earlier
-    in the same text); then the text's windows are remembered. A text of fewer than 13 tokens is one window.
-    """
-
-    def __init__(self) -> None:
-        self._seen: set[int] = set()
-        self.total = 0
-
-    def add(self, text: str) -> int:
-        tokens = text.split()
-        if not tokens:
-            return 0
-        size = min(_NGRAM, len(tokens))
-        covered = [False] * len(tokens)
-        for start in range(len(tokens) - size + 1):
-            key = hash(tuple(tokens[start : start + size]))
-            if key in self._seen:
-                for i in range(start, start + size):
-                    covered[i] = True
-            else:
-                self._seen.add(key)
-        new = covered.count(False)
-        self.total += new
-        return new
-
-
 @dataclass(frozen=True, slots=True)
 class ContinualSearchOptions:
     base: str = "all-at-once"
@@ -221,6 +190,8 @@ class ContinualSearchOptions:
     answer_kind: AnswerKind = "single"
     quote_scope: Literal["step", "log"] = "step"
     piece_steps: int = 20
+    reading: Literal["inline", "agentic"] = "inline"
+    max_tool_calls: int = 24
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], *, name: str) -> ContinualSearchOptions:
@@ -244,6 +215,10 @@ class ContinualSearchOptions:
             raise ConfigError(f"{name}: quote_scope must be 'step' or 'log'")
         if not _is_int(parsed.piece_steps) or parsed.piece_steps <= 0:
             raise ConfigError(f"{name}: piece_steps must be a positive integer")
+        if parsed.reading not in ("inline", "agentic"):
+            raise ConfigError(f"{name}: reading must be 'inline' or 'agentic'")
+        if not _is_int(parsed.max_tool_calls) or parsed.max_tool_calls <= 0:
+            raise ConfigError(f"{name}: max_tool_calls must be a positive integer")
         for key in ("stage", "turn1_stage"):
             if not isinstance(getattr(parsed, key), str) or not getattr(parsed, key):
                 raise ConfigError(f"{name}: {key} must be a non-empty string")
@@ -252,10 +227,16 @@ class ContinualSearchOptions:
         if not isinstance(parsed.base_options, dict):
             raise ConfigError(f"{name}: base_options must be a table")
         try:
-            create_method(parsed.base, options=parsed.base_options)
+            create_method(parsed.base, options=parsed.turn1_options())
         except ConfigError as exc:
             raise ConfigError(f"{name}: base: {exc}") from None
         return parsed
+
+    def turn1_options(self) -> dict[str, Any]:
+        """The base method's options: All-at-once reads the way the continuation does unless told otherwise."""
+        if self.base == "all-at-once" and "reading" not in self.base_options:
+            return {**self.base_options, "reading": self.reading, "max_tool_calls": self.max_tool_calls}
+        return dict(self.base_options)
 
 
 _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "judge-panel")
@@ -327,14 +308,20 @@ class ContinualSearch:
         self.label = label
         self.options = options
         self.mode = mode
-        self._base = create_method(options.base, options=options.base_options)
+        self._base = create_method(options.base, options=options.turn1_options())
         # Turn 1 is the same request under both conditions: paid once (module docstring).
         self.shareable_stages = frozenset(getattr(self._base, "shareable_stages", ())) | {options.turn1_stage}
 
     def _layout(self) -> Layout:
         if self.options.layout != "auto":
             return self.options.layout
-        return "whole"
+        return "pieces" if self.options.reading == "agentic" else "whole"
+
+    def _reader(self, trajectory: Trajectory, messages: list[Message], llm: LLM) -> TrajectoryReader:
+        """The continuation's tools, with All-at-once's result cap for this context when it is the base."""
+        if isinstance(self._base, AllAtOnce):
+            return TrajectoryReader(trajectory, max_result_chars=self._base.result_chars(messages, llm))
+        return TrajectoryReader(trajectory)
 
     def _schema(self, trajectory: Trajectory) -> dict[str, Any]:
         if self.mode == "passive":
@@ -431,50 +418,76 @@ class ContinualSearch:
         options = self.options
         transcript = TranscriptLLM(llm)
         first = await self._base.attribute(trajectory, transcript)
-        evidence = EvidenceCounter()
         standing = _Answer.of(first)
         exchange = transcript.last(options.turn1_stage)
-        turn1_read = {
-            int(match)
-            for m in (exchange.messages if exchange else ())
-            for match in _STEP_IDS.findall(m.content)
-        }
-        turn1_evidence = (
-            sum(evidence.add(m.content) for m in exchange.messages if m.role == "user") if exchange else 0
-        )
-        turns: list[dict[str, Any]] = [
-            _turn_record(1, standing, changed=False, evidence_new=turn1_evidence, evidence=evidence, calls=0)
-            | {"base_calls": len(transcript.exchanges)}
-        ]
         output: dict[str, Any] = {
             "mode": self.mode,
             "base": options.base,
+            "reading": options.reading,
             "layout": self._layout(),
             "answer_kind": options.answer_kind if self.mode == "search" else "single",
             "turn1": dict(first.output),
-            "turns": turns,
         }
-        if exchange is None or options.turns == 1:
-            if exchange is None and options.turns > 1:
+        evidence = EvidenceLedger()
+        if exchange is None:
+            output["turns"] = [
+                _turn_record(1, standing, changed=False, evidence_new=0, evidence=evidence, calls=0)
+                | {"base_calls": len(transcript.exchanges)}
+            ]
+            if options.turns > 1:
                 output["no_continuation"] = f"the base method made no {options.turn1_stage!r} call"
             return _final(first, standing, output)
 
-        schema = self._schema(trajectory)
         conversation: list[Message] = [*exchange.messages, Message("assistant", exchange.reply.text)]
+        reader = self._reader(trajectory, conversation, llm) if options.reading == "agentic" else None
+        read, turn1_evidence = self._turn1_reading(trajectory, first, exchange.messages, reader, evidence)
+        turns: list[dict[str, Any]] = [
+            _turn_record(1, standing, changed=False, evidence_new=turn1_evidence, evidence=evidence, calls=0)
+            | {"base_calls": len(transcript.exchanges), "steps_read": len(read)}
+        ]
+        output["turns"] = turns
+        schema = self._schema(trajectory)
         for turn in range(2, options.turns + 1):
-            prompt = self._prompt(turn, trajectory, schema, turn1_read)
+            prompt = self._prompt(turn, trajectory, schema, read)
             conversation.append(Message("user", prompt.text))
-            reply = await llm.chat(
-                conversation,
-                stage=options.stage,
-                max_tokens=options.max_tokens or exchange.max_tokens,
-                schema=schema,
-                temperature=exchange.temperature,
-                reasoning=exchange.reasoning,
-            )
-            conversation.append(Message("assistant", reply.text))
+            record: dict[str, Any] = {"prompt_parts": list(prompt.keys)}
+            max_tokens = options.max_tokens or exchange.max_tokens
+            if reader is not None:
+                tool_turn = await converse_with_tools(
+                    llm,
+                    conversation,
+                    reader=reader,
+                    ledger=evidence,
+                    stage=options.stage,
+                    max_tokens=max_tokens,
+                    schema=schema,
+                    temperature=exchange.temperature,
+                    reasoning=exchange.reasoning,
+                    max_tool_calls=options.max_tool_calls,
+                )
+                reply, conversation, calls = tool_turn.reply, tool_turn.messages, tool_turn.calls
+                evidence_new = tool_turn.evidence_tokens
+                record.update(
+                    tool_calls=tool_turn.tool_calls, capped=tool_turn.capped, tool_log=tool_turn.tool_log
+                )
+            else:
+                reply = await llm.chat(
+                    conversation,
+                    stage=options.stage,
+                    max_tokens=max_tokens,
+                    schema=schema,
+                    temperature=exchange.temperature,
+                    reasoning=exchange.reasoning,
+                )
+                conversation.append(Message("assistant", reply.text))
+                calls, evidence_new = 1, 0
+            record["finish_reason"] = reply.finish_reason
             proposed, quote, invalid = self._parse(reply, trajectory)
-            record: dict[str, Any] = {"prompt_parts": list(prompt.keys), "finish_reason": reply.finish_reason}
+            if record.get("capped"):
+                invalid = (
+                    f"the model still called tools after its {options.max_tool_calls} tool calls were spent"
+                )
+                proposed = _Answer(None, None, False, False)
             if invalid is not None:
                 record["invalid_answer"] = invalid
                 record["raw_text"] = reply.text[:2000]
@@ -490,14 +503,47 @@ class ContinualSearch:
             changed = not accepted.same_as(standing)
             standing = accepted
             turns.append(
-                _turn_record(turn, standing, changed=changed, evidence_new=0, evidence=evidence, calls=1)
+                _turn_record(
+                    turn, standing, changed=changed, evidence_new=evidence_new, evidence=evidence, calls=calls
+                )
+                | {"steps_read": len(read)}
                 | record
             )
         return _final(first, standing, output)
 
+    @staticmethod
+    def _turn1_reading(
+        trajectory: Trajectory,
+        first: Attribution,
+        messages: tuple[Message, ...],
+        reader: TrajectoryReader | None,
+        evidence: EvidenceLedger,
+    ) -> tuple[set[int], int]:
+        """What turn 1 read: its steps (the set later turns keep adding to) and its new evidence tokens.
+
+        A base that read with tools left its executed calls in ``tool_log``: replaying them through the
+        continuation's reader rebuilds both exactly. An inlined prompt was read whole: its user messages.
+        """
+        log = first.output.get("tool_log")
+        if reader is not None and isinstance(log, list):
+            before = evidence.total
+            for entry in log:
+                if isinstance(entry, dict) and entry.get("executed"):
+                    call = ToolCall(
+                        id="turn-1", name=str(entry.get("name")), arguments=str(entry.get("arguments"))
+                    )
+                    evidence.add(reader.run(call).text_read)
+            return reader.steps_read, evidence.total - before
+        read = {int(found) for m in messages if m.role == "user" for found in _STEP_IDS.findall(m.content)}
+        if reader is not None:
+            reader.steps_read.update(read)
+            read = reader.steps_read
+        new = sum(evidence.add(m.content) for m in messages if m.role == "user")
+        return read, new
+
 
 def _turn_record(
-    turn: int, answer: _Answer, *, changed: bool, evidence_new: int, evidence: EvidenceCounter, calls: int
+    turn: int, answer: _Answer, *, changed: bool, evidence_new: int, evidence: EvidenceLedger, calls: int
 ) -> dict[str, Any]:
     return {
         "turn": turn,

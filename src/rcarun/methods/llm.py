@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["LLM", "Message", "Reasoning", "Reply", "ToolCall"]
+__all__ = ["LLM", "Message", "Reasoning", "Reply", "ToolCall", "ToolChoice"]
 
 Reasoning = Literal["off", "low", "medium", "high"]
+# Whether the model may ("auto"), must ("required") or must not ("none") call the offered tools.
+ToolChoice = Literal["auto", "none", "required"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class LLM(Protocol):
     ``Reply.tool_calls`` and the method answers them with ``tool`` messages in its next call. ``sample`` numbers
     independent draws of the same request (self-consistency): draws with different numbers are never served
     each other's answer from the call cache, while a resumed item still gets each draw's own stored answer.
+    ``tool_choice`` says whether the model may, must or must not call the tools; None leaves the provider's
+    default ("auto" when tools are offered).
 
     Raises:
         rcarun.errors.FatalCallError: the call cannot succeed (bad request, context overflow, auth, quota);
@@ -101,6 +105,7 @@ class LLM(Protocol):
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply: ...
 
     @property

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolChoice
 
 __all__ = ["DelegatingLLM", "Exchange", "ResampledLLM", "TranscriptLLM"]
 
@@ -51,6 +51,7 @@ class DelegatingLLM:
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
         return await self._inner.chat(
             messages,
@@ -61,6 +62,7 @@ class DelegatingLLM:
             reasoning=reasoning,
             tools=tools,
             sample=sample,
+            tool_choice=tool_choice,
         )
 
 
@@ -86,6 +88,7 @@ class ResampledLLM(DelegatingLLM):
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
         return await super().chat(
             messages,
@@ -96,6 +99,7 @@ class ResampledLLM(DelegatingLLM):
             reasoning=reasoning,
             tools=tools,
             sample=self.sample,
+            tool_choice=tool_choice,
         )
 
 
@@ -110,6 +114,7 @@ class Exchange:
     temperature: float | None
     reasoning: Reasoning | None
     tools: tuple[Mapping[str, Any], ...]
+    tool_choice: ToolChoice | None
 
 
 class TranscriptLLM(DelegatingLLM):
@@ -134,6 +139,7 @@ class TranscriptLLM(DelegatingLLM):
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
         reply = await super().chat(
             messages,
@@ -144,6 +150,7 @@ class TranscriptLLM(DelegatingLLM):
             reasoning=reasoning,
             tools=tools,
             sample=sample,
+            tool_choice=tool_choice,
         )
         self.exchanges.append(
             Exchange(
@@ -154,6 +161,7 @@ class TranscriptLLM(DelegatingLLM):
                 temperature=temperature,
                 reasoning=reasoning,
                 tools=tuple(tools or ()),
+                tool_choice=tool_choice,
             )
         )
         return reply

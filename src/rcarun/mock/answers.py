@@ -5,6 +5,11 @@ failing that, the last ```json fenced schema block in the last user message — 
 it (enum, types and nullable unions, bounds, array lengths, required keys, nesting, local ``$ref``). It never
 reads anything else of the prompt, so it cannot know a reference label: any accuracy it reaches is chance.
 
+A request that offers tools (OpenAI function calling) may get tool calls instead (`simulate_tool_calls`): the
+conversation is given a seeded number of tool rounds, and each round calls one or two of the offered functions
+with arguments drawn from their parameter schemas. It is a pure function of the request so that the dry-run
+estimator predicts exactly the rounds the simulator will serve.
+
 Token counting lives here too because the answer's size decides ``finish_reason`` and usage.
 """
 
@@ -20,14 +25,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TOOL_ROUNDS_MAX",
     "answer_seed",
     "count_text_tokens",
     "filler_sentence",
     "filler_text",
+    "generate_arguments",
     "generate_value",
     "schema_from_prompt",
     "schema_from_request",
+    "simulate_tool_calls",
+    "tool_calls_text",
+    "tool_prompt_chars",
 ]
+
+DEFAULT_TOOL_ROUNDS_MAX = 3
+"""Most tool rounds a simulated conversation makes before it answers (the draw is uniform in 0..max)."""
 
 _WORDS = [
     "the",
@@ -86,6 +99,9 @@ _DEFAULT_MAX_ITEMS = 3
 _DEFAULT_INT_SPAN = 10
 _MAX_DEPTH = 12
 _MAX_RECURSION = 48
+# Probability that an optional (not required) function argument is given.
+_OPTIONAL_ARGUMENT_PROBABILITY = 0.5
+_MAX_CALLS_PER_ROUND = 2
 
 
 def count_text_tokens(text: str, chars_per_token: float) -> int:
@@ -184,6 +200,121 @@ def _parse_schema_block(block: str) -> Mapping[str, Any] | None:
     ):
         return value
     return None
+
+
+def simulate_tool_calls(
+    body: Mapping[str, Any], *, model: str, rounds_max: int, rng: random.Random
+) -> list[dict[str, Any]] | None:
+    """The tool calls a simulated model makes in answer to ``body``, in OpenAI wire shape, or None to answer.
+
+    The rule, a function of the request alone:
+    - no tools offered, ``tool_choice`` "none", or ``rounds_max`` 0: None (answer normally);
+    - rounds done = assistant messages with ``tool_calls`` after the last user message;
+    - rounds planned = a draw in [0, rounds_max] seeded by the conversation up to that user message, the model
+      and the ``seed`` parameter, so every round of one conversation sees the same plan;
+    - while rounds done < planned (always, under ``tool_choice`` "required" or a named function): 1–2 calls of
+      the offered functions (only the named one when ``tool_choice`` names one), arguments from
+      `generate_arguments`, ids ``call_<16 hex>`` drawn from ``rng``.
+
+    Args:
+        body: the chat request as sent (``messages``, ``tools``, ``tool_choice``, ``seed``).
+        model: the model answering (part of the plan's seed).
+        rounds_max: most rounds a conversation makes unless forced.
+        rng: draws which functions, their arguments and call ids (seeded by the full request by the caller).
+    """
+    choice = body.get("tool_choice")
+    functions = _offered_functions(body.get("tools"))
+    if isinstance(choice, dict):
+        wanted = choice.get("function", {}).get("name") if isinstance(choice.get("function"), dict) else None
+        functions = [f for f in functions if f["name"] == wanted]
+    if not functions or choice == "none":
+        return None
+    forced = choice == "required" or isinstance(choice, dict)
+    if not forced:
+        if rounds_max <= 0:
+            return None
+        messages = body.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        last_user = max((i for i, m in enumerate(messages) if _role(m) == "user"), default=-1)
+        rounds_done = sum(
+            1 for m in messages[last_user + 1 :] if _role(m) == "assistant" and m.get("tool_calls")
+        )
+        plan_seed = answer_seed(messages[: last_user + 1], model, body.get("seed"))
+        if rounds_done >= random.Random(plan_seed).randint(0, rounds_max):
+            return None
+    calls: list[dict[str, Any]] = []
+    for _ in range(rng.randint(1, _MAX_CALLS_PER_ROUND)):
+        function = rng.choice(functions)
+        arguments = generate_arguments(function.get("parameters"), rng)
+        calls.append(
+            {
+                "id": f"call_{rng.getrandbits(64):016x}",
+                "type": "function",
+                "function": {
+                    "name": function["name"],
+                    "arguments": json.dumps(arguments, ensure_ascii=False),
+                },
+            }
+        )
+    return calls
+
+
+def generate_arguments(parameters: Any, rng: random.Random) -> dict[str, Any]:
+    """Arguments for a function whose ``parameters`` is an object schema: every required property, each optional
+    one with probability 1/2, values by `generate_value` (type, enum, minimum/maximum and the rest honoured).
+    """
+    if not isinstance(parameters, dict):
+        return {}
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    required = parameters.get("required")
+    required_names = set(required) if isinstance(required, list) else set()
+    generator = _Generator(parameters, rng)
+    arguments: dict[str, Any] = {}
+    for name, schema in properties.items():
+        if name in required_names or rng.random() < _OPTIONAL_ARGUMENT_PROBABILITY:
+            arguments[name] = generator.value(schema if isinstance(schema, dict) else {}, 1)
+    return arguments
+
+
+def tool_calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
+    """The text a model generates for ``calls`` (names and arguments), whose tokens are its completion tokens."""
+    return "".join(str(call["function"]["name"]) + str(call["function"]["arguments"]) for call in calls)
+
+
+def tool_prompt_chars(body: Mapping[str, Any]) -> int:
+    """Prompt characters beyond message texts: the compact JSON of the offered tools and the names and arguments
+    of earlier tool calls in the conversation (providers bill both as prompt tokens).
+    """
+    chars = 0
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        chars += len(json.dumps(tools, separators=(",", ":"), ensure_ascii=False))
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return chars
+
+
+def _offered_functions(tools: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(tools, list):
+        return []
+    functions: list[Mapping[str, Any]] = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            functions.append(function)
+    return functions
+
+
+def _role(message: Any) -> str:
+    return str(message.get("role", "")) if isinstance(message, dict) else ""
 
 
 def generate_value(schema: Mapping[str, Any], rng: random.Random) -> Any:

@@ -58,6 +58,8 @@ class MockConfig:
         context_window: vLLM-style context limit in tokens; None for no limit.
         api_key: when set, requests must carry ``Authorization: Bearer <api_key>`` (never shown in reprs).
         quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
+        tool_rounds_max: most tool rounds a conversation offered tools makes before answering (a seeded draw
+            in 0..max per conversation; see `rcarun.mock.answers.simulate_tool_calls`).
     """
 
     model: str = "sim-model"
@@ -85,6 +87,7 @@ class MockConfig:
     context_window: int | None = None
     api_key: str | None = field(default=None, repr=False)
     quota_exhausted: bool = False
+    tool_rounds_max: int = 3
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -121,6 +124,10 @@ class MockConfig:
                 problems.append(f"{name} must be one of {allowed!r}, got {getattr(self, name)!r}")
         if not self.model:
             problems.append("model must be a non-empty string")
+        if isinstance(self.tool_rounds_max, bool) or not isinstance(self.tool_rounds_max, int):
+            problems.append(f"tool_rounds_max must be an integer, got {self.tool_rounds_max!r}")
+        elif self.tool_rounds_max < 0:
+            problems.append(f"tool_rounds_max must be >= 0, got {self.tool_rounds_max}")
         if problems:
             raise ValueError("invalid MockConfig: " + "; ".join(problems))
 

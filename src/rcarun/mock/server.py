@@ -37,6 +37,9 @@ from .answers import (
     generate_value,
     message_text,
     schema_from_request,
+    simulate_tool_calls,
+    tool_calls_text,
+    tool_prompt_chars,
 )
 from .config import MockConfig
 from .headers import rate_limit_headers, retry_after_headers
@@ -275,6 +278,7 @@ class MockServer:
         texts = [message_text(message) for message in messages]
         prompt_tokens = sum(math.ceil(len(text) / chars_per_token) for text in texts)
         prompt_tokens += _MESSAGE_OVERHEAD_TOKENS * len(messages)
+        prompt_tokens += math.ceil(tool_prompt_chars(body) / chars_per_token)
         max_tokens: int | None = body["max_tokens"]
         if config.context_window is not None and prompt_tokens + (max_tokens or 0) > config.context_window:
             recorder.errors_4xx += 1
@@ -356,13 +360,18 @@ class MockServer:
 
     def _compose_answer(
         self, body: Mapping[str, Any], messages: list[dict[str, Any]], model: str, state: _State
-    ) -> str:
+    ) -> str | list[dict[str, Any]]:
+        """The answer text, or the tool calls (wire shape) when the simulated model calls tools this round."""
         seed = answer_seed(messages, model, body.get("seed"))
         temperature = body["temperature"]
         if temperature is None or temperature > 0:
             # A sampled model answers differently each time; the server's own stream keeps runs reproducible.
             seed ^= state.sample_rng.getrandbits(64)
         rng = random.Random(seed)
+        if body.get("tools"):
+            calls = simulate_tool_calls(body, model=model, rounds_max=self.config.tool_rounds_max, rng=rng)
+            if calls is not None:
+                return calls
         schema = schema_from_request(body)
         if schema is not None:
             return json.dumps(generate_value(schema, rng), ensure_ascii=False)
@@ -376,6 +385,9 @@ class MockServer:
     ) -> bytes:
         config = self.config
         message: dict[str, Any] = {"role": "assistant", "content": completion.content}
+        if completion.tool_calls is not None:
+            message["content"] = None
+            message["tool_calls"] = completion.tool_calls
         if config.reasoning_field is not None:
             message[config.reasoning_field] = (
                 filler_text(completion.reasoning_tokens, config.chars_per_token)
@@ -540,21 +552,36 @@ class MockServer:
 class _Completion:
     """What the simulated model generated within its budget."""
 
-    __slots__ = ("completion_tokens", "content", "finish_reason", "reasoning_tokens")
+    __slots__ = ("completion_tokens", "content", "finish_reason", "reasoning_tokens", "tool_calls")
 
     def __init__(
-        self, content: str, reasoning_tokens: int, completion_tokens: int, finish_reason: str
+        self,
+        content: str,
+        reasoning_tokens: int,
+        completion_tokens: int,
+        finish_reason: str,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> None:
         self.content = content
         self.reasoning_tokens = reasoning_tokens
         self.completion_tokens = completion_tokens
         self.finish_reason = finish_reason
+        self.tool_calls = tool_calls
 
 
 def _fit_to_budget(
-    answer: str, reasoning_tokens: int, max_tokens: int | None, chars_per_token: float
+    answer: str | list[dict[str, Any]], reasoning_tokens: int, max_tokens: int | None, chars_per_token: float
 ) -> _Completion:
-    """Cut reasoning and answer to ``max_tokens`` as a model does: thinking first, then the answer."""
+    """Cut reasoning and answer to ``max_tokens`` as a model does: thinking first, then the answer.
+
+    Tool calls (a list) are all or nothing: calls cut short are no calls, so a budget too small for them is a
+    length stop with no content.
+    """
+    if isinstance(answer, list):
+        calls_tokens = count_text_tokens(tool_calls_text(answer), chars_per_token)
+        if max_tokens is None or max_tokens >= reasoning_tokens + calls_tokens:
+            return _Completion("", reasoning_tokens, reasoning_tokens + calls_tokens, "tool_calls", answer)
+        return _Completion("", min(max_tokens, reasoning_tokens), max_tokens, "length")
     answer_tokens = count_text_tokens(answer, chars_per_token)
     if max_tokens is None or max_tokens >= reasoning_tokens + answer_tokens:
         return _Completion(answer, reasoning_tokens, reasoning_tokens + answer_tokens, "stop")

@@ -10,6 +10,10 @@ method's real call structure, not from a formula per method that drifts from the
   Cached prompt tokens are assumed to be 0 (no provider-side prefix caching is counted).
 - **Answers** are schema-valid synthetic values (`rcarun.mock.answers.generate_value`), seeded by the request's
   content and the sample number, so a run is reproducible and a request shared across methods gets one answer.
+- **Tool calls**: a request that offers tools gets the simulator's own decision (`rcarun.mock.answers.
+  simulate_tool_calls`, with the simulator's default number of rounds at most): the same number of tool rounds per
+  conversation the simulated backbones serve, each round an ``llm.chat`` call costed like any other, its output
+  the calls' names and arguments. The tool specs and earlier calls' arguments count as prompt characters.
 - **Output tokens, expected**: the answer's own tokens (``ceil(characters / chars_per_token)``, the simulator's
   rule) plus the reasoning tokens the caller declares for the backbone (0 when not declared; rcarun cannot know
   how long a model thinks). When that exceeds the first budget, the length retries are followed as the session
@@ -48,13 +52,29 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rcarun.backends import ChatMessage, ChatRequest, Usage
+from rcarun.backends import ChatMessage, ChatRequest, ChatToolCall, Usage, prompt_chars
 from rcarun.budgets import PriceTable, TokenEstimator, clamp_to_context, next_length_budget
 from rcarun.data import Record, Trajectory, iter_dataset, load_manifest
 from rcarun.errors import ConfigError, DataError, RcarunError
-from rcarun.methods import Message, Method, Reasoning, Reply, create_method, home_backbone
+from rcarun.methods import (
+    Message,
+    Method,
+    Reasoning,
+    Reply,
+    ToolCall,
+    ToolChoice,
+    create_method,
+    home_backbone,
+)
 from rcarun.methods.step_by_step import StepByStep, estimate_calls_and_prompt_tokens
-from rcarun.mock.answers import count_text_tokens, filler_sentence, generate_value
+from rcarun.mock.answers import (
+    DEFAULT_TOOL_ROUNDS_MAX,
+    count_text_tokens,
+    filler_sentence,
+    generate_value,
+    simulate_tool_calls,
+    tool_calls_text,
+)
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.config import BackboneConfig, StageConfig, SweepConfig
 from rcarun.runner.scheduler import build_prices, check_method_backbones
@@ -226,12 +246,21 @@ class EstimatingLLM:
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
-        if tools:
-            raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
         backbone = self._backbone
         policy = self._stages.get(stage) or StageConfig()
-        prompt = self._estimator.estimate(sum(len(m.content) for m in messages))
+        wire_messages = tuple(
+            ChatMessage(
+                m.role,
+                m.content,
+                tool_calls=tuple(ChatToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                tool_call_id=m.tool_call_id,
+            )
+            for m in messages
+        )
+        wire_tools = tuple(tools or ())
+        prompt = self._estimator.estimate(prompt_chars(wire_messages, wire_tools))
         budget = clamp_to_context(
             policy.max_tokens or max_tokens,
             context_window=backbone.context_window,
@@ -239,11 +268,13 @@ class EstimatingLLM:
             model_max_output=backbone.max_output_tokens,
         )
         request = ChatRequest(
-            messages=tuple(ChatMessage(m.role, m.content) for m in messages),
+            messages=wire_messages,
             max_tokens=budget,
             temperature=temperature,
             schema=schema,
             reasoning=reasoning,
+            tools=wire_tools,
+            tool_choice=tool_choice,
         )
         request_sha = request.sha256()
         shareable = policy.shareable or stage in self._shareable_stages
@@ -260,16 +291,20 @@ class EstimatingLLM:
         rng = random.Random(
             int.from_bytes(hashlib.sha256(f"{request_sha}:{self._sample}:{sample}".encode()).digest()[:8])
         )
-        answer = (
-            json.dumps(generate_value(schema, rng), ensure_ascii=False)
-            if schema is not None
-            else filler_sentence(rng)
-        )
+        tool_calls = _simulated_tool_calls(wire_messages, wire_tools, tool_choice, backbone.model, rng)
+        if tool_calls:
+            answer = tool_calls_text(
+                [{"function": {"name": c.name, "arguments": c.arguments}} for c in tool_calls]
+            )
+        elif schema is not None:
+            answer = json.dumps(generate_value(schema, rng), ensure_ascii=False)
+        else:
+            answer = filler_sentence(rng)
         self.calls += 1
         tally = self._tally
         if shareable and key in self._shared:
             tally.shared_calls += 1
-            return self._reply(answer, schema, "stop", attempts=1)
+            return self._reply(answer, schema, "stop", attempts=1, tool_calls=tool_calls)
         if shareable:
             self._shared.add(key)
         tally.calls += 1
@@ -289,7 +324,9 @@ class EstimatingLLM:
         tally.prompt_expected += prompt * attempts
         tally.output_expected += sum(chain[: attempts - 1]) + min(needed, final_budget)
         if needed <= final_budget:
-            return self._reply(answer, schema, "stop", attempts=attempts)
+            return self._reply(answer, schema, "stop", attempts=attempts, tool_calls=tool_calls)
+        if tool_calls:
+            return self._reply("", schema, "length", attempts=attempts)  # calls cut short are no calls
         # Out of budget even after the retries: thinking first, then what is left of the answer.
         room = max(0, final_budget - self._reasoning_tokens)
         return self._reply(answer[: math.floor(room * cpt)], schema, "length", attempts=attempts)
@@ -311,7 +348,23 @@ class EstimatingLLM:
         return chain
 
     @staticmethod
-    def _reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str, *, attempts: int) -> Reply:
+    def _reply(
+        text: str,
+        schema: Mapping[str, Any] | None,
+        finish_reason: str,
+        *,
+        attempts: int,
+        tool_calls: tuple[ToolCall, ...] = (),
+    ) -> Reply:
+        if tool_calls:
+            return Reply(
+                text="",
+                parsed=None,
+                parse_error=None,
+                finish_reason="tool_calls",
+                attempts=attempts,
+                tool_calls=tool_calls,
+            )
         parsed: Any = None
         parse_error: str | None = None
         if schema is not None:
@@ -319,6 +372,37 @@ class EstimatingLLM:
         return Reply(
             text=text, parsed=parsed, parse_error=parse_error, finish_reason=finish_reason, attempts=attempts
         )
+
+
+def _simulated_tool_calls(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: ToolChoice | None,
+    model: str,
+    rng: random.Random,
+) -> tuple[ToolCall, ...]:
+    """The calls the simulator would make for this request (its rule, its default number of rounds)."""
+    if not tools:
+        return ()
+    body: dict[str, Any] = {
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in m.tool_calls
+                ],
+            }
+            for m in messages
+        ],
+        "tools": list(tools),
+        "tool_choice": tool_choice,
+    }
+    calls = simulate_tool_calls(body, model=model, rounds_max=DEFAULT_TOOL_ROUNDS_MAX, rng=rng)
+    return tuple(
+        ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"]) for call in calls or ()
+    )
 
 
 def estimate_sweep(

@@ -11,6 +11,11 @@ Everything a method should never think about lives here, in one loop per ``llm.c
 - length-triggered retries with the budget doubled, up to the stage's cap, the model's maximum output and the
   context left after the prompt;
 - pricing of every attempt and the row that records it (request and response kept as blobs).
+
+Tool calls pass straight through: the offered tools and ``tool_choice`` are part of the request (so of its hash
+and cache key), and the calls the model asks for come back in ``Reply.tool_calls`` whether the answer was paid
+for, replayed from a stored body, or shared by another item. Each round of a tool conversation is its own
+``llm.chat`` call and its own ``calls`` row.
 """
 
 from __future__ import annotations
@@ -23,10 +28,20 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rcarun.backends import ChatMessage, ChatRequest, ChatResult, Usage, get_preset, parse_completion
+from rcarun.backends import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    ChatToolCall,
+    Usage,
+    get_preset,
+    parse_completion,
+    prompt_chars,
+    replay_body,
+)
 from rcarun.budgets import RetryDecision, clamp_to_context, next_length_budget
 from rcarun.errors import CallError, ConfigError, RateLimited, RcarunError
-from rcarun.methods import Message, Reasoning, Reply
+from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
 from rcarun.store import CallRow, blob_sha256, utc_timestamp
@@ -121,15 +136,16 @@ class ItemSession:
         reasoning: Reasoning | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         sample: int = 0,
+        tool_choice: ToolChoice | None = None,
     ) -> Reply:
-        if tools:
-            raise ConfigError(f"stage {stage!r} asks for tool calls, which rcarun's backends do not send yet")
         runtime = self._runtime
         config = runtime.config
         stage_policy = self._context.config.stage(stage)
-        wire_messages = tuple(ChatMessage(m.role, m.content) for m in messages)
-        prompt_chars = sum(len(m.content) for m in wire_messages)
-        estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
+        wire_messages = tuple(_wire_message(m) for m in messages)
+        wire_tools = tuple(tools or ())
+        # Tool specs and earlier calls' arguments are prompt too: the reservation must cover them.
+        request_chars = prompt_chars(wire_messages, wire_tools)
+        estimated_prompt = runtime.gate.estimator.estimate(request_chars)
         budget = clamp_to_context(
             stage_policy.max_tokens or max_tokens,
             context_window=config.context_window,
@@ -149,6 +165,8 @@ class ItemSession:
                 temperature=temperature,
                 schema=schema,
                 reasoning=reasoning,
+                tools=wire_tools,
+                tool_choice=tool_choice,
             )
             request_json = request.canonical_json().encode()
             request_sha = hashlib.sha256(request_json).hexdigest()
@@ -176,7 +194,7 @@ class ItemSession:
                     self._context.shared.lead(key)
                 try:
                     outcome = await self._call_backend(
-                        key, request, stage, attempt, prompt_chars, failures, request_sha
+                        key, request, stage, attempt, request_chars, failures, request_sha
                     )
                 except BaseException:
                     if leader:
@@ -223,6 +241,7 @@ class ItemSession:
                 reasoning_tokens=totals.reasoning_tokens,
                 cached_tokens=totals.cached_prompt_tokens,
                 reasoning_text=result.reasoning_text,
+                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in result.tool_calls),
             )
 
     def _base_row(
@@ -248,6 +267,7 @@ class ItemSession:
         if cached is None:
             return None
         text, reasoning_text = cached.text, cached.reasoning_text
+        tool_calls: tuple[ChatToolCall, ...] = ()
         if text is None:
             # Only the raw body was kept: read the answer out of it the way the backend did.
             try:
@@ -262,7 +282,7 @@ class ItemSession:
                 )
             except CallError:
                 return None  # a stored body that no longer parses is no answer: call again
-            text, reasoning_text = replayed.text, replayed.reasoning_text
+            text, reasoning_text, tool_calls = replayed.text, replayed.reasoning_text, replayed.tool_calls
         now = utc_timestamp()
         self._context.writer.add_call(
             CallRow(
@@ -290,6 +310,7 @@ class ItemSession:
             ),
             latency_s=0.0,
             model=cached.model or "",
+            tool_calls=tool_calls,
         )
 
     async def _from_shared(
@@ -385,6 +406,11 @@ class ItemSession:
                 raise
             cost = ticket.settle(result.usage)
             runtime.gate.on_rate_limit_headers(result.rate_limit)
+        raw_body = result.raw_body
+        if not raw_body and result.tool_calls:
+            # No body came (an in-process engine), but tool calls fit no other column: keep a body that
+            # replays to the same answer, so the call cache serves them too.
+            raw_body = replay_body(result, get_preset(runtime.config.provider))
         writer.add_call(
             CallRow(
                 **base,
@@ -399,11 +425,11 @@ class ItemSession:
                 cost_usd=cost,
                 latency_ms=result.latency_s * 1000,
                 # The raw body holds the answer: its text is stored apart only when there is no body to keep.
-                response_sha256=writer.put_blob(result.raw_body) if result.raw_body else None,
-                response_text_sha256=None if result.raw_body else writer.put_blob(result.text.encode()),
+                response_sha256=writer.put_blob(raw_body) if raw_body else None,
+                response_text_sha256=None if raw_body else writer.put_blob(result.text.encode()),
                 reasoning_text_sha256=(
                     writer.put_blob(result.reasoning_text.encode())
-                    if result.reasoning_text and not result.raw_body
+                    if result.reasoning_text and not raw_body
                     else None
                 ),
                 endpoint=result.endpoint or None,
@@ -439,6 +465,15 @@ class _FailureCounts:
     def clear(self) -> None:
         self.rate_limited = 0
         self.other = 0
+
+
+def _wire_message(message: Message) -> ChatMessage:
+    return ChatMessage(
+        message.role,
+        message.content,
+        tool_calls=tuple(ChatToolCall(c.id, c.name, c.arguments) for c in message.tool_calls),
+        tool_call_id=message.tool_call_id,
+    )
 
 
 def _add_usage(left: Usage, right: Usage) -> Usage:
