@@ -12,9 +12,9 @@ Reconciliation joins the two records of every attempt:
 - a fault has no id (a reset sends nothing at all): joined by the request's digest (messages + max_tokens,
   `rcarun.mock.request_digest`, which the stored request blob also yields) and the kind of failure, as
   multisets.
-A served attempt without a row is a loss; it is explained only if it was served in the instant before a kill
-(the writer's uncommitted batch) or was still in flight at the kill, and the in-flight ones never exceed the
-backbone's concurrency. A row without a served attempt is always a failure.
+A served attempt without a row is a loss; it is explained only if it was answered in the instant before a kill
+(the writer's uncommitted batch) or was in flight across the kill (arrived before, answered after), and the
+in-flight ones never exceed the backbone's concurrency. A row without a served attempt is always a failure.
 """
 
 from __future__ import annotations
@@ -469,22 +469,19 @@ def _reconcile(
 def _classify_losses(
     result: BackboneReconciliation, lost: list[RequestLogEntry], kill_times: list[float]
 ) -> None:
+    """A loss is explained by a kill it straddled (in flight) or closely followed (uncommitted), nothing else."""
     in_flight_per_kill: Counter[int] = Counter()
-    after_s = HANG_S + UNCOMMITTED_WINDOW_S
     for entry in lost:
-        nearest = min(range(len(kill_times)), key=lambda k: abs(kill_times[k] - entry.at), default=None)
-        if nearest is None:
-            result.lost_unexplained += 1
-            continue
-        killed = kill_times[nearest]
-        if killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed:
+        straddled = [k for k, killed in enumerate(kill_times) if entry.arrived_at <= killed < entry.at]
+        followed = [killed for killed in kill_times if killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed]
+        if straddled:
+            result.lost_in_flight += 1
+            in_flight_per_kill[straddled[0]] += 1
+        elif followed:
             result.lost_uncommitted += 1
             result.oldest_uncommitted_loss_s = max(
-                result.oldest_uncommitted_loss_s, round(killed - entry.at, 3)
+                result.oldest_uncommitted_loss_s, round(followed[0] - entry.at, 3)
             )
-        elif killed < entry.at <= killed + after_s:
-            result.lost_in_flight += 1
-            in_flight_per_kill[nearest] += 1
         else:
             result.lost_unexplained += 1
     result.max_in_flight_lost_at_one_kill = max(in_flight_per_kill.values(), default=0)

@@ -108,7 +108,7 @@ def _entry(
 ) -> RequestLogEntry:
     status = {"ok": 200, "error_500": 500}.get(outcome)
     digest = request_digest([{"role": "user", "content": prompt}], 100)
-    return RequestLogEntry(seq, at, status, outcome, digest, 100, completion_id)
+    return RequestLogEntry(seq, at - 0.05, at, status, outcome, digest, 100, completion_id)
 
 
 def _reconciled(db: _Db, entries: list[RequestLogEntry], kills: list[float]) -> BackboneReconciliation:
@@ -136,16 +136,21 @@ def test_a_row_the_server_never_served_is_a_failure(tmp_path: Path) -> None:
 
 def test_a_loss_far_from_any_kill_is_unexplained_and_one_just_before_a_kill_is_not(tmp_path: Path) -> None:
     db = _Db(tmp_path / "results.db")
-    entries = [_entry(1, 10.0, "p1", "ok", "c1"), _entry(2, 19.98, "p2", "ok", "c2")]
+    entries = [
+        _entry(1, 10.0, "p1", "ok", "c1"),
+        _entry(2, 19.98, "p2", "ok", "c2"),
+        _entry(3, 20.04, "p3", "ok", "c3"),  # arrived 19.99: in flight at the kill
+        _entry(4, 20.2, "p4", "ok", "c4"),  # arrived 20.15, after the kill: nothing explains it
+    ]
     result = _reconciled(db, entries, [20.0])
-    assert (result.lost_unexplained, result.lost_uncommitted, result.lost_in_flight) == (1, 1, 0)
+    assert (result.lost_unexplained, result.lost_uncommitted, result.lost_in_flight) == (2, 1, 1)
     assert result.oldest_uncommitted_loss_s == pytest.approx(0.02)
-    assert result.problems() == ["b: lost_unexplained = 1"]
+    assert result.problems() == ["b: lost_unexplained = 2"]
 
 
 def test_more_calls_lost_in_flight_at_one_kill_than_the_concurrency_is_a_failure(tmp_path: Path) -> None:
     db = _Db(tmp_path / "results.db")
-    entries = [_entry(seq, 20.1, f"p{seq}", "ok", f"c{seq}") for seq in range(1, 4)]
+    entries = [_entry(seq, 20.04, f"p{seq}", "ok", f"c{seq}") for seq in range(1, 4)]
     result = _reconciled(db, entries, [20.0])
     assert result.lost_in_flight == 3 and result.max_in_flight_lost_at_one_kill == 3
     assert any("more than the concurrency 2" in problem for problem in result.problems())

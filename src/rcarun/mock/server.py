@@ -257,7 +257,7 @@ class MockServer:
         recorder = state.stats
         recorder.request_started()
         log = state.request_log
-        seq = log.next_seq() if log is not None else 0
+        seq, arrived_at = (log.next_seq(), time.time()) if log is not None else (0, 0.0)
         notes = _RequestNotes()
         response: web.StreamResponse | None = None
         try:
@@ -266,7 +266,7 @@ class MockServer:
         finally:
             recorder.request_finished()
             if log is not None:
-                log.add(notes.log_entry(seq, response))
+                log.add(notes.log_entry(seq, arrived_at, response))
 
     async def _serve_chat(
         self, request: web.Request, state: _State, notes: _RequestNotes
@@ -612,13 +612,14 @@ class _RequestNotes:
         self.max_tokens: int | None = None
         self.completion_id: str | None = None
 
-    def log_entry(self, seq: int, response: web.StreamResponse | None) -> RequestLogEntry:
+    def log_entry(self, seq: int, arrived_at: float, response: web.StreamResponse | None) -> RequestLogEntry:
         outcome = self.outcome
         dropped = response is None or outcome in ("timeout", "reset", "client_left")
         if outcome is None:
             outcome = "cancelled" if response is None else f"http_{response.status}"
         return RequestLogEntry(
             seq=seq,
+            arrived_at=arrived_at,
             at=time.time(),
             status=None if dropped or response is None else response.status,
             outcome=outcome,

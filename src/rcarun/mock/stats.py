@@ -240,6 +240,7 @@ class RequestLogEntry:
 
     Attributes:
         seq: 1-based arrival order since the last reset (gaps never occur; old entries fall off the front).
+        arrived_at: wall-clock time (Unix seconds) when the request arrived.
         at: wall-clock time (Unix seconds) when the answer left or the connection was dropped.
         status: the HTTP status sent; None when the connection was dropped without an answer.
         outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>`` (a limit's 429),
@@ -250,6 +251,7 @@ class RequestLogEntry:
     """
 
     seq: int
+    arrived_at: float
     at: float
     status: int | None
     outcome: str
