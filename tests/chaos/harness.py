@@ -144,6 +144,7 @@ class BackboneReconciliation:
     max_in_flight_lost_at_one_kill: int = 0
     oldest_uncommitted_loss_s: float = 0.0  # how long before its kill the oldest uncommitted loss was served
     lost_unexplained: int = 0  # served, not recorded, and not near any kill: a failure
+    unexplained: list[str] = field(default_factory=list)  # each one's outcome and times relative to the kills
     recorded_not_served: int = 0  # a row the server never served: a failure
     resent_after_stored: int = 0  # a request sent again after its answer was stored: a failure
     resent_after_lost: int = 0  # sent again because the kill lost its answer: expected
@@ -171,6 +172,7 @@ class BackboneReconciliation:
         ):
             if getattr(self, name):
                 found.append(f"{self.backbone}: {name} = {getattr(self, name)}")
+        found += [f"{self.backbone}: unexplained loss {detail}" for detail in self.unexplained]
         if self.max_in_flight_lost_at_one_kill > self.concurrency:
             found.append(
                 f"{self.backbone}: {self.max_in_flight_lost_at_one_kill} calls in flight lost at one kill, "
@@ -484,6 +486,11 @@ def _classify_losses(
             )
         else:
             result.lost_unexplained += 1
+            nearest = min(kill_times, key=lambda killed: abs(killed - entry.at), default=entry.at)
+            result.unexplained.append(
+                f"#{entry.seq} {entry.outcome}: arrived {entry.arrived_at - nearest:+.3f} s, answered "
+                f"{entry.at - nearest:+.3f} s from the nearest kill"
+            )
     result.max_in_flight_lost_at_one_kill = max(in_flight_per_kill.values(), default=0)
 
 

@@ -145,7 +145,8 @@ def test_a_loss_far_from_any_kill_is_unexplained_and_one_just_before_a_kill_is_n
     result = _reconciled(db, entries, [20.0])
     assert (result.lost_unexplained, result.lost_uncommitted, result.lost_in_flight) == (2, 1, 1)
     assert result.oldest_uncommitted_loss_s == pytest.approx(0.02)
-    assert result.problems() == ["b: lost_unexplained = 2"]
+    assert result.problems()[0] == "b: lost_unexplained = 2"
+    assert "#4 ok: arrived +0.150 s, answered +0.200 s from the nearest kill" in result.problems()[-1]
 
 
 def test_more_calls_lost_in_flight_at_one_kill_than_the_concurrency_is_a_failure(tmp_path: Path) -> None:
