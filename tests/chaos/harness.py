@@ -61,6 +61,9 @@ TRAJECTORIES = (
 # An answer served this long before a kill may still sit in the writer's uncommitted batch (it commits every
 # 50 ms; the rest is headroom for a commit on a busy shared disk).
 UNCOMMITTED_WINDOW_S = 1.0
+# The server stamps arrival when its handler starts, a little after the client sent the bytes: a request sent
+# in the instant before a kill can carry an arrival stamp just after it. No new child sends within a second.
+ARRIVAL_SLACK_S = 0.1
 HANG_S = 0.3
 LATENCY_S = 0.05
 LOG_SIZE = 200_000
@@ -474,7 +477,11 @@ def _classify_losses(
     """A loss is explained by a kill it straddled (in flight) or closely followed (uncommitted), nothing else."""
     in_flight_per_kill: Counter[int] = Counter()
     for entry in lost:
-        straddled = [k for k, killed in enumerate(kill_times) if entry.arrived_at <= killed < entry.at]
+        straddled = [
+            k
+            for k, killed in enumerate(kill_times)
+            if entry.arrived_at - ARRIVAL_SLACK_S <= killed < entry.at
+        ]
         followed = [killed for killed in kill_times if killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed]
         if straddled:
             result.lost_in_flight += 1
