@@ -458,8 +458,12 @@ def _reconcile(
         else:
             result.recorded_not_served += 1
     for key, count in unmatched_faults.items():
-        # The latest of a digest's same-kind entries are the unrecorded ones (rows commit in order).
-        lost += sorted(fault_entries[key], key=lambda entry: entry.at)[len(fault_entries[key]) - count :]
+        # Same request, same failure: the entries are interchangeable, so the unrecorded ones are taken among
+        # those a kill explains first (an attempt in flight at a kill, then re-sent and recorded, looks alike).
+        candidates = sorted(
+            fault_entries[key], key=lambda entry: (not _near_kill(entry, kill_times), entry.at)
+        )
+        lost += candidates[:count]
     absorbed = min(wildcard, len(lost))
     result.matched += absorbed
     result.recorded_not_served += wildcard - absorbed
@@ -469,6 +473,14 @@ def _reconcile(
     _count_resends(result, rows, entries, stored_at, lost)
     _check_items(connection, result, qids)
     return result
+
+
+def _near_kill(entry: RequestLogEntry, kill_times: list[float]) -> bool:
+    return any(
+        entry.arrived_at - ARRIVAL_SLACK_S <= killed < entry.at
+        or killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed
+        for killed in kill_times
+    )
 
 
 def _classify_losses(
