@@ -2,7 +2,8 @@
 
 It stands alone (it imports nothing else of rcarun), answers chat completions with values generated from the
 JSON schema each request carries, enforces rate and concurrency limits the way providers do, injects
-reproducible faults, and measures what clients offered at ``GET /mock/stats``.
+reproducible faults, measures what clients offered at ``GET /mock/stats`` and, when asked, logs every request
+with its outcome at ``GET /mock/log``.
 
     async with MockServer(MockConfig(rpm=600)) as server:   # in this event loop
         ... server.base_url, server.stats(), server.reset()
@@ -16,7 +17,7 @@ from .config import HeaderStyle, MockConfig, OverConcurrency, ReasoningField, Us
 from .headers import format_openai_duration
 from .process import MockProcess, MockStartError
 from .server import MockServer, is_loopback_host
-from .stats import MockStats
+from .stats import MockStats, RequestLogEntry, request_digest
 
 __all__ = [
     "HeaderStyle",
@@ -27,10 +28,12 @@ __all__ = [
     "MockStats",
     "OverConcurrency",
     "ReasoningField",
+    "RequestLogEntry",
     "UsageStyle",
     "format_openai_duration",
     "generate_value",
     "is_loopback_host",
+    "request_digest",
     "schema_from_prompt",
     "schema_from_request",
 ]

@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fault-rate", type=float, help="probability of a 5xx, split evenly over 500 and 503"
     )
+    parser.add_argument(
+        "--rate-limit-rate", type=float, help="probability of a 429 no limit asked for (provider overload)"
+    )
+    parser.add_argument(
+        "--length-rate", type=float, help="probability that an answer is cut short (finish_reason length)"
+    )
+    parser.add_argument(
+        "--request-log-size", type=int, help="keep the last N requests at GET /mock/log (default 0: off)"
+    )
     parser.add_argument("--reasoning-tokens", type=int, help="simulated thinking tokens per answer")
     parser.add_argument(
         "--reasoning-field",
@@ -87,6 +96,9 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
         "usage_style": args.usage_style,
         "context_window": args.context_window,
         "seed": args.seed,
+        "rate_limit_rate": args.rate_limit_rate,
+        "length_rate": args.length_rate,
+        "request_log_size": args.request_log_size,
     }
     values.update({name: value for name, value in flag_fields.items() if value is not None})
     if args.reasoning_field is not None:

@@ -27,7 +27,14 @@ OverConcurrency = Literal["429", "queue"]
 ReasoningField = Literal["reasoning_content", "reasoning"]
 UsageStyle = Literal["openai", "deepseek"]
 
-_FAULT_RATE_FIELDS = ("error_500_rate", "error_503_rate", "timeout_rate", "reset_rate", "malformed_rate")
+_FAULT_RATE_FIELDS = (
+    "error_500_rate",
+    "error_503_rate",
+    "timeout_rate",
+    "reset_rate",
+    "malformed_rate",
+    "rate_limit_rate",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +56,18 @@ class MockConfig:
             connection alive with blank lines, as DeepSeek does.
         keepalive_s: interval of the blank lines written while a request is queued.
         headers: which rate-limit headers every chat response carries ("none" like DeepSeek).
-        error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate: probability of each
-            fault per request (their sum at most 1). Faulted requests are not charged against limits.
+        error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate / rate_limit_rate:
+            probability of each fault per request (their sum at most 1). Faulted requests are not charged
+            against limits. A "rate_limit" fault is a 429 with Retry-After whatever the limits say, as a
+            provider answers when it is overloaded.
+        rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
+        length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
+            its budget (``max_tokens``, or the whole answer when none is given), as if the model had rambled;
+            drawn from its own random stream, so it shifts neither fault draws nor sampling.
+        request_log_size: keep the last this many chat requests in a log served at ``GET /mock/log`` (0: no
+            log). Each entry says what the request was and what it got, so a client's own records can be
+            reconciled against what the server really served.
         reasoning_tokens: simulated thinking tokens per answer.
         reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
         usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).
@@ -80,7 +96,11 @@ class MockConfig:
     timeout_rate: float = 0.0
     reset_rate: float = 0.0
     malformed_rate: float = 0.0
+    rate_limit_rate: float = 0.0
+    rate_limit_retry_after_s: float = 1.0
     hang_s: float = 30.0
+    length_rate: float = 0.0
+    request_log_size: int = 0
     reasoning_tokens: int = 0
     reasoning_field: ReasoningField | None = "reasoning_content"
     usage_style: UsageStyle = "openai"
@@ -91,7 +111,7 @@ class MockConfig:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("latency_s", "latency_per_token_s", "hang_s"):
+        for name in ("latency_s", "latency_per_token_s", "hang_s", "rate_limit_retry_after_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
@@ -113,6 +133,14 @@ class MockConfig:
                 problems.append(f"{name} must be within [0, 1], got {rate!r}")
         if sum(rates) > 1.0 + 1e-9:
             problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
+        if not (0.0 <= self.length_rate <= 1.0):
+            problems.append(f"length_rate must be within [0, 1], got {self.length_rate!r}")
+        if (
+            isinstance(self.request_log_size, bool)
+            or not isinstance(self.request_log_size, int)
+            or self.request_log_size < 0
+        ):
+            problems.append(f"request_log_size must be an integer >= 0, got {self.request_log_size!r}")
         choices: dict[str, tuple[Any, ...]] = {
             "over_concurrency": get_args(OverConcurrency),
             "headers": get_args(HeaderStyle),

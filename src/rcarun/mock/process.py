@@ -141,6 +141,10 @@ class MockProcess:
         """The child's counters (``GET /mock/stats``)."""
         return MockStats.from_dict(self._call("GET", "/mock/stats"))
 
+    def request_log(self) -> dict[str, Any]:
+        """The child's request log (``GET /mock/log``); see `MockServer.request_log`."""
+        return self._call("GET", "/mock/log")
+
     def reset(self) -> None:
         """Zero the child's counters and restore its limits (``POST /mock/reset``)."""
         self._call("POST", "/mock/reset")

@@ -4,10 +4,11 @@ Every test, the demo and the benchmark talk to this server instead of a provider
 schema the request carries (`answers`), enforces limits the way providers do (`limits`: token buckets with 429
 + Retry-After, a concurrency cap that rejects or queues with keep-alive blank lines), injects reproducible
 faults, and measures what the client offered (`stats`). The request path is kept lean — no per-request
-logging, stdlib JSON, O(1) bookkeeping — because the benchmark needs it to sustain ~1,000 requests/s on one
-core.
+logging unless the request log is switched on, stdlib JSON, O(1) bookkeeping — because the benchmark needs it
+to sustain ~1,000 requests/s on one core.
 
-Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /mock/stats``, ``POST /mock/reset``.
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /mock/stats``, ``GET /mock/log`` (the request
+log, when ``request_log_size`` > 0), ``POST /mock/reset``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .answers import (
 from .config import MockConfig
 from .headers import rate_limit_headers, retry_after_headers
 from .limits import Admission, FifoSlots, OfferedLoad, RateLimiter, bucket_specs
-from .stats import MockStats, StatsRecorder
+from .stats import MockStats, RequestLog, RequestLogEntry, StatsRecorder, request_digest
 
 __all__ = ["MockServer", "is_loopback_host"]
 
@@ -86,6 +87,8 @@ class _State:
         # Separate streams so that fault draws do not shift sampling noise and vice versa.
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.sample_rng = random.Random(f"sampling:{config.seed}")
+        self.length_rng = random.Random(f"length:{config.seed}")
+        self.request_log = RequestLog(config.request_log_size) if config.request_log_size > 0 else None
         self.seen_first_messages: set[int] = set()
         self.completion_ids = itertools.count(1)
 
@@ -132,6 +135,7 @@ class MockServer:
                 ("timeout", self.config.timeout_rate),
                 ("reset", self.config.reset_rate),
                 ("malformed", self.config.malformed_rate),
+                ("rate_limit", self.config.rate_limit_rate),
             )
             if rate > 0
         )
@@ -160,6 +164,7 @@ class MockServer:
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_get("/mock/stats", self._handle_stats)
+        app.router.add_get("/mock/log", self._handle_log)
         app.router.add_post("/mock/reset", self._handle_reset)
         return app
 
@@ -206,6 +211,17 @@ class MockServer:
         state = self._state
         return state.stats.snapshot(self._clock(), state.offered.overshoot())
 
+    def request_log(self) -> dict[str, Any]:
+        """The request log since the last reset: ``{"size", "total", "dropped", "entries": [...]}``.
+
+        Raises:
+            RuntimeError: the log is off (``request_log_size`` is 0).
+        """
+        log = self._state.request_log
+        if log is None:
+            raise RuntimeError("the request log is off; set MockConfig.request_log_size")
+        return log.to_dict()
+
     def reset(self) -> None:
         """Zero the counters and restore limits, random streams and the prefix cache to their initial state.
 
@@ -227,6 +243,14 @@ class MockServer:
     async def _handle_stats(self, request: web.Request) -> web.Response:
         return _json_response(200, self.stats().to_dict())
 
+    async def _handle_log(self, request: web.Request) -> web.Response:
+        log = self._state.request_log
+        if log is None:
+            return _error_response(
+                404, "the request log is off; set request_log_size", "invalid_request_error", None, {}
+            )
+        return _json_response(200, log.to_dict())
+
     async def _handle_reset(self, request: web.Request) -> web.Response:
         self.reset()
         return _json_response(200, {"reset": True})
@@ -235,12 +259,21 @@ class MockServer:
         state = self._state
         recorder = state.stats
         recorder.request_started()
+        log = state.request_log
+        seq, arrived_at = (log.next_seq(), time.time()) if log is not None else (0, 0.0)
+        notes = _RequestNotes()
+        response: web.StreamResponse | None = None
         try:
-            return await self._serve_chat(request, state)
+            response = await self._serve_chat(request, state, notes)
+            return response
         finally:
             recorder.request_finished()
+            if log is not None:
+                log.add(notes.log_entry(seq, arrived_at, response))
 
-    async def _serve_chat(self, request: web.Request, state: _State) -> web.StreamResponse:
+    async def _serve_chat(
+        self, request: web.Request, state: _State, notes: _RequestNotes
+    ) -> web.StreamResponse:
         config = self.config
         recorder = state.stats
         # The simulated answer time runs from here, so reading, checking and composing count inside it: the
@@ -249,9 +282,11 @@ class MockServer:
         arrived = self._clock()
         if not self._authorized(request):
             recorder.errors_4xx += 1
+            notes.outcome = "unauthorized"
             return self._unauthorized(self._limit_headers(state))
         if config.quota_exhausted:
             recorder.rejected("quota")
+            notes.outcome = "rejected_quota"
             return _error_response(
                 429,
                 "You exceeded your current quota, please check your plan and billing details.",
@@ -263,14 +298,19 @@ class MockServer:
             body = _parse_body(await request.read())
         except _RequestError as error:
             recorder.errors_4xx += 1
+            notes.outcome = "bad_request"
             return _error_response(
                 400, error.message, "invalid_request_error", None, self._limit_headers(state), error.param
             )
 
+        if state.request_log is not None:
+            notes.digest = request_digest(body["messages"], body["max_tokens"])
+            notes.max_tokens = body["max_tokens"]
         if self._fault_table:
             fault = self._draw_fault(state)
             if fault is not None:
                 recorder.fault(fault)
+                notes.outcome = fault
                 return await self._serve_fault(request, state, fault)
 
         messages: list[dict[str, Any]] = body["messages"]
@@ -282,6 +322,7 @@ class MockServer:
         max_tokens: int | None = body["max_tokens"]
         if config.context_window is not None and prompt_tokens + (max_tokens or 0) > config.context_window:
             recorder.errors_4xx += 1
+            notes.outcome = "context_overflow"
             requested = prompt_tokens + (max_tokens or 0)
             message = (
                 f"This model's maximum context length is {config.context_window} tokens. "
@@ -296,6 +337,11 @@ class MockServer:
         model = body["model"] or config.model
         answer = self._compose_answer(body, messages, model, state)
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+        length_fault = False
+        if config.length_rate > 0 and state.length_rng.random() < config.length_rate:
+            cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+            if cut is not None:
+                completion, length_fault = cut, True
         charged_tokens = prompt_tokens + completion.completion_tokens
 
         now = self._clock()
@@ -305,6 +351,7 @@ class MockServer:
         if slots is not None and config.over_concurrency == "429":
             if not slots.try_take():
                 recorder.rejected("concurrency")
+                notes.outcome = "rejected_concurrency"
                 return self._concurrency_rejection(state)
             holds_slot = True
         admission = state.limiter.admit(charged_tokens, now)
@@ -312,11 +359,14 @@ class MockServer:
             if holds_slot and slots is not None:
                 slots.release()
             recorder.rejected(admission.limit_name or "rpm")
+            notes.outcome = f"rejected_{admission.limit_name or 'rpm'}"
             return self._limit_rejection(state, admission, model, charged_tokens)
 
         recorder.accept(now, prompt_tokens, completion.completion_tokens)
         if completion.finish_reason == "length":
             recorder.length_stops += 1
+        if length_fault:
+            recorder.length_faults += 1
         first_message_key = hash((messages[0].get("role"), texts[0]))
         cached_tokens = 0
         if first_message_key in state.seen_first_messages:
@@ -333,6 +383,7 @@ class MockServer:
             else:
                 streamed = await self._wait_in_queue(request, state, slots)
                 if streamed is None:  # the client left while queued; nothing more can be sent
+                    notes.outcome = "client_left"
                     return web.Response(status=200)
                 holds_slot = True
                 arrived = self._clock()
@@ -348,6 +399,9 @@ class MockServer:
                 slots.release()
 
         payload = self._completion_body(state, model, completion, prompt_tokens, cached_tokens)
+        if state.request_log is not None:
+            notes.outcome = "length" if completion.finish_reason == "length" else "ok"
+            notes.completion_id = json.loads(payload).get("id")
         if streamed is not None:
             await streamed.write(payload)
             await streamed.write_eof()
@@ -500,6 +554,16 @@ class MockServer:
         return None
 
     async def _serve_fault(self, request: web.Request, state: _State, kind: str) -> web.StreamResponse:
+        if kind == "rate_limit":
+            headers = self._limit_headers(state)
+            headers.update(retry_after_headers(self.config.rate_limit_retry_after_s))
+            return _error_response(
+                429,
+                "The server is currently overloaded with other requests. Please retry after a brief wait.",
+                "requests",
+                "rate_limit_exceeded",
+                headers,
+            )
         if kind == "error_500":
             return _error_response(
                 500,
@@ -549,6 +613,34 @@ class MockServer:
         )
 
 
+class _RequestNotes:
+    """What the handler decided about one chat request, for the request log (filled on the deciding paths)."""
+
+    __slots__ = ("completion_id", "digest", "max_tokens", "outcome")
+
+    def __init__(self) -> None:
+        self.outcome: str | None = None
+        self.digest: str | None = None
+        self.max_tokens: int | None = None
+        self.completion_id: str | None = None
+
+    def log_entry(self, seq: int, arrived_at: float, response: web.StreamResponse | None) -> RequestLogEntry:
+        outcome = self.outcome
+        dropped = response is None or outcome in ("timeout", "reset", "client_left")
+        if outcome is None:
+            outcome = "cancelled" if response is None else f"http_{response.status}"
+        return RequestLogEntry(
+            seq=seq,
+            arrived_at=arrived_at,
+            at=time.time(),
+            status=None if dropped or response is None else response.status,
+            outcome=outcome,
+            request_digest=self.digest,
+            max_tokens=self.max_tokens,
+            completion_id=self.completion_id,
+        )
+
+
 class _Completion:
     """What the simulated model generated within its budget."""
 
@@ -591,6 +683,22 @@ def _fit_to_budget(
     content_tokens = max_tokens - reasoning_tokens
     content = answer[: math.floor(content_tokens * chars_per_token)]
     return _Completion(content, reasoning_tokens, max_tokens, "length")
+
+
+def _cut_short(
+    answer: str, reasoning_tokens: int, max_tokens: int | None, chars_per_token: float
+) -> _Completion | None:
+    """The ``length_rate`` fault: the answer stopped at a tenth of ``max_tokens``; None if it cannot be cut.
+
+    When the whole answer is shorter than that (or no budget was given), it stops at a tenth of its own length.
+    """
+    whole = reasoning_tokens + count_text_tokens(answer, chars_per_token)
+    cut_at = max(1, max_tokens // 10) if max_tokens is not None else 0
+    if cut_at >= whole or cut_at == 0:
+        cut_at = max(1, whole // 10)
+    if cut_at >= whole:
+        return None
+    return _fit_to_budget(answer, reasoning_tokens, cut_at, chars_per_token)
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:

@@ -3,18 +3,33 @@
 `StatsRecorder` is updated on the request path, so each update is O(1) amortised and memory stays bounded on
 long runs: per-second counters (one int per second since reset) and sliding-window deques that only ever hold
 the last 60 s of accepted requests. `MockStats` is the frozen snapshot served at ``GET /mock/stats``.
+
+`RequestLog` is the optional, bounded per-request record served at ``GET /mock/log``: counters say how many
+requests got what, the log says which ones, so a client's own record of its attempts (rcarun's ``calls``
+table) can be reconciled entry by entry against what the server really served — in both directions.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "REJECTION_KINDS", "MockStats", "SlidingWindowMax", "StatsRecorder"]
+__all__ = [
+    "FAULT_KINDS",
+    "REJECTION_KINDS",
+    "MockStats",
+    "RequestLog",
+    "RequestLogEntry",
+    "SlidingWindowMax",
+    "StatsRecorder",
+    "request_digest",
+]
 
-FAULT_KINDS = ("error_500", "error_503", "timeout", "reset", "malformed")
+FAULT_KINDS = ("error_500", "error_503", "timeout", "reset", "malformed", "rate_limit")
 REJECTION_KINDS = ("rpm", "rps", "tpm", "concurrency", "quota")
 
 
@@ -30,8 +45,10 @@ class MockStats:
         rejected_by: 429s by cause: rpm, rps, tpm, concurrency, quota.
         errors_4xx: 400/401 answers (bad JSON, context overflow, wrong key).
         errors_5xx: injected 500 and 503 answers.
-        faults: injected faults by kind: error_500, error_503, timeout, reset, malformed.
-        length_stops: accepted answers cut by max_tokens (finish_reason "length").
+        faults: injected faults by kind: error_500, error_503, timeout, reset, malformed, rate_limit (a 429
+            that no limit asked for; not in ``rejected_429``, which counts the limits' own).
+        length_stops: accepted answers cut by max_tokens (finish_reason "length"), ``length_faults`` included.
+        length_faults: accepted answers cut short by the ``length_rate`` fault.
         max_in_flight: most chat requests open at once (queued and hanging ones included).
         max_generating: most requests holding a generation slot at once.
         accepted_tokens / accepted_prompt_tokens / accepted_completion_tokens: tokens of accepted requests.
@@ -53,6 +70,7 @@ class MockStats:
     errors_5xx: int = 0
     faults: Mapping[str, int] = field(default_factory=dict)
     length_stops: int = 0
+    length_faults: int = 0
     max_in_flight: int = 0
     max_generating: int = 0
     accepted_tokens: int = 0
@@ -124,6 +142,7 @@ class StatsRecorder:
         self.errors_5xx = 0
         self.faults = dict.fromkeys(FAULT_KINDS, 0)
         self.length_stops = 0
+        self.length_faults = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.generating = 0
@@ -184,6 +203,7 @@ class StatsRecorder:
             errors_5xx=self.errors_5xx,
             faults=dict(self.faults),
             length_stops=self.length_stops,
+            length_faults=self.length_faults,
             max_in_flight=self.max_in_flight,
             max_generating=self.max_generating,
             accepted_tokens=self.accepted_prompt_tokens + self.accepted_completion_tokens,
@@ -198,3 +218,81 @@ class StatsRecorder:
             overshoot_tokens=overshoot_by_limit.get("tpm", 0.0),
             overshoot_by_limit=dict(overshoot_by_limit),
         )
+
+
+def request_digest(messages: Sequence[Mapping[str, Any]], max_tokens: int | None) -> str:
+    """A chat request's identity in the request log: SHA-256 of its messages (role, content) and max_tokens.
+
+    A client computes the same digest from what it sent (sorted keys, no whitespace, UTF-8 unescaped), so an
+    attempt it recorded can be found in the server's log even when the server's answer carried no id.
+    """
+    payload = {
+        "messages": [{"role": m.get("role"), "content": m.get("content")} for m in messages],
+        "max_tokens": max_tokens,
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLogEntry:
+    """One chat request as the server handled it.
+
+    Attributes:
+        seq: 1-based arrival order since the last reset (gaps never occur; old entries fall off the front).
+        arrived_at: wall-clock time (Unix seconds) when the request arrived.
+        at: wall-clock time (Unix seconds) when the answer left or the connection was dropped.
+        status: the HTTP status sent; None when the connection was dropped without an answer.
+        outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>`` (a limit's 429),
+            ``bad_request``, ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued).
+        request_digest: `request_digest` of the request; None when its body did not parse.
+        max_tokens: the output budget asked for.
+        completion_id: the ``id`` of the completion body sent (ok and length only).
+    """
+
+    seq: int
+    arrived_at: float
+    at: float
+    status: int | None
+    outcome: str
+    request_digest: str | None
+    max_tokens: int | None
+    completion_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RequestLogEntry:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+class RequestLog:
+    """The last ``size`` chat requests, in arrival order; memory is bounded by ``size`` however long the run.
+
+    ``total`` counts every request logged since reset, so a reader knows how many fell off the front
+    (``total - len(entries)``) and never mistakes a truncated log for a complete one.
+    """
+
+    __slots__ = ("_entries", "total")
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[RequestLogEntry] = deque(maxlen=size)
+        self.total = 0
+
+    def next_seq(self) -> int:
+        self.total += 1
+        return self.total
+
+    def add(self, entry: RequestLogEntry) -> None:
+        self._entries.append(entry)
+
+    def to_dict(self) -> dict[str, Any]:
+        entries = sorted(self._entries, key=lambda entry: entry.seq)
+        return {
+            "size": self._entries.maxlen,
+            "total": self.total,
+            "dropped": self.total - len(entries),
+            "entries": [entry.to_dict() for entry in entries],
+        }

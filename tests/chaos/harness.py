@@ -1,0 +1,616 @@
+"""The chaos sweep: a real sweep against faulty simulators, SIGKILLed and resumed, then reconciled call by call.
+
+Shared by ``tests/chaos/test_chaos_sweep.py`` and ``scripts/chaos_sweep.py``. One seed drives everything that is
+drawn: the simulators' fault draws, the kill moments and the sweep itself (the sweep's answers come from the
+simulators). The sweep runs as ``python -m rcarun.cli sweep`` in a child process, exactly as a user runs it;
+the simulators run in processes of their own that outlive every kill, so their request logs
+(``GET /mock/log``) are the ground truth of what was served.
+
+Reconciliation joins the two records of every attempt:
+- an answer the server sent (ok / length) carries a completion id, which rcarun keeps in the raw response
+  body it stores: joined one to one;
+- a fault has no id (a reset sends nothing at all): joined by the request's digest (messages + max_tokens,
+  `rcarun.mock.request_digest`, which the stored request blob also yields) and the kind of failure, as
+  multisets.
+A served attempt without a row is a loss; it is explained only if it was answered in the instant before a kill
+(the writer's uncommitted batch) or was in flight across the kill (arrived before, answered after), and the
+in-flight ones never exceed the backbone's concurrency. A row without a served attempt is always a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rcarun.data import bundled_sample_path
+from rcarun.mock import MockConfig, MockProcess, RequestLogEntry, request_digest
+
+__all__ = [
+    "BackboneReconciliation",
+    "ChaosBackbone",
+    "ChaosReport",
+    "chaos_backbones",
+    "render_table",
+    "run_chaos_sweep",
+]
+
+METHODS = ("all-at-once", "binary-search", "rcta")
+REALIZATIONS = 2
+RUN_NAME = "chaos"
+# Trajectories of the bundled sample used (the shorter ones keep the sweep well under a minute on 2 shared cores).
+TRAJECTORIES = (
+    "algorithm_generated/1.json",
+    "algorithm_generated/12.json",
+    "algorithm_generated/2.json",
+    "algorithm_generated/5.json",
+    "algorithm_generated/36.json",
+    "hand_crafted/6.json",
+)
+# An answer served this long before a kill may still sit in the writer's uncommitted batch (it commits every
+# 50 ms; the rest is headroom for a commit on a busy shared disk).
+UNCOMMITTED_WINDOW_S = 1.0
+# The server stamps arrival when its handler starts, a little after the client sent the bytes: a request sent
+# in the instant before a kill can carry an arrival stamp just after it. No new child sends within a second.
+ARRIVAL_SLACK_S = 0.1
+HANG_S = 0.3
+LATENCY_S = 0.05
+LOG_SIZE = 200_000
+
+_FAULT_RATE = 0.03  # each of six kinds, plus answers cut short: about 20% of requests meet a fault
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosBackbone:
+    """One simulated backbone: its server's behaviour and the client's settings for it."""
+
+    name: str
+    server: MockConfig
+    client: Mapping[str, Any]
+
+    @property
+    def concurrency(self) -> int:
+        return int(self.client["limits"]["concurrency"])
+
+
+def chaos_backbones(seed: int) -> tuple[ChaosBackbone, ...]:
+    """Three backbones with different provider styles, each injecting every fault kind."""
+    faults = {
+        "error_500_rate": _FAULT_RATE,
+        "error_503_rate": _FAULT_RATE,
+        "timeout_rate": _FAULT_RATE,
+        "reset_rate": _FAULT_RATE,
+        "malformed_rate": _FAULT_RATE,
+        "rate_limit_rate": _FAULT_RATE,
+        "length_rate": _FAULT_RATE,
+        "rate_limit_retry_after_s": 0.1,
+        "hang_s": HANG_S,
+        "request_log_size": LOG_SIZE,
+        "latency_s": LATENCY_S,
+    }
+    retry = {"max_attempts": 4, "base_s": 0.02, "cap_s": 0.2}
+    return (
+        ChaosBackbone(
+            "chaos-gpt",
+            MockConfig(model="chaos-gpt", headers="openai", seed=seed * 10 + 1, **faults),
+            {"provider": "simulated", "limits": {"concurrency": 4}, "retry": retry},
+        ),
+        ChaosBackbone(
+            "chaos-deepseek",
+            MockConfig(
+                model="chaos-deepseek",
+                headers="none",
+                usage_style="deepseek",
+                max_concurrency=3,
+                over_concurrency="queue",
+                keepalive_s=0.05,
+                reasoning_tokens=30,
+                seed=seed * 10 + 2,
+                **faults,
+            ),
+            {"provider": "deepseek", "limits": {"concurrency": 3}, "retry": retry},
+        ),
+        ChaosBackbone(
+            "chaos-kimi",
+            MockConfig(model="chaos-kimi", headers="moonshot", seed=seed * 10 + 3, **faults),
+            {"provider": "kimi", "limits": {"concurrency": 4}, "retry": retry},
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- the report
+
+
+@dataclass(slots=True)
+class BackboneReconciliation:
+    """One backbone's two records of the sweep, side by side."""
+
+    backbone: str
+    concurrency: int
+    served: int = 0  # chat requests in the simulator's log
+    served_by_outcome: dict[str, int] = field(default_factory=dict)
+    recorded: dict[str, int] = field(default_factory=dict)  # calls rows by status (cached included)
+    matched: int = 0  # served attempts found in calls
+    lost_uncommitted: int = 0  # answered before a kill, row not yet committed
+    lost_in_flight: int = 0  # still in flight at a kill
+    max_in_flight_lost_at_one_kill: int = 0
+    oldest_uncommitted_loss_s: float = 0.0  # how long before its kill the oldest uncommitted loss was served
+    lost_unexplained: int = 0  # served, not recorded, and not near any kill: a failure
+    unexplained: list[str] = field(default_factory=list)  # each one's outcome and times relative to the kills
+    recorded_not_served: int = 0  # a row the server never served: a failure
+    resent_after_stored: int = 0  # a request sent again after its answer was stored: a failure
+    resent_after_lost: int = 0  # sent again because the kill lost its answer: expected
+    paid_twice: int = 0  # cache keys with more than one ok/length row: a failure
+    items_expected: int = 0
+    items_done: int = 0
+    items_failed: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    items_missing: int = 0
+    items_duplicated: int = 0  # more than one prediction, or a prediction and a failure
+
+    @property
+    def lost(self) -> int:
+        return self.lost_uncommitted + self.lost_in_flight + self.lost_unexplained
+
+    def problems(self) -> list[str]:
+        found = []
+        for name in (
+            "lost_unexplained",
+            "recorded_not_served",
+            "resent_after_stored",
+            "paid_twice",
+            "items_missing",
+            "items_duplicated",
+        ):
+            if getattr(self, name):
+                found.append(f"{self.backbone}: {name} = {getattr(self, name)}")
+        found += [f"{self.backbone}: unexplained loss {detail}" for detail in self.unexplained]
+        if self.max_in_flight_lost_at_one_kill > self.concurrency:
+            found.append(
+                f"{self.backbone}: {self.max_in_flight_lost_at_one_kill} calls in flight lost at one kill, "
+                f"more than the concurrency {self.concurrency}"
+            )
+        if self.served != self.matched + self.lost:
+            found.append(
+                f"{self.backbone}: served {self.served} != matched {self.matched} + lost {self.lost}"
+            )
+        return found
+
+
+@dataclass(slots=True)
+class ChaosReport:
+    seed: int
+    kills_requested: int
+    kills: list[float] = field(default_factory=list)  # seconds into the sweep of each SIGKILL
+    final_exit_code: int | None = None
+    integrity: str = ""
+    log_dropped: int = 0
+    elapsed_s: float = 0.0
+    backbones: list[BackboneReconciliation] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        found = [problem for backbone in self.backbones for problem in backbone.problems()]
+        if len(self.kills) != self.kills_requested:
+            found.append(f"{len(self.kills)} kills landed mid-sweep, {self.kills_requested} were asked for")
+        if self.final_exit_code != 0:
+            found.append(f"the final resume exited with {self.final_exit_code}")
+        if self.integrity != "ok":
+            found.append(f"PRAGMA integrity_check: {self.integrity}")
+        if self.log_dropped:
+            found.append(
+                f"the simulators' logs dropped {self.log_dropped} entries; reconciliation is partial"
+            )
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        for backbone, row in zip(self.backbones, values["backbones"], strict=True):
+            row["lost"] = backbone.lost
+        values["problems"] = self.problems()
+        return values
+
+
+# --------------------------------------------------------------------------------------------------- the run
+
+
+def _write_config(workdir: Path, backbones: Iterable[ChaosBackbone], urls: Mapping[str, str]) -> Path:
+    dataset = workdir / "dataset"
+    for relative in TRAJECTORIES:
+        target = dataset / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((bundled_sample_path() / relative).read_bytes())
+    lines = [
+        "[sweep]",
+        f"dataset = {json.dumps(str(dataset))}",
+        f"realizations = {REALIZATIONS}",
+        "drain_timeout_s = 2",
+        "",
+        # Small first budgets so that answers also stop on length by themselves, not only by the fault.
+        "[stages.attribution]",
+        "max_tokens = 120",
+        "length_retries = 2",
+        "",
+    ]
+    for method in METHODS:
+        lines += ["[[methods]]", f"name = {json.dumps(method)}", ""]
+    for backbone in backbones:
+        client = backbone.client
+        lines += [
+            f"[backbones.{backbone.name}]",
+            f"provider = {json.dumps(client['provider'])}",
+            f"model = {json.dumps(backbone.server.model)}",
+            f"base_url = {json.dumps(urls[backbone.name])}",
+            "timeout_s = 5",
+            f"[backbones.{backbone.name}.limits]",
+            *(f"{key} = {json.dumps(value)}" for key, value in client["limits"].items()),
+            f"[backbones.{backbone.name}.retry]",
+            *(f"{key} = {json.dumps(value)}" for key, value in client["retry"].items()),
+            "",
+        ]
+    path = workdir / "chaos.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _served_total(servers: Mapping[str, MockProcess]) -> int:
+    return sum(server.stats().requests_total for server in servers.values())
+
+
+def run_chaos_sweep(workdir: Path, seed: int, kills: int = 5, *, timeout_s: float = 300.0) -> ChaosReport:
+    """Run the sweep, SIGKILL it ``kills`` times at seeded random moments, resume to the end, reconcile."""
+    rng = random.Random(f"chaos:{seed}")
+    backbones = chaos_backbones(seed)
+    report = ChaosReport(seed=seed, kills_requested=kills)
+    db = workdir / "results.db"
+    servers: dict[str, MockProcess] = {}
+    kill_times: list[float] = []
+    started = time.time()
+    try:
+        for backbone in backbones:
+            servers[backbone.name] = MockProcess(backbone.server)
+            servers[backbone.name].start()
+        config = _write_config(workdir, backbones, {name: s.base_url for name, s in servers.items()})
+        command = [sys.executable, "-m", "rcarun.cli", "sweep", "--config", str(config), "--db", str(db)]
+        command += ["--run", RUN_NAME, "--no-progress"]
+        deadline = time.monotonic() + timeout_s
+        for _ in range(kills):
+            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            before = _served_total(servers)
+            # Kill mid-sweep: once the child is sending, after a random share of a second or so.
+            while _served_total(servers) == before and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.05, 0.7))
+            if child.poll() is not None:
+                tail = child.communicate()[1].decode(errors="replace")[-2000:]
+                raise RuntimeError(f"the sweep ended before kill {len(kill_times) + 1}: {tail}")
+            kill_times.append(time.time())
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            if child.stderr:
+                child.stderr.close()
+        final = subprocess.run(command, capture_output=True, timeout=max(10.0, deadline - time.monotonic()))
+        report.final_exit_code = final.returncode
+        if final.returncode != 0:
+            sys.stderr.write(final.stderr.decode(errors="replace")[-4000:])
+        logs = {name: server.request_log() for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    # Kept beside results.db so that a failed reconciliation can be examined afterwards.
+    (workdir / "server_logs.json").write_text(json.dumps({"kills": kill_times, "logs": logs}))
+    report.elapsed_s = round(time.time() - started, 1)
+    report.kills = [round(at - started, 2) for at in kill_times]
+    report.log_dropped = sum(int(log["dropped"]) for log in logs.values())
+    with sqlite3.connect(db) as connection:
+        report.integrity = "; ".join(row[0] for row in connection.execute("PRAGMA integrity_check"))
+        qids = _qids(connection)
+        for backbone in backbones:
+            entries = [RequestLogEntry.from_dict(entry) for entry in logs[backbone.name]["entries"]]
+            report.backbones.append(_reconcile(connection, backbone, entries, kill_times, qids))
+    return report
+
+
+def _qids(connection: sqlite3.Connection) -> list[str]:
+    return [row[0] for row in connection.execute("SELECT DISTINCT qid FROM trajectories ORDER BY qid")]
+
+
+# --------------------------------------------------------------------------------------------- reconciliation
+
+
+def _server_class(outcome: str) -> str:
+    if outcome in ("ok", "length"):
+        return "answer"
+    if outcome == "rate_limit" or outcome.startswith("rejected_"):
+        return "429"
+    if outcome in ("error_500", "error_503", "malformed"):
+        return outcome
+    if outcome in ("timeout", "reset", "client_left", "cancelled"):
+        return "no_answer"
+    return "other"
+
+
+def _row_class(status: str, http_status: int | None) -> str:
+    if status in ("ok", "length"):
+        return "answer"
+    if http_status in (500, 503):  # by status, not by row status: Moonshot's 503 means "rate limited"
+        return f"error_{http_status}"
+    if status == "rate_limited":
+        return "429"
+    if http_status is None:
+        return "no_answer"
+    if http_status == 200:
+        return "malformed"
+    return "other"
+
+
+def _blob(connection: sqlite3.Connection, sha256: str | None) -> bytes | None:
+    if sha256 is None:
+        return None
+    row = connection.execute("SELECT zlib_data FROM blobs WHERE sha256 = ?", (sha256,)).fetchone()
+    return zlib.decompress(row[0]) if row else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    call_id: int
+    cache_key: str
+    status: str
+    kind: str
+    digest: str | None
+    completion_id: str | None
+
+
+def _rows(connection: sqlite3.Connection, backbone: str) -> list[_Row]:
+    digests: dict[str, str | None] = {}
+    rows = []
+    query = (
+        "SELECT call_id, cache_key, status, http_status, request_sha256, response_sha256 FROM calls "
+        "WHERE backbone = ? ORDER BY call_id"
+    )
+    for call_id, cache_key, status, http_status, request_sha, response_sha in connection.execute(
+        query, (backbone,)
+    ):
+        if request_sha not in digests:
+            request = _blob(connection, request_sha)
+            digest = None
+            if request is not None:
+                payload = json.loads(request)
+                digest = request_digest(payload["messages"], payload["max_tokens"])
+            digests[request_sha] = digest
+        completion_id = None
+        if status in ("ok", "length"):
+            body = _blob(connection, response_sha)
+            completion_id = json.loads(body.strip()).get("id") if body else None
+        rows.append(
+            _Row(
+                call_id,
+                cache_key,
+                status,
+                _row_class(status, http_status),
+                digests[request_sha],
+                completion_id,
+            )
+        )
+    return rows
+
+
+def _reconcile(
+    connection: sqlite3.Connection,
+    backbone: ChaosBackbone,
+    entries: list[RequestLogEntry],
+    kill_times: list[float],
+    qids: list[str],
+) -> BackboneReconciliation:
+    result = BackboneReconciliation(backbone.name, backbone.concurrency)
+    result.served = len(entries)
+    result.served_by_outcome = dict(Counter(entry.outcome for entry in entries))
+    rows = _rows(connection, backbone.name)
+    result.recorded = dict(Counter(row.status for row in rows))
+    attempts = [row for row in rows if row.status != "cached"]
+
+    # Answers: one to one by completion id.
+    answered = {row.completion_id: row for row in attempts if row.kind == "answer"}
+    lost: list[RequestLogEntry] = []
+    stored_at: dict[str, float] = {}  # cache key -> when the server sent the answer that was stored
+    matched_ids: set[str] = set()
+    unmatched_faults: Counter[tuple[str | None, str]] = Counter()
+    fault_entries: dict[tuple[str | None, str], list[RequestLogEntry]] = defaultdict(list)
+    for entry in entries:
+        kind = _server_class(entry.outcome)
+        if kind == "answer":
+            row = answered.get(entry.completion_id)
+            if row is None:
+                lost.append(entry)
+            else:
+                matched_ids.add(str(entry.completion_id))
+                result.matched += 1
+                stored_at.setdefault(row.cache_key, entry.at)
+        else:
+            unmatched_faults[(entry.request_digest, kind)] += 1
+            fault_entries[(entry.request_digest, kind)].append(entry)
+    result.recorded_not_served += sum(
+        1 for row in attempts if row.kind == "answer" and row.completion_id not in matched_ids
+    )
+
+    # Faults: multisets of (request digest, kind); a cancelled row (graceful stop) may match any kind.
+    wildcard = 0
+    for row in attempts:
+        if row.kind == "answer":
+            continue
+        if row.status == "cancelled":
+            wildcard += 1
+            continue
+        key = (row.digest, row.kind)
+        if unmatched_faults[key] > 0:
+            unmatched_faults[key] -= 1
+            result.matched += 1
+        else:
+            result.recorded_not_served += 1
+    for key, count in unmatched_faults.items():
+        # Same request, same failure: the entries are interchangeable, so the unrecorded ones are taken among
+        # those a kill explains first (an attempt in flight at a kill, then re-sent and recorded, looks alike).
+        candidates = sorted(
+            fault_entries[key], key=lambda entry: (not _near_kill(entry, kill_times), entry.at)
+        )
+        lost += candidates[:count]
+    absorbed = min(wildcard, len(lost))
+    result.matched += absorbed
+    result.recorded_not_served += wildcard - absorbed
+    lost = sorted(lost, key=lambda entry: entry.at)[absorbed:]
+
+    _classify_losses(result, lost, kill_times)
+    _count_resends(result, rows, entries, stored_at, lost)
+    _check_items(connection, result, qids)
+    return result
+
+
+def _near_kill(entry: RequestLogEntry, kill_times: list[float]) -> bool:
+    return any(
+        entry.arrived_at - ARRIVAL_SLACK_S <= killed < entry.at
+        or killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed
+        for killed in kill_times
+    )
+
+
+def _classify_losses(
+    result: BackboneReconciliation, lost: list[RequestLogEntry], kill_times: list[float]
+) -> None:
+    """A loss is explained by a kill it straddled (in flight) or closely followed (uncommitted), nothing else."""
+    in_flight_per_kill: Counter[int] = Counter()
+    for entry in lost:
+        straddled = [
+            k
+            for k, killed in enumerate(kill_times)
+            if entry.arrived_at - ARRIVAL_SLACK_S <= killed < entry.at
+        ]
+        followed = [killed for killed in kill_times if killed - UNCOMMITTED_WINDOW_S <= entry.at <= killed]
+        if straddled:
+            result.lost_in_flight += 1
+            in_flight_per_kill[straddled[0]] += 1
+        elif followed:
+            result.lost_uncommitted += 1
+            result.oldest_uncommitted_loss_s = max(
+                result.oldest_uncommitted_loss_s, round(followed[0] - entry.at, 3)
+            )
+        else:
+            result.lost_unexplained += 1
+            nearest = min(kill_times, key=lambda killed: abs(killed - entry.at), default=entry.at)
+            result.unexplained.append(
+                f"#{entry.seq} {entry.outcome}: arrived {entry.arrived_at - nearest:+.3f} s, answered "
+                f"{entry.at - nearest:+.3f} s from the nearest kill"
+            )
+    result.max_in_flight_lost_at_one_kill = max(in_flight_per_kill.values(), default=0)
+
+
+def _count_resends(
+    result: BackboneReconciliation,
+    rows: list[_Row],
+    entries: list[RequestLogEntry],
+    stored_at: Mapping[str, float],
+    lost: list[RequestLogEntry],
+) -> None:
+    """Re-sends of stored answers, seen from both sides.
+
+    In results.db: a cache key with two paid (ok / length) rows. At the server: a request arriving when every
+    cache key that ever asked it (realizations send identical requests) already had its answer stored.
+    Also counts, for information, lost attempts whose request was sent again later (the expected re-ask).
+    """
+    paid = Counter(row.cache_key for row in rows if row.status in ("ok", "length"))
+    result.paid_twice = sum(count - 1 for count in paid.values() if count > 1)
+    askers: dict[str | None, set[str]] = defaultdict(set)
+    for row in rows:
+        askers[row.digest].add(row.cache_key)
+    for entry in entries:
+        keys = askers.get(entry.request_digest, set())
+        if keys and all(key in stored_at and stored_at[key] < entry.at for key in keys):
+            result.resent_after_stored += 1
+    last_sent: dict[str | None, float] = {}
+    for entry in entries:
+        last_sent[entry.request_digest] = max(entry.at, last_sent.get(entry.request_digest, entry.at))
+    result.resent_after_lost = sum(1 for entry in lost if last_sent[entry.request_digest] > entry.at)
+
+
+def _check_items(connection: sqlite3.Connection, result: BackboneReconciliation, qids: list[str]) -> None:
+    predictions = Counter(
+        (method, qid, realization)
+        for method, qid, realization in connection.execute(
+            "SELECT method, qid, realization FROM predictions WHERE backbone = ?", (result.backbone,)
+        )
+    )
+    items = {
+        (method, qid, realization): (status, error)
+        for method, qid, realization, status, error in connection.execute(
+            "SELECT method, qid, realization, status, error FROM items WHERE backbone = ?", (result.backbone,)
+        )
+    }
+    reasons: Counter[str] = Counter()
+    for method in METHODS:
+        for qid in qids:
+            for realization in range(REALIZATIONS):
+                key = (method, qid, realization)
+                result.items_expected += 1
+                status, error = items.get(key, (None, None))
+                if predictions[key] > 1 or (predictions[key] == 1 and status == "failed"):
+                    result.items_duplicated += 1
+                elif predictions[key] == 1 and status == "done":
+                    result.items_done += 1
+                elif predictions[key] == 0 and status == "failed" and error:
+                    result.items_failed += 1
+                    reasons[str(error).split(":")[0][:60]] += 1
+                else:
+                    result.items_missing += 1
+    result.failure_reasons = dict(reasons)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+_STATUSES = ("ok", "length", "error", "rate_limited", "cancelled", "cached")
+
+
+def render_table(report: ChaosReport) -> str:
+    """The reconciliation table, one row per backbone, and the verdict."""
+    header = (
+        f"{'backbone':<15} {'served':>6} {'matched':>7} "
+        + " ".join(f"{status[:7]:>7}" for status in _STATUSES)
+        + f" {'lost@kill':>9} {'(in-flight/conc)':>16} {'unexpl':>6} {'rec!srv':>7} {'resent':>6}"
+        + f" {'re-ask':>6} {'done':>5} {'failed':>6} {'missing':>7}"
+    )
+    lines = [
+        f"chaos sweep seed {report.seed}: {len(report.kills)} SIGKILLs at "
+        f"{', '.join(f'{at:.1f}s' for at in report.kills)}; {report.elapsed_s:.0f} s in all; "
+        f"final resume exit {report.final_exit_code}; integrity_check {report.integrity}",
+        header,
+        "-" * len(header),
+    ]
+    for b in report.backbones:
+        lines.append(
+            f"{b.backbone:<15} {b.served:>6} {b.matched:>7} "
+            + " ".join(f"{b.recorded.get(status, 0):>7}" for status in _STATUSES)
+            + f" {b.lost_uncommitted + b.lost_in_flight:>9}"
+            + f" {f'{b.lost_in_flight} (max {b.max_in_flight_lost_at_one_kill}/{b.concurrency})':>16}"
+            + f" {b.lost_unexplained:>6} {b.recorded_not_served:>7} {b.resent_after_stored:>6}"
+            + f" {b.resent_after_lost:>6} {b.items_done:>5} {b.items_failed:>6} {b.items_missing:>7}"
+        )
+    reasons: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for b in report.backbones:
+        reasons.update(b.failure_reasons)
+        outcomes.update(b.served_by_outcome)
+    lines.append("served by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    if reasons:
+        lines.append("failed items by reason: " + "; ".join(f"{k} ×{v}" for k, v in reasons.most_common()))
+    problems = report.problems()
+    lines.append("verdict: " + ("OK" if not problems else "FAILED: " + "; ".join(problems)))
+    return "\n".join(lines)
