@@ -338,7 +338,12 @@ class MockServer:
         answer = self._compose_answer(body, messages, model, state)
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
         length_fault = False
-        if config.length_rate > 0 and state.length_rng.random() < config.length_rate:
+        # Only text answers are cut: a tool-call answer is one the budget holds or refuses whole.
+        if (
+            config.length_rate > 0
+            and state.length_rng.random() < config.length_rate
+            and isinstance(answer, str)
+        ):
             cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
             if cut is not None:
                 completion, length_fault = cut, True
