@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,34 @@ async def test_continual_and_passive_share_turn_one_and_record_every_turn(tmp_pa
             recorded = json.loads(output)["turns"]
             assert [t["turn"] for t in recorded] == list(range(1, turns + 1))
             assert all("changed_from_prev" in t and "evidence_tokens" in t for t in recorded)
+
+
+async def test_continual_search_continues_rctas_final_attribution_package(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    async with MockServer(MockConfig(latency_s=0.001)) as server:
+        config = make_config(
+            {"sim": {"base_url": server.base_url}},
+            methods=[{"name": "continual-search", "options": {"base": "rcta", "turns": 2}}],
+        )
+        outcome = await run_sweep(config, db_path=db, run_name="rcta-turns", show_progress=False)
+    assert outcome.status == "finished"
+    stages = dict(rows(db, "SELECT stage, count(DISTINCT qid) FROM calls WHERE status = 'ok' GROUP BY stage"))
+    assert stages == {"summary": 10, "outline": 10, "attribution": 10, "continuation": 10}
+    # The continuation resends RCTA's last attribution request (system + package) and its answer, then one prompt.
+    ((request_sha, qid),) = rows(
+        db, "SELECT request_sha256, qid FROM calls WHERE stage = 'continuation' AND status = 'ok' LIMIT 1"
+    )
+    ((attribution_sha,),) = rows(
+        db,
+        "SELECT request_sha256 FROM calls WHERE stage = 'attribution' AND status = 'ok' AND qid = ? "
+        "ORDER BY call_id DESC LIMIT 1",
+        (qid,),
+    )
+    blobs = dict(
+        rows(db, "SELECT sha256, zlib_data FROM blobs WHERE sha256 IN (?, ?)", (request_sha, attribution_sha))
+    )
+    continuation = json.loads(zlib.decompress(blobs[request_sha]))["messages"]
+    package = json.loads(zlib.decompress(blobs[attribution_sha]))["messages"]
+    assert continuation[: len(package)] == package
+    assert [m["role"] for m in continuation[len(package) :]] == ["assistant", "user"]
+    assert continuation[-1]["content"].startswith("Do not stop at your first diagnosis.")
