@@ -33,6 +33,11 @@ including an answer that is not valid JSON — leaves the standing answer in pla
 recorded. Where the rule does not apply (turn 2, Passive Continuation, list answers) the turn's answer stands as
 answered, invalid fields included (never repaired).
 
+Reading (``reading``): ``"inline"`` (default) continues a conversation whose turn 1 showed the log; ``"agentic"``
+gives every turn the trajectory tools of `rcarun.methods.reading` (read a step range, search by regex, list roles;
+at most ``max_tool_calls`` per turn) and, with All-at-once as the base, makes turn 1 read that way too (unless
+``base_options`` says otherwise). Every tool call and its result are recorded per turn (``tool_log``).
+
 Choices where the paper is silent (each an option):
 - ``layout="auto"``: "pieces" when the judge reads the log through tools (pieces are blocks of ``piece_steps``
   consecutive steps; a piece is unopened while none of its steps has been read), else "whole" — an inlined log is
@@ -49,7 +54,8 @@ Choices where the paper is silent (each an option):
 Evidence read per turn: deduplicated tokens (`EvidenceLedger`: whitespace tokens not inside a 13-gram seen before,
 as the paper dedupes observation tokens). With an inlined log, the judge has read at turn 1 everything its
 prompt showed (the turn-1 user messages, instructions included) and reads nothing new later; with tools, it is the
-text the tools returned each turn. Every turn's prediction, ``changed_from_prev`` and evidence are in the output
+text the tools returned each turn (turn 1's executed calls are replayed from the base method's ``tool_log`` to
+rebuild what it read). Every turn's prediction, ``changed_from_prev`` and evidence are in the output
 (``turns``), which `rcarun report` turns into per-turn accuracy.
 """
 
