@@ -56,6 +56,10 @@ class Method(Protocol):
     its conditions (RCTA's summary and outline under every ablation). The runner then pays for such a request
     once per trajectory and realization and serves the other conditions the same answer, recorded as cached.
 
+    A method whose answers decide how many calls it makes may declare ``worst_case(trajectory, counter)``
+    returning an object with ``calls`` and ``prompt_tokens``: the most it can spend on that trajectory, which
+    `rcarun estimate` reports as the maximum (dry runs with synthetic answers only see typical walks).
+
     A method that names the backbones it asks itself (a judge panel) declares ``backbones: tuple[str, ...]``.
     The runner then runs it once per trajectory and realization, as an item of the first of them (its home, where
     its prediction is stored), and it reaches the others through ``llm.for_backbone``; each call is recorded and

@@ -161,6 +161,11 @@ class StepByStep:
         self._user = _load_prompt("step_by_step_user.txt")
         self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
 
+    def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostEstimate:
+        """The most calls and prompt tokens this method can spend on ``trajectory`` (no step flagged), for
+        `rcarun estimate`: its answers decide when it stops, so dry runs alone would understate the bound."""
+        return estimate_calls_and_prompt_tokens(trajectory, counter, self.options)
+
     def steps_to_check(self, trajectory: Trajectory) -> int:
         """How many steps the walk covers at most: the whole log, or ``max_steps`` when that is smaller."""
         if self.options.max_steps is None:

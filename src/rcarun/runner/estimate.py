@@ -22,9 +22,9 @@ method's real call structure, not from a formula per method that drifts from the
 - **Output tokens, worst case**: every call stops for length on every attempt the stage allows: the first
   budget plus every doubled budget, and the prompt once per attempt.
 - **Calls**: logical calls (``llm.chat`` invocations), length retries not counted. ``calls_expected`` is the dry
-  run's mean; ``calls_max`` the largest a dry run made — except Step-by-step, whose answers decide when it stops:
-  its maximum is the no-early-stop bound (`rcarun.methods.step_by_step.estimate_calls_and_prompt_tokens`, every
-  step checked), and its worst-case tokens follow that bound.
+  run's mean; ``calls_max`` the largest a dry run made — or, for a method that declares its bound
+  (``worst_case``, see `rcarun.methods.Method`: Step-by-step, whose answers decide when it stops, every step
+  checked), that bound, and its worst-case tokens follow it.
 - **Randomness**: methods whose call count depends on answers (Step-by-step stops at the first flagged step,
   FALAT verifies candidates, RCTA retries invalid answers) are dry-run ``samples`` times with different seeds;
   expected figures are the mean over samples.
@@ -66,7 +66,6 @@ from rcarun.methods import (
     create_method,
     home_backbone,
 )
-from rcarun.methods.step_by_step import StepByStep, estimate_calls_and_prompt_tokens
 from rcarun.mock.answers import (
     DEFAULT_TOOL_ROUNDS_MAX,
     count_text_tokens,
@@ -93,7 +92,7 @@ class EstimateRow:
     Attributes:
         trajectories / realizations: the sizes the totals cover (items = trajectories × realizations).
         calls_expected: mean logical calls (length retries not counted); shared calls counted once.
-        calls_max: the most calls a dry run made, or Step-by-step's no-early-stop bound.
+        calls_max: the most calls a dry run made, or the bound a method declares (Step-by-step: no early stop).
         shared_calls: calls another method of the sweep already pays for (not in the token or USD figures).
         attempts_expected: calls plus the expected length retries.
         prompt_tokens_* / output_tokens_* / usd_*: expected and worst case (see the module docstring).
@@ -537,9 +536,11 @@ def _fold(
         worst.prompt_worst,
         worst.output_worst,
     )
-    if isinstance(method, StepByStep):
-        # Answers decide when the walk stops; its worst case is every step checked, each at its worst chain.
-        bound = estimate_calls_and_prompt_tokens(trajectory, _Counter(backbone), method.options)
+    worst_case = getattr(method, "worst_case", None)
+    if callable(worst_case):
+        # Answers decide when the method stops (Step-by-step: the first flagged step); its declared bound is
+        # the maximum, each call at its worst length-retry chain.
+        bound = worst_case(trajectory, _Counter(backbone))
         attempts = max(t.chain_attempts for t in tallies) or 1
         chain_output = max(t.chain_output for t in tallies)
         calls_max = max(calls_max, bound.calls)
