@@ -52,6 +52,9 @@ class MockConfig:
         error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate: probability of each
             fault per request (their sum at most 1). Faulted requests are not charged against limits.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
+        length_rate: this fraction of accepted requests is cut at a small fraction of ``max_tokens`` with
+            ``finish_reason="length"`` (drawn from its own seeded stream; requests without ``max_tokens`` are
+            never cut).
         reasoning_tokens: simulated thinking tokens per answer.
         reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
         usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).
@@ -79,6 +82,7 @@ class MockConfig:
     reset_rate: float = 0.0
     malformed_rate: float = 0.0
     hang_s: float = 30.0
+    length_rate: float = 0.0
     reasoning_tokens: int = 0
     reasoning_field: ReasoningField | None = "reasoning_content"
     usage_style: UsageStyle = "openai"
@@ -108,6 +112,8 @@ class MockConfig:
         for name, rate in zip(_FAULT_RATE_FIELDS, rates, strict=True):
             if not (0.0 <= rate <= 1.0):
                 problems.append(f"{name} must be within [0, 1], got {rate!r}")
+        if not (0.0 <= self.length_rate <= 1.0):
+            problems.append(f"length_rate must be within [0, 1], got {self.length_rate!r}")
         if sum(rates) > 1.0 + 1e-9:
             problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
         choices: dict[str, tuple[Any, ...]] = {

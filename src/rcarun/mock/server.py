@@ -47,6 +47,8 @@ __all__ = ["MockServer", "is_loopback_host"]
 
 # Tokens a message costs beyond its text (role and separators), as OpenAI's accounting does.
 _MESSAGE_OVERHEAD_TOKENS = 4
+# Where a forced length stop (``length_rate``) cuts the answer: this fraction of ``max_tokens``.
+_LENGTH_CUT_FRACTION = 0.125
 # Distinct first messages remembered for prefix caching before the memory is cleared.
 _PREFIX_CACHE_LIMIT = 100_000
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
@@ -83,6 +85,7 @@ class _State:
         # Separate streams so that fault draws do not shift sampling noise and vice versa.
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.sample_rng = random.Random(f"sampling:{config.seed}")
+        self.length_rng = random.Random(f"length:{config.seed}")
         self.seen_first_messages: set[int] = set()
         self.completion_ids = itertools.count(1)
 
@@ -292,6 +295,8 @@ class MockServer:
         model = body["model"] or config.model
         answer = self._compose_answer(body, messages, model, state)
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+        if config.length_rate > 0 and max_tokens is not None and state.length_rng.random() < config.length_rate:
+            completion = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
         charged_tokens = prompt_tokens + completion.completion_tokens
 
         now = self._clock()
@@ -564,6 +569,15 @@ def _fit_to_budget(
     content_tokens = max_tokens - reasoning_tokens
     content = answer[: math.floor(content_tokens * chars_per_token)]
     return _Completion(content, reasoning_tokens, max_tokens, "length")
+
+
+def _cut_short(answer: str, reasoning_tokens: int, max_tokens: int, chars_per_token: float) -> _Completion:
+    """A forced length stop: the model is charged a small fraction of ``max_tokens`` and its answer breaks off
+    at most half-way, so the text is never a complete answer whatever the budget."""
+    charged = max(1, math.ceil(max_tokens * _LENGTH_CUT_FRACTION))
+    thinking = min(reasoning_tokens, charged)
+    content_chars = math.floor(min((charged - thinking) * chars_per_token, len(answer) // 2))
+    return _Completion(answer[:content_chars], thinking, charged, "length")
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
