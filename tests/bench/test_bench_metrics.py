@@ -117,3 +117,11 @@ def test_every_scenario_exists_quick_and_full_and_crosses_processes_as_json() ->
     assert large.calls == 100_000
     assert get_scenario("length-retries", quick=True).mock_config().length_rate == pytest.approx(0.2)
     assert dataclasses.replace(large, calls=200).trajectories == 2
+
+
+def test_the_simulators_length_rate_is_a_validated_fraction() -> None:
+    from rcarun.mock import MockConfig
+
+    assert MockConfig(length_rate=0.2).length_rate == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="length_rate"):
+        MockConfig(length_rate=1.5)

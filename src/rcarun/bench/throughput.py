@@ -161,7 +161,7 @@ def run_scenarios(chosen: Sequence[Scenario], clients: Sequence[str] = CLIENT_OR
             dataset = write_dataset(scenario, root / scenario.name / "dataset")
             _progress(f"{scenario.name}: {scenario.calls} items, concurrency {scenario.concurrency}")
             with MockProcess(scenario.mock_config()) as mock:
-                for client in clients:
+                for client in (c for c in clients if c not in scenario.skip_clients):
                     workdir = root / scenario.name / client
                     workdir.mkdir(parents=True)
                     mock.reset()
