@@ -72,7 +72,7 @@ def test_delay_ratio_compares_the_longest_prompts_with_the_median() -> None:
 
 
 def test_delay_ratio_is_undefined_when_nobody_waited() -> None:
-    ratio, top, median = delay_ratio([QueueDelay(size, 0.0002) for size in range(30)])
+    ratio, _top, median = delay_ratio([QueueDelay(size, 0.0002) for size in range(30)])
 
     assert ratio is None
     assert median == pytest.approx(0.0002)
