@@ -71,11 +71,17 @@ def test_delay_ratio_compares_the_longest_prompts_with_the_median() -> None:
     assert ratio == pytest.approx(7.0)
 
 
-def test_delay_ratio_is_undefined_when_nobody_waited() -> None:
-    ratio, _top, median = delay_ratio([QueueDelay(size, 0.0002) for size in range(30)])
+def test_delay_ratio_counts_delays_below_a_millisecond_as_one() -> None:
+    nobody_waited = [QueueDelay(size, 0.0002) for size in range(30)]
+    # 27 light items never wait; the three longest wait 50 ms each.
+    heavy_waited = [QueueDelay(size, 0.0) for size in range(27)] + [
+        QueueDelay(100 + i, 0.05) for i in range(3)
+    ]
 
-    assert ratio is None
-    assert median == pytest.approx(0.0002)
+    assert delay_ratio(nobody_waited)[0] == pytest.approx(1.0)
+    ratio, top, median = delay_ratio(heavy_waited)
+    assert (ratio, top, median) == (pytest.approx(50.0), pytest.approx(0.05), 0.0)
+    assert delay_ratio(nobody_waited[:9]) == (None, 0.0, 0.0)
 
 
 def test_lag_summary_in_milliseconds_by_nearest_rank() -> None:

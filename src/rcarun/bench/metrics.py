@@ -68,8 +68,8 @@ _DRAIN_TOLERANCE = 0.05
 _SETTLE_WINDOW_S = 2.0
 _SETTLE_STEP_S = 0.5
 _SETTLE_MAX_429_FRACTION = 0.05
-# Below this median queueing delay nobody waited, and a ratio of two tiny numbers says nothing.
-_MIN_MEDIAN_DELAY_S = 0.001
+# Queueing delays below this count as this much in the fairness ratio: a ratio of two tiny numbers says nothing.
+_MIN_DELAY_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,9 +283,13 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 def delay_ratio(delays: Sequence[QueueDelay]) -> tuple[float | None, float, float]:
     """The longest-prompt decile's median queueing delay against the median of every call.
 
+    Both medians count as at least 1 ms (about the event loop's timer resolution), so that a client where most
+    items never wait but the longest do shows a large ratio rather than a division by zero, and one where
+    nobody waits shows 1.
+
     Returns:
         (ratio, top decile's median delay in s, everyone's median delay in s); ratio is None when fewer than
-        ten items were measured or the overall median is under 1 ms (nobody waited).
+        ten items were measured.
     """
     if len(delays) < 10:
         return None, 0.0, 0.0
@@ -293,9 +297,8 @@ def delay_ratio(delays: Sequence[QueueDelay]) -> tuple[float | None, float, floa
     top = by_size[: math.ceil(len(by_size) / 10)]
     top_median = percentile([d.delay_s for d in top], 0.5)
     median = percentile([d.delay_s for d in delays], 0.5)
-    if median < _MIN_MEDIAN_DELAY_S:
-        return None, top_median, median
-    return top_median / median, top_median, median
+    ratio = max(top_median, _MIN_DELAY_S) / max(median, _MIN_DELAY_S)
+    return ratio, top_median, median
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,7 +295,11 @@ class MockServer:
         model = body["model"] or config.model
         answer = self._compose_answer(body, messages, model, state)
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
-        if config.length_rate > 0 and max_tokens is not None and state.length_rng.random() < config.length_rate:
+        if (
+            config.length_rate > 0
+            and max_tokens is not None
+            and state.length_rng.random() < config.length_rate
+        ):
             completion = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
         charged_tokens = prompt_tokens + completion.completion_tokens
 
