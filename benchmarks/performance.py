@@ -3,7 +3,7 @@
 The benchmark's figures mean little without the machine they were taken on and how busy it was, so this script
 prints them together, ready to paste over the "Measured" section of docs/performance.md:
 
-    .venv/bin/python benchmarks/performance.py [--quick] [--from-json FILE]    # or: make bench
+    .venv/bin/python benchmarks/performance.py [--quick] [--from-json FILE] [--json-out FILE]   # or: make bench
 
 It runs `rcarun bench throughput` in-process (every scenario, every client, about 10 minutes; under a minute
 with ``--quick``), or, with ``--from-json``, formats a saved ``rcarun bench throughput --json`` document. The
@@ -21,7 +21,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from rcarun.bench import ResultRow, format_markdown, run_throughput
+from rcarun.bench import ResultRow, format_markdown, json_document, run_throughput
 
 _PACKAGES = ("rcarun", "aiohttp", "openai", "httpx", "aiolimiter", "pydantic")
 
@@ -88,6 +88,8 @@ def main() -> int:
     else:
         rows = run_throughput(quick=args.quick)
         load_after = _load()
+        if args.json_out is not None:
+            args.json_out.write_text(json.dumps(json_document(rows), indent=2))
     command = "rcarun bench throughput" + (" --quick" if args.quick else "")
     print(f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `{command}`.")
     print()

@@ -52,9 +52,9 @@ class MockConfig:
         error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate: probability of each
             fault per request (their sum at most 1). Faulted requests are not charged against limits.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
-        length_rate: this fraction of accepted requests is cut at a small fraction of ``max_tokens`` with
-            ``finish_reason="length"`` (drawn from its own seeded stream; requests without ``max_tokens`` are
-            never cut).
+        length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
+            its budget (``max_tokens``, or the whole answer when none is given), as if the model had rambled;
+            drawn from its own random stream, so it shifts neither fault draws nor sampling.
         reasoning_tokens: simulated thinking tokens per answer.
         reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
         usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).

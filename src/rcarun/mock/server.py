@@ -47,8 +47,6 @@ __all__ = ["MockServer", "is_loopback_host"]
 
 # Tokens a message costs beyond its text (role and separators), as OpenAI's accounting does.
 _MESSAGE_OVERHEAD_TOKENS = 4
-# Where a forced length stop (``length_rate``) cuts the answer: this fraction of ``max_tokens``.
-_LENGTH_CUT_FRACTION = 0.125
 # Distinct first messages remembered for prefix caching before the memory is cleared.
 _PREFIX_CACHE_LIMIT = 100_000
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
@@ -295,12 +293,10 @@ class MockServer:
         model = body["model"] or config.model
         answer = self._compose_answer(body, messages, model, state)
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
-        if (
-            config.length_rate > 0
-            and max_tokens is not None
-            and state.length_rng.random() < config.length_rate
-        ):
-            completion = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+        if config.length_rate > 0 and state.length_rng.random() < config.length_rate:
+            cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
+            if cut is not None:
+                completion = cut
         charged_tokens = prompt_tokens + completion.completion_tokens
 
         now = self._clock()
@@ -575,13 +571,20 @@ def _fit_to_budget(
     return _Completion(content, reasoning_tokens, max_tokens, "length")
 
 
-def _cut_short(answer: str, reasoning_tokens: int, max_tokens: int, chars_per_token: float) -> _Completion:
-    """A forced length stop: the model is charged a small fraction of ``max_tokens`` and its answer breaks off
-    at most half-way, so the text is never a complete answer whatever the budget."""
-    charged = max(1, math.ceil(max_tokens * _LENGTH_CUT_FRACTION))
-    thinking = min(reasoning_tokens, charged)
-    content_chars = math.floor(min((charged - thinking) * chars_per_token, len(answer) // 2))
-    return _Completion(answer[:content_chars], thinking, charged, "length")
+def _cut_short(
+    answer: str, reasoning_tokens: int, max_tokens: int | None, chars_per_token: float
+) -> _Completion | None:
+    """The ``length_rate`` fault: the answer stopped at a tenth of ``max_tokens``; None if it cannot be cut.
+
+    When the whole answer is shorter than that (or no budget was given), it stops at a tenth of its own length.
+    """
+    whole = reasoning_tokens + count_text_tokens(answer, chars_per_token)
+    cut_at = max(1, max_tokens // 10) if max_tokens is not None else 0
+    if cut_at >= whole or cut_at == 0:
+        cut_at = max(1, whole // 10)
+    if cut_at >= whole:
+        return None
+    return _fit_to_budget(answer, reasoning_tokens, cut_at, chars_per_token)
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
