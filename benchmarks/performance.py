@@ -80,6 +80,9 @@ def main() -> int:
     parser.add_argument(
         "--from-json", type=Path, help="format a saved `rcarun bench throughput --json` output"
     )
+    parser.add_argument(
+        "--json-out", type=Path, help="also save the rows, as `rcarun bench throughput --json` prints them"
+    )
     args = parser.parse_args()
     load_before = _load()
     if args.from_json is not None:
