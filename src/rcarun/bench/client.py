@@ -4,7 +4,8 @@
 client once and prints one JSON line (`rcarun.bench.metrics.ClientRun`) on stdout. CPU time is
 ``time.process_time`` (every thread of the process, so rcarun's store-writer thread counts) from just before the
 run to just after; imports are outside that span for every client alike. Peak RSS is the process's high-water
-mark (``VmHWM``), imports included. Event-loop lag is measured in the same loop as the client's work: a
+mark (``VmHWM``), imports included, read when the client's own work ends (rcarun's before its calls are read
+back from results.db for the figures). Event-loop lag is measured in the same loop as the client's work: a
 task sleeps `_LAG_PERIOD_S` at a time and records how much later than asked it woke up, for the whole run.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import sys
 import time
 from collections.abc import Coroutine
@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .clients import CLIENTS
-from .metrics import ClientRun, allowance, delay_ratio, lag_summary, steady_window, storm_figures
+from .metrics import (
+    ClientRun,
+    allowance,
+    delay_ratio,
+    lag_summary,
+    peak_rss_mb_now,
+    steady_window,
+    storm_figures,
+)
 from .scenarios import Scenario
 
 _T = TypeVar("_T")
@@ -48,19 +56,6 @@ async def _with_lag_probe(work: Coroutine[Any, Any, _T], lateness: list[float]) 
 __all__ = ["main", "measure"]
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident set in MiB: ``VmHWM``, which starts afresh at exec. ``ru_maxrss`` does
-    not: after fork + exec it keeps the forking parent's peak, so it never reads below the benchmark's own."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workdir: Path) -> ClientRun:
     """Run ``client`` on the scenario's workload and measure it (in this process)."""
     runner = CLIENTS[client]
@@ -75,7 +70,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
     storm = storm_figures(outcome.attempts, scenario.settle_after_s)
     ratio, top_delay_s, median_delay_s = delay_ratio(outcome.delays)
     lag = lag_summary(lateness)
-    peak_rss_mb = _peak_rss_mb()
+    peak_rss_mb = outcome.peak_rss_mb if outcome.peak_rss_mb is not None else peak_rss_mb_now()
     return ClientRun(
         calls=len(completions),
         failed=outcome.failed,

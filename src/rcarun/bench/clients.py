@@ -34,13 +34,13 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .metrics import Attempt, Completion, QueueDelay
+from .metrics import Attempt, Completion, QueueDelay, peak_rss_mb_now
 from .scenarios import Scenario
 from .workload import MODEL, BenchRequest, request_bodies
 
@@ -93,6 +93,8 @@ class ClientOutcome:
         recorded_calls: answered attempts stored durably (rows with status ok/length in results.db).
         wasted_tokens: prompt + completion tokens of attempts cut by a length stop.
         cost_usd: the client's own account of what it spent.
+        peak_rss_mb: the process's peak when the client's own work ended, when the benchmark's bookkeeping
+            after it would add to it (rcarun's calls read back); None: read it at the end.
     """
 
     completions: list[Completion] = field(default_factory=list)
@@ -105,6 +107,7 @@ class ClientOutcome:
     recorded_calls: int = 0
     wasted_tokens: int = 0
     cost_usd: float = 0.0
+    peak_rss_mb: float | None = None
 
 
 ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientOutcome]]
@@ -205,31 +208,14 @@ def _epoch_s(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
-    """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
-    from rcarun.runner import run_sweep
-
-    _register_timed_method()
-    _asked_at.clear()
-    db_path = workdir / "results.db"
-    sweep = await run_sweep(
-        _sweep_config(scenario, dataset, base_url),
-        db_path=db_path,
-        run_name=f"bench-{scenario.name}",
-        show_progress=False,
-    )
-    counters = sweep.counters["sim"]
-    with contextlib.closing(sqlite3.connect(db_path)) as connection:
-        rows = connection.execute(
-            "SELECT qid, realization, status, started_at, ended_at, COALESCE(prompt_tokens, 0), "
-            "COALESCE(completion_tokens, 0), COALESCE(cost_usd, 0) FROM calls WHERE run_id = ? "
-            "ORDER BY started_at",
-            (sweep.run_id,),
-        ).fetchall()
-    outcome = ClientOutcome(items=scenario.calls)
-    first_sent: dict[str, list[float]] = defaultdict(list)
-    seen_items: set[tuple[str, int]] = set()
-    answered: set[tuple[str, int]] = set()
+def _read_calls(
+    rows: Iterable[tuple[Any, ...]],
+    outcome: ClientOutcome,
+    first_sent: dict[str, list[float]],
+    seen_items: set[tuple[str, int]],
+    answered: set[tuple[str, int]],
+) -> None:
+    """Fold rcarun's ``calls`` rows, streamed in send order, into ``outcome``."""
     for qid, realization, status, started_at, ended_at, prompt, completion, cost in rows:
         sent = _epoch_s(started_at)
         outcome.attempts.append(Attempt(sent=sent, rate_limited=status == "rate_limited"))
@@ -247,6 +233,35 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
             answered.add((qid, realization))
         elif status == "rate_limited":
             outcome.retries_429 += 1
+
+
+async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
+    """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
+    from rcarun.runner import run_sweep
+
+    _register_timed_method()
+    _asked_at.clear()
+    db_path = workdir / "results.db"
+    sweep = await run_sweep(
+        _sweep_config(scenario, dataset, base_url),
+        db_path=db_path,
+        run_name=f"bench-{scenario.name}",
+        show_progress=False,
+    )
+    # The sweep's own peak, before the benchmark's bookkeeping below reads every call back.
+    outcome = ClientOutcome(items=scenario.calls, peak_rss_mb=peak_rss_mb_now())
+    counters = sweep.counters["sim"]
+    first_sent: dict[str, list[float]] = defaultdict(list)
+    seen_items: set[tuple[str, int]] = set()
+    answered: set[tuple[str, int]] = set()
+    with contextlib.closing(sqlite3.connect(db_path)) as connection:
+        rows = connection.execute(
+            "SELECT qid, realization, status, started_at, ended_at, COALESCE(prompt_tokens, 0), "
+            "COALESCE(completion_tokens, 0), COALESCE(cost_usd, 0) FROM calls WHERE run_id = ? "
+            "ORDER BY started_at",
+            (sweep.run_id,),
+        )
+        _read_calls(rows, outcome, first_sent, seen_items, answered)
     outcome.succeeded = len(answered)
     outcome.recorded_calls = len(outcome.completions)
     outcome.failed = counters.items_failed + counters.items_skipped_budget + counters.items_interrupted

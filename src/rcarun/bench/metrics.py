@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import bisect
 import math
+import resource
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .scenarios import Scenario
@@ -57,6 +59,7 @@ __all__ = [
     "delay_ratio",
     "lag_summary",
     "nominal_ceiling_rps",
+    "peak_rss_mb_now",
     "percentile",
     "steady_window",
     "storm_figures",
@@ -328,6 +331,19 @@ def lag_summary(lateness_s: Sequence[float]) -> LagSummary:
         p99_ms=percentile(lateness_s, 0.99) * 1000,
         max_ms=max(lateness_s) * 1000,
     )
+
+
+def peak_rss_mb_now() -> float:
+    """This process's peak resident set in MiB: ``VmHWM``, which starts afresh at exec. ``ru_maxrss`` does
+    not: after fork + exec it keeps the forking parent's peak, so it never reads below the benchmark's own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass(frozen=True, slots=True)
