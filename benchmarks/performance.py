@@ -5,7 +5,7 @@ prints them together, ready to paste over the "Measured" section of docs/perform
 
     .venv/bin/python benchmarks/performance.py [--quick] [--from-json FILE] [--json-out FILE]   # or: make bench
 
-It runs `rcarun bench throughput` in-process (every scenario, every client, about 10 minutes; under a minute
+It runs `rcarun bench throughput` in-process (every scenario, every client, about 12 minutes; under a minute
 with ``--quick``), or, with ``--from-json``, formats a saved ``rcarun bench throughput --json`` document. The
 load average is read before and after the run; other work on the machine lowers every client's figures.
 """
