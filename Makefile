@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/rcarun bench throughput
+	$(BIN)/python benchmarks/performance.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache results.db results.db-*

@@ -1,9 +1,10 @@
-"""Performance benchmarks against rcarun's simulator: `rcarun bench throughput [--json] [--quick]`.
+"""Performance benchmarks against rcarun's simulator: `rcarun bench throughput [--json|--markdown] [--quick]`.
 
 Timing claims belong here, not in timed tests (STYLE.md): the benchmark runs rcarun's real runner beside two
 plain-asyncio peers on the same workload against the same simulator process and reports what the *server*
 counted (429s, limit overshoot) beside what each client achieved, so that "as fast as the limits allow" is a
-measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md.
+measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md; the last measured
+table is in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from .metrics import ClientRun, Completion, ResultRow, steady_window
 from .scenarios import SCENARIO_NAMES, Scenario, get_scenario, scenarios
-from .throughput import CLIENT_ORDER, format_table, json_document, run_throughput
+from .throughput import CLIENT_ORDER, format_markdown, format_table, json_document, run_throughput
 
 __all__ = [
     "CLIENT_ORDER",
@@ -23,6 +24,7 @@ __all__ = [
     "Completion",
     "ResultRow",
     "Scenario",
+    "format_markdown",
     "format_table",
     "get_scenario",
     "json_document",
@@ -34,13 +36,23 @@ __all__ = [
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of ``rcarun bench``: ``args.suite`` ("throughput"), ``args.json`` and ``args.quick``."""
+    """Entry point of ``rcarun bench``: ``args.suite`` ("throughput"), ``args.json``, ``args.markdown``,
+    ``args.quick`` and ``args.scenario`` (names to run; all when empty)."""
     if args.suite != "throughput":
         print(f"rcarun bench: unknown suite {args.suite!r} (known: throughput)", file=sys.stderr)
         return 2
-    rows = run_throughput(quick=bool(args.quick))
+    names = tuple(getattr(args, "scenario", None) or ())
+    unknown = sorted(set(names) - set(SCENARIO_NAMES))
+    if unknown:
+        print(
+            f"rcarun bench: unknown scenarios {unknown} (known: {', '.join(SCENARIO_NAMES)})", file=sys.stderr
+        )
+        return 2
+    rows = run_throughput(quick=bool(args.quick), names=names)
     if args.json:
         print(json.dumps(json_document(rows), indent=2))
+    elif getattr(args, "markdown", False):
+        print(format_markdown(rows))
     else:
         print(format_table(rows))
     return 0

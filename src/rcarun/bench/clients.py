@@ -1,22 +1,28 @@
 """The three clients the benchmark compares, each running one scenario's workload against the simulator.
 
 - ``rcarun``: rcarun's real runner end to end — `rcarun.runner.run_sweep` over the synthetic dataset with the
-  all-at-once method and one ``simulated`` backbone whose limits are declared as the scenario says, into a fresh
-  results.db. Nothing is bypassed: dataset loading, the session, the gate, the aiohttp backend, the store writer.
+  all-at-once method and one ``simulated`` backbone whose limits are declared as the scenario says (and priced,
+  so that its own cost accounting can be checked against the server's), into a fresh results.db. Nothing is
+  bypassed: dataset loading, the session, the gate, the aiohttp backend, the store writer. The method is
+  all-at-once wrapped only to note when it asks for its call (`_TimedAllAtOnce`), for the queueing delay.
 - ``naive-gather``: the script most people write — `asyncio.gather` over every call, an `asyncio.Semaphore`
   around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a 429 a sleep of Retry-After (or 1 s)
-  and a retry. No pacing: it learns about limits only from 429s.
+  and a retry. No pacing: it learns about limits only from 429s. A length stop is taken as the answer (which
+  then fails to parse): the script checks nothing.
 - ``aiolimiter-loop``: what a careful engineer writes — one `aiohttp.ClientSession` (pool as large as the
   concurrency), worker tasks pulling from one iterator, `aiolimiter.AsyncLimiter` for requests per second and a
   second one acquired with each call's estimated token weight for tokens per second. The estimate is the exact
   prompt count the way the server counts it (characters / 4 per message + 4 per message, what a tokenizer gives)
   plus the running mean of completion tokens seen so far — aiolimiter cannot take back an over-reservation, so
   reserving the full ``max_tokens`` (8,000) would waste most of the budget. A 429, should one come, is retried
-  after ``retry-after-ms`` (or Retry-After, or 1 s).
+  after ``retry-after-ms`` (or Retry-After, or 1 s). A length stop is sent again unchanged, up to the same
+  number of length retries rcarun is allowed (the minimal fix: a random cut usually does not recur).
 
 The peers send the very bodies rcarun sends (`rcarun.bench.workload.request_bodies`), built before the clock
 starts for the peers' requests but inside the measured run, as rcarun reads its dataset inside `run_sweep`.
-Each returns the completions it saw; the caller (`rcarun.bench.client`) times the run and measures the process.
+Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`) times the run and measures the
+process. Every client prices its tokens with the same `PRICES`, so its own cost can be compared with the
+server's accounting.
 """
 
 from __future__ import annotations
@@ -27,17 +33,26 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .metrics import Completion
+from .metrics import Attempt, Completion, QueueDelay, peak_rss_mb_now
 from .scenarios import Scenario
 from .workload import MODEL, BenchRequest, request_bodies
 
-__all__ = ["CLIENTS", "ClientOutcome", "run_aiolimiter_loop", "run_naive_gather", "run_rcarun"]
+__all__ = [
+    "CLIENTS",
+    "PRICES",
+    "ClientOutcome",
+    "Price",
+    "run_aiolimiter_loop",
+    "run_naive_gather",
+    "run_rcarun",
+]
 
 # Tokens the simulator charges per message beyond its text (as OpenAI's accounting does).
 _MESSAGE_OVERHEAD_TOKENS = 4
@@ -48,20 +63,51 @@ _MAX_429_RETRIES = 50
 
 
 @dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens; cached prompt tokens cost the same, so the server's totals price exactly."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1_000_000
+
+
+# Illustrative (DeepSeek-like) prices; only the agreement between client and server matters.
+PRICES = Price(input_per_mtok=0.28, output_per_mtok=1.10)
+
+
+@dataclass(slots=True)
 class ClientOutcome:
     """What a client saw.
 
     Attributes:
-        completions: every successful call (times on ``time.time()``'s clock, server-charged tokens).
-        failed: calls that gave up.
+        completions: every answered attempt, length stops included (times on ``time.time()``'s clock,
+            server-charged tokens).
+        attempts: every request sent, 429s included.
+        delays: each item's queueing delay before its first request (`QueueDelay`).
+        items: work items in the workload.
+        succeeded: items that got a complete answer (finish_reason other than "length").
+        failed: items that gave up on an error.
         retries_429: 429s the client saw (and retried).
-        recorded_calls: successful calls stored durably (rows with status ok/length in results.db).
+        recorded_calls: answered attempts stored durably (rows with status ok/length in results.db).
+        wasted_tokens: prompt + completion tokens of attempts cut by a length stop.
+        cost_usd: the client's own account of what it spent.
+        peak_rss_mb: the process's peak when the client's own work ended, when the benchmark's bookkeeping
+            after it would add to it (rcarun's calls read back); None: read it at the end.
     """
 
-    completions: list[Completion]
-    failed: int
-    retries_429: int
-    recorded_calls: int
+    completions: list[Completion] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    delays: list[QueueDelay] = field(default_factory=list)
+    items: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retries_429: int = 0
+    recorded_calls: int = 0
+    wasted_tokens: int = 0
+    cost_usd: float = 0.0
+    peak_rss_mb: float | None = None
 
 
 ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientOutcome]]
@@ -70,13 +116,80 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 # --------------------------------------------------------------------------------------------------- rcarun
 
 
+_TIMED_METHOD = "bench-timed-all-at-once"
+
+
+class _TimedLLM:
+    """The session a method sees, noting the moment the method asks for a call (the item is runnable)."""
+
+    def __init__(self, llm: Any, on_chat: Callable[[Sequence[Any]], None]) -> None:
+        self._llm = llm
+        self._on_chat = on_chat
+
+    @property
+    def context_window(self) -> int | None:
+        window: int | None = self._llm.context_window
+        return window
+
+    def estimate_tokens(self, text: str) -> int:
+        return int(self._llm.estimate_tokens(text))
+
+    @property
+    def backbone(self) -> str:
+        name: str = self._llm.backbone
+        return name
+
+    def for_backbone(self, name: str) -> Any:
+        return _TimedLLM(self._llm.for_backbone(name), self._on_chat)
+
+    async def chat(self, messages: Sequence[Any], **kwargs: Any) -> Any:
+        self._on_chat(messages)
+        return await self._llm.chat(messages, **kwargs)
+
+
+# qid -> (time.time(), prompt characters) at which that trajectory's items first asked for a call.
+_asked_at: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
+
+
+class _TimedAllAtOnce:
+    """All-at-once, unchanged, except that it notes when each item first asks for its call."""
+
+    def __init__(self, label: str, options: Mapping[str, Any]) -> None:
+        from rcarun.methods import create_method
+
+        self.label = label
+        self._inner = create_method("all-at-once", label=label, options=options)
+
+    async def attribute(self, trajectory: Any, llm: Any) -> Any:
+        asked = False
+
+        def note(messages: Sequence[Any]) -> None:
+            nonlocal asked
+            if not asked:
+                asked = True
+                prompt_chars = sum(len(message.content) for message in messages)
+                _asked_at[trajectory.qid].append((time.time(), prompt_chars))
+
+        return await self._inner.attribute(trajectory, _TimedLLM(llm, note))
+
+
+def _register_timed_method() -> None:
+    # Registered in the client's own process only (never in a process that lists methods, such as the tests').
+    from rcarun.methods import method, registered_methods
+
+    if _TIMED_METHOD not in registered_methods():
+        method(_TIMED_METHOD)(_TimedAllAtOnce)
+
+
 def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
+    from rcarun.runner.config import PricesConfig, StageConfig
 
     return SweepConfig(
-        sweep=SweepSection(dataset=str(dataset), realizations=1),
-        methods=(MethodConfig(name="all-at-once"),),
+        sweep=SweepSection(dataset=str(dataset), realizations=scenario.realizations),
+        methods=(MethodConfig(name=_TIMED_METHOD, label="all-at-once"),),
+        stages={"attribution": StageConfig(length_retries=scenario.length_retries)},
         backbones={
             "sim": BackboneConfig(
                 provider="simulated",
@@ -89,6 +202,11 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
                     tpm=scenario.tpm,
                     burst_s=scenario.burst_s,
                 ),
+                prices=PricesConfig(
+                    input_per_mtok=PRICES.input_per_mtok,
+                    cached_input_per_mtok=PRICES.input_per_mtok,
+                    output_per_mtok=PRICES.output_per_mtok,
+                ),
             )
         },
     )
@@ -98,40 +216,76 @@ def _epoch_s(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
+def _read_calls(
+    rows: Iterable[tuple[Any, ...]],
+    outcome: ClientOutcome,
+    first_sent: dict[str, list[float]],
+    seen_items: set[tuple[str, int]],
+    answered: set[tuple[str, int]],
+) -> None:
+    """Fold rcarun's ``calls`` rows, streamed in send order, into ``outcome``."""
+    for qid, realization, status, started_at, ended_at, prompt, completion, cost in rows:
+        sent = _epoch_s(started_at)
+        outcome.attempts.append(Attempt(sent=sent, rate_limited=status == "rate_limited"))
+        if (qid, realization) not in seen_items:
+            seen_items.add((qid, realization))
+            first_sent[qid].append(sent)
+        if status in ("ok", "length"):
+            outcome.completions.append(
+                Completion(sent=sent, at=_epoch_s(ended_at), tokens=prompt + completion)
+            )
+            outcome.cost_usd += cost
+        if status == "length":
+            outcome.wasted_tokens += prompt + completion
+        elif status == "ok":
+            answered.add((qid, realization))
+        elif status == "rate_limited":
+            outcome.retries_429 += 1
+
+
 async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
-    """One sweep into a fresh ``workdir/results.db``; completions are read back from its ``calls`` table."""
+    """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
     from rcarun.runner import run_sweep
 
+    _register_timed_method()
+    _asked_at.clear()
     db_path = workdir / "results.db"
-    outcome = await run_sweep(
+    sweep = await run_sweep(
         _sweep_config(scenario, dataset, base_url),
         db_path=db_path,
         run_name=f"bench-{scenario.name}",
         show_progress=False,
     )
-    counters = outcome.counters["sim"]
+    # The sweep's own peak, before the benchmark's bookkeeping below reads every call back.
+    outcome = ClientOutcome(items=scenario.calls, peak_rss_mb=peak_rss_mb_now())
+    counters = sweep.counters["sim"]
+    first_sent: dict[str, list[float]] = defaultdict(list)
+    seen_items: set[tuple[str, int]] = set()
+    answered: set[tuple[str, int]] = set()
     with contextlib.closing(sqlite3.connect(db_path)) as connection:
         rows = connection.execute(
-            "SELECT started_at, ended_at, COALESCE(prompt_tokens, 0) + COALESCE(completion_tokens, 0) FROM calls "
-            "WHERE run_id = ? AND status IN ('ok', 'length')",
-            (outcome.run_id,),
-        ).fetchall()
-        retries_429 = connection.execute(
-            "SELECT COUNT(*) FROM calls WHERE run_id = ? AND status = 'rate_limited'", (outcome.run_id,)
-        ).fetchone()[0]
-    completions = [
-        Completion(sent=_epoch_s(started_at), at=_epoch_s(ended_at), tokens=int(tokens))
-        for started_at, ended_at, tokens in rows
-    ]
-    return ClientOutcome(
-        completions=completions,
-        failed=counters.items_failed + counters.items_skipped_budget + counters.items_interrupted,
-        retries_429=int(retries_429),
-        recorded_calls=len(rows),
-    )
+            "SELECT qid, realization, status, started_at, ended_at, COALESCE(prompt_tokens, 0), "
+            "COALESCE(completion_tokens, 0), COALESCE(cost_usd, 0) FROM calls WHERE run_id = ? "
+            "ORDER BY started_at",
+            (sweep.run_id,),
+        )
+        _read_calls(rows, outcome, first_sent, seen_items, answered)
+    outcome.succeeded = len(answered)
+    outcome.recorded_calls = len(outcome.completions)
+    outcome.failed = counters.items_failed + counters.items_skipped_budget + counters.items_interrupted
+    # Pair each item's first request with the moment it asked, per trajectory in order (one per realization).
+    for qid, sends in first_sent.items():
+        for (asked, prompt_chars), sent in zip(sorted(_asked_at.get(qid, ())), sorted(sends), strict=False):
+            outcome.delays.append(QueueDelay(prompt_chars, max(0.0, sent - asked)))
+    return outcome
 
 
 # ---------------------------------------------------------------------------------------------- naive-gather
+
+
+def _workload(scenario: Scenario, dataset: Path, base_url: str) -> list[BenchRequest]:
+    """Every call of the workload: each trajectory's body once per realization (the same object, repeated)."""
+    return list(request_bodies(dataset, base_url)) * scenario.realizations
 
 
 async def run_naive_gather(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
@@ -139,26 +293,35 @@ async def run_naive_gather(scenario: Scenario, dataset: Path, base_url: str, wor
     import openai
     from openai import AsyncOpenAI
 
-    requests = list(request_bodies(dataset, base_url))
+    requests = _workload(scenario, dataset, base_url)
     client = AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
     semaphore = asyncio.Semaphore(scenario.concurrency)
-    completions: list[Completion] = []
-    retries_429 = 0
+    outcome = ClientOutcome(items=len(requests))
 
     async def one(request: BenchRequest) -> bool:
-        nonlocal retries_429
+        runnable = time.time()
         async with semaphore:
-            for _ in range(_MAX_429_RETRIES):
+            for attempt in range(_MAX_429_RETRIES):
                 sent = time.time()
+                if attempt == 0:
+                    outcome.delays.append(QueueDelay(request.prompt_chars, sent - runnable))
                 try:
                     response = await client.chat.completions.create(**request.body)
                 except openai.RateLimitError as error:
-                    retries_429 += 1
+                    outcome.attempts.append(Attempt(sent=sent, rate_limited=True))
+                    outcome.retries_429 += 1
                     await asyncio.sleep(_retry_after_s(error.response.headers.get("retry-after"), None))
                     continue
+                outcome.attempts.append(Attempt(sent=sent, rate_limited=False))
                 usage = response.usage
-                tokens = usage.prompt_tokens + usage.completion_tokens if usage is not None else 0
-                completions.append(Completion(sent=sent, at=time.time(), tokens=tokens))
+                prompt = usage.prompt_tokens if usage is not None else 0
+                completion = usage.completion_tokens if usage is not None else 0
+                outcome.completions.append(Completion(sent=sent, at=time.time(), tokens=prompt + completion))
+                outcome.cost_usd += PRICES.cost_usd(prompt, completion)
+                if response.choices[0].finish_reason == "length":
+                    outcome.wasted_tokens += prompt + completion
+                else:
+                    outcome.succeeded += 1
                 return True
         return False
 
@@ -166,8 +329,8 @@ async def run_naive_gather(scenario: Scenario, dataset: Path, base_url: str, wor
         results = await asyncio.gather(*(one(request) for request in requests), return_exceptions=True)
     finally:
         await client.close()
-    failed = sum(1 for result in results if result is not True)
-    return ClientOutcome(completions=completions, failed=failed, retries_429=retries_429, recorded_calls=0)
+    outcome.failed = sum(1 for result in results if result is not True)
+    return outcome
 
 
 # -------------------------------------------------------------------------------------------- aiolimiter-loop
@@ -187,21 +350,23 @@ async def run_aiolimiter_loop(
     import aiohttp
     from aiolimiter import AsyncLimiter
 
-    requests = list(request_bodies(dataset, base_url))
+    requests = _workload(scenario, dataset, base_url)
     # One second of quota per limiter: the same burst the server allows.
     request_limiter = AsyncLimiter(scenario.requests_per_s, 1.0) if scenario.requests_per_s else None
     token_limiter = AsyncLimiter(scenario.tokens_per_s, 1.0) if scenario.tokens_per_s else None
     url = f"{base_url}/chat/completions"
     headers = {"Authorization": "Bearer bench", "Content-Type": "application/json"}
-    completions: list[Completion] = []
-    retries_429 = 0
-    failed = 0
+    outcome = ClientOutcome(items=len(requests))
     completion_tokens_seen = 0
     answers_seen = 0
     pending: Iterator[BenchRequest] = iter(requests)
 
-    async def send(session: aiohttp.ClientSession, request: BenchRequest, data: bytes) -> bool:
-        nonlocal retries_429, completion_tokens_seen, answers_seen
+    async def send(
+        session: aiohttp.ClientSession, request: BenchRequest, data: bytes, runnable: float
+    ) -> bool:
+        nonlocal completion_tokens_seen, answers_seen
+        length_retries_left = scenario.length_retries
+        first = True
         for _ in range(_MAX_429_RETRIES):
             if request_limiter is not None:
                 await request_limiter.acquire()
@@ -213,10 +378,14 @@ async def run_aiolimiter_loop(
                 # aiolimiter refuses a weight above its capacity; such a call waits for a full bucket instead.
                 await token_limiter.acquire(min(weight, token_limiter.max_rate))
             sent = time.time()
+            if first:
+                outcome.delays.append(QueueDelay(request.prompt_chars, sent - runnable))
+                first = False
             async with session.post(url, data=data, headers=headers) as response:
                 payload = await response.read()
                 if response.status == 429:
-                    retries_429 += 1
+                    outcome.attempts.append(Attempt(sent=sent, rate_limited=True))
+                    outcome.retries_429 += 1
                     await asyncio.sleep(
                         _retry_after_s(
                             response.headers.get("retry-after"), response.headers.get("retry-after-ms")
@@ -224,33 +393,42 @@ async def run_aiolimiter_loop(
                     )
                     continue
                 response.raise_for_status()
-            usage = json.loads(payload).get("usage") or {}
-            completion_tokens = int(usage.get("completion_tokens", 0))
-            completion_tokens_seen += completion_tokens
+            outcome.attempts.append(Attempt(sent=sent, rate_limited=False))
+            answer = json.loads(payload)
+            usage = answer.get("usage") or {}
+            prompt = int(usage.get("prompt_tokens", 0))
+            completion = int(usage.get("completion_tokens", 0))
+            completion_tokens_seen += completion
             answers_seen += 1
-            completions.append(
-                Completion(
-                    sent=sent, at=time.time(), tokens=int(usage.get("prompt_tokens", 0)) + completion_tokens
-                )
-            )
+            outcome.completions.append(Completion(sent=sent, at=time.time(), tokens=prompt + completion))
+            outcome.cost_usd += PRICES.cost_usd(prompt, completion)
+            if answer["choices"][0].get("finish_reason") == "length":
+                outcome.wasted_tokens += prompt + completion
+                if length_retries_left > 0:
+                    length_retries_left -= 1
+                    continue
+                return True
+            outcome.succeeded += 1
             return True
         return False
 
     async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal failed
         for request in pending:
+            runnable = time.time()
             try:
-                ok = await send(session, request, json.dumps(request.body, ensure_ascii=False).encode())
+                ok = await send(
+                    session, request, json.dumps(request.body, ensure_ascii=False).encode(), runnable
+                )
             except aiohttp.ClientError:
                 ok = False
             if not ok:
-                failed += 1
+                outcome.failed += 1
 
     connector = aiohttp.TCPConnector(limit=scenario.concurrency)
     async with aiohttp.ClientSession(connector=connector) as session, asyncio.TaskGroup() as group:
         for _ in range(scenario.concurrency):
             group.create_task(worker(session))
-    return ClientOutcome(completions=completions, failed=failed, retries_429=retries_429, recorded_calls=0)
+    return outcome
 
 
 def _retry_after_s(seconds: str | None, milliseconds: str | None) -> float:

@@ -7,45 +7,75 @@ steady window ends at the completion of the call 10 % from the end and starts at
     - the completion of the call 10 % from the start, and
     - when a declared limit binds: the completion of the first call at which the simulator's bucket, replayed
       from the send time and charge of every accepted call (capacity B = burst_s seconds of quota, refilled at
-      the limit's rate r), is within 5 % of B of its lowest level in the run,
+      the limit's rate r), is within 5 % of B of its lowest level in the first half of the run (not of the
+      whole run: a client that reserves output budgets and is refunded later keeps a floating headroom in
+      the replayed bucket, whose overall lowest point may come late and leave a window of a few seconds),
 and ``achieved_rps`` = calls completed inside the window / its length in seconds. The second rule keeps the
 initial burst out of the window, whatever the client's speed: calls counted = r·T + (level at the start − level
-at the end), so the rate can exceed the limit by at most 0.05·B/T (0.5 % of r over a 10-s window at burst_s = 1).
+at the end), so a client pacing to the limit can exceed it by at most 0.05·B/T (0.5 % of r over a 10-s window
+at burst_s = 1), plus any later dip below the first half's lowest level over T.
 Every client is measured with exactly this rule, from times taken the same way: just before the request is
 sent and when its response has been read (for rcarun, the ``started_at`` and ``ended_at`` of its own ``calls``
 rows, which bracket exactly the backend call).
 
-Ceilings. Latency-bound: concurrency / latency. Requests-bound: the declared requests per second.
-Tokens-bound: the declared tokens per second divided by the mean tokens per call *of the calls completed in the
-window*, as the server charged them (prompt + completion, read back from each response's ``usage``, which is
-the simulator's own count). Heavy-tailed prompts make the mean of any subset of calls noisy; dividing by the
-mean of the very calls counted makes ``ratio`` exactly "tokens per second achieved / tokens per second allowed".
+Ceilings are what the *server* allows. Latency-bound: concurrency (the server's slots when it has fewer) /
+latency. Requests-bound: the server's requests per second (the declared rate, except in the 429 storm, where
+the server enforces 30 % less than the clients were told). Tokens-bound: the tokens per second divided by the
+mean tokens per call *of the calls completed in the window*, as the server charged them (prompt + completion,
+read back from each response's ``usage``, which is the simulator's own count). Heavy-tailed prompts make the
+mean of any subset of calls noisy; dividing by the mean of the very calls counted makes ``ratio`` exactly
+"tokens per second achieved / tokens per second allowed". Every answered attempt counts as a completion,
+length stops included: a truncated answer is work the server did.
+
+The scenario-specific figures, each defined where it is computed:
+    - `storm_figures`: 429s per request after the first ``settle_after_s`` seconds, and the time to settle.
+    - `delay_ratio`: the longest-prompt decile's median queueing delay over the median of all calls.
+    - `lag_summary`: the event loop's lateness (p50, p99, max) from a periodic timer in the client process.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+import resource
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .scenarios import Scenario
 
 __all__ = [
     "Allowance",
+    "Attempt",
     "ClientRun",
     "Completion",
+    "LagSummary",
+    "QueueDelay",
     "ResultRow",
     "SteadyWindow",
+    "StormFigures",
     "allowance",
+    "delay_ratio",
+    "lag_summary",
     "nominal_ceiling_rps",
+    "peak_rss_mb_now",
+    "percentile",
     "steady_window",
+    "storm_figures",
 ]
 
 _HEAD_FRACTION = 0.1
 _TAIL_FRACTION = 0.1
 # Fraction of the bucket's capacity within which its replayed level counts as "at its lowest".
 _DRAIN_TOLERANCE = 0.05
+# The storm has settled once no window of this length (slid in steps of _SETTLE_STEP_S) holds more than
+# _SETTLE_MAX_429_FRACTION of 429s among the requests sent in it.
+_SETTLE_WINDOW_S = 2.0
+_SETTLE_STEP_S = 0.5
+_SETTLE_MAX_429_FRACTION = 0.05
+# Queueing delays below this count as this much in the fairness ratio: a ratio of two tiny numbers says nothing.
+_MIN_DELAY_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +117,17 @@ class SteadyWindow:
 
 
 def nominal_ceiling_rps(scenario: Scenario, mean_tokens: float | None = None) -> float:
-    """The physical ceiling: concurrency / latency, capped by the declared request and token rates.
+    """The physical ceiling: the server's concurrency / latency, capped by the server's request and token rates.
 
     Args:
         mean_tokens: mean tokens per call as the server charges them; needed when a token limit is declared.
     """
-    ceiling = scenario.concurrency / scenario.latency_s
-    if scenario.requests_per_s is not None:
-        ceiling = min(ceiling, scenario.requests_per_s)
+    concurrency = scenario.concurrency
+    if scenario.max_concurrency is not None:
+        concurrency = min(concurrency, scenario.max_concurrency)
+    ceiling = concurrency / scenario.latency_s
+    if scenario.server_requests_per_s is not None:
+        ceiling = min(ceiling, scenario.server_requests_per_s)
     if scenario.tokens_per_s is not None:
         if not mean_tokens:
             raise ValueError("a token-limited ceiling needs the mean tokens per call")
@@ -118,11 +151,12 @@ class Allowance:
 
 
 def allowance(scenario: Scenario) -> Allowance | None:
-    """The scenario's binding declared limit (None when nothing is declared)."""
+    """The scenario's binding rate limit as the server enforces it (None when there is none)."""
     if scenario.tokens_per_s is not None:
         return Allowance(scenario.tokens_per_s, scenario.tokens_per_s * scenario.burst_s, tokens=True)
-    if scenario.requests_per_s is not None:
-        return Allowance(scenario.requests_per_s, scenario.requests_per_s * scenario.burst_s, tokens=False)
+    rate = scenario.server_requests_per_s
+    if rate is not None:
+        return Allowance(rate, rate * scenario.burst_s, tokens=False)
     return None
 
 
@@ -166,9 +200,150 @@ def _burst_drained(completions: Sequence[Completion], limit: Allowance, upto: fl
         previous = call.sent
         level -= call.tokens if limit.tokens else 1
         levels.append(level)
-    threshold = min(levels) + _DRAIN_TOLERANCE * limit.burst
+    # The lowest level of the first half only: a client that reserves more than it is charged (rcarun reserves
+    # each call's whole output budget and is refunded on settling) keeps a floating headroom in the replayed
+    # bucket, whose lowest point over the whole run can fall anywhere — even near the end, which would shrink
+    # the window to a few noisy seconds. The initial burst is spent early in any run.
+    midpoint = by_send[0].sent + (by_send[-1].sent - by_send[0].sent) / 2
+    early = [value for call, value in zip(by_send, levels, strict=True) if call.sent <= midpoint]
+    threshold = min(early) + _DRAIN_TOLERANCE * limit.burst
     first = next(index for index, value in enumerate(levels) if value <= threshold)
     return by_send[first].at
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One request a client sent.
+
+    Attributes:
+        sent: when it went out (seconds, ``time.time()``'s clock).
+        rate_limited: the answer was a 429.
+    """
+
+    sent: float
+    rate_limited: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StormFigures:
+    """How a client came through a 429 storm.
+
+    Attributes:
+        late_429_per_request: 429s among the requests sent at least ``settle_after_s`` after the first request,
+            divided by those requests (0 when none were sent then).
+        settle_s: seconds from the first request to the end of the last *stormy* window: windows of
+            ``_SETTLE_WINDOW_S`` (2 s), half-open [start, start + 2 s), start every ``_SETTLE_STEP_S`` (0.5 s)
+            from the first request, the last being the first one that reaches past the last request; a window
+            is stormy when more than ``_SETTLE_MAX_429_FRACTION`` (5 %) of the requests sent in it got a 429.
+            0 when no window was stormy; None when the last window still was (the client never settled).
+    """
+
+    late_429_per_request: float
+    settle_s: float | None
+
+
+def storm_figures(attempts: Sequence[Attempt], settle_after_s: float) -> StormFigures:
+    """The storm's figures (definitions in `StormFigures`)."""
+    if not attempts:
+        return StormFigures(late_429_per_request=0.0, settle_s=0.0)
+    sent = sorted(attempts, key=lambda a: a.sent)
+    first, last = sent[0].sent, sent[-1].sent
+    late = [a for a in sent if a.sent - first >= settle_after_s]
+    late_429 = sum(a.rate_limited for a in late) / len(late) if late else 0.0
+    times = [a.sent - first for a in sent]
+    rejected_before = [0]
+    for attempt in sent:
+        rejected_before.append(rejected_before[-1] + attempt.rate_limited)
+    span = last - first
+    settle = 0.0
+    start = 0.0
+    while True:
+        end = start + _SETTLE_WINDOW_S
+        low, high = bisect.bisect_left(times, start), bisect.bisect_left(times, end)
+        rejected = rejected_before[high] - rejected_before[low]
+        stormy = rejected > _SETTLE_MAX_429_FRACTION * (high - low)
+        if stormy:
+            settle = min(end, span)
+        if end > span:
+            break
+        start += _SETTLE_STEP_S
+    return StormFigures(late_429_per_request=late_429, settle_s=None if stormy else settle)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDelay:
+    """How long one item waited inside its client before its first request went out.
+
+    Attributes:
+        prompt_chars: characters of the item's prompt (what "longest prompt" ranks by).
+        delay_s: from the moment the item became runnable — the client had the item in hand and asked to
+            send (rcarun: its method called ``llm.chat``; naive-gather: its coroutine started; aiolimiter-loop:
+            a worker took it) — to the moment its first request was sent.
+    """
+
+    prompt_chars: int
+    delay_s: float
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile (``fraction`` in [0, 1]) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def delay_ratio(delays: Sequence[QueueDelay]) -> tuple[float | None, float, float]:
+    """The longest-prompt decile's median queueing delay against the median of every call.
+
+    Both medians count as at least 1 ms (about the event loop's timer resolution), so that a client where most
+    items never wait but the longest do shows a large ratio rather than a division by zero, and one where
+    nobody waits shows 1.
+
+    Returns:
+        (ratio, top decile's median delay in s, everyone's median delay in s); ratio is None when fewer than
+        ten items were measured.
+    """
+    if len(delays) < 10:
+        return None, 0.0, 0.0
+    by_size = sorted(delays, key=lambda d: d.prompt_chars, reverse=True)
+    top = by_size[: math.ceil(len(by_size) / 10)]
+    top_median = percentile([d.delay_s for d in top], 0.5)
+    median = percentile([d.delay_s for d in delays], 0.5)
+    ratio = max(top_median, _MIN_DELAY_S) / max(median, _MIN_DELAY_S)
+    return ratio, top_median, median
+
+
+@dataclass(frozen=True, slots=True)
+class LagSummary:
+    """Event-loop lag: how late a periodic timer fired, in milliseconds (nearest-rank percentiles)."""
+
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+def lag_summary(lateness_s: Sequence[float]) -> LagSummary:
+    """Summarise timer lateness samples (seconds) in milliseconds; zeros when there are none."""
+    if not lateness_s:
+        return LagSummary(0.0, 0.0, 0.0)
+    return LagSummary(
+        p50_ms=percentile(lateness_s, 0.5) * 1000,
+        p99_ms=percentile(lateness_s, 0.99) * 1000,
+        max_ms=max(lateness_s) * 1000,
+    )
+
+
+def peak_rss_mb_now() -> float:
+    """This process's peak resident set in MiB: ``VmHWM``, which starts afresh at exec. ``ru_maxrss`` does
+    not: after fork + exec it keeps the forking parent's peak, so it never reads below the benchmark's own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +359,13 @@ class ClientRun:
         peak_rss_mb: the process's peak resident set size, in MiB.
         recorded_calls: successful calls the client stored somewhere durable (rows in results.db for rcarun).
         window_calls / window_s / window_tokens: the steady window (see `steady_window`).
+        items: work items in the workload.
+        succeeded: items that got a complete answer (not cut by a length stop).
+        wasted_tokens: prompt + completion tokens of the attempts cut by a length stop.
+        cost_usd: what the client itself says it spent (rcarun: the sum of ``calls.cost_usd``).
+        late_429_per_request / settle_s: `StormFigures`.
+        delay_ratio / top_decile_delay_ms / median_delay_ms: `delay_ratio`.
+        lag_p50_ms / lag_p99_ms / lag_max_ms: `LagSummary` over the whole run.
     """
 
     calls: int
@@ -196,6 +378,18 @@ class ClientRun:
     window_calls: int
     window_s: float
     window_tokens: int
+    items: int = 0
+    succeeded: int = 0
+    wasted_tokens: int = 0
+    cost_usd: float = 0.0
+    late_429_per_request: float = 0.0
+    settle_s: float | None = 0.0
+    delay_ratio: float | None = None
+    top_decile_delay_ms: float = 0.0
+    median_delay_ms: float = 0.0
+    lag_p50_ms: float = 0.0
+    lag_p99_ms: float = 0.0
+    lag_max_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +419,24 @@ class ResultRow:
     cpu_ms_per_call: float
     peak_rss_mb: float
     recorded_calls: int
+    items: int = 0
+    success_rate: float = 0.0
+    late_429_per_request: float = 0.0
+    settle_s: float | None = 0.0
+    wasted_tokens: int = 0
+    cost_usd: float = 0.0
+    server_cost_usd: float = 0.0
+    delay_ratio: float | None = None
+    top_decile_delay_ms: float = 0.0
+    median_delay_ms: float = 0.0
+    lag_p50_ms: float = 0.0
+    lag_p99_ms: float = 0.0
+    lag_max_ms: float = 0.0
+    server_max_generating: int = 0
+    server_max_in_flight: int = 0
+    server_accepted: int = 0
+    server_length_stops: int = 0
+    client_429: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,8 +6,8 @@ that CPU time and peak RSS belong to that client alone. The server's counters ar
 read after it: 429s and limit overshoot are what the server saw, not what a client says about itself.
 
 Output: ``--json`` prints ``{"scenarios": [row, ...]}`` on stdout (one row per scenario × client, fields of
-`rcarun.bench.metrics.ResultRow`); otherwise a table with, per scenario, rcarun's steady rate relative to the
-faster peer. Progress goes to stderr.
+`rcarun.bench.metrics.ResultRow`); ``--markdown`` prints the one table of docs/performance.md; otherwise a text
+table with, per scenario, rcarun's ratio to the ceiling relative to the best peer's. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -24,12 +24,21 @@ from typing import Any
 
 from rcarun.mock import MockProcess, MockStats
 
-from .clients import CLIENTS
+from .clients import CLIENTS, PRICES
 from .metrics import ClientRun, ResultRow, nominal_ceiling_rps
 from .scenarios import Scenario, scenarios
 from .workload import write_dataset
 
-__all__ = ["CLIENT_ORDER", "format_table", "json_document", "result_row", "run_throughput"]
+__all__ = [
+    "CLIENT_ORDER",
+    "format_markdown",
+    "format_table",
+    "headline",
+    "json_document",
+    "result_row",
+    "run_scenarios",
+    "run_throughput",
+]
 
 CLIENT_ORDER = ("rcarun", "naive-gather", "aiolimiter-loop")
 _CLIENT_TIMEOUT_S = 300.0
@@ -40,13 +49,13 @@ def _progress(message: str) -> None:
 
 
 def _run_client(
-    scenario: Scenario, client: str, mock: MockProcess, dataset: Path, workdir: Path, quick: bool
+    scenario: Scenario, client: str, mock: MockProcess, dataset: Path, workdir: Path
 ) -> ClientRun:
     command = [
         sys.executable,
         "-m",
         "rcarun.bench.client",
-        scenario.name,
+        scenario.to_json(),
         client,
         "--base-url",
         mock.base_url,
@@ -55,8 +64,6 @@ def _run_client(
         "--workdir",
         str(workdir),
     ]
-    if quick:
-        command.append("--quick")
     env = dict(os.environ)
     # The child must import this very package, installed or not.
     package_root = str(Path(__file__).resolve().parents[2])
@@ -94,6 +101,7 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         ceiling = nominal_ceiling_rps(scenario)
     overshoot = {
         "latency": max(stats.overshoot_requests, stats.overshoot_tokens),
+        "slots": max(stats.overshoot_requests, stats.overshoot_tokens),
         "requests": stats.overshoot_requests,
         "tokens": stats.overshoot_tokens,
     }[scenario.binding]
@@ -110,6 +118,26 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         cpu_ms_per_call=round(run.cpu_s * 1000 / run.calls, 3) if run.calls else 0.0,
         peak_rss_mb=round(run.peak_rss_mb, 1),
         recorded_calls=run.recorded_calls,
+        items=run.items,
+        success_rate=round(run.succeeded / run.items, 4) if run.items else 0.0,
+        late_429_per_request=round(run.late_429_per_request, 4),
+        settle_s=None if run.settle_s is None else round(run.settle_s, 2),
+        wasted_tokens=run.wasted_tokens,
+        cost_usd=round(run.cost_usd, 6),
+        server_cost_usd=round(
+            PRICES.cost_usd(stats.accepted_prompt_tokens, stats.accepted_completion_tokens), 6
+        ),
+        delay_ratio=None if run.delay_ratio is None else round(run.delay_ratio, 3),
+        top_decile_delay_ms=round(run.top_decile_delay_ms, 2),
+        median_delay_ms=round(run.median_delay_ms, 2),
+        lag_p50_ms=round(run.lag_p50_ms, 2),
+        lag_p99_ms=round(run.lag_p99_ms, 2),
+        lag_max_ms=round(run.lag_max_ms, 2),
+        server_max_generating=stats.max_generating,
+        server_max_in_flight=stats.max_in_flight,
+        server_accepted=stats.accepted,
+        server_length_stops=stats.length_stops,
+        client_429=run.retries_429,
     )
 
 
@@ -117,24 +145,28 @@ def run_throughput(
     quick: bool, clients: Sequence[str] = CLIENT_ORDER, names: Sequence[str] = ()
 ) -> list[ResultRow]:
     """Run every scenario (or those in ``names``) for every client in ``clients``."""
+    chosen = [scenario for scenario in scenarios(quick) if not names or scenario.name in names]
+    return run_scenarios(chosen, clients)
+
+
+def run_scenarios(chosen: Sequence[Scenario], clients: Sequence[str] = CLIENT_ORDER) -> list[ResultRow]:
+    """Run the given scenarios (resized ones included, as the tests do) for every client in ``clients``."""
     unknown = sorted(set(clients) - set(CLIENTS))
     if unknown:
         raise ValueError(f"unknown clients {unknown}; known: {sorted(CLIENTS)}")
     rows: list[ResultRow] = []
     with tempfile.TemporaryDirectory(prefix="rcarun-bench-") as tmp:
         root = Path(tmp)
-        for scenario in scenarios(quick):
-            if names and scenario.name not in names:
-                continue
+        for scenario in chosen:
             dataset = write_dataset(scenario, root / scenario.name / "dataset")
-            _progress(f"{scenario.name}: {scenario.calls} calls, concurrency {scenario.concurrency}")
+            _progress(f"{scenario.name}: {scenario.calls} items, concurrency {scenario.concurrency}")
             with MockProcess(scenario.mock_config()) as mock:
-                for client in clients:
+                for client in (c for c in clients if c not in scenario.skip_clients):
                     workdir = root / scenario.name / client
                     workdir.mkdir(parents=True)
                     mock.reset()
                     server_cpu_before = _cpu_s(mock.pid)
-                    run = _run_client(scenario, client, mock, dataset, workdir, quick)
+                    run = _run_client(scenario, client, mock, dataset, workdir)
                     server_cpu_s = _cpu_s(mock.pid) - server_cpu_before
                     stats = mock.stats()
                     row = result_row(scenario, client, run, stats)
@@ -155,11 +187,44 @@ def json_document(rows: Sequence[ResultRow]) -> dict[str, Any]:
     return {"scenarios": [row.to_json() for row in rows]}
 
 
+def headline(row: ResultRow) -> str:
+    """The figures a row's scenario exists for, in words (empty for the plain throughput scenarios)."""
+    kind = {scenario.name: scenario.headline for scenario in scenarios(quick=False)}.get(row.name)
+    if kind == "storm":
+        settle = "never" if row.settle_s is None else f"{row.settle_s:.1f} s"
+        return f"429s/request after warm-up {row.late_429_per_request:.3f}; settled {settle}"
+    if kind == "length":
+        error = row.cost_usd / row.server_cost_usd - 1 if row.server_cost_usd else 0.0
+        return (
+            f"success {row.success_rate:.1%}; wasted {row.wasted_tokens:,} tok; "
+            f"cost ${row.cost_usd:.4f} vs server ${row.server_cost_usd:.4f} ({error:+.1%})"
+        )
+    if kind == "fairness":
+        ratio = "n/a" if row.delay_ratio is None else f"{row.delay_ratio:.2f}"
+        return (
+            f"delay top decile / median {ratio} "
+            f"({row.top_decile_delay_ms:.0f} / {row.median_delay_ms:.0f} ms)"
+        )
+    if kind == "scale":
+        return (
+            f"{row.items:,} items; peak RSS {row.peak_rss_mb:.0f} MB; loop lag p50/p99/max "
+            f"{row.lag_p50_ms:.1f}/{row.lag_p99_ms:.1f}/{row.lag_max_ms:.0f} ms"
+        )
+    return ""
+
+
+def _best_peer(group: Sequence[ResultRow]) -> tuple[ResultRow | None, ResultRow | None]:
+    ours = next((row for row in group if row.client == "rcarun"), None)
+    peers = [row for row in group if row.client != "rcarun"]
+    # By ratio, not req/s: in token-limited scenarios each window holds different calls with different sizes.
+    return ours, max(peers, key=lambda row: row.ratio) if peers else None
+
+
 def format_table(rows: Sequence[ResultRow]) -> str:
-    """The human-readable report: one line per client, and rcarun against the faster peer per scenario."""
+    """The human-readable report: one line per client, and rcarun's ratio against the best peer's per scenario."""
     header = (
         f"{'scenario':<15} {'client':<16} {'calls':>6} {'wall s':>7} {'req/s':>8} {'ceiling':>8} {'ratio':>6} "
-        f"{'429s':>6} {'overshoot':>9} {'CPU ms/call':>11} {'RSS MB':>7} {'recorded':>8}"
+        f"{'429s':>6} {'overshoot':>9} {'CPU ms/call':>11} {'RSS MB':>7} {'recorded':>8}  scenario figures"
     )
     lines = [header, "-" * len(header)]
     for name in dict.fromkeys(row.name for row in rows):
@@ -168,13 +233,27 @@ def format_table(rows: Sequence[ResultRow]) -> str:
             lines.append(
                 f"{row.name:<15} {row.client:<16} {row.calls:>6} {row.wall_s:>7.1f} {row.achieved_rps:>8.1f} "
                 f"{row.ceiling_rps:>8.1f} {row.ratio:>6.3f} {row.server_429:>6} {row.server_max_overshoot:>9.1f} "
-                f"{row.cpu_ms_per_call:>11.3f} {row.peak_rss_mb:>7.1f} {row.recorded_calls:>8}"
+                f"{row.cpu_ms_per_call:>11.3f} {row.peak_rss_mb:>7.1f} {row.recorded_calls:>8}  {headline(row)}"
             )
-        ours = next((row for row in group if row.client == "rcarun"), None)
-        peers = [row for row in group if row.client != "rcarun"]
-        if ours is not None and peers:
-            best = max(peers, key=lambda row: row.achieved_rps)
-            relative = ours.achieved_rps / best.achieved_rps if best.achieved_rps else float("inf")
-            lines.append(f"{'':<15} rcarun / faster peer ({best.client}): {relative:.2f}x")
+        ours, best = _best_peer(group)
+        if ours is not None and best is not None:
+            relative = ours.ratio / best.ratio if best.ratio else float("inf")
+            lines.append(f"{'':<15} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def format_markdown(rows: Sequence[ResultRow]) -> str:
+    """One Markdown table of every scenario and client (what docs/performance.md shows)."""
+    lines = [
+        "| scenario | client | req/s | ceiling | ratio | server 429s | overshoot | CPU ms/call | peak RSS MB "
+        "| recorded | scenario figures |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.ceiling_rps:.1f} | {row.ratio:.3f} "
+            f"| {row.server_429} | {row.server_max_overshoot:g} | {row.cpu_ms_per_call:.2f} | {row.peak_rss_mb:.0f} "
+            f"| {row.recorded_calls} | {headline(row)} |"
+        )
+    return "\n".join(lines)

@@ -104,7 +104,8 @@ def _trajectory_json(index: int, size: int, rng: random.Random, stream: str) -> 
 
 
 def write_dataset(scenario: Scenario, root: Path) -> Path:
-    """Write the scenario's dataset under ``root`` (``root/bench/<N>.json``, one trajectory per call).
+    """Write the scenario's dataset under ``root`` (``root/bench/<N>.json``, one trajectory per
+    ``realizations`` calls).
 
     Returns:
         The dataset directory to give to `iter_dataset` or a sweep config.
@@ -113,7 +114,7 @@ def write_dataset(scenario: Scenario, root: Path) -> Path:
     source_dir.mkdir(parents=True, exist_ok=True)
     stream = _word_stream(scenario.seed)
     rng = random.Random(f"bench-trajectories:{scenario.seed}")
-    for index, size in enumerate(draw_sizes(scenario.sizes, scenario.calls, scenario.seed)):
+    for index, size in enumerate(draw_sizes(scenario.sizes, scenario.trajectories, scenario.seed)):
         record = _trajectory_json(index, size, rng, stream)
         (source_dir / f"{index}.json").write_text(json.dumps(record), encoding="utf-8")
     return root

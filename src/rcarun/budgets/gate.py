@@ -322,10 +322,12 @@ class BackboneGate:
         return decision
 
     def on_rate_limit_headers(self, info: RateLimitInfo | None) -> float:
-        """Pause before the provider has to say 429, for limits that were not declared.
+        """Follow the provider's own account of its limits.
 
-        A declared rpm/tpm is already paced by the limiter; for an undeclared one the provider's headers are
-        all we know. When an answer reports the requests (or tokens) remaining at zero, nothing more is
+        A declared rpm/tpm is paced by the limiter; when the provider reports a lower limit than the declared
+        one, the provider is right, and the limiter paces to its number from then on (never up: a declaration
+        below the provider's limit is deliberate). For an undeclared limit the provider's headers are all we
+        know. When an answer reports the requests (or tokens) remaining at zero, nothing more is
         admitted until the bucket holds one more request: ``60 / limit`` seconds for requests, the mean tokens
         of this backbone's calls at ``limit / 60`` per second for tokens — never longer than the stated reset
         (which providers give as the time until the bucket is *full*, too long to wait for one request).
@@ -333,6 +335,10 @@ class BackboneGate:
         """
         if info is None:
             return 0.0
+        self.limiter.lower_limits(
+            info.limit_requests if self.limits.rpm is not None else None,
+            info.limit_tokens if self.limits.tpm is not None else None,
+        )
         pause = 0.0
         if self.limits.rpm is None and info.remaining_requests is not None and info.remaining_requests <= 0:
             pause = max(pause, _refill_s(1.0, info.limit_requests, info.reset_requests_s))

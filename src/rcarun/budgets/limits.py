@@ -134,6 +134,18 @@ class _Bucket:
         if self.level < self.capacity:
             self.full_since = math.inf
 
+    def lower_rate(self, per_minute: float, last_serial: int) -> None:
+        """Refill at ``per_minute`` from now on with the same seconds of burst (call right after `refill`).
+
+        The remembered peaks were levels on the old scale, so grants up to ``last_serial`` get no refund.
+        """
+        burst_s = self.capacity / self.rate_per_s
+        self.rate_per_s = per_minute / 60.0
+        self.capacity = self.rate_per_s * burst_s
+        self.level = min(self.level, self.capacity)
+        self.peaks.clear()
+        self.forgotten_before = last_serial + 1
+
     def refund(self, amount: float, serial: int) -> None:
         """Recount the grant admitted as ``serial`` at ``amount`` less (refill to now first)."""
         if serial < self.forgotten_before:
@@ -304,6 +316,20 @@ class RateLimiter:
         self._return_grant(grant)
         if self._waiting:
             self._admit_ready()
+
+    def lower_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> bool:
+        """Pace to lower limits from now on (a provider reported them); a limit at or above the current one, or
+        None, changes nothing. Returns True when a rate was lowered."""
+        now = self._now()
+        lowered = False
+        for bucket, limit in ((self._requests, requests_per_minute), (self._tokens, tokens_per_minute)):
+            if bucket is not None and limit is not None and 0 < limit / 60.0 < bucket.rate_per_s:
+                bucket.refill(now)
+                bucket.lower_rate(limit, self._serial)
+                lowered = True
+        if lowered and self._waiting:
+            self._admit_ready()
+        return lowered
 
     def pause_until(self, until: float) -> None:
         """Admit nothing before clock time ``until`` (a provider said 429). Pauses only ever extend."""

@@ -195,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=["throughput"])
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--quick", action="store_true", help="smaller workloads (for smoke tests)")
+    bench.add_argument("--markdown", action="store_true", help="print the results as one Markdown table")
+    bench.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="run only this scenario (repeatable; default: all)",
+    )
     return parser
 
 

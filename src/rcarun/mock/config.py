@@ -131,10 +131,10 @@ class MockConfig:
         for name, rate in zip(_FAULT_RATE_FIELDS, rates, strict=True):
             if not (0.0 <= rate <= 1.0):
                 problems.append(f"{name} must be within [0, 1], got {rate!r}")
-        if sum(rates) > 1.0 + 1e-9:
-            problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
         if not (0.0 <= self.length_rate <= 1.0):
             problems.append(f"length_rate must be within [0, 1], got {self.length_rate!r}")
+        if sum(rates) > 1.0 + 1e-9:
+            problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
         if (
             isinstance(self.request_log_size, bool)
             or not isinstance(self.request_log_size, int)
