@@ -81,6 +81,7 @@ from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_wi
 from rcarun.methods.registry import create_method, method
 
 __all__ = [
+    "SENTENCES",
     "ContinualSearch",
     "ContinualSearchOptions",
     "ContinuationPrompt",
@@ -109,6 +110,7 @@ def _load_sentences() -> dict[str, str]:
 
 
 SENTENCES = _load_sentences()
+"""The fixed sentence set by name (``opening.2``, ``trust.3``, ``search.single``, ``change.single``, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
