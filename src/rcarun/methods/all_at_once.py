@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TRUNCATION_POLICIES,
     TokenCounter,
@@ -272,7 +272,7 @@ def _attribution(
     step = answer.get("root_step") if answer else None
     return Attribution(
         pred_role=role if isinstance(role, str) else None,
-        pred_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        pred_step=step if is_int(step) else None,
         role_valid=role_is_valid(role, trajectory),
         step_valid=step_is_valid(step, trajectory),
         abstained=False,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from rcarun.data import Trajectory
 from rcarun.methods.llm import LLM
@@ -22,6 +22,7 @@ __all__ = [
     "Method",
     "abstention",
     "home_backbone",
+    "is_int",
     "role_is_valid",
     "speaker_attribution",
     "step_is_valid",
@@ -75,8 +76,13 @@ def role_is_valid(role: object, trajectory: Trajectory) -> bool:
     return isinstance(role, str) and role in trajectory.agents
 
 
+def is_int(value: object) -> TypeGuard[int]:
+    """An integer as JSON means one: ``True`` and ``1.0`` are not step numbers, counts or budgets."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def step_is_valid(step: object, trajectory: Trajectory) -> bool:
-    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < trajectory.n_steps
+    return is_int(step) and 0 <= step < trajectory.n_steps
 
 
 def abstention(output: Mapping[str, Any]) -> Attribution:

@@ -71,9 +71,9 @@ from typing import Any, Literal
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods._options import reject_unknown_options
+from rcarun.methods._options import check_base_method, reject_unknown_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_schema
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
 from rcarun.methods.proxies import TranscriptLLM
 from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
@@ -211,9 +211,9 @@ class ContinualSearchOptions:
                     f"{name}: {searching} shape Continual Search's prompts; passive has one sentence"
                 )
         parsed = cls(**options)
-        if not _is_int(parsed.turns) or not 1 <= parsed.turns <= 16:
+        if not is_int(parsed.turns) or not 1 <= parsed.turns <= 16:
             raise ConfigError(f"{name}: turns must be an integer from 1 to 16")
-        if parsed.max_tokens is not None and (not _is_int(parsed.max_tokens) or parsed.max_tokens <= 0):
+        if parsed.max_tokens is not None and (not is_int(parsed.max_tokens) or parsed.max_tokens <= 0):
             raise ConfigError(f"{name}: max_tokens must be a positive integer or absent")
         if parsed.layout not in ("auto", "whole", "pieces"):
             raise ConfigError(f"{name}: layout must be 'auto', 'whole' or 'pieces'")
@@ -221,37 +221,34 @@ class ContinualSearchOptions:
             raise ConfigError(f"{name}: answer_kind must be 'single' or 'list'")
         if parsed.quote_scope not in ("step", "log"):
             raise ConfigError(f"{name}: quote_scope must be 'step' or 'log'")
-        if not _is_int(parsed.piece_steps) or parsed.piece_steps <= 0:
+        if not is_int(parsed.piece_steps) or parsed.piece_steps <= 0:
             raise ConfigError(f"{name}: piece_steps must be a positive integer")
         if parsed.reading not in ("inline", "agentic"):
             raise ConfigError(f"{name}: reading must be 'inline' or 'agentic'")
-        if not _is_int(parsed.max_tool_calls) or parsed.max_tool_calls <= 0:
+        if not is_int(parsed.max_tool_calls) or parsed.max_tool_calls <= 0:
             raise ConfigError(f"{name}: max_tool_calls must be a positive integer")
         for key in ("stage", "turn1_stage"):
             if not isinstance(getattr(parsed, key), str) or not getattr(parsed, key):
                 raise ConfigError(f"{name}: {key} must be a non-empty string")
-        if parsed.base in _MULTI_TURN:
-            raise ConfigError(f"{name}: base must be a one-shot method, not {parsed.base!r}")
-        if not isinstance(parsed.base_options, dict):
-            raise ConfigError(f"{name}: base_options must be a table")
-        try:
-            create_method(parsed.base, options=parsed.turn1_options())
-        except ConfigError as exc:
-            raise ConfigError(f"{name}: base: {exc}") from None
+        check_base_method(
+            name,
+            parsed.base,
+            parsed.base_options,
+            excluded=_MULTI_TURN,
+            kind="a one-shot method",
+            create_with=parsed.turn1_options(),
+        )
         return parsed
 
     def turn1_options(self) -> dict[str, Any]:
         """The base method's options: All-at-once reads the way the continuation does unless told otherwise."""
-        if self.base == "all-at-once" and "reading" not in self.base_options:
-            return {**self.base_options, "reading": self.reading, "max_tool_calls": self.max_tool_calls}
-        return dict(self.base_options)
+        options = dict(self.base_options) if isinstance(self.base_options, dict) else {}
+        if self.base == "all-at-once" and "reading" not in options:
+            return {**options, "reading": self.reading, "max_tool_calls": self.max_tool_calls}
+        return options
 
 
 _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "judge-panel")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +388,7 @@ class ContinualSearch:
         return (
             _Answer(
                 role if isinstance(role, str) else None,
-                step if _is_int(step) else None,
+                step if is_int(step) else None,
                 role_is_valid(role, trajectory),
                 step_is_valid(step, trajectory),
             ),

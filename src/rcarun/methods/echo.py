@@ -98,7 +98,7 @@ from typing import Any, Literal, TypeGuard, get_args
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reasoning
 from rcarun.methods.registry import method
 
@@ -565,10 +565,6 @@ class Vote:
     conclusion: Conclusion
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_unit(value: object) -> TypeGuard[float]:
     return (
         isinstance(value, int | float)
@@ -627,7 +623,7 @@ def _evaluation_problem(entry: object, agents: Sequence[str], n_steps: int) -> s
     if not _is_unit(entry.get("error_likelihood")):
         return f"error_likelihood {entry.get('error_likelihood')!r} is not a number in [0, 1]"
     step = entry.get("step_index")
-    if not _is_int(step) or not 0 <= step < n_steps:
+    if not is_int(step) or not 0 <= step < n_steps:
         return f"step_index {step!r} is not a step of the log"
     return ""
 
@@ -649,7 +645,7 @@ def _read_conclusion(
         if unknown:
             problems.append(f"primary_conclusion.attribution names unrecorded agents {unknown!r}")
     step = raw.get("mistake_step")
-    if not _is_int(step):
+    if not is_int(step):
         problems.append(f"primary_conclusion.mistake_step {step!r} is not an integer")
     elif not 0 <= step < n_steps:
         problems.append(f"primary_conclusion.mistake_step {step} is outside [0, {n_steps})")
@@ -662,7 +658,7 @@ def _read_conclusion(
     if problems or not (  # once `problems` is empty, the second test only narrows the types for the checker
         isinstance(kind, str)
         and isinstance(attribution, list)
-        and _is_int(step)
+        and is_int(step)
         and _is_unit(confidence)
         and isinstance(reasoning, str)
     ):
@@ -910,7 +906,7 @@ class EchoOptions:
             raise ConfigError(f"echo: {message}")
 
         for name in ("analysts", "max_focal", "context_chars", "max_tokens", "seed"):
-            if not _is_int(getattr(self, name)):
+            if not is_int(getattr(self, name)):
                 fail(f"{name} must be an integer")
         for name in ("decoupled", "include_task", "include_ground_truth"):
             if not isinstance(getattr(self, name), bool):
@@ -950,7 +946,7 @@ class EchoOptions:
         if isinstance(self.focal, str):
             if self.focal not in ("errors", "spread"):
                 fail("focal must be 'errors', 'spread' or a list of step indices")
-        elif not self.focal or not all(_is_int(index) for index in self.focal):
+        elif not self.focal or not all(is_int(index) for index in self.focal):
             fail("focal must be 'errors', 'spread' or a non-empty list of step indices")
         if self.max_focal < 1:
             fail("max_focal must be at least 1")

@@ -28,8 +28,8 @@ from typing import Any
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError, FatalCallError
-from rcarun.methods._options import reject_unknown_options
-from rcarun.methods.base import Attribution, Method
+from rcarun.methods._options import check_base_method, reject_unknown_options
+from rcarun.methods.base import Attribution, Method, is_int
 from rcarun.methods.llm import LLM
 from rcarun.methods.proxies import ResampledLLM
 from rcarun.methods.registry import create_method, method
@@ -50,7 +50,7 @@ class SelfConsistencyOptions:
     def from_mapping(cls, options: Mapping[str, Any]) -> SelfConsistencyOptions:
         reject_unknown_options("self-consistency", cls, options)
         parsed = cls(**options)
-        if not _is_int(parsed.samples) or parsed.samples < 2:
+        if not is_int(parsed.samples) or parsed.samples < 2:
             raise ConfigError("self-consistency: samples must be an integer of at least 2")
         if isinstance(parsed.temperature, bool) or not isinstance(parsed.temperature, int | float):
             raise ConfigError("self-consistency: temperature must be a number")
@@ -81,20 +81,11 @@ class JudgePanelOptions:
 
 
 def _check_base(name: str, base: str, base_options: Mapping[str, Any], tie_break: str) -> None:
-    if base in ("self-consistency", "judge-panel"):
-        raise ConfigError(f"{name}: base must be a single-judge method, not {base!r}")
-    if not isinstance(base_options, dict):
-        raise ConfigError(f"{name}: base_options must be a table")
+    check_base_method(
+        name, base, base_options, excluded=("self-consistency", "judge-panel"), kind="a single-judge method"
+    )
     if tie_break not in TIE_BREAKS:
         raise ConfigError(f"{name}: tie_break must be one of {list(TIE_BREAKS)}")
-    try:
-        create_method(base, options=base_options)
-    except ConfigError as exc:
-        raise ConfigError(f"{name}: base: {exc}") from None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def _run_voters(

@@ -114,7 +114,7 @@ from typing import Any, Literal, TypeGuard
 
 from rcarun.data import Step, Trajectory, role_matches
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TRUNCATION_POLICIES,
     Truncation,
@@ -250,11 +250,11 @@ class FalatOptions:
         )
         for name in positive:
             value = getattr(parsed, name)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ConfigError(f"{_METHOD}: {name} must be a positive integer")
         for name in ("max_verify_calls", "max_context_parents"):
             value = getattr(parsed, name)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ConfigError(f"{_METHOD}: {name} must be a non-negative integer")
         if parsed.temperature is not None and not _is_number(parsed.temperature):
             raise ConfigError(f"{_METHOD}: temperature must be a number or null")
@@ -274,10 +274,6 @@ class FalatOptions:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{_METHOD}: {name} must be a non-empty string")
         return parsed
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
@@ -570,7 +566,7 @@ def parse_failure_point(reply: Reply, n_steps: int) -> FailurePoint:
     reason = answer.get("reason")
     reason_text = reason[:_REASON_CHARS] if isinstance(reason, str) else ""
     step = answer.get("failure_step")
-    if not _is_int(step):
+    if not is_int(step):
         return FailurePoint(last, True, reason_text, answer, "failure_step is missing or not an integer")
     if not 0 <= step < n_steps:
         return FailurePoint(last, True, reason_text, answer, f"failure_step {step} is outside [0, {last}]")

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcarun.data import Trajectory
+from rcarun.methods.base import is_int
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolCall, ToolChoice
 
 __all__ = [
@@ -218,7 +219,7 @@ class TrajectoryReader:
                 f"pattern is {len(pattern)} characters long; at most {_MAX_PATTERN_CHARS} are allowed"
             )
         max_hits = arguments.get("max_hits", _SEARCH_DEFAULT_HITS)
-        if not _is_int(max_hits) or not 1 <= max_hits <= _SEARCH_MAX_HITS:
+        if not is_int(max_hits) or not 1 <= max_hits <= _SEARCH_MAX_HITS:
             raise _BadCall(f"max_hits must be an integer from 1 to {_SEARCH_MAX_HITS}, got {max_hits!r}")
         try:
             regex = re.compile(pattern, re.IGNORECASE)
@@ -276,7 +277,7 @@ class TrajectoryReader:
 
     def _step_number(self, arguments: Mapping[str, Any], name: str) -> int:
         value = arguments[name]
-        if not _is_int(value) or value < 0:
+        if not is_int(value) or value < 0:
             raise _BadCall(
                 f"{name} must be a whole step number from 0 to {self.n_steps - 1}, got {json.dumps(value)}"
             )
@@ -494,10 +495,6 @@ def _check_keys(
     if unknown:
         problems.append(f"unknown {', '.join(unknown)}")
     raise _BadCall(f"{name}: {'; '.join(problems)}; {name} takes {takes}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _ranges(indices: Sequence[int]) -> str:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcarun.data import Trajectory
+from rcarun.methods.base import is_int
 
 __all__ = [
     "CANDIDATE_TAGS",
@@ -498,10 +499,6 @@ class AttributionAnswer:
 # --- readers ------------------------------------------------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class _Reader:
     """Reads typed values out of decoded JSON, recording a `FieldError` for everything it cannot use."""
 
@@ -542,7 +539,7 @@ class _Reader:
         value = self.get(obj, key, field, path)
         if value is _MISSING:
             return None
-        if not _is_int(value):
+        if not is_int(value):
             self.error(field, f"{path}: expected an integer, got {value!r}")
             return None
         return int(value)
@@ -572,10 +569,10 @@ class _Reader:
         items = self.array(obj, key, field, path)
         if items is None:
             return None
-        bad = [item for item in items if not _is_int(item)]
+        bad = [item for item in items if not is_int(item)]
         if bad:
             self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
-        return tuple(int(item) for item in items if _is_int(item))
+        return tuple(int(item) for item in items if is_int(item))
 
     def strings(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[str, ...] | None:
         items = self.array(obj, key, field, path)
@@ -590,7 +587,7 @@ class _Reader:
         items = self.array(obj, key, field, path)
         if items is None:
             return None
-        if len(items) != 2 or not all(_is_int(item) for item in items):
+        if len(items) != 2 or not all(is_int(item) for item in items):
             self.error(field, f"{path}: expected [first, last] integers, got {items!r}")
             return None
         first, last = int(items[0]), int(items[1])
