@@ -98,10 +98,10 @@ class Scenario:
         calls: calls in the workload (trajectories x realizations; one call per item unless truncated).
         concurrency: calls every client may have in flight (what the clients are told).
         latency_s: the simulator's answer time per accepted request, in seconds.
-        rpm / tpm: limits every client is told (declared); None for none.
-        burst_s: seconds of quota the buckets hold (server and clients alike).
         sizes: prompt content sizes.
         seed: seeds the workload (sizes and texts) and the simulator.
+        rpm / tpm: limits every client is told (declared); None for none.
+        burst_s: seconds of quota the buckets hold (server and clients alike).
         server_rpm: what the server enforces when it differs from the declared ``rpm`` (the 429 storm).
         max_concurrency: the server's generation slots (None for no cap); requests beyond them queue.
         keepalive_s: interval of the blank lines a queued request receives.
@@ -119,11 +119,11 @@ class Scenario:
     calls: int
     concurrency: int
     latency_s: float
-    rpm: int | None
-    tpm: int | None
-    burst_s: float
     sizes: PromptSizes
     seed: int
+    rpm: int | None = None
+    tpm: int | None = None
+    burst_s: float = _BURST_S
     server_rpm: int | None = None
     max_concurrency: int | None = None
     keepalive_s: float = 0.5
@@ -205,9 +205,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=320 if quick else 6_400,
             concurrency=_LATENCY_BOUND_CONCURRENCY,
             latency_s=_LATENCY_BOUND_LATENCY_S,
-            rpm=None,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=101,
         ),
@@ -219,8 +216,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             concurrency=_CONCURRENCY,
             latency_s=_LATENCY_S,
             rpm=18_000,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=102,
         ),
@@ -230,9 +225,7 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=120 if quick else 1_450,
             concurrency=_CONCURRENCY,
             latency_s=_LATENCY_S,
-            rpm=None,
             tpm=12_000_000,
-            burst_s=_BURST_S,
             sizes=_HEAVY_TAILED_PROMPTS,
             seed=103,
         ),
@@ -244,8 +237,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             concurrency=_CONCURRENCY,
             latency_s=_LATENCY_S,
             rpm=18_000,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=104,
             server_rpm=round(18_000 * _STORM_SERVER_FRACTION),
@@ -258,9 +249,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=320 if quick else 3_200,
             concurrency=_LATENCY_BOUND_CONCURRENCY,
             latency_s=_LATENCY_BOUND_LATENCY_S,
-            rpm=None,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=105,
             length_rate=0.2,
@@ -274,9 +262,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=160 if quick else 3_200,
             concurrency=_SLOTS,
             latency_s=_LATENCY_BOUND_LATENCY_S,
-            rpm=None,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=106,
             max_concurrency=_SLOTS,
@@ -288,9 +273,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=160 if quick else 3_200,
             concurrency=2 * _SLOTS,
             latency_s=_LATENCY_BOUND_LATENCY_S,
-            rpm=None,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=107,
             max_concurrency=_SLOTS,
@@ -303,9 +285,7 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=120 if quick else 1_500,
             concurrency=_CONCURRENCY,
             latency_s=_LATENCY_S,
-            rpm=None,
             tpm=12_000_000,
-            burst_s=_BURST_S,
             sizes=_HEAVIER_TAILED_PROMPTS,
             seed=108,
             headline="fairness",
@@ -316,9 +296,6 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             calls=500 if quick else 100_000,
             concurrency=_LATENCY_BOUND_CONCURRENCY,
             latency_s=_LATENCY_BOUND_LATENCY_S,
-            rpm=None,
-            tpm=None,
-            burst_s=_BURST_S,
             sizes=_SMALL_PROMPTS,
             seed=109,
             realizations=100,
