@@ -152,10 +152,16 @@ async def test_fifo_slots_hand_over_in_arrival_order_and_skip_abandoned_waiters(
     first, second, third = slots.enqueue(), slots.enqueue(), slots.enqueue()
     assert not slots.try_take()  # nobody jumps the queue
     slots.abandon(second)
-    slots.release()
+    slots.release(10.0)
     assert first.done() and not third.done()
-    slots.release()
+    assert first.result() == 10.0  # the waiter learns when its slot came free, to start its answer time there
+    slots.release(10.5)
     assert third.done() and slots.in_use == 1
     slots.abandon(third)  # it had the slot: abandoning passes it on (nobody waits, so it is freed)
     assert slots.in_use == 0 and slots.try_take()
+    fourth = slots.enqueue()
+    fifth = slots.enqueue()
+    slots.abandon(fourth)
+    slots.release(11.0)
+    assert fifth.result() == 11.0
     await asyncio.sleep(0)

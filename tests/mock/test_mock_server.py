@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import aiohttp
 import pytest
 
 from rcarun.mock import MockConfig, MockServer
+from rcarun.mock.limits import FifoSlots
 
 # conftest.py fixtures: post_chat(server, body, headers=None, timeout_s=10) -> ChatReply; make_body(...).
 PostChat = Callable[..., Awaitable[Any]]
@@ -191,6 +193,32 @@ async def test_queue_mode_keeps_waiters_alive_with_blank_lines_then_sends_the_bo
         assert max(len(r.raw) - len(r.raw.lstrip(b"\n")) for r in replies) >= 4  # waited two latencies
         stats = server.stats()
         assert stats.max_generating == 1 and stats.max_in_flight == 3 and stats.accepted == 3
+
+
+async def test_a_queued_request_starts_its_answer_time_when_the_slot_came_free_not_when_its_task_ran(
+    post_chat: PostChat, make_body: Body, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's own loop stalling at a hand-off must not stretch the slot (the ceiling is slots / latency)."""
+    latency_s, stall_s = 0.15, 0.1
+    config = MockConfig(latency_s=latency_s, max_concurrency=1, over_concurrency="queue", keepalive_s=5.0)
+    release = FifoSlots.release
+
+    def stalling_release(slots: FifoSlots, freed_at: float) -> None:
+        release(slots, freed_at)
+        asyncio.get_running_loop().call_soon(time.sleep, stall_s)  # before the woken waiter gets the loop
+
+    monkeypatch.setattr(FifoSlots, "release", stalling_release)
+    async with MockServer(config) as server:
+        done_at: list[float] = []
+
+        async def timed() -> None:
+            await post_chat(server, make_body())
+            done_at.append(time.monotonic())
+
+        await asyncio.gather(timed(), timed())
+        gap = done_at[1] - done_at[0]
+        # The second answer leaves one latency after the first, the stall inside it (before: latency + stall).
+        assert latency_s - 0.03 < gap < latency_s + stall_s / 2, gap
 
 
 # ---------------------------------------------------------------------------------------------------- faults

@@ -223,14 +223,19 @@ class OfferedLoad:
 
 
 class FifoSlots:
-    """A concurrency cap whose freed slots go to waiters strictly in arrival order."""
+    """A concurrency cap whose freed slots go to waiters strictly in arrival order.
+
+    A waiter is handed the moment its slot came free, not the moment its task next runs: a GPU server's
+    scheduler starts the next queued sequence when a slot frees, whatever its HTTP front end is doing, so the
+    simulator's own event-loop delay must not stretch a slot's occupancy beyond the configured latency.
+    """
 
     __slots__ = ("_free", "_waiters", "capacity")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._free = capacity
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[float]] = deque()
 
     @property
     def in_use(self) -> int:
@@ -243,23 +248,24 @@ class FifoSlots:
             return True
         return False
 
-    def enqueue(self) -> asyncio.Future[None]:
-        """Join the queue; the future completes when a slot has been handed to this waiter."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def enqueue(self) -> asyncio.Future[float]:
+        """Join the queue; the future completes, with the moment the slot came free, when one is handed over."""
+        waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         return waiter
 
-    def abandon(self, waiter: asyncio.Future[None]) -> None:
-        """Leave the queue; a slot already handed over is passed on."""
+    def abandon(self, waiter: asyncio.Future[float]) -> None:
+        """Leave the queue; a slot already handed over is passed on, as free since the same moment."""
         if waiter.done() and not waiter.cancelled():
-            self.release()
+            self.release(waiter.result())
         else:
             waiter.cancel()
 
-    def release(self) -> None:
+    def release(self, freed_at: float) -> None:
+        """Free a slot at ``freed_at`` (the holder's scheduled end): the next waiter starts from then."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(freed_at)
                 return
         self._free += 1

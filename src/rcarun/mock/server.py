@@ -362,7 +362,7 @@ class MockServer:
         admission = state.limiter.admit(charged_tokens, now)
         if not admission.accepted:
             if holds_slot and slots is not None:
-                slots.release()
+                slots.release(now)
             recorder.rejected(admission.limit_name or "rpm")
             notes.outcome = f"rejected_{admission.limit_name or 'rpm'}"
             return self._limit_rejection(state, admission, model, charged_tokens)
@@ -386,22 +386,23 @@ class MockServer:
             if slots.try_take():
                 holds_slot = True
             else:
-                streamed = await self._wait_in_queue(request, state, slots)
-                if streamed is None:  # the client left while queued; nothing more can be sent
+                queued = await self._wait_in_queue(request, state, slots)
+                if queued is None:  # the client left while queued; nothing more can be sent
                     notes.outcome = "client_left"
                     return web.Response(status=200)
+                streamed, arrived = queued
                 holds_slot = True
-                arrived = self._clock()
         recorder.generation_started()
+        latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
         try:
-            latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
             remaining = latency - (self._clock() - arrived)
             if remaining > 0:
                 await asyncio.sleep(remaining)
         finally:
             recorder.generation_finished()
             if holds_slot and slots is not None:
-                slots.release()
+                # The scheduled end, even when this task woke late: the slot's next holder starts from there.
+                slots.release(min(self._clock(), arrived + latency))
 
         payload = self._completion_body(state, model, completion, prompt_tokens, cached_tokens)
         if state.request_log is not None:
@@ -524,11 +525,12 @@ class MockServer:
 
     async def _wait_in_queue(
         self, request: web.Request, state: _State, slots: FifoSlots
-    ) -> web.StreamResponse | None:
+    ) -> tuple[web.StreamResponse, float] | None:
         """Hold the request FIFO until it gets a slot, keeping the connection alive with blank lines.
 
         Like DeepSeek, the 200 status and headers go out at once; the JSON body follows the blank lines.
-        Returns the started response holding a slot, or None when the client left while queued.
+        Returns the started response holding a slot with the moment that slot came free (where the request's
+        answer time starts), or None when the client left while queued.
         """
         waiter = slots.enqueue()
         response = web.StreamResponse(status=200, headers=self._limit_headers(state))
@@ -539,7 +541,7 @@ class MockServer:
             while True:
                 done, _ = await asyncio.wait((waiter,), timeout=keepalive_s)
                 if done:
-                    return response
+                    return response, waiter.result()
                 await response.write(b"\n")
         except ConnectionError:
             slots.abandon(waiter)
