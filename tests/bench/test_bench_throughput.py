@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rcarun.bench import CLIENT_ORDER, Completion, get_scenario, json_document, run_throughput, steady_window
-from rcarun.bench.metrics import Allowance
+from rcarun.bench.metrics import Allowance, allowance_used
 
 _FIELDS = {
     "name",
@@ -45,6 +45,7 @@ _FIELDS = {
     "server_accepted",
     "server_length_stops",
     "client_429",
+    "window_rps",
 }
 
 
@@ -104,3 +105,47 @@ def test_steady_window_measures_tokens_against_the_token_limit() -> None:
 
     assert window.mean_tokens == 100
     assert window.tokens / window.seconds == pytest.approx(10_000.0, rel=0.01)
+
+
+def _lumpy(rate: float, lump: int, period_s: float, seconds: float) -> list[Completion]:
+    """A client at exactly the limit on average that sends ``lump`` calls at once every ``period_s``; the
+    answers trickle back over most of the period."""
+    completions: list[Completion] = []
+    for tick in range(round(seconds / period_s)):
+        sent = tick * period_s
+        completions.extend(
+            Completion(sent=sent, at=sent + 0.05 + index * 0.8 * period_s / lump, tokens=100)
+            for index in range(lump)
+        )
+    assert lump / period_s == rate
+    return completions
+
+
+def test_a_client_at_the_limit_uses_all_of_it_wherever_its_bucket_level_floats() -> None:
+    limit = Allowance(rate_per_s=300.0, burst=300.0, tokens=False)
+    lumpy = _lumpy(300.0, lump=210, period_s=0.7, seconds=20.0)
+
+    window = steady_window(lumpy, limit)
+
+    # Counting calls in the window depends on where its edges fall between lumps; the corrected rate does not.
+    assert window.rps / 300.0 < 0.995
+    assert allowance_used(window, limit) == pytest.approx(1.0, abs=1e-9)
+    paced = _paced(burst=2_000.0, rate=10_000.0, total=1000, fast_rate=640.0, cost=100.0)
+    token_limit = Allowance(rate_per_s=10_000.0, burst=2_000.0, tokens=True)
+    assert allowance_used(steady_window(paced, token_limit), token_limit) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_client_that_stops_asking_is_charged_the_quota_it_left() -> None:
+    limit = Allowance(rate_per_s=300.0, burst=300.0, tokens=False)
+    before = _paced(burst=300, rate=300.0, total=3000, fast_rate=640.0)
+    resume = before[-1].sent + 3.0  # silent for 3 s: the bucket refills in 1 s, then 2 s of quota overflow
+    after = [
+        Completion(sent=resume + c.sent, at=resume + c.at, tokens=c.tokens)
+        for c in _paced(300, 300.0, 3000, 640.0)
+    ]
+
+    window = steady_window(before + after, limit)
+
+    assert window.unused == pytest.approx(2 * 300.0, rel=0.01)
+    assert allowance_used(window, limit) == pytest.approx(1 - 600.0 / (300.0 * window.seconds), rel=1e-6)
+    assert allowance_used(window, None) is None

@@ -82,6 +82,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
         window_calls=window.calls,
         window_s=window.seconds,
         window_tokens=window.tokens,
+        window_unused=window.unused,
         items=outcome.items,
         succeeded=outcome.succeeded,
         wasted_tokens=outcome.wasted_tokens,

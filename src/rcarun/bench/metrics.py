@@ -7,13 +7,20 @@ steady window ends at the completion of the call 10 % from the end and starts at
     - the completion of the call 10 % from the start, and
     - when a declared limit binds: the completion of the first call at which the simulator's bucket, replayed
       from the send time and charge of every accepted call (capacity B = burst_s seconds of quota, refilled at
-      the limit's rate r), is within 5 % of B of its lowest level in the first half of the run (not of the
-      whole run: a client that reserves output budgets and is refunded later keeps a floating headroom in
-      the replayed bucket, whose overall lowest point may come late and leave a window of a few seconds),
-and ``achieved_rps`` = calls completed inside the window / its length in seconds. The second rule keeps the
-initial burst out of the window, whatever the client's speed: calls counted = r·T + (level at the start − level
-at the end), so a client pacing to the limit can exceed it by at most 0.05·B/T (0.5 % of r over a 10-s window
-at burst_s = 1), plus any later dip below the first half's lowest level over T.
+      the limit's rate r), is within 5 % of B of its lowest level in the first half of the run.
+Without a binding limit, ``achieved_rps`` = calls completed inside the window / its length T in seconds.
+
+With a binding limit, counting calls is not enough: what a window holds is r·T plus the replayed bucket's
+level at its start minus its level at its end, and that difference (up to B, a whole second of quota at
+burst_s = 1) swings a 7-to-10-s window by several per cent either way — against a client whose level
+floats (rcarun reserves each call's whole output budget and is refunded on settling, so its headroom rises
+and falls with the calls in flight) and for one that rides its burst at the window's start. So the window's
+rate is *level-corrected*: allowance used = r·T − U, where U is the quota the replayed bucket could not hold —
+refill that arrived while it was full, because the client was not asking — between the window's start and
+end. ``ratio`` = (r·T − U) / (r·T), the share of the server's allowance the client used, and
+``achieved_rps`` = ratio × ceiling. It cannot exceed 1: sending more than the limit buys 429s (counted by
+the server), not throughput. A client that always has a call waiting at the limit wastes nothing and scores
+1; one that pauses, backs off too far or cannot keep up lets the bucket fill and scores what it left.
 Every client is measured with exactly this rule, from times taken the same way: just before the request is
 sent and when its response has been read (for rcarun, the ``started_at`` and ``ended_at`` of its own ``calls``
 rows, which bracket exactly the backend call).
@@ -56,6 +63,7 @@ __all__ = [
     "SteadyWindow",
     "StormFigures",
     "allowance",
+    "allowance_used",
     "delay_ratio",
     "lag_summary",
     "nominal_ceiling_rps",
@@ -101,11 +109,14 @@ class SteadyWindow:
         calls: completions inside the window (after the head, up to and including the last counted one).
         seconds: the window's length.
         tokens: tokens charged for those calls (prompt + completion, the server's count).
+        unused: with a binding limit, the allowance (requests or tokens) the replayed bucket could not hold
+            during the window — quota the client left on the table; None without a limit.
     """
 
     calls: int
     seconds: float
     tokens: int
+    unused: float | None = None
 
     @property
     def rps(self) -> float:
@@ -184,7 +195,56 @@ def steady_window(completions: Sequence[Completion], limit: Allowance | None) ->
         calls=len(counted),
         seconds=max(0.0, ends_at - starts_at),
         tokens=sum(c.tokens for c in counted),
+        unused=_unused_allowance(completions, limit, starts_at, ends_at) if limit is not None else None,
     )
+
+
+def allowance_used(window: SteadyWindow, limit: Allowance | None) -> float | None:
+    """The share of the server's allowance the client used in the window (module docstring); None without a
+    binding limit or an empty window."""
+    if limit is None or window.unused is None or window.seconds <= 0:
+        return None
+    return 1.0 - window.unused / (limit.rate_per_s * window.seconds)
+
+
+def _unused_allowance(
+    completions: Sequence[Completion], limit: Allowance, starts_at: float, ends_at: float
+) -> float:
+    """Refill the replayed bucket (full at the first send, charged at each send) lost to overflow in the window."""
+    by_send = sorted(completions, key=lambda c: c.sent)
+    if not by_send:
+        return 0.0
+    level = limit.burst
+    previous = by_send[0].sent
+    lost = 0.0
+    lost_at_start: float | None = None
+    lost_at_end: float | None = None
+
+    def refill_to(moment: float) -> None:
+        nonlocal level, previous, lost
+        if moment > previous:
+            level += limit.rate_per_s * (moment - previous)
+            previous = moment
+            if level > limit.burst:
+                lost += level - limit.burst
+                level = limit.burst
+
+    for call in by_send:
+        if lost_at_start is None and call.sent >= starts_at:
+            refill_to(starts_at)
+            lost_at_start = lost
+        if lost_at_end is None and call.sent >= ends_at:
+            refill_to(ends_at)
+            lost_at_end = lost
+        refill_to(call.sent)
+        level -= call.tokens if limit.tokens else 1
+    if lost_at_start is None:
+        refill_to(starts_at)
+        lost_at_start = lost
+    if lost_at_end is None:
+        refill_to(ends_at)
+        lost_at_end = lost
+    return lost_at_end - lost_at_start
 
 
 def _burst_drained(completions: Sequence[Completion], limit: Allowance, upto: float) -> float | None:
@@ -358,7 +418,7 @@ class ClientRun:
         cpu_s: the process's CPU time over the same span, all threads.
         peak_rss_mb: the process's peak resident set size, in MiB.
         recorded_calls: successful calls the client stored somewhere durable (rows in results.db for rcarun).
-        window_calls / window_s / window_tokens: the steady window (see `steady_window`).
+        window_calls / window_s / window_tokens / window_unused: the steady window (see `steady_window`).
         items: work items in the workload.
         succeeded: items that got a complete answer (not cut by a length stop).
         wasted_tokens: prompt + completion tokens of the attempts cut by a length stop.
@@ -378,6 +438,7 @@ class ClientRun:
     window_calls: int
     window_s: float
     window_tokens: int
+    window_unused: float | None = None
     items: int = 0
     succeeded: int = 0
     wasted_tokens: int = 0
@@ -400,7 +461,12 @@ class ClientRun:
 
     @property
     def window(self) -> SteadyWindow:
-        return SteadyWindow(calls=self.window_calls, seconds=self.window_s, tokens=self.window_tokens)
+        return SteadyWindow(
+            calls=self.window_calls,
+            seconds=self.window_s,
+            tokens=self.window_tokens,
+            unused=self.window_unused,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +503,7 @@ class ResultRow:
     server_accepted: int = 0
     server_length_stops: int = 0
     client_429: int = 0
+    window_rps: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

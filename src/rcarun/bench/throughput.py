@@ -25,7 +25,7 @@ from typing import Any
 from rcarun.mock import MockProcess, MockStats
 
 from .clients import CLIENTS, PRICES
-from .metrics import ClientRun, ResultRow, nominal_ceiling_rps
+from .metrics import ClientRun, ResultRow, allowance, allowance_used, nominal_ceiling_rps
 from .scenarios import Scenario, scenarios
 from .workload import write_dataset
 
@@ -99,6 +99,10 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         ceiling = nominal_ceiling_rps(scenario, window.mean_tokens) if window.calls else 0.0
     else:
         ceiling = nominal_ceiling_rps(scenario)
+    # Under a binding limit, the level-corrected rate (`rcarun.bench.metrics`); otherwise calls per second.
+    used = allowance_used(window, allowance(scenario))
+    counted = window.rps / ceiling if ceiling else 0.0
+    ratio = used if used is not None else counted
     overshoot = {
         "latency": max(stats.overshoot_requests, stats.overshoot_tokens),
         "slots": max(stats.overshoot_requests, stats.overshoot_tokens),
@@ -110,9 +114,10 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         client=client,
         calls=run.calls,
         wall_s=round(run.wall_s, 3),
-        achieved_rps=round(window.rps, 2),
+        achieved_rps=round(ratio * ceiling, 2),
+        window_rps=round(window.rps, 2),
         ceiling_rps=round(ceiling, 2),
-        ratio=round(window.rps / ceiling, 4) if ceiling else 0.0,
+        ratio=round(ratio, 4),
         server_429=stats.rejected_429,
         server_max_overshoot=round(overshoot, 3),
         cpu_ms_per_call=round(run.cpu_s * 1000 / run.calls, 3) if run.calls else 0.0,
