@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/performance.py
+	$(BIN)/python benchmarks/performance.py --repeats 3
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache results.db results.db-*

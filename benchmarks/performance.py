@@ -3,7 +3,8 @@
 The benchmark's figures mean little without the machine they were taken on and how busy it was, so this script
 prints them together, ready to paste over the "Measured" section of docs/performance.md:
 
-    .venv/bin/python benchmarks/performance.py [--quick] [--from-json FILE] [--json-out FILE]   # or: make bench
+    .venv/bin/python benchmarks/performance.py [--quick] [--repeats N] [--from-json FILE] [--json-out FILE]
+    make bench   # the same, with --repeats 3
 
 It runs `rcarun bench throughput` in-process (every scenario, every client, about 12 minutes; under a minute
 with ``--quick``), or, with ``--from-json``, formats a saved ``rcarun bench throughput --json`` document. The
@@ -83,17 +84,28 @@ def main() -> int:
     parser.add_argument(
         "--json-out", type=Path, help="also save the rows, as `rcarun bench throughput --json` prints them"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every client N times per scenario in rotating order; report each one's median run",
+    )
     args = parser.parse_args()
     load_before = _load()
     if args.from_json is not None:
         rows = [ResultRow(**row) for row in json.loads(args.from_json.read_text())["scenarios"]]
         load_after = "(not measured: formatted from a saved run)"
     else:
-        rows = run_throughput(quick=args.quick)
+        rows = run_throughput(quick=args.quick, repeats=args.repeats)
         load_after = _load()
         if args.json_out is not None:
             args.json_out.write_text(json.dumps(json_document(rows), indent=2))
-    command = "rcarun bench throughput" + (" --quick" if args.quick else "")
+    command = (
+        "rcarun bench throughput"
+        + (" --quick" if args.quick else "")
+        + (f" --repeats {args.repeats}" if args.repeats > 1 else "")
+    )
     print(f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC with `{command}`.")
     print()
     print(f"- CPU: {_cpu_model()}, {os.cpu_count()} cores; RAM {_memory_gib()}; {_os_name()}")

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from rcarun.bench import CLIENT_ORDER, Completion, get_scenario, json_document, run_throughput, steady_window
-from rcarun.bench.metrics import Allowance, allowance_used
+from rcarun.bench.metrics import Allowance, ResultRow, allowance_used
+from rcarun.bench.throughput import format_markdown, median_rows, round_order
 
 _FIELDS = {
     "name",
@@ -149,3 +150,41 @@ def test_a_client_that_stops_asking_is_charged_the_quota_it_left() -> None:
     assert window.unused == pytest.approx(2 * 300.0, rel=0.01)
     assert allowance_used(window, limit) == pytest.approx(1 - 600.0 / (300.0 * window.seconds), rel=1e-6)
     assert allowance_used(window, None) is None
+
+
+def test_rounds_rotate_the_clients_so_each_runs_in_every_position() -> None:
+    clients = ("rcarun", "naive-gather", "aiolimiter-loop")
+    orders = [round_order(clients, index) for index in range(3)]
+
+    assert orders[0] == list(clients)
+    for position in range(3):
+        assert sorted(order[position] for order in orders) == sorted(clients)
+    assert round_order(clients, 3) == orders[0]
+
+
+def _row(ratio: float, wall_s: float) -> ResultRow:
+    return ResultRow(
+        name="concurrency-cap",
+        client="rcarun",
+        calls=10,
+        wall_s=wall_s,
+        achieved_rps=ratio * 320,
+        ceiling_rps=320.0,
+        ratio=ratio,
+        server_429=0,
+        server_max_overshoot=0.0,
+        cpu_ms_per_call=1.0,
+        peak_rss_mb=60.0,
+        recorded_calls=10,
+    )
+
+
+def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> None:
+    median = median_rows([_row(0.97, 1.0), _row(0.95, 2.0), _row(0.99, 3.0)])
+
+    assert (median.ratio, median.wall_s) == (0.97, 1.0)  # the whole median run, not a mix of runs
+    assert (median.runs, median.ratio_min, median.ratio_max) == (3, 0.95, 0.99)
+    assert median_rows([_row(0.97, 1.0), _row(0.95, 2.0)]).ratio == 0.95  # the lower middle of an even count
+    assert "0.970 (0.950–0.990, 3 runs)" in format_markdown([median])
+    with pytest.raises(ValueError):
+        median_rows([])

@@ -37,7 +37,7 @@ __all__ = [
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rcarun bench``: ``args.suite`` ("throughput"), ``args.json``, ``args.markdown``,
-    ``args.quick`` and ``args.scenario`` (names to run; all when empty)."""
+    ``args.quick``, ``args.scenario`` (names to run; all when empty) and ``args.repeats`` (runs per client)."""
     if args.suite != "throughput":
         print(f"rcarun bench: unknown suite {args.suite!r} (known: throughput)", file=sys.stderr)
         return 2
@@ -48,7 +48,11 @@ def main(args: argparse.Namespace) -> int:
             f"rcarun bench: unknown scenarios {unknown} (known: {', '.join(SCENARIO_NAMES)})", file=sys.stderr
         )
         return 2
-    rows = run_throughput(quick=bool(args.quick), names=names)
+    repeats = int(getattr(args, "repeats", 1) or 1)
+    if repeats < 1:
+        print(f"rcarun bench: --repeats must be at least 1, got {repeats}", file=sys.stderr)
+        return 2
+    rows = run_throughput(quick=bool(args.quick), names=names, repeats=repeats)
     if args.json:
         print(json.dumps(json_document(rows), indent=2))
     elif getattr(args, "markdown", False):

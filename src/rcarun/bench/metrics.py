@@ -504,6 +504,9 @@ class ResultRow:
     server_length_stops: int = 0
     client_429: int = 0
     window_rps: float = 0.0
+    runs: int = 1
+    ratio_min: float = 0.0
+    ratio_max: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

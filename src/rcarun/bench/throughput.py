@@ -12,6 +12,7 @@ table with, per scenario, rcarun's ratio to the ceiling relative to the best pee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -118,6 +119,8 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         window_rps=round(window.rps, 2),
         ceiling_rps=round(ceiling, 2),
         ratio=round(ratio, 4),
+        ratio_min=round(ratio, 4),
+        ratio_max=round(ratio, 4),
         server_429=stats.rejected_429,
         server_max_overshoot=round(overshoot, 3),
         cpu_ms_per_call=round(run.cpu_s * 1000 / run.calls, 3) if run.calls else 0.0,
@@ -147,44 +150,85 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
 
 
 def run_throughput(
-    quick: bool, clients: Sequence[str] = CLIENT_ORDER, names: Sequence[str] = ()
+    quick: bool, clients: Sequence[str] = CLIENT_ORDER, names: Sequence[str] = (), repeats: int = 1
 ) -> list[ResultRow]:
-    """Run every scenario (or those in ``names``) for every client in ``clients``."""
+    """Run every scenario (or those in ``names``) for every client in ``clients``, ``repeats`` times each."""
     chosen = [scenario for scenario in scenarios(quick) if not names or scenario.name in names]
-    return run_scenarios(chosen, clients)
+    return run_scenarios(chosen, clients, repeats)
 
 
-def run_scenarios(chosen: Sequence[Scenario], clients: Sequence[str] = CLIENT_ORDER) -> list[ResultRow]:
-    """Run the given scenarios (resized ones included, as the tests do) for every client in ``clients``."""
+def round_order(clients: Sequence[str], round_index: int) -> list[str]:
+    """The clients' order in one round: rotated by the round's number, so that over as many rounds as there are
+    clients each client runs once in every position (first, while the machine is freshest, and last)."""
+    shift = round_index % len(clients) if clients else 0
+    return [*clients[shift:], *clients[:shift]]
+
+
+def median_rows(runs: Sequence[ResultRow]) -> ResultRow:
+    """One client's repeated runs of one scenario as one row: the run with the median ratio (the lower of the
+    two middle ones for an even count), its spread in ``ratio_min`` / ``ratio_max`` and the count in ``runs``."""
+    if not runs:
+        raise ValueError("no runs to summarise")
+    ordered = sorted(runs, key=lambda row: row.ratio)
+    middle = ordered[(len(ordered) - 1) // 2]
+    return dataclasses.replace(
+        middle, runs=len(ordered), ratio_min=ordered[0].ratio, ratio_max=ordered[-1].ratio
+    )
+
+
+def run_scenarios(
+    chosen: Sequence[Scenario], clients: Sequence[str] = CLIENT_ORDER, repeats: int = 1
+) -> list[ResultRow]:
+    """Run the given scenarios (resized ones included, as the tests do) for every client in ``clients``.
+
+    With ``repeats`` above 1 every client runs each scenario that many times (large-scale once), in rounds
+    whose order rotates (`round_order`), and is reported by its median run (`median_rows`). Clients run one
+    after another, so a single round hands each a slightly different machine; the rotation spreads that over
+    all of them.
+    """
     unknown = sorted(set(clients) - set(CLIENTS))
     if unknown:
         raise ValueError(f"unknown clients {unknown}; known: {sorted(CLIENTS)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     rows: list[ResultRow] = []
     with tempfile.TemporaryDirectory(prefix="rcarun-bench-") as tmp:
         root = Path(tmp)
         for scenario in chosen:
             dataset = write_dataset(scenario, root / scenario.name / "dataset")
             _progress(f"{scenario.name}: {scenario.calls} items, concurrency {scenario.concurrency}")
+            taking_part = [c for c in clients if c not in scenario.skip_clients]
+            runs: dict[str, list[ResultRow]] = {client: [] for client in taking_part}
+            # large-scale is about memory and loop lag, not a race, and takes minutes a run: once is enough.
+            rounds = 1 if scenario.headline == "scale" else repeats
             with MockProcess(scenario.mock_config()) as mock:
-                for client in (c for c in clients if c not in scenario.skip_clients):
-                    workdir = root / scenario.name / client
-                    workdir.mkdir(parents=True)
-                    mock.reset()
-                    server_cpu_before = _cpu_s(mock.pid)
-                    run = _run_client(scenario, client, mock, dataset, workdir)
-                    server_cpu_s = _cpu_s(mock.pid) - server_cpu_before
-                    stats = mock.stats()
-                    row = result_row(scenario, client, run, stats)
-                    rows.append(row)
-                    _progress(
-                        f"  {client:<16} {row.achieved_rps:8.1f} req/s of {row.ceiling_rps:.1f} "
-                        f"(ratio {row.ratio:.3f}), 429s {row.server_429}, {row.cpu_ms_per_call:.2f} ms CPU/call, "
-                        f"wall {row.wall_s:.1f} s; server {server_cpu_s * 1000 / max(1, stats.requests_total):.2f} "
-                        "ms CPU/request"
-                        + (f", {run.failed} failed" if run.failed else "")
-                        + (f", server accepted {stats.accepted}" if stats.accepted != run.calls else "")
-                    )
+                for round_index in range(rounds):
+                    for client in round_order(taking_part, round_index):
+                        workdir = root / scenario.name / f"{client}-{round_index}"
+                        workdir.mkdir(parents=True)
+                        runs[client].append(_measured_row(scenario, client, mock, dataset, workdir))
+            rows.extend(median_rows(runs[client]) for client in taking_part)
     return rows
+
+
+def _measured_row(
+    scenario: Scenario, client: str, mock: MockProcess, dataset: Path, workdir: Path
+) -> ResultRow:
+    mock.reset()
+    server_cpu_before = _cpu_s(mock.pid)
+    run = _run_client(scenario, client, mock, dataset, workdir)
+    server_cpu_s = _cpu_s(mock.pid) - server_cpu_before
+    stats = mock.stats()
+    row = result_row(scenario, client, run, stats)
+    _progress(
+        f"  {client:<16} {row.achieved_rps:8.1f} req/s of {row.ceiling_rps:.1f} "
+        f"(ratio {row.ratio:.3f}), 429s {row.server_429}, {row.cpu_ms_per_call:.2f} ms CPU/call, "
+        f"wall {row.wall_s:.1f} s; server {server_cpu_s * 1000 / max(1, stats.requests_total):.2f} "
+        "ms CPU/request"
+        + (f", {run.failed} failed" if run.failed else "")
+        + (f", server accepted {stats.accepted}" if stats.accepted != run.calls else "")
+    )
+    return row
 
 
 def json_document(rows: Sequence[ResultRow]) -> dict[str, Any]:
@@ -240,12 +284,23 @@ def format_table(rows: Sequence[ResultRow]) -> str:
                 f"{row.ceiling_rps:>8.1f} {row.ratio:>6.3f} {row.server_429:>6} {row.server_max_overshoot:>9.1f} "
                 f"{row.cpu_ms_per_call:>11.3f} {row.peak_rss_mb:>7.1f} {row.recorded_calls:>8}  {headline(row)}"
             )
+            if row.runs > 1:
+                lines.append(
+                    f"{'':<15} {'':<16} the median of {row.runs} runs (ratio {row.ratio_min:.3f}–{row.ratio_max:.3f})"
+                )
         ours, best = _best_peer(group)
         if ours is not None and best is not None:
             relative = ours.ratio / best.ratio if best.ratio else float("inf")
             lines.append(f"{'':<15} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _ratio_text(row: ResultRow) -> str:
+    """The ratio, with the spread of the repeated runs it is the median of."""
+    if row.runs <= 1:
+        return f"{row.ratio:.3f}"
+    return f"{row.ratio:.3f} ({row.ratio_min:.3f}–{row.ratio_max:.3f}, {row.runs} runs)"
 
 
 def format_markdown(rows: Sequence[ResultRow]) -> str:
@@ -257,7 +312,7 @@ def format_markdown(rows: Sequence[ResultRow]) -> str:
     ]
     for row in rows:
         lines.append(
-            f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.ceiling_rps:.1f} | {row.ratio:.3f} "
+            f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.ceiling_rps:.1f} | {_ratio_text(row)} "
             f"| {row.server_429} | {row.server_max_overshoot:g} | {row.cpu_ms_per_call:.2f} | {row.peak_rss_mb:.0f} "
             f"| {row.recorded_calls} | {headline(row)} |"
         )

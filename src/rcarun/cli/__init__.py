@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only this scenario (repeatable; default: all)",
     )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every client N times per scenario in rotating order and report its median run (default 1)",
+    )
     return parser
 
 
