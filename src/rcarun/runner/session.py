@@ -406,6 +406,24 @@ class ItemSession:
                 raise
             cost = ticket.settle(result.usage)
             runtime.gate.on_rate_limit_headers(result.rate_limit)
+        ended_at = utc_timestamp()
+        try:
+            # The slot is free: let the call it was handed to go out before this attempt is recorded and its
+            # item goes on to parse the answer and build its next prompt. Two turns of the loop: one for the
+            # woken caller to start its request, one for aiohttp to write it (before Python 3.12 aiohttp
+            # writes a request body from a task of its own, which would otherwise wait behind all of that).
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        finally:
+            # Recorded even when cancelled in between: the provider answered and charged for it.
+            self._record_answer(base, result, started_at, ended_at, cost)
+        return result
+
+    def _record_answer(
+        self, base: dict[str, Any], result: ChatResult, started_at: str, ended_at: str, cost: float
+    ) -> None:
+        runtime = self._runtime
+        writer = self._context.writer
         raw_body = result.raw_body
         if not raw_body and result.tool_calls:
             # No body came (an in-process engine), but tool calls fit no other column: keep a body that
@@ -416,7 +434,7 @@ class ItemSession:
                 **base,
                 status="length" if result.finish_reason == "length" else "ok",
                 started_at=started_at,
-                ended_at=utc_timestamp(),
+                ended_at=ended_at,
                 finish_reason=result.finish_reason,
                 prompt_tokens=result.usage.prompt_tokens,
                 completion_tokens=result.usage.completion_tokens,
@@ -435,10 +453,6 @@ class ItemSession:
                 endpoint=result.endpoint or None,
             )
         )
-        # The slot is free and the attempt recorded: let waiting calls go out and pending answers be read
-        # before this item parses its answer and the worker builds its next prompt.
-        await asyncio.sleep(0)
-        return result
 
 
 class _FailureCounts:
