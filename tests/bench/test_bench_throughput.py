@@ -188,3 +188,18 @@ def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> Non
     assert "0.970 (0.950–0.990, 3 runs)" in format_markdown([median])
     with pytest.raises(ValueError):
         median_rows([])
+
+
+def test_without_a_limit_the_rate_is_the_slope_so_clumped_answers_do_not_move_it() -> None:
+    # A queue that frees 32 slots together every 100 ms: each clump of answers is read over 4 ms, bunched
+    # at its start (the way a client drains a burst of responses).
+    completions = [
+        Completion(sent=tick * 0.1, at=tick * 0.1 + 0.1 + 0.004 * (index / 32) ** 3, tokens=100)
+        for tick in range(100)
+        for index in range(32)
+    ]
+
+    window = steady_window(completions, None)
+
+    assert abs(window.rps / 320.0 - 1) > 0.005  # where the two ends fall inside their clumps shows
+    assert window.slope_rps == pytest.approx(320.0, rel=0.002)

@@ -83,6 +83,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
         window_s=window.seconds,
         window_tokens=window.tokens,
         window_unused=window.unused,
+        window_slope_rps=window.slope_rps,
         items=outcome.items,
         succeeded=outcome.succeeded,
         wasted_tokens=outcome.wasted_tokens,

@@ -8,7 +8,12 @@ steady window ends at the completion of the call 10 % from the end and starts at
     - when a declared limit binds: the completion of the first call at which the simulator's bucket, replayed
       from the send time and charge of every accepted call (capacity B = burst_s seconds of quota, refilled at
       the limit's rate r), is within 5 % of B of its lowest level in the first half of the run.
-Without a binding limit, ``achieved_rps`` = calls completed inside the window / its length T in seconds.
+Without a binding limit, ``achieved_rps`` is the slope of the completions counted against their completion
+times inside the window (least squares). Counting calls between the window's two ends would do for a smooth
+stream, but answers come in clumps — a server with a queue frees its slots together, and a slot's answers
+then stay in step — and each end can fall anywhere inside a clump of up to a slot count of answers: about
+1 % of a 10-s window either way, by where the ends fall rather than by the client. The slope weighs every
+completion in the window and leaves that out.
 
 With a binding limit, counting calls is not enough: what a window holds is r·T plus the replayed bucket's
 level at its start minus its level at its end, and that difference (up to B, a whole second of quota at
@@ -111,12 +116,15 @@ class SteadyWindow:
         tokens: tokens charged for those calls (prompt + completion, the server's count).
         unused: with a binding limit, the allowance (requests or tokens) the replayed bucket could not hold
             during the window — quota the client left on the table; None without a limit.
+        slope_rps: the least-squares slope of the counted completions' running count against their completion
+            times (0 with fewer than two distinct times).
     """
 
     calls: int
     seconds: float
     tokens: int
     unused: float | None = None
+    slope_rps: float = 0.0
 
     @property
     def rps(self) -> float:
@@ -196,7 +204,21 @@ def steady_window(completions: Sequence[Completion], limit: Allowance | None) ->
         seconds=max(0.0, ends_at - starts_at),
         tokens=sum(c.tokens for c in counted),
         unused=_unused_allowance(completions, limit, starts_at, ends_at) if limit is not None else None,
+        slope_rps=_completion_slope([c.at for c in counted]),
     )
+
+
+def _completion_slope(times: Sequence[float]) -> float:
+    """Least-squares slope of the running count (0, 1, 2, ...) against sorted completion times."""
+    n = len(times)
+    if n < 2:
+        return 0.0
+    mean_t = math.fsum(times) / n
+    mean_i = (n - 1) / 2
+    spread = math.fsum((t - mean_t) ** 2 for t in times)
+    if spread <= 0:
+        return 0.0
+    return math.fsum((t - mean_t) * (i - mean_i) for i, t in enumerate(times)) / spread
 
 
 def allowance_used(window: SteadyWindow, limit: Allowance | None) -> float | None:
@@ -418,7 +440,8 @@ class ClientRun:
         cpu_s: the process's CPU time over the same span, all threads.
         peak_rss_mb: the process's peak resident set size, in MiB.
         recorded_calls: successful calls the client stored somewhere durable (rows in results.db for rcarun).
-        window_calls / window_s / window_tokens / window_unused: the steady window (see `steady_window`).
+        window_calls / window_s / window_tokens / window_unused / window_slope_rps: the steady window (see
+            `steady_window`).
         items: work items in the workload.
         succeeded: items that got a complete answer (not cut by a length stop).
         wasted_tokens: prompt + completion tokens of the attempts cut by a length stop.
@@ -439,6 +462,7 @@ class ClientRun:
     window_s: float
     window_tokens: int
     window_unused: float | None = None
+    window_slope_rps: float = 0.0
     items: int = 0
     succeeded: int = 0
     wasted_tokens: int = 0
@@ -466,6 +490,7 @@ class ClientRun:
             seconds=self.window_s,
             tokens=self.window_tokens,
             unused=self.window_unused,
+            slope_rps=self.window_slope_rps,
         )
 
 

@@ -100,10 +100,10 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         ceiling = nominal_ceiling_rps(scenario, window.mean_tokens) if window.calls else 0.0
     else:
         ceiling = nominal_ceiling_rps(scenario)
-    # Under a binding limit, the level-corrected rate (`rcarun.bench.metrics`); otherwise calls per second.
+    # Under a binding limit, the level-corrected rate; otherwise the completions' slope (`rcarun.bench.metrics`).
     used = allowance_used(window, allowance(scenario))
-    counted = window.rps / ceiling if ceiling else 0.0
-    ratio = used if used is not None else counted
+    sloped = window.slope_rps / ceiling if ceiling else 0.0
+    ratio = used if used is not None else sloped
     overshoot = {
         "latency": max(stats.overshoot_requests, stats.overshoot_tokens),
         "slots": max(stats.overshoot_requests, stats.overshoot_tokens),
