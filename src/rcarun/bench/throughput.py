@@ -306,13 +306,14 @@ def _ratio_text(row: ResultRow) -> str:
 def format_markdown(rows: Sequence[ResultRow]) -> str:
     """One Markdown table of every scenario and client (what docs/performance.md shows)."""
     lines = [
-        "| scenario | client | req/s | ceiling | ratio | server 429s | overshoot | CPU ms/call | peak RSS MB "
-        "| recorded | scenario figures |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| scenario | client | req/s | counted req/s | ceiling | ratio | server 429s | overshoot | CPU ms/call "
+        "| peak RSS MB | recorded | scenario figures |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in rows:
         lines.append(
-            f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.ceiling_rps:.1f} | {_ratio_text(row)} "
+            f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.window_rps:.1f} | {row.ceiling_rps:.1f} "
+            f"| {_ratio_text(row)} "
             f"| {row.server_429} | {row.server_max_overshoot:g} | {row.cpu_ms_per_call:.2f} | {row.peak_rss_mb:.0f} "
             f"| {row.recorded_calls} | {headline(row)} |"
         )
