@@ -121,6 +121,7 @@ class Ticket:
         "_grant",
         "_reservation",
         "_settled",
+        "_slot_released",
         "estimated_prompt_tokens",
         "max_tokens",
         "prompt_chars",
@@ -145,11 +146,23 @@ class Ticket:
         self.max_tokens = max_tokens
         self.prompt_chars = prompt_chars
         self._settled = False
+        self._slot_released = False
         self._cost_usd = 0.0
 
     @property
     def settled(self) -> bool:
         return self._settled
+
+    @property
+    def slot_released(self) -> bool:
+        return self._slot_released
+
+    def release_slot(self) -> None:
+        """Hand the concurrency slot on now, before the block ends: the provider has answered, and the next
+        waiting call can go out while this one is settled and recorded. The block's end releases it otherwise."""
+        if not self._slot_released:
+            self._slot_released = True
+            self._gate.concurrency.release(self.slot)
 
     @property
     def cost_usd(self) -> float:
@@ -286,6 +299,7 @@ class BackboneGate:
         """
         await self._wait_out_pause()
         slot = await self.concurrency.acquire()
+        ticket: Ticket | None = None
         try:
             grant = await self.limiter.acquire(estimated_prompt_tokens + max_tokens)
             try:
@@ -302,7 +316,8 @@ class BackboneGate:
                 self._in_flight -= 1
                 ticket._abandon()
         finally:
-            self.concurrency.release(slot)
+            if ticket is None or not ticket.slot_released:
+                self.concurrency.release(slot)
 
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
         """Decide about a failed attempt and apply its consequences to this backbone only.

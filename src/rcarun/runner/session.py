@@ -404,19 +404,22 @@ class ItemSession:
                     )
                 )
                 raise
-            cost = ticket.settle(result.usage)
             runtime.gate.on_rate_limit_headers(result.rate_limit)
-        ended_at = utc_timestamp()
-        try:
-            # The slot is free: let the call it was handed to go out before this attempt is recorded and its
-            # item goes on to parse the answer and build its next prompt. Two turns of the loop: one for the
-            # woken caller to start its request, one for aiohttp to write it (before Python 3.12 aiohttp
-            # writes a request body from a task of its own, which would otherwise wait behind all of that).
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-        finally:
-            # Recorded even when cancelled in between: the provider answered and charged for it.
-            self._record_answer(base, result, started_at, ended_at, cost)
+            ended_at = utc_timestamp()
+            ticket.release_slot()
+            try:
+                # The slot is free: let the call it was handed to go out before this attempt is settled and
+                # recorded and its item goes on to parse the answer and build its next prompt. Two turns of
+                # the loop: one for the woken caller to start its request, one for aiohttp to write it (before
+                # Python 3.12 aiohttp writes a request body from a task of its own, which would otherwise wait
+                # behind all of that). When a sweep's answers come in clumps (a provider freeing its slots
+                # together), every microsecond before the send is paid once per answer in the clump.
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            finally:
+                # Settled and recorded even when cancelled in between: the provider answered and charged.
+                cost = ticket.settle(result.usage)
+                self._record_answer(base, result, started_at, ended_at, cost)
         return result
 
     def _record_answer(
