@@ -47,6 +47,9 @@ _FIELDS = {
     "server_length_stops",
     "client_429",
     "window_rps",
+    "runs",
+    "ratio_min",
+    "ratio_max",
 }
 
 
@@ -65,6 +68,7 @@ def test_quick_latency_bound_runs_every_client_end_to_end() -> None:
         assert row["ceiling_rps"] == pytest.approx(scenario.concurrency / scenario.latency_s)
         assert 0 < row["achieved_rps"] <= row["ceiling_rps"] * 1.05
         assert row["ratio"] == pytest.approx(row["achieved_rps"] / row["ceiling_rps"], abs=1e-3)
+        assert row["runs"] == 1 and row["ratio_min"] == row["ratio_max"] == row["ratio"]
         assert row["wall_s"] >= scenario.calls / row["ceiling_rps"]
         assert row["server_429"] == 0
         assert row["server_max_overshoot"] == 0
