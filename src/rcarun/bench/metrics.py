@@ -229,44 +229,49 @@ def allowance_used(window: SteadyWindow, limit: Allowance | None) -> float | Non
     return 1.0 - window.unused / (limit.rate_per_s * window.seconds)
 
 
+class _ReplayedBucket:
+    """The server's bucket replayed from a client's sends: full at ``start``, refilled at the limit's rate up to
+    its capacity (what would overflow is counted in ``lost``), charged a request or its tokens per call."""
+
+    __slots__ = ("level", "limit", "lost", "updated_at")
+
+    def __init__(self, limit: Allowance, start: float) -> None:
+        self.limit = limit
+        self.level = limit.burst
+        self.lost = 0.0
+        self.updated_at = start
+
+    def advance(self, moment: float) -> None:
+        if moment > self.updated_at:
+            self.level += self.limit.rate_per_s * (moment - self.updated_at)
+            self.updated_at = moment
+            if self.level > self.limit.burst:
+                self.lost += self.level - self.limit.burst
+                self.level = self.limit.burst
+
+    def charge(self, call: Completion) -> None:
+        self.advance(call.sent)
+        self.level -= call.tokens if self.limit.tokens else 1
+
+
 def _unused_allowance(
     completions: Sequence[Completion], limit: Allowance, starts_at: float, ends_at: float
 ) -> float:
-    """Refill the replayed bucket (full at the first send, charged at each send) lost to overflow in the window."""
+    """Refill the replayed bucket lost to overflow between ``starts_at`` and ``ends_at``."""
     by_send = sorted(completions, key=lambda c: c.sent)
     if not by_send:
         return 0.0
-    level = limit.burst
-    previous = by_send[0].sent
-    lost = 0.0
-    lost_at_start: float | None = None
-    lost_at_end: float | None = None
 
-    def refill_to(moment: float) -> None:
-        nonlocal level, previous, lost
-        if moment > previous:
-            level += limit.rate_per_s * (moment - previous)
-            previous = moment
-            if level > limit.burst:
-                lost += level - limit.burst
-                level = limit.burst
+    def lost_by(moment: float) -> float:
+        bucket = _ReplayedBucket(limit, by_send[0].sent)
+        for call in by_send:
+            if call.sent >= moment:
+                break
+            bucket.charge(call)
+        bucket.advance(moment)
+        return bucket.lost
 
-    for call in by_send:
-        if lost_at_start is None and call.sent >= starts_at:
-            refill_to(starts_at)
-            lost_at_start = lost
-        if lost_at_end is None and call.sent >= ends_at:
-            refill_to(ends_at)
-            lost_at_end = lost
-        refill_to(call.sent)
-        level -= call.tokens if limit.tokens else 1
-    if lost_at_start is None:
-        refill_to(starts_at)
-        lost_at_start = lost
-    if lost_at_end is None:
-        refill_to(ends_at)
-        lost_at_end = lost
-    return lost_at_end - lost_at_start
+    return lost_by(ends_at) - lost_by(starts_at)
 
 
 def _burst_drained(completions: Sequence[Completion], limit: Allowance, upto: float) -> float | None:
@@ -274,14 +279,11 @@ def _burst_drained(completions: Sequence[Completion], limit: Allowance, upto: fl
     by_send = sorted((c for c in completions if c.at <= upto), key=lambda c: c.sent)
     if not by_send:
         return None
-    level = limit.burst
-    previous = by_send[0].sent
+    bucket = _ReplayedBucket(limit, by_send[0].sent)
     levels: list[float] = []
     for call in by_send:
-        level = min(limit.burst, level + limit.rate_per_s * (call.sent - previous))
-        previous = call.sent
-        level -= call.tokens if limit.tokens else 1
-        levels.append(level)
+        bucket.charge(call)
+        levels.append(bucket.level)
     # The lowest level of the first half only: a client that reserves more than it is charged (rcarun reserves
     # each call's whole output budget and is refunded on settling) keeps a floating headroom in the replayed
     # bucket, whose lowest point over the whole run can fall anywhere — even near the end, which would shrink
