@@ -8,7 +8,7 @@ summed), `report` (all of it as one dict) and `render` (that dict as text or one
 
 from __future__ import annotations
 
-from .cost import CostRow, cost_rows, nearest_rank
+from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
 from .render import render_html, render_text
 from .report import METRIC_NAMES, ReportOptions, build_report, metrics_json
 from .results import Cell, RunScores, load_run_scores, resolve_run
@@ -63,6 +63,7 @@ __all__ = [
     "STEP_TOLERANCE",
     "BootstrapInterval",
     "Cell",
+    "ChargedCost",
     "Complementarity",
     "CostRow",
     "Expected",
@@ -82,6 +83,7 @@ __all__ = [
     "build_report",
     "by_length_group",
     "by_source",
+    "charged_costs",
     "complementarity",
     "cost_rows",
     "holm",

@@ -19,6 +19,10 @@ Definitions (one row per run × backbone × method × stage):
     - latency p50 / p95: nearest-rank percentiles of ``latency_ms`` over attempts that were sent.
     - ``budget_use``: ``cost_usd`` as a fraction of the backbone's ``budget.max_usd`` in the run's config
       (None when the backbone had no USD budget).
+
+`charged_costs` totals the same sums per backbone × method with one difference: a request several methods
+shared (one cache key, e.g. RCTA's Stage I across its ablations) is charged to the first of them in an order
+the caller gives — the rule `rcarun estimate` uses — instead of to whichever sent it first, which is timing.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rcarun.store import Store
 
-__all__ = ["CostRow", "cost_rows", "nearest_rank"]
+__all__ = ["ChargedCost", "CostRow", "charged_costs", "cost_rows", "nearest_rank"]
 
 _STAGE_SQL = """
 SELECT backbone, method, stage,
@@ -155,3 +160,71 @@ def _usd_budgets(store: Store, run_id: int) -> dict[str, float]:
         if isinstance(max_usd, int | float) and max_usd > 0:
             budgets[name] = float(max_usd)
     return budgets
+
+
+# {ranks} is a VALUES list of (method, rank); methods not in it rank after it, by name.
+_CHARGED_SQL = """
+WITH charge_rank(method, rank) AS (VALUES {ranks}),
+used AS (
+    SELECT c.cache_key, c.method, coalesce(r.rank, {unranked}) AS rank
+    FROM calls c LEFT JOIN charge_rank r ON r.method = c.method
+    WHERE c.run_id = ? AND c.cache_key IS NOT NULL
+    GROUP BY c.cache_key, c.method
+),
+ordered AS (
+    SELECT cache_key, method, count(*) OVER (PARTITION BY cache_key) AS users,
+           row_number() OVER (PARTITION BY cache_key ORDER BY rank, method) AS place
+    FROM used
+),
+payer AS (SELECT cache_key, method FROM ordered WHERE users > 1 AND place = 1)
+SELECT c.backbone, coalesce(p.method, c.method) AS charged, sum(c.attempt = 1) AS calls,
+       sum(c.prompt_tokens) AS prompt_tokens, sum(c.completion_tokens) AS completion_tokens,
+       sum(c.cost_usd) AS cost_usd
+FROM calls c LEFT JOIN payer p ON p.cache_key = c.cache_key
+WHERE c.run_id = ? AND c.status != 'cached'
+GROUP BY c.backbone, charged
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ChargedCost:
+    """What one backbone × method paid in a run, shared requests charged by order (module docstring).
+
+    ``items`` counts the method's work items (with any call row, cache hits included); ``calls`` are logical
+    calls (``attempt = 1``); tokens and USD are summed over attempts sent to the provider, as in `CostRow`.
+    """
+
+    backbone: str
+    method: str
+    items: int
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+def charged_costs(
+    store: Store, run_id: int, charge_order: Sequence[str]
+) -> dict[tuple[str, str], ChargedCost]:
+    """Per (backbone, method): the run's paid calls, each request several methods shared charged to the first
+    of them in ``charge_order`` (methods not in it come after it, by name)."""
+    connection = store.connection
+    ranks = ", ".join("(?, ?)" for _ in charge_order) or "(NULL, NULL)"
+    sql = _CHARGED_SQL.format(ranks=ranks, unranked=len(charge_order))
+    parameters = [value for index, method in enumerate(charge_order) for value in (method, index)]
+    items_of = {
+        (row["backbone"], row["method"]): int(row["items"])
+        for row in connection.execute(_ITEMS_SQL, (run_id,)).fetchall()
+    }
+    return {
+        (row["backbone"], row["charged"]): ChargedCost(
+            backbone=row["backbone"],
+            method=row["charged"],
+            items=items_of.get((row["backbone"], row["charged"]), 0),
+            calls=int(row["calls"] or 0),
+            prompt_tokens=int(row["prompt_tokens"] or 0),
+            completion_tokens=int(row["completion_tokens"] or 0),
+            cost_usd=float(row["cost_usd"] or 0.0),
+        )
+        for row in connection.execute(sql, (*parameters, run_id, run_id))
+    }
