@@ -7,18 +7,18 @@ rate-limited and failed attempts carry no tokens), so retries after length stops
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import sqlite3
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rcarun.budgets import TokenEstimator
 from rcarun.cli import main
-from rcarun.cli.estimate import demo_estimate_config, demo_reasoning_tokens
+from rcarun.cli.estimate import demo_estimate_config
 from rcarun.data import bundled_sample_path, iter_dataset
 from rcarun.methods import registered_methods
 from rcarun.methods.step_by_step import StepByStepOptions, estimate_calls_and_prompt_tokens
@@ -87,6 +87,54 @@ def test_step_by_step_reports_the_no_early_stop_bound(step_counts: list[int]) ->
     assert row.calls_max == sum(step_counts)
     assert row.calls_expected < row.calls_max  # random verdicts stop the walk early
     assert row.prompt_tokens_worst > row.prompt_tokens_expected
+
+
+def test_a_method_the_answers_do_not_steer_has_a_one_point_prompt_range() -> None:
+    row = _row(estimate_sweep(_config([{"name": "all-at-once"}]), samples=4), "all-at-once")
+    assert row.chance_range is not None
+    assert row.chance_range.prompt_tokens == (row.prompt_tokens_expected,) * 2
+    # The answers' own lengths are drawn, so the output tokens still spread around their mean.
+    low, high = row.chance_range.output_tokens
+    assert low < row.output_tokens_expected < high
+
+
+def test_step_by_step_chance_range_brackets_the_expected_figure_and_needs_two_samples() -> None:
+    config = _config([{"name": "step-by-step"}], prices={"input_per_mtok": 1.0, "output_per_mtok": 1.0})
+    estimate = estimate_sweep(config, samples=8)
+    row = _row(estimate, "step-by-step")
+    assert row.chance_range is not None
+    low, high = row.chance_range.prompt_tokens
+    assert low < row.prompt_tokens_expected < high <= row.prompt_tokens_worst
+    assert row.chance_range.usd[0] < row.usd_expected < row.chance_range.usd[1]
+    assert estimate.method_ranges["step-by-step"] == row.chance_range  # one backbone: the same draws
+    single = estimate_sweep(config, samples=1)
+    assert _row(single, "step-by-step").chance_range is None
+    assert single.method_ranges == {} and single.usd_range is None
+
+
+def test_realizations_repeat_a_draw_so_the_range_scales_with_them() -> None:
+    one = _row(estimate_sweep(_config([{"name": "step-by-step"}]), samples=8), "step-by-step")
+    three = _row(
+        estimate_sweep(_config([{"name": "step-by-step"}], realizations=3), samples=8), "step-by-step"
+    )
+    assert one.chance_range is not None and three.chance_range is not None
+    for ours, theirs in zip(one.chance_range.prompt_tokens, three.chance_range.prompt_tokens, strict=True):
+        assert theirs == pytest.approx(3 * ours, abs=3)
+
+
+def test_two_backbones_answer_independently_so_their_joint_range_is_narrower_than_the_sum() -> None:
+    config = _config([{"name": "step-by-step"}])
+    twin = config.backbones["b"]
+    config = config.model_copy(update={"backbones": {"b": twin, "c": twin}})
+    estimate = estimate_sweep(config, samples=16)
+    b, c = _row(estimate, "step-by-step"), estimate.rows[1]
+    assert c.backbone == "c"
+    # Identical settings, other answers: a backbone seeds its answers by its name, as the simulator by model.
+    assert b.prompt_tokens_expected != c.prompt_tokens_expected
+    assert b.chance_range is not None and c.chance_range is not None
+    joint = estimate.method_ranges["step-by-step"].prompt_tokens
+    assert joint[0] > b.chance_range.prompt_tokens[0] + c.chance_range.prompt_tokens[0]
+    assert joint[1] < b.chance_range.prompt_tokens[1] + c.chance_range.prompt_tokens[1]
 
 
 def test_rcta_makes_m_plus_two_calls_plus_validation_retries() -> None:
@@ -164,73 +212,69 @@ prices = {{ input_per_mtok = 1.0, output_per_mtok = 1.0 }}
 # -- the demo ------------------------------------------------------------------------------------------------
 
 
-def _measured(db: Path) -> dict[tuple[str, str], tuple[int, int]]:
-    """Prompt and completion tokens the providers saw, per backbone × method (cache hits excluded).
-
-    RCTA's shared Stage I, and the turn 1 Continual Search and Passive Continuation share, are paid by whichever
-    condition sends them first, which is timing; the estimate charges them to the first condition in config
-    order (``rcta``, ``continual-search``), so the measured side does the same.
-    """
-    with sqlite3.connect(db) as connection:
-        rows = connection.execute(
-            "SELECT backbone, CASE WHEN method LIKE 'rcta%' AND stage IN ('summary', 'outline') THEN 'rcta' "
-            "WHEN method = 'passive-continuation' AND stage = 'attribution' THEN 'continual-search' "
-            "ELSE method END AS charged, SUM(prompt_tokens), SUM(completion_tokens) FROM calls "
-            "WHERE status != 'cached' GROUP BY backbone, charged"
-        ).fetchall()
-    return {(backbone, method): (int(prompt), int(output)) for backbone, method, prompt, output in rows}
-
-
-def _error(estimated: float, measured: float) -> float:
-    return (estimated - measured) / measured if measured else math.inf
+def _estimate_against(db: Path, *flags: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["estimate", "--against", str(db), *flags])
+    return status, out.getvalue()
 
 
 @pytest.fixture(scope="module")
-def demo_comparison(demo_db: Path) -> dict[str, tuple[float, float]]:
-    """Relative error of the estimate against the demo, per method over the four backbones: (prompt, output)."""
-    measured = _measured(demo_db)
-    estimate = estimate_sweep(demo_estimate_config(), reasoning_tokens=demo_reasoning_tokens())
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    lines = [
-        f"{'backbone':<14} {'method':<14} {'prompt est':>11} {'measured':>10} {'err':>7} {'output err':>10}"
-    ]
-    for row in estimate.rows:
-        prompt, output = measured[(row.backbone, row.method)]
-        for index, value in enumerate(
-            (row.prompt_tokens_expected, prompt, row.output_tokens_expected, output)
-        ):
-            sums[row.method][index] += value
-        lines.append(
-            f"{row.backbone:<14} {row.method:<14} {row.prompt_tokens_expected:>11,} {prompt:>10,} "
-            f"{_error(row.prompt_tokens_expected, prompt):>+7.1%} "
-            f"{_error(row.output_tokens_expected, output):>+10.1%}"
-        )
-    errors = {method: (_error(s[0], s[1]), _error(s[2], s[3])) for method, s in sums.items()}
-    lines.append("per method, over the four backbones:")
-    lines.extend(f"{m:<14} prompt {p:+.1%}  output {o:+.1%}" for m, (p, o) in errors.items())
-    print("\n".join(lines))
-    return errors
+def demo_comparison(demo_db: Path) -> dict[str, dict[str, Any]]:
+    """``rcarun estimate --against`` the demo's results.db, per method over the four backbones.
+
+    Measured tokens are the attempts the providers saw (cache hits excluded; retries after length stops
+    included); a request several methods shared (RCTA's Stage I, the turn Continual Search and Passive
+    Continuation open with) is charged to the first of them in config order, as the estimate charges it.
+    """
+    status, table = _estimate_against(demo_db)
+    print(table)  # the comparison, for -s
+    assert status == 0
+    status, text = _estimate_against(demo_db, "--json")
+    assert status == 0
+    comparisons = json.loads(text)["against"]["comparisons"]
+    return {c["method"]: c for c in comparisons if c["backbone"] is None}
 
 
 def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
-    demo_comparison: dict[str, tuple[float, float]],
+    demo_comparison: dict[str, dict[str, Any]],
 ) -> None:
     assert set(demo_comparison) == set(registered_methods())
-    for method, (prompt_error, _) in demo_comparison.items():
+    for method, comparison in demo_comparison.items():
+        assert comparison["items_measured"] == comparison["items_estimated"] == 4 * 10 * 2
         if method == "step-by-step":
-            continue  # where the walk stops is chance: checked per walk length below
-        assert abs(prompt_error) <= 0.15, (method, prompt_error)
+            continue  # where the walks stop is chance: its draw is checked against its range below
+        assert abs(comparison["prompt_error"]) <= 0.15, (method, comparison["prompt_error"])
+
+
+def test_the_demo_step_by_step_draw_lies_inside_the_estimates_chance_range(
+    demo_comparison: dict[str, dict[str, Any]],
+) -> None:
+    walk = demo_comparison["step-by-step"]
+    low, high = walk["prompt_range"]
+    assert low < walk["prompt_estimated"] < high
+    assert walk["in_range"] is True, walk
+
+
+def test_estimate_against_a_missing_database_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["estimate", "--against", str(tmp_path / "none.db"), "--samples", "1"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"rcarun: {tmp_path / 'none.db'}: no such results database (run the sweep first)"
+    )
 
 
 class _Counter:
-    """The estimate's token model: the backbone's estimator (5% margin) and context window."""
+    """The estimate's expected token model: the backbone's chars per token (no margin), its context window."""
 
     def __init__(self, chars_per_token: float, context_window: int | None) -> None:
-        self._estimator = TokenEstimator(chars_per_token)
+        self._chars_per_token = chars_per_token
         self.context_window = context_window
 
     def estimate_tokens(self, text: str) -> int:
-        return self._estimator.estimate(len(text))
+        return math.ceil(len(text) / self._chars_per_token)
 
 
 def test_step_by_step_prompt_tokens_match_the_demo_given_where_each_walk_stopped(demo_db: Path) -> None:
@@ -257,5 +301,6 @@ def test_step_by_step_prompt_tokens_match_the_demo_given_where_each_walk_stopped
         assert walk.calls == calls
         estimated += walk.prompt_tokens * paid / calls  # a length retry sends the same prompt again
         measured += prompt
-    print(f"step-by-step given each walk's length: prompt error {_error(estimated, measured):+.1%}")
-    assert abs(_error(estimated, measured)) <= 0.15
+    error = (estimated - measured) / measured
+    print(f"step-by-step given each walk's length: prompt error {error:+.1%}")
+    assert abs(error) <= 0.15

@@ -4,12 +4,16 @@
 method's real call structure, not from a formula per method that drifts from the code. So each method's own
 ``attribute(trajectory, llm)`` runs against `EstimatingLLM`, which implements the `LLM` protocol without a network:
 
-- **Prompt tokens** are what the runner reserves for the request: the backbone's `TokenEstimator` (its
-  ``chars_per_token``, 5% margin) over the messages' characters, as `ItemSession` estimates them. The method sees
-  the backbone's context window and the same estimator, so its truncation policy shapes the prompts as in a sweep.
-  Cached prompt tokens are assumed to be 0 (no provider-side prefix caching is counted).
-- **Answers** are schema-valid synthetic values (`rcarun.mock.answers.generate_value`), seeded by the request's
-  content and the sample number, so a run is reproducible and a request shared across methods gets one answer.
+- **Prompt tokens, expected**: the messages' characters over the backbone's ``chars_per_token``, the best guess
+  of what the provider bills. **Worst case**: what the runner reserves, the backbone's `TokenEstimator` with
+  its 5% margin, as `ItemSession` estimates them; output budgets are clamped to the context left after that
+  figure, as in a sweep. The method sees the backbone's context window and the same estimator, so its
+  truncation policy shapes the prompts as in a sweep. Cached prompt tokens are assumed to be 0 (no
+  provider-side prefix caching is counted), so USD leans high on a provider that caches prefixes.
+- **Answers** are schema-valid synthetic values (`rcarun.mock.answers.generate_value`), seeded by the backbone,
+  the request's content and the sample number, so a run is reproducible, a request shared across methods gets
+  one answer, and two backbones answer one request independently, as two models would (and as the simulated
+  backbones do: the simulator seeds by model).
 - **Tool calls**: a request that offers tools gets the simulator's own decision (`rcarun.mock.answers.
   simulate_tool_calls`, with the simulator's default number of rounds at most): the same number of tool rounds per
   conversation the simulated backbones serve, each round an ``llm.chat`` call costed like any other, its output
@@ -30,6 +34,15 @@ method's real call structure, not from a formula per method that drifts from the
   expected figures are the mean over samples.
 - **Realizations**: one realization is estimated and multiplied by ``realizations`` (they send the same requests;
   only the answers differ).
+- **Chance range**: where answers decide the call count, the expected figure is a mean and one sweep is one draw
+  around it; on a small sweep whose cost sits in a few long walks the draw can land far from the mean. With two
+  samples or more each row carries the central 95% of ``CHANCE_DRAWS`` resampled sweeps (`ChanceRange`): each
+  draw picks one dry run per backbone × trajectory at random (seeded, so the range is reproducible) and counts it
+  once per realization, i.e. realizations repeat the draw, as a model at temperature 0 answers the same request
+  the same way. That is the widest case; realizations that answer independently narrow it by up to
+  √realizations. The range spans only the chance the dry runs sample (where the walk stops, which candidates
+  fail validation); it is as wide as the samples' tails reach, so more ``samples`` widen it towards the truth.
+  Methods whose calls do not depend on the answers get a range of one point.
 - **Shared stages**: a request of a stage the method declares shareable (``shareable_stages``, e.g. RCTA's
   summary and outline) or the sweep marks ``shareable`` is counted once per backbone × trajectory × realization
   across the sweep's methods — identical content, stage and backbone, as the runner's cache key sees it — and
@@ -47,6 +60,7 @@ import hashlib
 import json
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,10 +93,26 @@ from rcarun.runner.config import BackboneConfig, StageConfig, SweepConfig
 from rcarun.runner.scheduler import build_prices, check_method_backbones
 from rcarun.runner.session import parse_json_answer
 
-__all__ = ["EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
+__all__ = ["CHANCE_DRAWS", "ChanceRange", "EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
 
 # Dry runs per item: enough that Step-by-step's chance stopping point mostly averages out (more: --samples).
 DEFAULT_SAMPLES = 16
+
+CHANCE_DRAWS = 1000
+"""Resampled sweeps behind a `ChanceRange` (its ends are the 25th and 975th of them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChanceRange:
+    """The central 95% of a total over resampled sweeps (module docstring, "Chance range"): (low, high) each."""
+
+    prompt_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+    usd: tuple[float, float]
+
+    def holds(self, prompt_tokens: float) -> bool:
+        low, high = self.prompt_tokens
+        return low <= prompt_tokens <= high
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +127,7 @@ class EstimateRow:
         attempts_expected: calls plus the expected length retries.
         prompt_tokens_* / output_tokens_* / usd_*: expected and worst case (see the module docstring).
         failed_items: items whose dry run raised (e.g. a prompt larger than the context window), per sample mean.
+        chance_range: the central 95% of the totals one sweep could give (None with a single sample).
     """
 
     backbone: str
@@ -114,6 +145,7 @@ class EstimateRow:
     usd_expected: float
     usd_worst: float
     failed_items: float
+    chance_range: ChanceRange | None = None
 
     @property
     def usd_per_trajectory(self) -> float:
@@ -126,11 +158,20 @@ class EstimateRow:
 
 @dataclass(frozen=True, slots=True)
 class SweepEstimate:
+    """Every backbone × method row, and the chance ranges of groups of rows drawn jointly.
+
+    Attributes:
+        method_ranges: per method over its backbones (empty with a single sample).
+        usd_range: the whole sweep's USD (None with a single sample).
+    """
+
     rows: tuple[EstimateRow, ...]
     trajectories: int
     realizations: int
     samples: int
     data_problems: int
+    method_ranges: Mapping[str, ChanceRange]
+    usd_range: tuple[float, float] | None
 
     @property
     def usd_expected(self) -> float:
@@ -259,7 +300,9 @@ class EstimatingLLM:
             for m in messages
         )
         wire_tools = tuple(tools or ())
-        prompt = self._estimator.estimate(prompt_chars(wire_messages, wire_tools))
+        chars = prompt_chars(wire_messages, wire_tools)
+        prompt = self._estimator.estimate(chars)  # with the runner's margin: budgets and the worst case
+        prompt_expected = math.ceil(chars / backbone.chars_per_token)
         budget = clamp_to_context(
             policy.max_tokens or max_tokens,
             context_window=backbone.context_window,
@@ -286,10 +329,9 @@ class EstimatingLLM:
             method_label=None if shareable else self._method_label,
             sample=sample,
         )
-        # Seeded by the request (not the method), so a shared request gets the same answer in every method.
-        rng = random.Random(
-            int.from_bytes(hashlib.sha256(f"{request_sha}:{self._sample}:{sample}".encode()).digest()[:8])
-        )
+        # Seeded by backbone and request (not the method), so a shared request gets one answer in every method.
+        seed = f"{self._name}:{request_sha}:{self._sample}:{sample}"
+        rng = random.Random(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8]))
         tool_calls = _simulated_tool_calls(wire_messages, wire_tools, tool_choice, backbone.model, rng)
         if tool_calls:
             answer = tool_calls_text(
@@ -320,7 +362,7 @@ class EstimatingLLM:
         attempts = next((i + 1 for i, room in enumerate(chain) if needed <= room), len(chain))
         final_budget = chain[attempts - 1]
         tally.attempts += attempts
-        tally.prompt_expected += prompt * attempts
+        tally.prompt_expected += prompt_expected * attempts
         tally.output_expected += sum(chain[: attempts - 1]) + min(needed, final_budget)
         if needed <= final_budget:
             return self._reply(answer, schema, "stop", attempts=attempts, tool_calls=tool_calls)
@@ -444,8 +486,9 @@ def estimate_sweep(
     realizations = config.sweep.realizations
     by_label = {method.label: method for method in methods}
 
-    async def dry_runs() -> list[EstimateRow]:
-        sums: dict[tuple[str, str], _Sums] = {}
+    async def dry_runs() -> tuple[dict[_Key, _Sums], list[_Deviations]]:
+        sums: dict[_Key, _Sums] = {}
+        varying: list[_Deviations] = []
         for name in config.backbones:
             runs_here = [m for m in methods if home_backbone(m) in (None, name)]
             for trajectory in trajectories:
@@ -462,22 +505,42 @@ def estimate_sweep(
                         trajectory,
                         config.backbones[backbone_name],
                     )
-        rows: list[EstimateRow] = []
-        for name, backbone in config.backbones.items():
-            prices = build_prices(backbone)
-            for method in methods:
-                key = (name, method.label)
-                if key in sums:
-                    rows.append(_row(name, method.label, sums[key], len(trajectories), realizations, prices))
-        return rows
+                deviations = _deviations(runs)
+                if deviations:
+                    varying.append(deviations)
+        return sums, varying
 
-    rows = asyncio.run(dry_runs())  # one loop for the whole estimate, not one per dry run
+    sums, varying = asyncio.run(dry_runs())  # one loop for the whole estimate, not one per dry run
+    draws = _resample(varying, samples) if samples > 1 else {}
+    rows: list[EstimateRow] = []
+    chances: dict[_Key, _Draws] = {}
+    for name, backbone in config.backbones.items():
+        prices = build_prices(backbone)
+        for method in methods:
+            key = (name, method.label)
+            if key not in sums:
+                continue
+            chance = None
+            if samples > 1:
+                chances[key] = _row_draws(sums[key], draws.get(key), realizations, prices)
+                chance = chances[key].central()
+            rows.append(_row(name, method.label, sums[key], len(trajectories), realizations, prices, chance))
+    method_ranges = {
+        method.label: _Draws.total(
+            [d for (_, label), d in chances.items() if label == method.label]
+        ).central()
+        for method in methods
+        if any(label == method.label for _, label in chances)
+    }
+    usd_range = _Draws.total(list(chances.values())).central().usd if chances else None
     return SweepEstimate(
         rows=tuple(rows),
         trajectories=len(trajectories),
         realizations=realizations,
         samples=samples,
         data_problems=len(problems),
+        method_ranges=method_ranges,
+        usd_range=usd_range,
     )
 
 
@@ -551,6 +614,90 @@ def _fold(
     sums.output_worst += output_worst
 
 
+_Key = tuple[str, str]  # (backbone the request went to, method label)
+_Deviations = dict[_Key, list[tuple[float, float]]]  # per key, per sample: (prompt, output) minus their mean
+
+
+def _deviations(runs: Sequence[Mapping[_Key, _Tally]]) -> _Deviations:
+    """One backbone × trajectory's dry runs as each sample's distance from their mean, for the keys that vary."""
+    varying: _Deviations = {}
+    for key in dict.fromkeys(key for run in runs for key in run):
+        values = [(t.prompt_expected, t.output_expected) for t in (run.get(key, _Tally()) for run in runs)]
+        if len(set(values)) == 1:
+            continue
+        prompt_mean = statistics.fmean(p for p, _ in values)
+        output_mean = statistics.fmean(o for _, o in values)
+        varying[key] = [(p - prompt_mean, o - output_mean) for p, o in values]
+    return varying
+
+
+def _resample(varying: Sequence[_Deviations], samples: int) -> dict[_Key, list[tuple[float, float]]]:
+    """Per key, ``CHANCE_DRAWS`` draws of the summed deviation: each draw takes one dry run of every varying
+    backbone × trajectory (the same one for all its keys, which were answered together)."""
+    rng = random.Random(0)
+    totals: dict[_Key, list[list[float]]] = {}
+    for key in dict.fromkeys(key for unit in varying for key in unit):
+        totals[key] = [[0.0, 0.0] for _ in range(CHANCE_DRAWS)]
+    for draw in range(CHANCE_DRAWS):
+        for unit in varying:
+            sample = rng.randrange(samples)
+            for key, deviations in unit.items():
+                prompt, output = deviations[sample]
+                total = totals[key][draw]
+                total[0] += prompt
+                total[1] += output
+    return {key: [(p, o) for p, o in draws] for key, draws in totals.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    """A total over the resampled sweeps: prompt tokens, output tokens and USD of each draw."""
+
+    prompt: tuple[float, ...]
+    output: tuple[float, ...]
+    usd: tuple[float, ...]
+
+    @staticmethod
+    def total(parts: Sequence[_Draws]) -> _Draws:
+        """The draw-by-draw sum: the parts were drawn jointly, so draw k of each belongs to one sweep."""
+        return _Draws(*(tuple(map(math.fsum, zip(*columns, strict=True))) for columns in _columns(parts)))
+
+    def central(self) -> ChanceRange:
+        def ends(values: tuple[float, ...]) -> tuple[float, float]:
+            cuts = statistics.quantiles(values, n=40, method="inclusive")  # 2.5% steps
+            return cuts[0], cuts[-1]
+
+        (prompt_low, prompt_high), (output_low, output_high) = ends(self.prompt), ends(self.output)
+        return ChanceRange(
+            prompt_tokens=(round(prompt_low), round(prompt_high)),
+            output_tokens=(round(output_low), round(output_high)),
+            usd=ends(self.usd),
+        )
+
+
+def _columns(parts: Sequence[_Draws]) -> tuple[list[tuple[float, ...]], ...]:
+    if not parts:
+        empty = [(0.0,) * CHANCE_DRAWS]
+        return empty, empty, empty
+    return [p.prompt for p in parts], [p.output for p in parts], [p.usd for p in parts]
+
+
+def _row_draws(
+    sums: _Sums, deviations: Sequence[tuple[float, float]] | None, realizations: int, prices: PriceTable
+) -> _Draws:
+    """One row's resampled sweeps: its expected figures moved by each draw's deviation, every realization
+    repeating the draw (the widest case, see the module docstring)."""
+    moves = deviations or [(0.0, 0.0)] * CHANCE_DRAWS
+    prompt = tuple(max(0.0, (sums.prompt_expected + p) * realizations) for p, _ in moves)
+    output = tuple(max(0.0, (sums.output_expected + o) * realizations) for _, o in moves)
+    price = prices.default
+    usd = tuple(
+        price.cost_usd(Usage(prompt_tokens=round(p), completion_tokens=round(o)))
+        for p, o in zip(prompt, output, strict=True)
+    )
+    return _Draws(prompt, output, usd)
+
+
 class _Counter:
     """A `TokenCounter` with the backbone's estimator and context window (what the method sees in a sweep)."""
 
@@ -563,7 +710,13 @@ class _Counter:
 
 
 def _row(
-    backbone: str, method: str, sums: _Sums, trajectories: int, realizations: int, prices: PriceTable
+    backbone: str,
+    method: str,
+    sums: _Sums,
+    trajectories: int,
+    realizations: int,
+    prices: PriceTable,
+    chance_range: ChanceRange | None,
 ) -> EstimateRow:
     """Totals over every realization (one realization estimated, multiplied), priced at the default price."""
     price = prices.default
@@ -587,6 +740,7 @@ def _row(
         usd_expected=price.cost_usd(Usage(prompt_tokens=prompt_expected, completion_tokens=output_expected)),
         usd_worst=price.cost_usd(Usage(prompt_tokens=prompt_worst, completion_tokens=output_worst)),
         failed_items=sums.failed * realizations,
+        chance_range=chance_range,
     )
 
 
