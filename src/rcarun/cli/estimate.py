@@ -99,9 +99,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         reasoning = reasoning or demo_reasoning_tokens()
     else:
         config = load_sweep_config(Path(args.config))
-    against = _measured(Path(args.against), args.run, config) if args.against else None
+    # The run is read first, so a wrong path fails before the dry runs.
+    measured = _measured(Path(args.against), args.run, config) if args.against else None
     estimate = estimate_sweep(config, samples=args.samples, reasoning_tokens=reasoning)
-    comparisons = _compare(estimate, against[1]) if against else None
+    compared = None if measured is None else (measured[0], _compare(estimate, measured[1]))
     if args.json:
         document: dict[str, Any] = {
             "trajectories": estimate.trajectories,
@@ -114,13 +115,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "method_ranges": {label: asdict(chance) for label, chance in estimate.method_ranges.items()},
             "rows": [row.as_dict() for row in estimate.rows],
         }
-        if against and comparisons is not None:
-            document["against"] = {"run": against[0], "comparisons": [c.to_json() for c in comparisons]}
+        if compared is not None:
+            run, comparisons = compared
+            document["against"] = {"run": run, "comparisons": [c.to_json() for c in comparisons]}
         print(json.dumps(document, indent=2))
         return 0
     _print_table(estimate, demo=args.config is None)
-    if against and comparisons is not None:
-        _print_comparison(against[0], comparisons)
+    if compared is not None:
+        _print_comparison(*compared)
     return 0
 
 
@@ -286,8 +288,8 @@ def _print_comparison(run: str, comparisons: list[Comparison]) -> None:
     )
     print(header)
     print("-" * len(header))
-    for c in comparisons:
-        if c.backbone is None and comparisons[comparisons.index(c) - 1].backbone is not None:
+    for index, c in enumerate(comparisons):
+        if c.backbone is None and (index == 0 or comparisons[index - 1].backbone is not None):
             print("per method, over the backbones:")
         inside = {None: "—", True: "yes", False: "NO"}[c.in_range]
         print(

@@ -7,8 +7,9 @@ reads anything else of the prompt, so it cannot know a reference label: any accu
 
 A request that offers tools (OpenAI function calling) may get tool calls instead (`simulate_tool_calls`): the
 conversation is given a seeded number of tool rounds, and each round calls one or two of the offered functions
-with arguments drawn from their parameter schemas. It is a pure function of the request so that the dry-run
-estimator predicts exactly the rounds the simulator will serve.
+with arguments drawn from their parameter schemas. It is a pure function of the request and a seed, so the
+dry-run estimator draws its rounds by the very rule the simulator serves them by (with seeds of its own: it
+predicts how many rounds to expect, not which).
 
 Token counting lives here too because the answer's size decides ``finish_reason`` and usage.
 """

@@ -110,10 +110,6 @@ class ChanceRange:
     output_tokens: tuple[int, int]
     usd: tuple[float, float]
 
-    def holds(self, prompt_tokens: float) -> bool:
-        low, high = self.prompt_tokens
-        return low <= prompt_tokens <= high
-
 
 @dataclass(frozen=True, slots=True)
 class EstimateRow:
