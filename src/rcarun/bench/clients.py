@@ -4,7 +4,7 @@
   all-at-once method and one ``simulated`` backbone whose limits are declared as the scenario says (and priced,
   so that its own cost accounting can be checked against the server's), into a fresh results.db. Nothing is
   bypassed: dataset loading, the session, the gate, the aiohttp backend, the store writer. The method is
-  all-at-once wrapped only to note when it asks for its call (`_TimedAllAtOnce`), for the queueing delay.
+  all-at-once wrapped only to note when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
 - ``naive-gather``: the script most people write — `asyncio.gather` over every call, an `asyncio.Semaphore`
   around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a 429 a sleep of Retry-After (or 1 s)
   and a retry. No pacing: it learns about limits only from 429s. A length stop is taken as the answer (which
@@ -34,7 +34,7 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -116,79 +116,15 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 # --------------------------------------------------------------------------------------------------- rcarun
 
 
-_TIMED_METHOD = "bench-timed-all-at-once"
-
-
-class _TimedLLM:
-    """The session a method sees, noting the moment the method asks for a call (the item is runnable)."""
-
-    def __init__(self, llm: Any, on_chat: Callable[[Sequence[Any]], None]) -> None:
-        self._llm = llm
-        self._on_chat = on_chat
-
-    @property
-    def context_window(self) -> int | None:
-        window: int | None = self._llm.context_window
-        return window
-
-    def estimate_tokens(self, text: str) -> int:
-        return int(self._llm.estimate_tokens(text))
-
-    @property
-    def backbone(self) -> str:
-        name: str = self._llm.backbone
-        return name
-
-    def for_backbone(self, name: str) -> Any:
-        return _TimedLLM(self._llm.for_backbone(name), self._on_chat)
-
-    async def chat(self, messages: Sequence[Any], **kwargs: Any) -> Any:
-        self._on_chat(messages)
-        return await self._llm.chat(messages, **kwargs)
-
-
-# qid -> (time.time(), prompt characters) at which that trajectory's items first asked for a call.
-_asked_at: defaultdict[str, list[tuple[float, int]]] = defaultdict(list)
-
-
-class _TimedAllAtOnce:
-    """All-at-once, unchanged, except that it notes when each item first asks for its call."""
-
-    def __init__(self, label: str, options: Mapping[str, Any]) -> None:
-        from rcarun.methods import create_method
-
-        self.label = label
-        self._inner = create_method("all-at-once", label=label, options=options)
-
-    async def attribute(self, trajectory: Any, llm: Any) -> Any:
-        asked = False
-
-        def note(messages: Sequence[Any]) -> None:
-            nonlocal asked
-            if not asked:
-                asked = True
-                prompt_chars = sum(len(message.content) for message in messages)
-                _asked_at[trajectory.qid].append((time.time(), prompt_chars))
-
-        return await self._inner.attribute(trajectory, _TimedLLM(llm, note))
-
-
-def _register_timed_method() -> None:
-    # Registered in the client's own process only (never in a process that lists methods, such as the tests').
-    from rcarun.methods import method, registered_methods
-
-    if _TIMED_METHOD not in registered_methods():
-        method(_TIMED_METHOD)(_TimedAllAtOnce)
-
-
 def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
+    from rcarun.bench.timed import TIMED_METHOD
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
     from rcarun.runner.config import PricesConfig, StageConfig
 
     return SweepConfig(
         sweep=SweepSection(dataset=str(dataset), realizations=scenario.realizations),
-        methods=(MethodConfig(name=_TIMED_METHOD, label="all-at-once"),),
+        methods=(MethodConfig(name=TIMED_METHOD, label="all-at-once"),),
         stages={"attribution": StageConfig(length_retries=scenario.length_retries)},
         backbones={
             "sim": BackboneConfig(
@@ -245,10 +181,11 @@ def _read_calls(
 
 async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
     """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
+    from rcarun.bench.timed import asked_at, register_timed_method
     from rcarun.runner import run_sweep
 
-    _register_timed_method()
-    _asked_at.clear()
+    register_timed_method()
+    asked_at.clear()
     db_path = workdir / "results.db"
     sweep = await run_sweep(
         _sweep_config(scenario, dataset, base_url),
@@ -275,7 +212,7 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
     outcome.failed = counters.items_failed + counters.items_skipped_budget + counters.items_interrupted
     # Pair each item's first request with the moment it asked, per trajectory in order (one per realization).
     for qid, sends in first_sent.items():
-        for (asked, prompt_chars), sent in zip(sorted(_asked_at.get(qid, ())), sorted(sends), strict=False):
+        for (asked, prompt_chars), sent in zip(sorted(asked_at.get(qid, ())), sorted(sends), strict=False):
             outcome.delays.append(QueueDelay(prompt_chars, max(0.0, sent - asked)))
     return outcome
 
