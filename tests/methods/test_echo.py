@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from helpers.scripted import numbered
 from rcarun.data import Step, Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods import Message, Reply, create_method, registered_methods
+from rcarun.methods import create_method, registered_methods
 from rcarun.methods.echo import (
     LEVEL_WORDS,
     Conclusion,
@@ -38,46 +38,6 @@ from rcarun.methods.echo import (
 )
 
 AGENTS = ("Planner", "Coder", "Computer_terminal")
-
-
-@dataclass
-class RoutedLLM:
-    """A scripted LLM whose reply to the i-th call is ``answer(i, request)``; every request is kept."""
-
-    answer: Callable[[int, Mapping[str, Any]], str]
-    context_window: int | None = None
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-    def estimate_tokens(self, text: str) -> int:
-        return len(text) // 4 + 1
-
-    async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Reply:
-        request = {
-            "system": messages[0].content,
-            "user": messages[1].content,
-            "stage": stage,
-            "max_tokens": max_tokens,
-            "schema": schema,
-            "temperature": temperature,
-            "reasoning": reasoning,
-        }
-        text = self.answer(len(self.requests), request)
-        self.requests.append(request)
-        try:
-            parsed, error = json.loads(text), None
-        except json.JSONDecodeError as exc:
-            parsed, error = None, str(exc)
-        return Reply(text=text, parsed=parsed, parse_error=error, finish_reason="stop")
 
 
 def _replies(*texts: str) -> Callable[[int, Mapping[str, Any]], str]:
@@ -356,7 +316,7 @@ def test_schema_carries_agent_enums_and_step_bounds() -> None:
 
 async def test_k_analyst_calls_with_personas_and_temperatures() -> None:
     trajectory = _plain(8)
-    llm = RoutedLLM(_replies(_answer(step=4), _answer(step=4), _answer(step=5, confidence=0.5)))
+    llm = numbered(_replies(_answer(step=4), _answer(step=4), _answer(step=5, confidence=0.5)))
     attribution = await Echo("echo", EchoOptions()).attribute(trajectory, llm)
 
     assert len(llm.requests) == 3
@@ -397,7 +357,7 @@ async def test_decoupled_mode_doubles_the_calls_and_pairs_the_halves() -> None:
         _answer(attribution=["Coder"], step=3, confidence=0.6),  # analyst 2, agent-focused
         _answer(attribution=["Planner"], step=3, confidence=0.8),  # analyst 2, step-focused
     )
-    llm = RoutedLLM(replies)
+    llm = numbered(replies)
     attribution = await Echo("echo", EchoOptions(decoupled=True)).attribute(trajectory, llm)
 
     assert len(llm.requests) == 6
@@ -425,14 +385,14 @@ def test_pair_weight_is_the_lower_confidence() -> None:
 @pytest.mark.parametrize(("include", "shown"), [(False, False), (True, True)])
 async def test_ground_truth_only_when_asked(include: bool, shown: bool) -> None:
     trajectory = _trajectory([f"Step {i}." for i in range(5)], ground_truth="SEVENTEEN AWNINGS")
-    llm = RoutedLLM(_replies(*[_answer(step=1)] * 3))
+    llm = numbered(_replies(*[_answer(step=1)] * 3))
     await Echo("echo", EchoOptions(include_ground_truth=include)).attribute(trajectory, llm)
     assert all(("SEVENTEEN AWNINGS" in r["user"]) is shown for r in llm.requests)
     assert all(("The correct final answer" in r["user"]) is shown for r in llm.requests)
 
 
 async def test_task_can_be_left_out() -> None:
-    llm = RoutedLLM(_replies(*[_answer(step=1)] * 3))
+    llm = numbered(_replies(*[_answer(step=1)] * 3))
     await Echo("echo", EchoOptions(include_task=False)).attribute(_plain(5), llm)
     assert "Count the awnings." not in llm.requests[0]["user"]
     assert "Task:\n(not recorded)" in llm.requests[0]["user"]
@@ -440,7 +400,7 @@ async def test_task_can_be_left_out() -> None:
 
 async def test_view_is_shrunk_to_the_context_window() -> None:
     trajectory = _trajectory(["y" * 4000 for _ in range(60)])
-    llm = RoutedLLM(_replies(*[_answer(step=1)] * 3), context_window=12_000)
+    llm = numbered(_replies(*[_answer(step=1)] * 3), context_window=12_000)
     method = Echo("echo", EchoOptions(max_tokens=2000, focal="spread"))
     attribution = await method.attribute(trajectory, llm)
     context = attribution.output["context"]
@@ -628,7 +588,7 @@ def test_disagreement_report() -> None:
 
 
 async def test_malformed_analysts_are_recorded_and_excluded() -> None:
-    llm = RoutedLLM(
+    llm = numbered(
         _replies(
             "The Coder did it.",
             _answer(attribution=["Nobody"], step=2, confidence=0.99),
@@ -650,14 +610,14 @@ async def test_all_malformed_falls_back_on_evaluations_else_abstains() -> None:
     evaluations = [
         {"agent": "Planner", "step_index": 3, "error_likelihood": 0.7, "reasoning": "", "evidence": ""}
     ]
-    llm = RoutedLLM(_replies("nope", _answer(step=42, evaluations=evaluations), "nope"))
+    llm = numbered(_replies("nope", _answer(step=42, evaluations=evaluations), "nope"))
     attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
     assert (attribution.pred_role, attribution.pred_step) == ("Planner", 3)
     assert attribution.abstained is False
     assert attribution.output["fallback"] == {"used": True, "agent": "Planner", "step": 3}
     assert attribution.output["consensus"] is None
 
-    llm = RoutedLLM(_replies("nope", "nope", "nope"))
+    llm = numbered(_replies("nope", "nope", "nope"))
     abstained = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
     assert abstained.abstained is True
     assert (abstained.pred_role, abstained.pred_step, abstained.role_valid, abstained.step_valid) == (
@@ -684,7 +644,7 @@ async def test_alternative_hypotheses_are_reported_by_confidence() -> None:
         _answer(alternative_hypotheses=[alternative(0.5), alternative(0.2), alternative(0.4)]),
         _answer(),
     ]
-    llm = RoutedLLM(_replies(*replies))
+    llm = numbered(_replies(*replies))
     attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
     reported = attribution.output["alternative_hypotheses"]
     assert [(h["analyst"], h["confidence"]) for h in reported] == [

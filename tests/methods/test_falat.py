@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.scripted import ScriptedLLM
 from rcarun.data import Step, Trajectory, iter_dataset, load_trajectory_file
 from rcarun.errors import ConfigError
-from rcarun.methods import Message, Reply, create_method, registered_methods
+from rcarun.methods import Reply, create_method, registered_methods
 from rcarun.methods.falat import (
     Candidate,
     DependencyGraph,
@@ -42,44 +42,11 @@ from rcarun.methods.falat import (
 WHO_AND_WHEN = Path("/work/shared/data/who_and_when")
 
 
-@dataclass
-class RoutedLLM:
+def _routed(answer: Callable[[str, str], str], context_window: int | None = None) -> ScriptedLLM:
     """A scripted LLM whose reply is picked by a callable of (stage, user prompt): scripts need no order."""
-
-    answer: Callable[[str, str], str]
-    context_window: int | None = None
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-    def estimate_tokens(self, text: str) -> int:
-        return len(text) // 4 + 1
-
-    async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Reply:
-        user = messages[-1].content
-        self.requests.append(
-            {
-                "stage": stage,
-                "user": user,
-                "schema": schema,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-            }
-        )
-        text = self.answer(stage, user)
-        try:
-            parsed, error = json.loads(text), None
-        except json.JSONDecodeError as exc:
-            parsed, error = None, str(exc)
-        return Reply(text=text, parsed=parsed, parse_error=error, finish_reason="stop")
+    return ScriptedLLM(
+        lambda request: answer(request["stage"], request["user"]), context_window=context_window
+    )
 
 
 def _step(index: int, agent: str, role: str, content: str) -> Step:
@@ -537,7 +504,7 @@ def test_failure_point_falls_back_to_the_last_step(
 async def test_full_control_flow() -> None:
     trajectory = _orders()
     verdicts = {0: _verdict_json(False, 0.05), 1: _verdict_json(False, 0.2), 2: _verdict_json(True, 0.9)}
-    llm = RoutedLLM(_router(json.dumps({"reason": "the total is reported", "failure_step": 4}), verdicts))
+    llm = _routed(_router(json.dumps({"reason": "the total is reported", "failure_step": 4}), verdicts))
     attribution = await Falat("falat", FalatOptions()).attribute(trajectory, llm)
 
     assert [r["stage"] for r in llm.requests] == ["locate", "verify", "verify", "verify"]
@@ -593,7 +560,7 @@ async def test_no_verified_source_falls_back_to_the_highest_confidence() -> None
     verdicts = {
         step: _verdict_json(False, c) for step, c in {0: 0.1, 1: 0.3, 2: 0.45, 3: 0.2, 4: 0.3}.items()
     }
-    llm = RoutedLLM(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
+    llm = _routed(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
     attribution = await Falat("falat", FalatOptions()).attribute(_orders(), llm)
     assert [_candidate_of(r["user"]) for r in llm.requests[1:]] == [0, 1, 2, 3, 4]
     assert (attribution.pred_step, attribution.pred_role) == (2, "Coder")
@@ -603,7 +570,7 @@ async def test_no_verified_source_falls_back_to_the_highest_confidence() -> None
 
 
 async def test_malformed_answers_are_recorded_and_fall_back() -> None:
-    llm = RoutedLLM(
+    llm = _routed(
         lambda stage, user: (
             json.dumps({"reason": "r", "failure_step": 99}) if stage == "locate" else "it is step 1"
         )
@@ -627,7 +594,7 @@ async def test_malformed_answers_are_recorded_and_fall_back() -> None:
 
 
 async def test_a_locate_answer_that_is_not_json_keeps_its_text() -> None:
-    llm = RoutedLLM(
+    llm = _routed(
         lambda stage, user: "The failure is at step 3." if stage == "locate" else _verdict_json(True, 1)
     )
     attribution = await Falat("falat", FalatOptions()).attribute(_orders(), llm)
@@ -643,7 +610,7 @@ async def test_a_locate_answer_that_is_not_json_keeps_its_text() -> None:
 @pytest.mark.parametrize("include", [False, True])
 async def test_ground_truth_is_shown_only_when_asked(include: bool) -> None:
     verdicts = {0: _verdict_json(True, 0.9)}
-    llm = RoutedLLM(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
+    llm = _routed(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
     falat = Falat("falat", FalatOptions(include_ground_truth=include))
     await falat.attribute(_orders(ground_truth="15000.25"), llm)
     assert len(llm.requests) == 2
@@ -653,7 +620,7 @@ async def test_ground_truth_is_shown_only_when_asked(include: bool) -> None:
 
 
 async def test_task_can_be_hidden() -> None:
-    llm = RoutedLLM(_router(json.dumps({"reason": "r", "failure_step": 0}), {0: _verdict_json(True, 0.9)}))
+    llm = _routed(_router(json.dumps({"reason": "r", "failure_step": 0}), {0: _verdict_json(True, 0.9)}))
     await Falat("falat", FalatOptions(include_task=False)).attribute(_orders(), llm)
     assert all("Task:\n(not recorded)\n" in r["user"] for r in llm.requests)
     assert (
@@ -675,7 +642,7 @@ def test_verify_prompt_caps_step_text_with_the_candidate_getting_twice_the_share
         FailurePoint(2, False, "r"),
         {c.step: c for c in walk},
         1,
-        RoutedLLM(lambda s, u: ""),
+        _routed(lambda s, u: ""),
     )
     user = messages[1].content
     assert _shown_steps(user) == [0, 1, 2]
@@ -690,7 +657,7 @@ def test_verify_prompt_caps_step_text_with_the_candidate_getting_twice_the_share
 async def test_locate_prompt_is_fitted_to_the_context_window() -> None:
     steps = tuple(_step(i, "A" if i % 2 else "B", "assistant", f"step {i} " + "y" * 4000) for i in range(20))
     trajectory = Trajectory(qid="d/5", source="d", task="t", steps=steps, sha256="0" * 64)
-    llm = RoutedLLM(
+    llm = _routed(
         _router(json.dumps({"reason": "r", "failure_step": 0}), {0: _verdict_json(True, 0.9)}), 12_000
     )
     attribution = await Falat("falat", FalatOptions(max_tokens=2000)).attribute(trajectory, llm)
@@ -702,7 +669,7 @@ async def test_locate_prompt_is_fitted_to_the_context_window() -> None:
 
 async def test_an_empty_trajectory_is_an_abstention() -> None:
     trajectory = Trajectory(qid="d/6", source="d", task="t", steps=(), sha256="0" * 64)
-    llm = RoutedLLM(lambda stage, user: "")
+    llm = _routed(lambda stage, user: "")
     attribution = await Falat("falat", FalatOptions()).attribute(trajectory, llm)
     assert attribution.abstained and attribution.pred_step is None and llm.requests == []
 
