@@ -28,7 +28,7 @@ from rcarun.runner import BackboneConfig, SweepConfig, load_sweep_config
 from rcarun.runner.estimate import DEFAULT_SAMPLES, ChanceRange, EstimateRow, SweepEstimate, estimate_sweep
 from rcarun.store import open_store
 
-__all__ = ["add_estimate_command", "cmd_estimate", "demo_estimate_config", "demo_reasoning_tokens"]
+__all__ = ["Comparison", "add_estimate_command", "cmd_estimate", "demo_estimate_config", "demo_reasoning_tokens"]
 
 # Never contacted: an estimate sends nothing, but a backbone config must name an endpoint.
 _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"
@@ -250,6 +250,21 @@ def _print_table(estimate: SweepEstimate, *, demo: bool) -> None:
         for method, chance in estimate.method_ranges.items():
             if _spread(chance):
                 print(f"{'all backbones':<16} {method:<20} {_range_text(chance)}")
+    # Per method over its backbones: the rows' dry runs are independent, so their variances add.
+    uncertain = []
+    for method in dict.fromkeys(row.method for row in estimate.rows):
+        rows = [row for row in estimate.rows if row.method == method]
+        expected = sum(row.prompt_tokens_expected for row in rows)
+        se = math.sqrt(sum((row.prompt_tokens_expected_se or 0.0) ** 2 for row in rows))
+        if expected and se > 0.05 * expected:
+            uncertain.append((method, expected, se))
+    if uncertain:
+        print(
+            f"\nexpected figures still uncertain as means of {estimate.samples} dry runs "
+            "(one standard error; --samples narrows it):"
+        )
+        for method, expected, se in uncertain:
+            print(f"{'all backbones':<16} {method:<20} prompt {expected:,} ± {se:,.0f} ({se / expected:.1%})")
     spread = (
         f" (95%: {estimate.usd_range[0]:.4f}–{estimate.usd_range[1]:.4f})"
         if estimate.usd_range and estimate.usd_range[0] != estimate.usd_range[1]

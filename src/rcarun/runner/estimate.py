@@ -124,6 +124,9 @@ class EstimateRow:
         prompt_tokens_* / output_tokens_* / usd_*: expected and worst case (see the module docstring).
         failed_items: items whose dry run raised (e.g. a prompt larger than the context window), per sample mean.
         chance_range: the central 95% of the totals one sweep could give (None with a single sample).
+        prompt_tokens_expected_se: the standard error of ``prompt_tokens_expected`` as a mean of ``samples`` dry
+            runs (0 where the answers do not change the prompts; None with a single sample). It shrinks with
+            more samples; the chance range does not, beyond what the samples' tails reach.
     """
 
     backbone: str
@@ -142,6 +145,7 @@ class EstimateRow:
     usd_worst: float
     failed_items: float
     chance_range: ChanceRange | None = None
+    prompt_tokens_expected_se: float | None = None
 
     @property
     def usd_per_trajectory(self) -> float:
@@ -208,6 +212,7 @@ class _Sums:
     output_expected: float = 0.0
     output_worst: float = 0.0
     failed: float = 0.0
+    prompt_mean_variance: float = 0.0
 
 
 class EstimatingLLM:
@@ -589,6 +594,9 @@ def _fold(
     sums.prompt_expected += sum(t.prompt_expected for t in tallies) / samples
     sums.output_expected += sum(t.output_expected for t in tallies) / samples
     sums.failed += sum(t.failed for t in tallies) / samples
+    if samples > 1:
+        # The sampling variance of this trajectory's mean; trajectories are dry-run independently, so they add.
+        sums.prompt_mean_variance += statistics.variance(t.prompt_expected for t in tallies) / samples
     worst = max(tallies, key=lambda t: t.prompt_worst + t.output_worst)
     calls_max, prompt_worst, output_worst = (
         max(t.calls for t in tallies),
@@ -737,6 +745,9 @@ def _row(
         usd_worst=price.cost_usd(Usage(prompt_tokens=prompt_worst, completion_tokens=output_worst)),
         failed_items=sums.failed * realizations,
         chance_range=chance_range,
+        prompt_tokens_expected_se=None
+        if chance_range is None
+        else math.sqrt(sums.prompt_mean_variance) * realizations,
     )
 
 
