@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from rcarun.cli import main
-from rcarun.cli.estimate import Comparison, demo_estimate_config, demo_reasoning_tokens
+from rcarun.cli.estimate import Comparison, demo_estimate_config
 from rcarun.data import bundled_sample_path, iter_dataset
 from rcarun.methods import registered_methods
 from rcarun.methods.step_by_step import StepByStepOptions, estimate_calls_and_prompt_tokens
@@ -236,20 +236,28 @@ def _estimate_against(db: Path, *flags: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def demo_comparison(demo_db: Path) -> dict[str, dict[str, Any]]:
-    """``rcarun estimate --against`` the demo's results.db, per method over the four backbones.
+def demo_against(demo_db: Path) -> dict[str, Any]:
+    """``rcarun estimate --against`` the demo's results.db, as JSON (the table is printed, for -s).
 
     Measured tokens are the attempts the providers saw (cache hits excluded; retries after length stops
     included); a request several methods shared (RCTA's Stage I, the turn Continual Search and Passive
     Continuation open with) is charged to the first of them in config order, as the estimate charges it.
     """
-    status, table = _estimate_against(demo_db)
-    print(table)  # the comparison, for -s
-    assert status == 0
     status, text = _estimate_against(demo_db, "--json")
     assert status == 0
-    comparisons = json.loads(text)["against"]["comparisons"]
-    return {c["method"]: c for c in comparisons if c["backbone"] is None}
+    document: dict[str, Any] = json.loads(text)
+    for c in document["against"]["comparisons"]:  # for -s: the per-method lines of the table
+        if c["backbone"] is None:
+            print(
+                f"{c['method']:<22} prompt {c['prompt_error']:+.1%}  output {c['output_error']:+.1%}  in range {c['in_range']}"
+            )
+    return document
+
+
+@pytest.fixture(scope="module")
+def demo_comparison(demo_against: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per method over the four backbones."""
+    return {c["method"]: c for c in demo_against["against"]["comparisons"] if c["backbone"] is None}
 
 
 def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
@@ -263,7 +271,9 @@ def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
         assert abs(comparison["prompt_error"]) <= 0.15, (method, comparison["prompt_error"])
 
 
-def test_the_demo_step_by_step_walks_are_as_long_as_the_stop_model_expects(demo_db: Path) -> None:
+def test_the_demo_step_by_step_walks_are_as_long_as_the_stop_model_expects(
+    demo_db: Path, demo_against: dict[str, Any]
+) -> None:
     """Where the demo's walks stopped agrees with the dry runs' stop model, counted in checks.
 
     Its prompt tokens do not: the demo's longest walks fell on its most expensive trajectory
@@ -271,8 +281,7 @@ def test_the_demo_step_by_step_walks_are_as_long_as_the_stop_model_expects(demo_
     the largest. Tokens given where each walk stopped are checked below; the estimate against the mean of
     many draws by the calibration script.
     """
-    estimate = estimate_sweep(demo_estimate_config(), reasoning_tokens=demo_reasoning_tokens())
-    expected = sum(row.calls_expected for row in estimate.rows if row.method == "step-by-step")
+    expected = sum(row["calls_expected"] for row in demo_against["rows"] if row["method"] == "step-by-step")
     with sqlite3.connect(demo_db) as connection:
         (checks,) = connection.execute(
             "SELECT sum(attempt = 1) FROM calls WHERE method = 'step-by-step' AND status != 'cached'"
