@@ -28,7 +28,13 @@ from rcarun.runner import BackboneConfig, SweepConfig, load_sweep_config
 from rcarun.runner.estimate import DEFAULT_SAMPLES, ChanceRange, EstimateRow, SweepEstimate, estimate_sweep
 from rcarun.store import open_store
 
-__all__ = ["Comparison", "add_estimate_command", "cmd_estimate", "demo_estimate_config", "demo_reasoning_tokens"]
+__all__ = [
+    "Comparison",
+    "add_estimate_command",
+    "cmd_estimate",
+    "demo_estimate_config",
+    "demo_reasoning_tokens",
+]
 
 # Never contacted: an estimate sends nothing, but a backbone config must name an endpoint.
 _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"
@@ -163,15 +169,15 @@ class Comparison:
         return {**asdict(self), **errors, "in_range": self.in_range}
 
     @property
-    def prompt_error(self) -> float:
+    def prompt_error(self) -> float | None:
         return _error(self.prompt_estimated, self.prompt_measured)
 
     @property
-    def output_error(self) -> float:
+    def output_error(self) -> float | None:
         return _error(self.output_estimated, self.output_measured)
 
     @property
-    def usd_error(self) -> float:
+    def usd_error(self) -> float | None:
         return _error(self.usd_estimated, self.usd_measured)
 
     @property
@@ -184,8 +190,13 @@ class Comparison:
         return low <= self.prompt_measured <= high
 
 
-def _error(estimated: float, measured: float) -> float:
-    return (estimated - measured) / measured if measured else math.inf if estimated else 0.0
+def _error(estimated: float, measured: float) -> float | None:
+    """(estimated − measured) / measured; None when nothing was measured (no ratio to give: JSON has no inf)."""
+    return (estimated - measured) / measured if measured else None
+
+
+def _percent(error: float | None, width: int) -> str:
+    return f"{'—':>{width}}" if error is None else f"{error:>+{width}.1%}"
 
 
 def _compare(estimate: SweepEstimate, measured: dict[tuple[str, str], ChargedCost]) -> list[Comparison]:
@@ -309,8 +320,8 @@ def _print_comparison(run: str, comparisons: list[Comparison]) -> None:
         inside = {None: "—", True: "yes", False: "NO"}[c.in_range]
         print(
             f"{c.backbone or '':<16} {c.method:<20} {f'{c.items_estimated}/{c.items_measured}':>13} "
-            f"{c.prompt_estimated:>11,} {c.prompt_measured:>11,} {c.prompt_error:>+7.1%} {inside:>6} "
-            f"{c.output_error:>+10.1%} {c.usd_error:>+8.1%}"
+            f"{c.prompt_estimated:>11,} {c.prompt_measured:>11,} {_percent(c.prompt_error, 7)} {inside:>6} "
+            f"{_percent(c.output_error, 10)} {_percent(c.usd_error, 8)}"
         )
     partial = [c for c in comparisons if c.backbone is not None and c.items_measured != c.items_estimated]
     if partial:
