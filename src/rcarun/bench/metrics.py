@@ -257,21 +257,24 @@ class _ReplayedBucket:
 def _unused_allowance(
     completions: Sequence[Completion], limit: Allowance, starts_at: float, ends_at: float
 ) -> float:
-    """Refill the replayed bucket lost to overflow between ``starts_at`` and ``ends_at``."""
+    """Refill the replayed bucket lost to overflow between ``starts_at`` and ``ends_at`` (one replay)."""
     by_send = sorted(completions, key=lambda c: c.sent)
     if not by_send:
         return 0.0
-
-    def lost_by(moment: float) -> float:
-        bucket = _ReplayedBucket(limit, by_send[0].sent)
-        for call in by_send:
-            if call.sent >= moment:
-                break
-            bucket.charge(call)
-        bucket.advance(moment)
-        return bucket.lost
-
-    return lost_by(ends_at) - lost_by(starts_at)
+    bucket = _ReplayedBucket(limit, by_send[0].sent)
+    lost_at_start: float | None = None
+    for call in by_send:
+        if call.sent >= ends_at:
+            break
+        if lost_at_start is None and call.sent >= starts_at:
+            bucket.advance(starts_at)
+            lost_at_start = bucket.lost
+        bucket.charge(call)
+    if lost_at_start is None:
+        bucket.advance(starts_at)
+        lost_at_start = bucket.lost
+    bucket.advance(ends_at)
+    return bucket.lost - lost_at_start
 
 
 def _burst_drained(completions: Sequence[Completion], limit: Allowance, upto: float) -> float | None:
