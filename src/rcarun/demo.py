@@ -17,6 +17,7 @@ key or a network:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -135,17 +136,23 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
 
 
 @contextlib.asynccontextmanager
-async def simulated_backbones() -> AsyncIterator[dict[str, BackboneConfig]]:
-    """Start every demo mock server on loopback and yield backbone configs pointing at them."""
+async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str, BackboneConfig]]:
+    """Start every demo mock server on loopback and yield backbone configs pointing at them.
+
+    ``model_suffix`` renames every simulated model (client and server alike). The simulator seeds a
+    temperature-0 answer by model and request, so a renamed demo is a new draw of every answer with the same
+    prompts (`scripts/estimate_calibration.py` runs many).
+    """
     async with contextlib.AsyncExitStack() as stack:
         configs: dict[str, BackboneConfig] = {}
         for backbone in demo_backbones():
+            model = backbone.servers[0].model + model_suffix
             urls = []
             for server_config in backbone.servers:
-                server = await stack.enter_async_context(MockServer(server_config, host="127.0.0.1", port=0))
-                urls.append(server.base_url)
+                server = MockServer(dataclasses.replace(server_config, model=model), host="127.0.0.1", port=0)
+                urls.append((await stack.enter_async_context(server)).base_url)
             configs[backbone.name] = BackboneConfig.model_validate(
-                {"model": backbone.servers[0].model, "base_urls": tuple(urls), **backbone.client}
+                {"model": model, "base_urls": tuple(urls), **backbone.client}
             )
         yield configs
 

@@ -19,45 +19,25 @@ Shared by ``tests/calibration/test_calibration.py`` and ``scripts/estimate_calib
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import math
 import statistics
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rcarun.analysis import charged_costs, resolve_run
 from rcarun.cli.estimate import demo_estimate_config, demo_reasoning_tokens
-from rcarun.demo import demo_backbones, demo_sweep_config
-from rcarun.mock import MockServer
-from rcarun.runner import BackboneConfig, SweepConfig, run_sweep
+from rcarun.demo import demo_sweep_config, simulated_backbones
+from rcarun.runner import SweepConfig, run_sweep
 from rcarun.runner.estimate import SweepEstimate, estimate_sweep
 from rcarun.store import open_store
 
 __all__ = ["MethodCalibration", "draw_totals", "render_table", "run_calibration", "summarize"]
 
 
-def renamed(model: str, draw: int) -> str:
-    """The simulated model's name in ``draw`` (draw 0: the demo's own)."""
-    return model if draw == 0 else f"{model}~draw{draw}"
-
-
-@contextlib.asynccontextmanager
-async def draw_backbones(draw: int) -> AsyncIterator[dict[str, BackboneConfig]]:
-    """The demo's mock servers on loopback with their models renamed for ``draw``, and client configs for them."""
-    async with contextlib.AsyncExitStack() as stack:
-        configs: dict[str, BackboneConfig] = {}
-        for backbone in demo_backbones():
-            model = renamed(backbone.servers[0].model, draw)
-            urls = []
-            for server_config in backbone.servers:
-                server = MockServer(dataclasses.replace(server_config, model=model), host="127.0.0.1", port=0)
-                urls.append((await stack.enter_async_context(server)).base_url)
-            configs[backbone.name] = BackboneConfig.model_validate(
-                {"model": model, "base_urls": tuple(urls), **backbone.client}
-            )
-        yield configs
+def _suffix(draw: int) -> str:
+    """The simulated models' renaming in ``draw`` (draw 0: the demo's own names)."""
+    return "" if draw == 0 else f"~draw{draw}"
 
 
 def _only(config: SweepConfig, methods: Sequence[str] | None) -> SweepConfig:
@@ -72,7 +52,7 @@ def _only(config: SweepConfig, methods: Sequence[str] | None) -> SweepConfig:
 
 
 async def _run_draw(db: Path, draw: int, methods: Sequence[str] | None) -> None:
-    async with draw_backbones(draw) as backbones:
+    async with simulated_backbones(_suffix(draw)) as backbones:
         config = _only(demo_sweep_config(backbones), methods)
         await run_sweep(config, db_path=db, run_name=f"draw-{draw}", show_progress=False)
 
