@@ -271,22 +271,28 @@ def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
         assert abs(comparison["prompt_error"]) <= 0.15, (method, comparison["prompt_error"])
 
 
-def test_the_demo_step_by_step_walks_are_as_long_as_the_stop_model_expects(
-    demo_db: Path, demo_against: dict[str, Any]
-) -> None:
-    """Where the demo's walks stopped agrees with the dry runs' stop model, counted in checks.
+def test_the_demo_step_by_step_verdicts_follow_the_stop_model(demo_db: Path) -> None:
+    """The demo's step checks say "yes" about as often as the dry runs' answers do, so its walks stop where
+    the estimate's stop model has them stop.
 
-    Its prompt tokens do not: the demo's longest walks fell on its most expensive trajectory
-    (hand_crafted/14), and of 30 draws of this sweep (scripts/estimate_calibration.py) the demo's total is
-    the largest. Tokens given where each walk stopped are checked below; the estimate against the mean of
-    many draws by the calibration script.
+    The dry runs draw ``decisive_error`` with the simulator's own generator (a fair coin), so the share of
+    "yes" over every check the demo made is about 0.5 (0.45 here: three backbones repeat their walks across
+    realizations and sim-kimi's sampled answers move it by about 0.015 from run to run). A check that never
+    says "yes" (malformed, cut short) or a walk that stops without one would pull it away. The total does not
+    follow: the demo's longest walks fell on its most expensive trajectory (hand_crafted/14), and of 30 draws
+    of this sweep (scripts/estimate_calibration.py) the demo's prompt total is the largest; tokens given where
+    each walk stopped are checked below.
     """
-    expected = sum(row["calls_expected"] for row in demo_against["rows"] if row["method"] == "step-by-step")
     with sqlite3.connect(demo_db) as connection:
-        (checks,) = connection.execute(
-            "SELECT sum(attempt = 1) FROM calls WHERE method = 'step-by-step' AND status != 'cached'"
-        ).fetchone()
-    assert abs(expected - checks) <= 0.15 * checks, (expected, checks)
+        outputs = [
+            json.loads(text)
+            for (text,) in connection.execute(
+                "SELECT output_json FROM predictions WHERE method = 'step-by-step'"
+            )
+        ]
+    verdicts = [check["verdict"] for output in outputs for check in output["checks"]]
+    assert len(outputs) == 4 * 10 * 2
+    assert abs(verdicts.count("yes") / len(verdicts) - 0.5) <= 0.15, (verdicts.count("yes"), len(verdicts))
 
 
 def test_a_comparison_reads_its_error_and_range() -> None:
