@@ -149,3 +149,23 @@ def test_cancelled_waiter_gives_its_place_and_any_granted_slot_back() -> None:
         return slots.in_flight, slots.waiting, slots.limit
 
     assert run_virtual(main) == (0, 0, 1)
+
+
+def test_release_between_a_waiters_cancel_and_its_cleanup_wakes_no_one_and_raises_nothing() -> None:
+    """`Task.cancel` cancels the awaited future at once; the waiter's own cleanup runs only when its task next
+    runs. A release in between must skip the dead future instead of popping past the end of the queue (the
+    campaign's `IndexError: pop from an empty deque`, which turned interrupted items into failed ones)."""
+
+    async def main() -> tuple[int, int]:
+        slots = AdaptiveConcurrency(1)
+        held = await slots.acquire()
+        waiters = [asyncio.create_task(slots.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        for waiter in waiters:
+            waiter.cancel()  # every queued future is cancelled now; no waiter has run its except yet
+        slots.release(held)  # the waiters' count is still 3 while their futures are all done
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        assert all(isinstance(result, asyncio.CancelledError) for result in results)
+        return slots.in_flight, slots.waiting
+
+    assert run_virtual(main) == (0, 0)

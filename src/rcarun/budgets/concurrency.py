@@ -158,7 +158,10 @@ class AdaptiveConcurrency:
 
     def _wake(self) -> None:
         queue = self._queue
-        while self._waiting and self._in_flight < self._limit:
+        # ``_waiting`` may still count a waiter whose future `Task.cancel` has already cancelled: its
+        # ``except`` in `acquire` (which decrements the count) runs only when its task next runs. Such a
+        # future is skipped here and the queue may run dry before the count does, so the queue bounds the loop.
+        while queue and self._waiting and self._in_flight < self._limit:
             future = queue.popleft()
             if future.done():
                 continue
