@@ -192,10 +192,18 @@ async def test_wait_for_room_bounds_the_queue_and_loses_nothing(
     assert _count(db_path, "SELECT count(*) FROM calls") == 100
 
 
-async def test_a_failed_batch_surfaces_as_store_error_on_the_next_call(
+async def test_a_failing_file_keeps_the_rows_retries_them_and_gives_up_only_at_close(
     db_path: Path, run_id: int, make_call: RowMaker
 ) -> None:
-    writer = StoreWriter(db_path, run_id, max_queued_rows=4, flush_interval_s=0.0)
+    troubles: list[StoreError] = []
+    writer = StoreWriter(
+        db_path,
+        run_id,
+        max_queued_rows=4,
+        flush_interval_s=0.0,
+        give_up_after_s=0.5,
+        on_trouble=troubles.append,
+    )
     async with writer:
         writer.add_call(make_call(run_id))
         await writer.flush()
@@ -204,22 +212,88 @@ async def test_a_failed_batch_surfaces_as_store_error_on_the_next_call(
         saboteur.execute("DROP TABLE run_events")
         saboteur.close()
         writer.add_event(EventRow(run_id, "budget_stop"))
-        writer.add_call(make_call(run_id, attempt=2))
+        writer.add_call(make_call(run_id, attempt=2, status="ok"))
         with pytest.raises(StoreError, match="no such table: run_events") as raised:
-            await writer.flush()
+            await asyncio.wait_for(writer.flush(), GUARD_S)
         assert isinstance(raised.value.__cause__, sqlite3.OperationalError)
-        assert "rolled back" in str(raised.value)
-        # Every later call raises too, and no producer is left waiting on the small queue.
-        with pytest.raises(StoreError, match="no such table"):
-            writer.add_call(make_call(run_id, attempt=3))
-        with pytest.raises(StoreError, match="no such table"):
-            writer.put_blob(b"new prompt")
-        with pytest.raises(StoreError, match="no such table"):
-            await asyncio.wait_for(writer.wait_for_room(), GUARD_S)
-        with pytest.raises(StoreError, match="no such table"):
-            await writer.__aexit__(None, None, None)
-    # The whole failed batch was rolled back: the call enqueued beside the event is not there either.
+        assert "being retried" in str(raised.value)
+        # Nothing is dropped while the writer retries: rows still queue, and nobody waits for room.
+        for attempt in range(3, 10):
+            writer.add_call(make_call(run_id, attempt=attempt))
+        await asyncio.wait_for(writer.wait_for_room(), GUARD_S)
+        assert writer.uncommitted == 9
+        assert len(troubles) == 1  # the runner hears of it once, to stop admission
+        with pytest.raises(StoreError, match="8 answered calls could not be stored") as final:
+            await asyncio.wait_for(writer.__aexit__(None, None, None), GUARD_S)
+        assert "(9 rows: 1 EventRow, 8 CallRow)" in str(final.value)
+        assert writer.unstored_answers == 8
+        # After giving up every later call raises, and none waits.
+        with pytest.raises(StoreError, match="kept failing"):
+            writer.add_call(make_call(run_id, attempt=10))
+    # Order is kept: the calls behind the event that cannot be written were not committed around it.
     assert _count(db_path, "SELECT count(*) FROM calls") == 1
+
+
+async def test_rows_pending_on_a_failing_file_commit_once_it_works_again(
+    db_path: Path, run_id: int, make_call: RowMaker
+) -> None:
+    troubles: list[StoreError] = []
+    async with StoreWriter(
+        db_path, run_id, flush_interval_s=0.0, busy_timeout_s=0.05, on_trouble=troubles.append
+    ) as writer:
+        saboteur = sqlite3.connect(db_path, isolation_level=None)
+        saboteur.execute("BEGIN EXCLUSIVE")  # holds the file past the writer's busy timeout
+        for attempt in range(1, 6):
+            writer.add_call(make_call(run_id, attempt=attempt))
+        for _ in range(200):
+            if troubles:
+                break
+            await asyncio.sleep(0.02)
+        assert troubles and "locked" in str(troubles[0])
+        saboteur.execute("COMMIT")
+        saboteur.close()
+        for _ in range(200):
+            if writer.trouble is None:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(writer.flush(), GUARD_S)
+    assert _count(db_path, "SELECT count(*) FROM calls") == 5
+
+
+async def test_a_value_sqlite_refuses_costs_its_own_row_and_item_not_the_batch(
+    db_path: Path,
+    store: Store,
+    run_id: int,
+    make_call: RowMaker,
+    make_prediction: RowMaker,
+    make_item: RowMaker,
+) -> None:
+    async with StoreWriter(db_path, run_id, flush_interval_s=60.0) as writer:
+        for index in range(10):
+            writer.add_call(make_call(run_id, qid=f"good{index}"))
+        # Repairable: a lone surrogate in text and an integer beyond 64 bits in a nullable column.
+        writer.add_prediction(
+            make_prediction(run_id, qid="cut-emoji", pred_role="planner\ud800", pred_step=10**25)
+        )
+        writer.set_item(make_item(run_id, qid="cut-emoji", status="done"))
+        # Not repairable: a NOT NULL count beyond 64 bits. The item's later 'done' must not stand.
+        writer.add_call(make_call(run_id, qid="huge-usage", prompt_tokens=10**20))
+        writer.add_prediction(make_prediction(run_id, qid="huge-usage"))
+        writer.set_item(make_item(run_id, qid="huge-usage", status="done"))
+    assert _count(db_path, "SELECT count(*) FROM calls WHERE qid LIKE 'good%'") == 10
+    items = {item.qid: item for item in store.items(run_id)}
+    assert items["cut-emoji"].status == "done"
+    assert items["huge-usage"].status == "failed"
+    assert "refused a value of this item's calls row" in (items["huge-usage"].error or "")
+    predictions = {prediction.qid: prediction for prediction in store.predictions(run_id)}
+    assert (predictions["cut-emoji"].pred_role, predictions["cut-emoji"].pred_step) == ("planner\ufffd", None)
+    kinds = sorted(event.kind for event in store.events(run_id))
+    assert kinds == ["row_rejected", "row_repaired"]
+    assert "huge-usage" not in predictions  # a failed item has no prediction, as a resume expects
+    # A resume does not take the failed item for finished unless told to skip failures.
+    assert ("bb-a", "all-at-once", "huge-usage", 0) not in store.finished_item_keys(
+        run_id, include_failed=False
+    )
 
 
 async def test_invalid_rows_are_refused_at_enqueue_without_harming_the_batch(

@@ -10,17 +10,33 @@ Invariants (each has a test):
       the next one starts, so a prediction is never committed before the calls and blobs enqueued ahead of it.
     - Each batch is one transaction. A killed process loses at most the batches not yet committed and never
       leaves part of a batch behind (WAL rolls an unfinished transaction back on the next open).
+    - One bad row never costs the others. A value SQLite refuses (an integer beyond 64 bits, a string with a
+      lone surrogate, a broken constraint) sends that batch through row by row: a row that fails is stored
+      repaired when it can be (lone surrogates become U+FFFD, out-of-range integers NULL) and rejected
+      otherwise; either way a ``row_repaired`` / ``row_rejected`` event says so, and a rejected row's work item
+      is stored as ``failed`` (its later ``done`` is rewritten), so a resume does not take it for finished. The
+      rest of the batch commits. The boundaries (wire parsing, answer readers, the dataset loader) make values
+      storable first; this is the net under them.
+    - A failing disk loses only what it must. When a commit fails for the file's sake (disk full, I/O error,
+      a lock held too long), nothing is dropped: the batch stays pending and is retried in ever smaller
+      chunks (so whatever still fits is kept), the ``on_trouble`` callback fires once (the runner stops
+      admission), and new rows still queue behind it. Closing keeps retrying for ``give_up_after_s``; only then
+      are the rows still pending given up, and the error names how many answered calls they held.
     - Memory is bounded by backpressure: the enqueue methods are plain (non-blocking, never dropping) so they
       fit anywhere, including sync callbacks; producers ``await writer.wait_for_room()`` at their admission
       point (e.g. before sending a call), which suspends while ``max_queued_rows`` entries are waiting. The
-      queue then never holds more than ``max_queued_rows`` plus what one producer enqueues between waits.
-    - A failed batch is never dropped silently: the batch is rolled back, the writer stops writing, and every
-      later call (enqueue, ``flush``, closing the ``async with``) raises `StoreError` naming the cause.
+      queue then never holds more than ``max_queued_rows`` plus what one producer enqueues between waits. While
+      writes are failing nobody waits for room: admission has stopped, so only work in flight adds rows.
+    - Nothing waits forever on the writer: after a final failure every later call (enqueue, ``flush``,
+      closing the ``async with``) raises `StoreError` naming the cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import sqlite3
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +58,7 @@ from rcarun.store.rows import (
     PredictionRow,
     TrajectoryRow,
 )
+from rcarun.text import repair_surrogates
 
 __all__ = ["StoreWriter"]
 
@@ -54,7 +71,7 @@ class _Blob:
 
 @dataclass(frozen=True, slots=True)
 class _FlushRequest:
-    # Resolved by the writer task once every entry ahead of this one is committed (or the writer has failed).
+    # Resolved by the writer task once every entry ahead of this one is committed (or writes are failing).
     done: asyncio.Future[None]
 
 
@@ -66,6 +83,23 @@ _STOP: Final = _Stop()
 
 _Row = _Blob | CallRow | PredictionRow | ItemRow | TrajectoryRow | EventRow
 _Entry = _Row | _FlushRequest | _Stop
+
+# SQLite refuses the value, not the file: the row alone is at fault.
+_VALUE_ERRORS: Final = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+    OverflowError,
+    UnicodeError,
+    ValueError,
+    TypeError,
+)
+# SQLite's signed 64-bit INTEGER.
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+# Retries of a failing commit: first after this many seconds, doubling up to the cap.
+_RETRY_FIRST_S: Final = 0.1
+_RETRY_CAP_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +122,7 @@ def _insert(table: str, row_type: type, *, unique: tuple[str, ...] = ()) -> _Ins
 
 
 _WORK_KEY = ("run_id", "backbone", "method", "qid", "realization")
+_WorkKey = tuple[int, str, str, str, int]
 
 # Within one transaction the order of tables does not matter (the commit is atomic); within a table the
 # enqueue order is kept, so call_ids follow enqueue order and the last upsert of a key wins.
@@ -102,6 +137,47 @@ _INSERTS: Final[dict[type, _Insert]] = {
     ItemRow: _insert("items", ItemRow, unique=_WORK_KEY),
     EventRow: _insert("run_events", EventRow),
 }
+_TABLES: Final[dict[type, str]] = {
+    _Blob: "blobs",
+    TrajectoryRow: "trajectories",
+    CallRow: "calls",
+    PredictionRow: "predictions",
+    ItemRow: "items",
+    EventRow: "run_events",
+}
+
+
+def _work_key(row: _Row) -> _WorkKey | None:
+    if isinstance(row, CallRow | PredictionRow | ItemRow):
+        return (row.run_id, row.backbone, row.method, row.qid, row.realization)
+    return None
+
+
+def _repaired(row: _Row) -> _Row | None:
+    """A copy of ``row`` SQLite can store (lone surrogates as U+FFFD, integers beyond 64 bits as NULL), or None
+    when nothing in it needed repair."""
+    if isinstance(row, _Blob):
+        return None
+    changes: dict[str, Any] = {}
+    for field in fields(row):
+        value = getattr(row, field.name)
+        if isinstance(value, str):
+            fixed = repair_surrogates(value)
+            if fixed is not value:
+                changes[field.name] = fixed
+        elif isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+            changes[field.name] = None
+    return dataclasses.replace(row, **changes) if changes else None
+
+
+def _describe_row(row: _Row) -> dict[str, Any]:
+    detail: dict[str, Any] = {"table": _TABLES[type(row)]}
+    for name in ("item_id", "qid", "stage", "attempt"):
+        value = getattr(row, name, None)
+        if value is not None:
+            # The detail must be storable itself, whatever the row held.
+            detail[name] = repair_surrogates(value) if isinstance(value, str) else value
+    return detail
 
 
 class _BatchWriter:
@@ -109,6 +185,8 @@ class _BatchWriter:
 
     def __init__(self, path: Path, busy_timeout_s: float, run_id: int | None) -> None:
         self.connection = open_connection(path, busy_timeout_s=busy_timeout_s)
+        # Work items one of whose rows was rejected: their item row must say failed, never done.
+        self.failed_items: dict[_WorkKey, str] = {}
         if run_id is not None:
             found = self.connection.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if found is None:
@@ -116,20 +194,108 @@ class _BatchWriter:
                 raise StoreError(f"{path}: no run with run_id {run_id}; create it with get_or_create_run")
 
     def write(self, batch: Sequence[_Row]) -> None:
-        grouped: dict[type, list[tuple[Any, ...]]] = {row_type: [] for row_type in _INSERTS}
-        # Parameters (and blob compression) are built before BEGIN: the write lock is held only for inserts.
-        for row in batch:
-            grouped[type(row)].append(_INSERTS[type(row)].params(row))
+        """Commit ``batch`` as one transaction; a value SQLite refuses sends it through `_write_row_by_row`.
+
+        Raises:
+            sqlite3.Error, OSError: the file cannot take the batch (nothing of it is committed).
+        """
+        if self.failed_items:
+            batch = [fixed for row in batch if (fixed := self._as_failed_if_poisoned(row)) is not None]
+        try:
+            grouped: dict[type, list[tuple[Any, ...]]] = {row_type: [] for row_type in _INSERTS}
+            # Parameters (and blob compression) are built before BEGIN: the write lock is held only for inserts.
+            for row in batch:
+                grouped[type(row)].append(_INSERTS[type(row)].params(row))
+            self.connection.execute("BEGIN IMMEDIATE")
+            try:
+                for row_type, params in grouped.items():
+                    if params:
+                        self.connection.executemany(_INSERTS[row_type].sql, params)
+                self.connection.execute("COMMIT")
+            except BaseException:
+                if self.connection.in_transaction:
+                    self.connection.execute("ROLLBACK")
+                raise
+        except _VALUE_ERRORS:
+            self._write_row_by_row(batch)
+
+    def _write_row_by_row(self, batch: Sequence[_Row]) -> None:
+        """The same batch in one transaction, each row behind a savepoint so one refused value costs one row."""
         self.connection.execute("BEGIN IMMEDIATE")
         try:
-            for row_type, params in grouped.items():
-                if params:
-                    self.connection.executemany(_INSERTS[row_type].sql, params)
+            for given in batch:
+                row = self._as_failed_if_poisoned(given)
+                if row is None:
+                    continue
+                error = self._try_insert(row)
+                if error is None:
+                    continue
+                repaired = _repaired(row)
+                if repaired is not None and self._try_insert(repaired) is None:
+                    self._log_event(row, "row_repaired", error)
+                    continue
+                self._log_event(row, "row_rejected", error)
+                key = _work_key(row)
+                if key is not None:
+                    reason = (
+                        f"results.db refused a value of this item's {_TABLES[type(row)]} row "
+                        f"({type(error).__name__}: {str(error)[:200]})"
+                    )
+                    self.failed_items.setdefault(key, reason)
+                    self._fail_item(row, reason)
             self.connection.execute("COMMIT")
         except BaseException:
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
             raise
+
+    def _try_insert(self, row: _Row) -> BaseException | None:
+        self.connection.execute("SAVEPOINT one_row")
+        try:
+            insert = _INSERTS[type(row)]
+            self.connection.execute(insert.sql, insert.params(row))
+        except _VALUE_ERRORS as error:
+            self.connection.execute("ROLLBACK TO one_row")
+            self.connection.execute("RELEASE one_row")
+            return error
+        self.connection.execute("RELEASE one_row")
+        return None
+
+    def _as_failed_if_poisoned(self, row: _Row) -> _Row | None:
+        """``row`` as it may be stored once a row of its item was rejected: the item failed, no prediction."""
+        if not isinstance(row, ItemRow | PredictionRow):
+            return row
+        reason = self.failed_items.get((row.run_id, row.backbone, row.method, row.qid, row.realization))
+        if reason is None:
+            return row
+        if isinstance(row, PredictionRow):
+            return None
+        return row if row.status == "failed" else dataclasses.replace(row, status="failed", error=reason)
+
+    def _fail_item(self, row: _Row, reason: str) -> None:
+        if not isinstance(row, CallRow | PredictionRow | ItemRow):
+            return
+        item = ItemRow(
+            run_id=row.run_id,
+            item_id=row.item_id,
+            backbone=row.backbone,
+            method=row.method,
+            qid=row.qid,
+            realization=row.realization,
+            status="failed",
+            error=reason,
+        )
+        repaired = _repaired(item)
+        self._try_insert(repaired if isinstance(repaired, ItemRow) else item)
+
+    def _log_event(self, row: _Row, kind: str, error: BaseException) -> None:
+        run_id = getattr(row, "run_id", None)
+        if run_id is None:
+            return
+        detail = {**_describe_row(row), "error": f"{type(error).__name__}: {str(error)[:300]}"}
+        self._try_insert(
+            EventRow(run_id=run_id, kind=kind, detail_json=json.dumps(detail, ensure_ascii=True))
+        )
 
     def close(self) -> None:
         self.connection.close()
@@ -141,6 +307,10 @@ def _describe(batch: Sequence[_Row]) -> str:
         name = type(row).__name__.lstrip("_")
         counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{count} {name}" for name, count in counts.items())
+
+
+def _answered_calls(rows: Sequence[_Row]) -> int:
+    return sum(1 for row in rows if isinstance(row, CallRow) and row.status in ("ok", "length"))
 
 
 class StoreWriter:
@@ -161,6 +331,10 @@ class StoreWriter:
         recent_blob_capacity: how many recently enqueued blob hashes are remembered so a repeated prompt is
             not queued again (older repeats are still stored once, by INSERT OR IGNORE).
         busy_timeout_s: how long a write waits for another connection's write lock, in seconds.
+        give_up_after_s: once closing, how long failing writes are still retried before the rows pending are
+            given up (s).
+        on_trouble: called (on the loop's thread, with the error) when a commit first fails for the file's
+            sake, and again after a recovery if it fails anew; must not raise.
     """
 
     def __init__(
@@ -173,9 +347,13 @@ class StoreWriter:
         max_queued_rows: int = 10_000,
         recent_blob_capacity: int = 65_536,
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        give_up_after_s: float = 10.0,
+        on_trouble: Callable[[StoreError], None] | None = None,
     ) -> None:
         if batch_size < 1 or max_queued_rows < 1 or flush_interval_s < 0 or recent_blob_capacity < 0:
             raise ValueError("batch_size and max_queued_rows must be >= 1, the others >= 0")
+        if not give_up_after_s >= 0:
+            raise ValueError(f"give_up_after_s must be >= 0, got {give_up_after_s}")
         self._path = Path(path)
         self._run_id = run_id
         self._batch_size = batch_size
@@ -183,10 +361,14 @@ class StoreWriter:
         self._max_queued_rows = max_queued_rows
         self._recent_blob_capacity = recent_blob_capacity
         self._busy_timeout_s = busy_timeout_s
+        self._give_up_after_s = give_up_after_s
+        self._on_trouble = on_trouble
         self._recent_blobs: OrderedDict[str, None] = OrderedDict()
         self._entries: deque[_Entry] = deque()
+        # Rows taken off the queue and not committed yet, oldest first (more than one batch while writes fail).
+        self._pending: list[_Row] = []
         # Both events are only touched from the loop's thread. _has_entries: the writer task may have work.
-        # _room: fewer than max_queued_rows entries wait (or the writer failed, so nobody should wait).
+        # _room: fewer than max_queued_rows entries wait (or writes fail, so nobody should wait).
         self._has_entries = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -195,8 +377,10 @@ class StoreWriter:
         self._task: asyncio.Task[None] | None = None
         self._entered = False
         self._closing = False
+        self._trouble: StoreError | None = None
         self._failure: StoreError | None = None
         self._committed_rows = 0
+        self._unstored_answers = 0
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -253,9 +437,26 @@ class StoreWriter:
         return len(self._entries)
 
     @property
+    def uncommitted(self) -> int:
+        """Rows enqueued and not committed yet: those queued and those in a batch being (re)tried."""
+        return len(self._pending) + sum(
+            1 for entry in self._entries if not isinstance(entry, _FlushRequest | _Stop)
+        )
+
+    @property
     def committed_rows(self) -> int:
         """Rows (blobs included) committed by this writer so far."""
         return self._committed_rows
+
+    @property
+    def trouble(self) -> StoreError | None:
+        """The error of the last failed commit while commits are failing (None when writes go through)."""
+        return self._trouble
+
+    @property
+    def unstored_answers(self) -> int:
+        """Answered calls (status ok or length) whose rows were given up after writes kept failing."""
+        return self._unstored_answers
 
     def put_blob(self, data: bytes, sha256: str | None = None) -> str:
         """Queue ``data`` for the blobs table (once) and return its key, the hex SHA-256 of ``data``.
@@ -309,11 +510,13 @@ class StoreWriter:
     async def wait_for_room(self) -> None:
         """Return once fewer than ``max_queued_rows`` entries wait (at once, usually): the backpressure point.
 
+        While writes are failing it returns at once: the caller is about to find admission stopped.
+
         Raises:
-            StoreError: the writer failed.
+            StoreError: the writer failed for good.
         """
         self._raise_if_failed()
-        while len(self._entries) >= self._max_queued_rows and self._failure is None:
+        while len(self._entries) >= self._max_queued_rows and self._failure is None and self._trouble is None:
             self._room.clear()
             await self._room.wait()
         self._raise_if_failed()
@@ -322,18 +525,24 @@ class StoreWriter:
         """Return once everything enqueued before this call is committed.
 
         Raises:
-            StoreError: the writer failed; rows enqueued but not committed are lost.
+            StoreError: writes are failing (the rows stay pending and are retried) or failed for good.
         """
         self._raise_if_failed()
+        self._raise_if_troubled()
         self._require_open()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._push(_FlushRequest(done))
         await done
         self._raise_if_failed()
+        self._raise_if_troubled()
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise StoreError(str(self._failure)) from self._failure.__cause__
+
+    def _raise_if_troubled(self) -> None:
+        if self._trouble is not None:
+            raise StoreError(str(self._trouble)) from self._trouble.__cause__
 
     def _require_open(self) -> None:
         if self._task is None:
@@ -351,7 +560,7 @@ class StoreWriter:
     def _push(self, entry: _Entry) -> None:
         self._entries.append(entry)
         self._has_entries.set()
-        if len(self._entries) >= self._max_queued_rows:
+        if len(self._entries) >= self._max_queued_rows and self._trouble is None:
             self._room.clear()
 
     # -- the writer task ----------------------------------------------------------------------------------
@@ -378,27 +587,119 @@ class StoreWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = False
-        while not stopping:
-            batch: list[_Row] = []
+        give_up_at: float | None = None
+        retry_s = _RETRY_FIRST_S
+        while True:
             flushes: list[asyncio.Future[None]] = []
-            entry = await self._next_entry(None)
-            deadline = loop.time() + self._flush_interval_s
-            while entry is not None:
-                if isinstance(entry, _Stop):
-                    stopping = True
-                    break
-                if isinstance(entry, _FlushRequest):
-                    flushes.append(entry.done)
-                    break
-                batch.append(entry)
-                if len(batch) >= self._batch_size:
-                    break
-                entry = await self._next_entry(deadline - loop.time())
-            if batch and self._failure is None:
-                await self._commit(loop, batch)
+            if self._pending:
+                # Writes are failing: take everything queued (order kept behind the pending rows), then retry.
+                while self._entries and not stopping:
+                    queued = self._entries.popleft()
+                    if isinstance(queued, _Stop):
+                        stopping = True
+                    elif isinstance(queued, _FlushRequest):
+                        flushes.append(queued.done)
+                    else:
+                        self._pending.append(queued)
+                self._room.set()
+            elif stopping:
+                return
+            else:
+                entry = await self._next_entry(None)
+                deadline = loop.time() + self._flush_interval_s
+                while entry is not None:
+                    if isinstance(entry, _Stop):
+                        stopping = True
+                        break
+                    if isinstance(entry, _FlushRequest):
+                        flushes.append(entry.done)
+                        break
+                    self._pending.append(entry)
+                    if len(self._pending) >= self._batch_size:
+                        break
+                    entry = await self._next_entry(deadline - loop.time())
+            if stopping and give_up_at is None:
+                give_up_at = loop.time() + self._give_up_after_s
+            if self._pending and self._failure is None:
+                committed = await self._commit_pending(loop)
+                if committed:
+                    retry_s = _RETRY_FIRST_S
             for done in flushes:
                 if not done.done():
                     done.set_result(None)
+            if self._pending:
+                if give_up_at is not None and loop.time() >= give_up_at:
+                    self._give_up()
+                    return
+                pause = retry_s if give_up_at is None else min(retry_s, max(0.0, give_up_at - loop.time()))
+                await self._sleep_unless_stopping(pause, stopping)
+                retry_s = min(_RETRY_CAP_S, retry_s * 2)
+
+    async def _sleep_unless_stopping(self, seconds: float, stopping: bool) -> None:
+        """Wait before the next retry; a close (a STOP entry) cuts the wait short, so its deadline starts now."""
+        if stopping:
+            await asyncio.sleep(seconds)
+            return
+        self._has_entries.clear()
+        if any(isinstance(entry, _Stop) for entry in self._entries):
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                while not any(isinstance(entry, _Stop) for entry in self._entries):
+                    self._has_entries.clear()
+                    await self._has_entries.wait()
+        except TimeoutError:
+            pass
+
+    async def _commit_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Commit the pending rows: one batch when writes go through, ever smaller chunks while they fail.
+
+        Returns whether anything was committed.
+        """
+        assert self._batch_writer is not None
+        chunk = self._batch_size if self._trouble is None else max(1, len(self._pending) // 2)
+        committed_any = False
+        while self._pending:
+            rows = self._pending[:chunk]
+            try:
+                await loop.run_in_executor(self._executor, self._batch_writer.write, rows)
+            except Exception as error:
+                if chunk > 1 and self._trouble is not None:
+                    chunk //= 2  # a smaller transaction may still fit where the big one did not
+                    continue
+                self._note_trouble(rows, error)
+                return committed_any
+            del self._pending[: len(rows)]
+            self._committed_rows += len(rows)
+            committed_any = True
+            if self._trouble is not None:
+                self._trouble = None
+        return committed_any
+
+    def _note_trouble(self, rows: Sequence[_Row], error: BaseException) -> None:
+        trouble = StoreError(
+            f"writing {self._path} failed ({type(error).__name__}: {error}); "
+            f"{len(self._pending)} rows ({_describe(self._pending)}) wait to be committed and are being retried"
+        )
+        trouble.__cause__ = error
+        first = self._trouble is None
+        self._trouble = trouble
+        self._room.set()  # nobody may wait for room while nothing is being committed
+        if first and self._on_trouble is not None:
+            self._on_trouble(trouble)
+
+    def _give_up(self) -> None:
+        answered = _answered_calls(self._pending)
+        cause = self._trouble.__cause__ if self._trouble is not None else None
+        failure = StoreError(
+            f"writing {self._path} kept failing ({type(cause).__name__}: {cause}); {answered} answered calls "
+            f"could not be stored ({len(self._pending)} rows: {_describe(self._pending)})"
+        )
+        failure.__cause__ = cause
+        self._unstored_answers = answered
+        self._failure = failure
+        self._pending.clear()
+        self._room.set()
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Turn an unexpected end of the writer task (a bug, or a cancelled loop) into a visible failure."""
@@ -406,6 +707,9 @@ class StoreWriter:
             cause = asyncio.CancelledError() if task.cancelled() else task.exception()
             failure = StoreError(f"the writer task for {self._path} ended unexpectedly ({cause!r})")
             failure.__cause__ = cause
+            self._unstored_answers = _answered_calls(self._pending) + _answered_calls(
+                [entry for entry in self._entries if not isinstance(entry, _FlushRequest | _Stop)]
+            )
             self._failure = failure
         # Nothing will consume the queue any more: release anyone waiting on a flush or for room.
         while self._entries:
@@ -413,20 +717,3 @@ class StoreWriter:
             if isinstance(entry, _FlushRequest) and not entry.done.done():
                 entry.done.set_result(None)
         self._room.set()
-
-    async def _commit(self, loop: asyncio.AbstractEventLoop, batch: list[_Row]) -> None:
-        assert self._batch_writer is not None
-        try:
-            await loop.run_in_executor(self._executor, self._batch_writer.write, batch)
-        except Exception as error:
-            # After a failure the task keeps draining (and discarding) the queue, and wait_for_room stops
-            # waiting; every later call on the writer raises this error instead.
-            failure = StoreError(
-                f"writing {self._path} failed; a batch of {len(batch)} rows ({_describe(batch)}) was rolled "
-                f"back and the writer stopped ({type(error).__name__}: {error})"
-            )
-            failure.__cause__ = error
-            self._failure = failure
-            self._room.set()
-        else:
-            self._committed_rows += len(batch)
