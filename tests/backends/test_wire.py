@@ -14,12 +14,14 @@ import pytest
 from rcarun.backends import (
     ChatMessage,
     ChatRequest,
+    ChatResult,
     ChatToolCall,
     RateLimitInfo,
     Usage,
     build_body,
     get_preset,
     parse_completion,
+    replay_body,
 )
 from rcarun.errors import (
     AuthError,
@@ -245,7 +247,9 @@ def test_content_parts_are_joined() -> None:
 def test_missing_usage_is_zero_not_an_error() -> None:
     payload = completion()
     del payload["usage"]
-    assert parse("vllm", payload).usage == Usage()
+    result = parse("vllm", payload)
+    assert result.usage == Usage()
+    assert result.usage_problem == "no usage in the answer"
 
 
 @pytest.mark.parametrize(
@@ -521,3 +525,167 @@ def test_answers_without_tool_calls_have_none() -> None:
 def test_malformed_tool_calls_are_malformed_responses(tool_calls: Any) -> None:
     with pytest.raises(MalformedResponse, match="tool_calls"):
         parse("openai", completion(content=None, finish_reason="tool_calls", tool_calls=tool_calls))
+
+
+# ----------------------------------------------------------------------------------- values a store can keep
+
+LONE = "\\ud800"  # a JSON escape of an unpaired high surrogate, as an answer cut mid-emoji carries
+PAIRED = "\\ud83d\\ude00"  # the same escape properly paired: one emoji
+
+
+def _storable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def test_lone_surrogates_become_replacement_characters_in_every_text() -> None:
+    lone = "\ud800"
+    payload = completion(
+        content=f"cut {lone}\U0001f600 here",
+        reasoning_content=lone,
+        finish_reason=f"stop{lone}",
+        model=f"m{lone}",
+        tool_calls=openai_tool_calls((f"c{lone}", f"f{lone}", f'{{"a": "{lone}"}}')),
+    )
+    raw = json.dumps(payload).encode()  # ASCII JSON: the surrogate travels as its escape, the emoji as a pair
+    assert LONE.encode() in raw and PAIRED.encode() in raw
+    result = parse("deepseek", raw)
+    assert result.text == "cut \ufffd\U0001f600 here"  # the paired escape stays one emoji
+    assert (result.reasoning_text, result.model, result.finish_reason) == ("\ufffd", "m\ufffd", "stop\ufffd")
+    assert result.tool_calls == (ChatToolCall("c\ufffd", "f\ufffd", '{"a": "\ufffd"}'),)
+    assert result.raw_body == raw  # the bytes are stored as received; a replay parses them the same way
+    assert parse("deepseek", result.raw_body) == result
+
+
+def test_content_parts_and_object_arguments_are_cleaned_too() -> None:
+    raw = (
+        f'{{"choices": [{{"message": {{"content": [{{"type": "text", "text": "a{LONE}"}}], "tool_calls": '
+        f'[{{"function": {{"name": "g", "arguments": {{"k": "{LONE}"}}}}}}]}}}}], '
+        '"usage": {"prompt_tokens": 1, "completion_tokens": 1}}'
+    ).encode()
+    result = parse("vllm", raw)
+    assert result.text == "a\ufffd"
+    assert result.tool_calls == (ChatToolCall("call_0", "g", '{"k": "\ufffd"}'),)
+
+
+@pytest.mark.parametrize("status", [200, 400, 500])
+def test_lone_surrogates_never_reach_an_error_message(status: int) -> None:
+    raw = f'{{"error": {{"message": "bad {LONE} input", "code": "x{LONE}"}}}}'.encode()
+    with pytest.raises(CallError) as caught:
+        parse_completion(status, {}, raw, get_preset("openai"), 0.1, "e", backbone="bb")
+    assert _storable(str(caught.value))
+    assert "bad \ufffd input" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("usage_json", "problem"),
+    [
+        ('{"prompt_tokens": Infinity, "completion_tokens": 7}', "usage.prompt_tokens is Infinity"),
+        ('{"prompt_tokens": NaN, "completion_tokens": 7}', "usage.prompt_tokens is NaN"),
+        ('{"prompt_tokens": -5, "completion_tokens": 7}', "usage.prompt_tokens is -5"),
+        ('{"prompt_tokens": 1e20, "completion_tokens": 7}', "usage.prompt_tokens is 1e+20"),
+        (
+            '{"prompt_tokens": 100000000000000000000, "completion_tokens": 7}',
+            "usage.prompt_tokens is 100000000000000000000",
+        ),
+        (
+            '{"prompt_tokens": 9007199254740992, "completion_tokens": 7}',
+            "usage.prompt_tokens is 9007199254740992",
+        ),
+        ('{"prompt_tokens": "12", "completion_tokens": 7}', 'usage.prompt_tokens is "12"'),
+        ('{"prompt_tokens": 12.5, "completion_tokens": 7}', "usage.prompt_tokens is 12.5"),
+        ('{"prompt_tokens": true, "completion_tokens": 7}', "usage.prompt_tokens is true"),
+        ('{"prompt_tokens": null, "completion_tokens": 7}', "usage.prompt_tokens is null"),
+        ('{"completion_tokens": 7}', "usage.prompt_tokens is missing"),
+        ('{"prompt_tokens": [1], "completion_tokens": 7}', "usage.prompt_tokens is [1]"),
+        (
+            '{"prompt_tokens": "' + "9" * 60 + '", "completion_tokens": 7}',
+            'usage.prompt_tokens is "' + "9" * 38 + "…",
+        ),
+    ],
+)
+def test_unsound_counts_are_zero_with_a_problem_never_an_exception(usage_json: str, problem: str) -> None:
+    raw = f'{{"choices": [{{"message": {{"content": "ok"}}}}], "usage": {usage_json}}}'.encode()
+    result = parse("openai", raw)
+    assert result.text == "ok"  # the paid answer is still an answer
+    assert result.usage == Usage(prompt_tokens=0, completion_tokens=7)
+    assert result.usage_problem == problem
+
+
+def test_every_count_read_is_checked_and_every_problem_named() -> None:
+    usage = (
+        '{"prompt_tokens": 100, "completion_tokens": -Infinity, "prompt_tokens_details": {"cached_tokens": -1}, '
+        '"completion_tokens_details": {"reasoning_tokens": 2.5}}'
+    )
+    raw = f'{{"choices": [{{"message": {{"content": "ok"}}}}], "usage": {usage}}}'.encode()
+    result = parse("openai", raw)
+    assert result.usage == Usage(prompt_tokens=100)
+    assert result.usage_problem == (
+        "usage.prompt_tokens_details.cached_tokens is -1; usage.completion_tokens is -Infinity; "
+        "usage.completion_tokens_details.reasoning_tokens is 2.5"
+    )
+
+
+@pytest.mark.parametrize("usage", [None, [], "12 tokens", 5])
+def test_usage_that_is_not_an_object_is_no_usage(usage: Any) -> None:
+    result = parse("vllm", completion(usage={}) | {"usage": usage})
+    assert (result.usage, result.usage_problem) == (Usage(), "no usage in the answer")
+
+
+def test_integral_floats_in_range_are_counts() -> None:
+    usage = {
+        "prompt_tokens": 1200.0,
+        "completion_tokens": 300,
+        "prompt_tokens_details": {"cached_tokens": 1024.0},
+        "completion_tokens_details": {"reasoning_tokens": 0.0},
+    }
+    result = parse("openai", completion(usage=usage))
+    assert result.usage == Usage(1200, 1024, 300, 0)
+    assert result.usage_problem is None
+    assert type(result.usage.prompt_tokens) is int
+
+
+def test_sound_usage_has_no_problem_and_absent_optional_counts_are_fine() -> None:
+    result = parse("kimi", completion(usage={"prompt_tokens": 0, "completion_tokens": 9007199254740991}))
+    assert result.usage == Usage(prompt_tokens=0, completion_tokens=2**53 - 1)
+    assert result.usage_problem is None
+
+
+def test_replay_body_parses_back_to_the_same_answer_with_sound_usage() -> None:
+    call = ChatToolCall("c1", "read_steps", '{"start": 1}')
+    original = parse(
+        "deepseek",
+        completion(
+            content="answer \U0001f600",
+            reasoning_content="thought",
+            finish_reason="tool_calls",
+            tool_calls=openai_tool_calls(("c1", "read_steps", '{"start": 1}')),
+            usage={"prompt_tokens": 40, "completion_tokens": 5},
+        ),
+    )
+    replayed = parse("deepseek", replay_body(original, get_preset("deepseek")))
+    assert (replayed.text, replayed.reasoning_text, replayed.tool_calls) == (
+        "answer \U0001f600",
+        "thought",
+        (call,),
+    )
+    assert replayed.usage == Usage(prompt_tokens=40, completion_tokens=5)
+    assert replayed.usage_problem is None
+
+
+def test_replay_body_of_an_engine_answer_with_a_lone_surrogate_is_utf8() -> None:
+    engine = ChatResult(
+        text="cut \ud800",
+        reasoning_text="",
+        finish_reason="tool_calls",
+        usage=Usage(3, 0, 4, 0),
+        latency_s=0.0,
+        tool_calls=(ChatToolCall("c\ud800", "f", "{}"),),
+    )
+    replayed = parse("vllm", replay_body(engine, get_preset("vllm")))
+    assert replayed.text == "cut \ufffd"
+    assert replayed.tool_calls == (ChatToolCall("c\ufffd", "f", "{}"),)
+    assert replayed.usage_problem is None

@@ -5,20 +5,22 @@ and turn the answer into a `ChatResult` or an rcarun error (`wire.parse_completi
 or retries: the runner wraps it in limiter -> retry -> record, and needs every failure as a typed error.
 
 The API key is read once from the environment variable the settings name, kept in a `Secret`, and scrubbed
-from any error message on the way out (a provider may echo the key in a 401 body).
+from any error message on the way out (a provider may echo the key in a 401 body): the parser scrubs the
+provider's whole text with `redact_secrets` before shortening it, and every message is checked once more here.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 from rcarun.backends.presets import Preset, get_preset
 from rcarun.backends.registry import backend
 from rcarun.backends.replicas import ReplicaBalancer
-from rcarun.backends.settings import BackendSettings, Secret
+from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
 from rcarun.backends.transports import create_transport
 from rcarun.backends.types import ChatRequest, ChatResult
-from rcarun.backends.wire import build_body, parse_completion
+from rcarun.backends.wire import Redactor, build_body, parse_completion
 from rcarun.errors import CallError
 
 __all__ = ["OpenAICompatBackend"]
@@ -35,13 +37,14 @@ class OpenAICompatBackend:
         ConfigError: unknown preset or transport, or the key's environment variable is not set.
     """
 
-    __slots__ = ("_api_key", "_preset", "_replicas", "_transport", "name", "settings")
+    __slots__ = ("_api_key", "_preset", "_redact", "_replicas", "_transport", "name", "settings")
 
     def __init__(self, settings: BackendSettings) -> None:
         self.name = settings.name
         self.settings = settings
         self._preset = get_preset(settings.provider)
         self._api_key: Secret | None = settings.read_api_key()
+        self._redact: Redactor = functools.partial(redact_secrets, secret=self._api_key)
         self._transport = create_transport(settings, self._api_key)
         self._replicas = ReplicaBalancer(settings.base_urls)
 
@@ -73,7 +76,14 @@ class OpenAICompatBackend:
                 raw = await self._transport.post_chat(base_url, body)
                 latency_s = time.perf_counter() - started
             return parse_completion(
-                raw.status, raw.headers, raw.body, self._preset, latency_s, base_url, backbone=self.name
+                raw.status,
+                raw.headers,
+                raw.body,
+                self._preset,
+                latency_s,
+                base_url,
+                backbone=self.name,
+                redact=self._redact,
             )
         except CallError as error:
             if self._api_key is not None:
@@ -85,5 +95,9 @@ class OpenAICompatBackend:
 
 
 def _scrub(error: CallError, api_key: Secret) -> None:
-    """Remove the key from an error's message in place (cheap: runs only on the error path)."""
+    """Remove the whole key from an error's message in place, wherever it stands (cheap: error path only).
+
+    Provider text was scrubbed whole before it was shortened; this catches the key in any other part of the
+    message. Only the exact key: secret-shaped patterns would garble our own labels and URLs.
+    """
     error.args = tuple(api_key.redact(arg) if isinstance(arg, str) else arg for arg in error.args)

@@ -3,12 +3,14 @@
 Kept apart from the presets because settings are per backbone (model, replicas, key variable, pool size) while
 a preset is per provider (field names and quirks). The API key itself is never stored here, only the NAME of
 the environment variable that holds it, so that a settings value can be logged, hashed into a run config or
-shown in a repr without leaking anything.
+shown in a repr without leaking anything. `redact_secrets` is the one scrubber every path that turns provider or
+transport text into an error message goes through.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -16,7 +18,7 @@ from typing import Any
 
 from rcarun.errors import ConfigError
 
-__all__ = ["BackendSettings", "Secret"]
+__all__ = ["BackendSettings", "Secret", "redact_secrets"]
 
 
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -109,7 +111,7 @@ class Secret:
         return self._value
 
     def redact(self, text: str) -> str:
-        """`text` with every occurrence of the secret replaced, for messages built from foreign exceptions."""
+        """`text` with every whole occurrence of the secret replaced (see `redact_secrets` for the full scrub)."""
         return text.replace(self._value, "***") if self._value and self._value in text else text
 
     def __repr__(self) -> str:
@@ -122,3 +124,29 @@ class Secret:
 
     def __reduce__(self) -> Any:
         raise TypeError("a Secret cannot be pickled")
+
+
+# Credentials in the shapes providers and proxies echo, whoever's they are: a bearer token (up to the next space or
+# quote, so JSON around it survives) and an OpenAI-style key. The key pattern does not start inside a word, so that
+# names such as "task-classifier-v2" stay readable; a key rcarun holds is replaced wherever it stands.
+_BEARER_TOKEN = re.compile(r"\b(bearer)\s+[^\s\"'\\]+", re.IGNORECASE)
+_SK_TOKEN = re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{8,}")
+
+
+def redact_secrets(text: str, secret: Secret | None = None) -> str:
+    """``text`` with ``secret`` and every secret-shaped token replaced, for messages quoting foreign text.
+
+    The known key goes first, wherever it stands; then ``Bearer <token>`` becomes ``Bearer ***`` and any
+    ``sk-`` token of 8 or more key characters ``sk-***``, so a credential rcarun does not hold is not stored
+    either. Run it on the whole text before shortening it: a key cut in two no longer matches anything.
+
+    Args:
+        text: provider or transport text (an error body, an exception's message).
+        secret: the backbone's API key, when it has one.
+    """
+    if secret is not None:
+        text = secret.redact(text)
+    text = _BEARER_TOKEN.sub(r"\1 ***", text)
+    if "sk-" in text:
+        text = _SK_TOKEN.sub("sk-***", text)
+    return text

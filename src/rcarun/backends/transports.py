@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from rcarun.backends.settings import BackendSettings, Secret
+from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
 from rcarun.errors import ConfigError, TransportError
+from rcarun.text import repair_surrogates
 
 __all__ = [
     "AiohttpTransport",
@@ -94,10 +95,12 @@ def create_transport(settings: BackendSettings, api_key: Secret | None) -> Trans
 
 
 def describe_failure(error: BaseException, api_key: Secret | None) -> str:
-    """A short, secret-free description of a low-level failure for a TransportError message."""
-    detail = str(error) or type(error).__name__
-    if api_key is not None:
-        detail = api_key.redact(detail)
+    """A short, secret-free, storable description of a low-level failure for a TransportError message.
+
+    The whole text is scrubbed (`redact_secrets`) before it is cut to 300 characters, so no part of a key
+    survives the cut; lone surrogates (aiohttp decodes headers with ``surrogateescape``) become U+FFFD.
+    """
+    detail = repair_surrogates(redact_secrets(str(error) or type(error).__name__, api_key))
     return f"{type(error).__name__}: {detail[:300]}"
 
 

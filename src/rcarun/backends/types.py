@@ -178,6 +178,10 @@ class ChatResult:
         raw_body: the response body exactly as received, for the store.
         endpoint: which replica or base URL served the call.
         tool_calls: the functions the model asked to call (finish_reason "tool_calls"), in its order.
+        usage_problem: why ``usage`` does not hold what the provider charged, or None when it does: the answer
+            had no usage object ("no usage in the answer"), or a count was not a finite non-negative integer
+            below 2**53 (e.g. "usage.prompt_tokens is Infinity"; that count is 0 in ``usage``). The answer is
+            still good; the runner charges an estimate for it instead.
     """
 
     text: str
@@ -191,6 +195,7 @@ class ChatResult:
     endpoint: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     tool_calls: tuple[ChatToolCall, ...] = ()
+    usage_problem: str | None = None
 
 
 @runtime_checkable

@@ -12,18 +12,32 @@ Tool calls travel in OpenAI's function-calling shape both ways: an assistant mes
 ``tool_calls: [{id, type: "function", function: {name, arguments}}]`` and ``content: null`` when it said nothing
 else; each answer is ``{"role": "tool", "tool_call_id", "content"}``. The same parser reads a fresh answer and a
 raw body the call cache replays, so both give the same tool calls.
+
+Everything the parser returns can be stored: unpaired UTF-16 surrogates (a ``\\ud800`` escape in an answer cut
+mid-emoji) become U+FFFD in every text, token counts that are not sound integers become 0 with
+``ChatResult.usage_problem`` saying why (never an exception: the answer was paid for and must be recorded), and
+a provider's text quoted in an error is scrubbed of secrets whole, before it is shortened, so no part of a key
+survives the cut.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from rcarun.backends.presets import Preset
 from rcarun.backends.ratelimits import longest_reset_s, parse_rate_limit_headers
-from rcarun.backends.settings import BackendSettings
-from rcarun.backends.types import ChatMessage, ChatRequest, ChatResult, ChatToolCall, RateLimitInfo, Usage
+from rcarun.backends.settings import BackendSettings, redact_secrets
+from rcarun.backends.types import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    ChatToolCall,
+    RateLimitInfo,
+    Usage,
+)
 from rcarun.errors import (
     AuthError,
     BadRequest,
@@ -34,6 +48,7 @@ from rcarun.errors import (
     RateLimited,
     ServerError,
 )
+from rcarun.text import repair_surrogates
 
 __all__ = [
     "MAX_QUOTED_CHARS",
@@ -46,6 +61,12 @@ __all__ = [
 
 MAX_QUOTED_CHARS = 300
 """How much of a provider's error message an rcarun error quotes."""
+
+Redactor = Callable[[str], str]
+"""Scrubs secrets from provider text; the backend passes one that knows its key (default: generic shapes only)."""
+
+_MAX_COUNT: Final = 2**53  # beyond this a token count is no count (and no longer exact as a float)
+_MISSING: Final = object()
 
 _EFFORT_LEVELS = frozenset({"low", "medium", "high"})
 
@@ -158,6 +179,7 @@ def parse_completion(
     endpoint: str,
     *,
     backbone: str = "",
+    redact: Redactor = redact_secrets,
 ) -> ChatResult:
     """Translate one HTTP exchange into a `ChatResult`, or raise the matching `rcarun.errors.CallError`.
 
@@ -170,6 +192,8 @@ def parse_completion(
         latency_s: seconds from sending to having read the body.
         endpoint: the base URL that served the call.
         backbone: the backbone's label, named in error messages.
+        redact: scrubs secrets from any provider text an error quotes, applied to the whole text before it is
+            shortened.
 
     Raises:
         RateLimited, QuotaExhausted, ServerError, BadRequest, ContextOverflow, AuthError, MalformedResponse.
@@ -178,16 +202,17 @@ def parse_completion(
     rate_limit = parse_rate_limit_headers(lowered, preset.rate_limit_headers)
     label = backbone or endpoint
     if not 200 <= status < 300:
-        raise error_for_status(status, body, preset, label, rate_limit)
+        raise error_for_status(status, body, preset, label, rate_limit, redact=redact)
 
     payload = _load_json(body)
     if not isinstance(payload, dict):
         raise MalformedResponse(
-            f"{label}: HTTP {status} body is not a JSON object: {_quote_bytes(body)}", status=status
+            f"{label}: HTTP {status} body is not a JSON object: {_quote(_decode(body), redact)}",
+            status=status,
         )
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise _in_band_error(status, payload, body, preset, label, rate_limit)
+        raise _in_band_error(status, payload, body, preset, label, rate_limit, redact)
     choice = choices[0]
     message = choice.get("message")
     if not isinstance(message, dict):
@@ -195,17 +220,19 @@ def parse_completion(
 
     finish_reason = choice.get("finish_reason")
     model = payload.get("model")
+    usage, usage_problem = _usage(payload.get("usage", _MISSING), preset)
     return ChatResult(
-        text=_content_text(message.get("content"), label, status),
-        reasoning_text=_reasoning_text(message, preset),
-        finish_reason=finish_reason if isinstance(finish_reason, str) else "",
-        usage=_usage(payload.get("usage"), preset),
+        text=repair_surrogates(_content_text(message.get("content"), label, status)),
+        reasoning_text=repair_surrogates(_reasoning_text(message, preset)),
+        finish_reason=repair_surrogates(finish_reason) if isinstance(finish_reason, str) else "",
+        usage=usage,
         latency_s=latency_s,
-        model=model if isinstance(model, str) else "",
+        model=repair_surrogates(model) if isinstance(model, str) else "",
         rate_limit=rate_limit,
         raw_body=body,
         endpoint=endpoint,
         tool_calls=_tool_calls(message.get("tool_calls"), label, status),
+        usage_problem=usage_problem,
     )
 
 
@@ -232,11 +259,13 @@ def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
         elif not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
         call_id = entry.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            call_id = f"call_{position}"
         calls.append(
             ChatToolCall(
-                id=call_id if isinstance(call_id, str) and call_id else f"call_{position}",
-                name=name,
-                arguments=arguments,
+                id=repair_surrogates(call_id),
+                name=repair_surrogates(name),
+                arguments=repair_surrogates(arguments),
             )
         )
     return tuple(calls)
@@ -263,7 +292,8 @@ def replay_body(result: ChatResult, preset: Preset) -> bytes:
             "completion_tokens": result.usage.completion_tokens,
         },
     }
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    # An in-process engine's text may hold lone surrogates, which no UTF-8 body can carry.
+    return repair_surrogates(json.dumps(payload, ensure_ascii=False, separators=(",", ":"))).encode()
 
 
 def _load_json(body: bytes) -> Any:
@@ -298,35 +328,52 @@ def _reasoning_text(message: Mapping[str, Any], preset: Preset) -> str:
     return ""
 
 
-def _usage(raw: Any, preset: Preset) -> Usage:
+def _usage(raw: Any, preset: Preset) -> tuple[Usage, str | None]:
+    """The usage counts, and what was wrong with them (None when nothing was). Never raises: an answer with
+    unusable counts was still paid for, and must reach the store."""
     if not isinstance(raw, dict):
-        return Usage()
-    return Usage(
-        prompt_tokens=_count(raw.get("prompt_tokens")),
-        cached_prompt_tokens=_first_count(raw, preset.cached_tokens_paths),
-        completion_tokens=_count(raw.get("completion_tokens")),
-        reasoning_tokens=_first_count(raw, preset.reasoning_tokens_paths),
+        return Usage(), "no usage in the answer"
+    problems: list[str] = []
+    usage = Usage(
+        prompt_tokens=_count(raw.get("prompt_tokens", _MISSING), "prompt_tokens", problems),
+        cached_prompt_tokens=_first_count(raw, preset.cached_tokens_paths, problems),
+        completion_tokens=_count(raw.get("completion_tokens", _MISSING), "completion_tokens", problems),
+        reasoning_tokens=_first_count(raw, preset.reasoning_tokens_paths, problems),
     )
+    return usage, "; ".join(problems) or None
 
 
-def _first_count(usage: Mapping[str, Any], paths: tuple[tuple[str, ...], ...]) -> int:
+def _first_count(usage: Mapping[str, Any], paths: tuple[tuple[str, ...], ...], problems: list[str]) -> int:
+    """The count at the first of ``paths`` present (optional fields: absent from every path is 0, no problem)."""
     for path in paths:
         node: Any = usage
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:
-            return _count(node)
+            return _count(node, ".".join(path), problems)
     return 0
 
 
-def _count(value: Any) -> int:
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return max(0, value)
-    if isinstance(value, float) and value == value:
-        return max(0, int(value))
+def _count(value: Any, name: str, problems: list[str]) -> int:
+    """``value`` as a token count; 0 with a line in ``problems`` unless it is an integer in [0, 2**53)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value < _MAX_COUNT:
+            return value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer() and 0 <= value < _MAX_COUNT:
+        return int(value)  # 1200.0: some servers write every number as a float
+    problems.append(f"usage.{name} is {_brief(value)}")
     return 0
+
+
+def _brief(value: Any) -> str:
+    """A usage value as the JSON that carried it (Infinity, NaN, "12", true, 1e+20), at most 40 characters."""
+    if value is _MISSING:
+        return "missing"
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):  # not JSON-born (a hand-built payload); its type is enough
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def error_for_status(
@@ -335,11 +382,16 @@ def error_for_status(
     preset: Preset,
     label: str,
     rate_limit: RateLimitInfo | None = None,
+    *,
+    redact: Redactor = redact_secrets,
 ) -> CallError:
-    """The rcarun error for a non-2xx answer (returned, not raised, so callers choose how to raise it)."""
+    """The rcarun error for a non-2xx answer (returned, not raised, so callers choose how to raise it).
+
+    The provider's text is quoted scrubbed by ``redact`` (whole, then shortened to `MAX_QUOTED_CHARS`).
+    """
     payload = _load_json(body)
     full_text = _provider_text(payload, body)
-    quoted = _shorten(full_text)
+    quoted = _quote(full_text, redact)
     classifier = full_text.lower()
     message = f"{label}: HTTP {status}: {quoted}" if quoted else f"{label}: HTTP {status}"
 
@@ -372,6 +424,7 @@ def _in_band_error(
     preset: Preset,
     label: str,
     rate_limit: RateLimitInfo | None,
+    redact: Redactor,
 ) -> CallError:
     """A 2xx whose body is not a completion: an error object carrying its own status, or malformed."""
     error = payload.get("error")
@@ -379,15 +432,16 @@ def _in_band_error(
         for key in ("status", "code"):
             code = error.get(key)
             if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
-                return error_for_status(code, body, preset, label, rate_limit)
-    quoted = provider_message(payload, body)
+                return error_for_status(code, body, preset, label, rate_limit, redact=redact)
+    quoted = provider_message(payload, body, redact=redact)
     detail = f": {quoted}" if quoted else ""
     return MalformedResponse(f"{label}: HTTP {status} body is not a chat completion{detail}", status=status)
 
 
-def provider_message(payload: Any, body: bytes) -> str:
-    """The provider's own error message, whitespace collapsed and cut to `MAX_QUOTED_CHARS`."""
-    return _shorten(_provider_text(payload, body))
+def provider_message(payload: Any, body: bytes, *, redact: Redactor = redact_secrets) -> str:
+    """The provider's own error message, scrubbed by ``redact``, whitespace collapsed and cut to
+    `MAX_QUOTED_CHARS`."""
+    return _quote(_provider_text(payload, body), redact)
 
 
 def _provider_text(payload: Any, body: bytes) -> str:
@@ -407,16 +461,19 @@ def _provider_text(payload: Any, body: bytes) -> str:
                     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
                     break
     if not text:
-        return body[: MAX_QUOTED_CHARS * 4].decode("utf-8", errors="replace")
+        return _decode(body)
     return text
 
 
-def _quote_bytes(body: bytes) -> str:
-    return _shorten(body[: MAX_QUOTED_CHARS * 4].decode("utf-8", errors="replace"))
+def _decode(body: bytes) -> str:
+    # The whole body, not a prefix: cutting before the secrets are scrubbed could cut a key in two, and a cut
+    # key matches nothing (whitespace collapsing can then bring its first half inside the quoted part).
+    return body.decode("utf-8", errors="replace")
 
 
-def _shorten(text: str) -> str:
-    collapsed = " ".join(text.split())
+def _quote(text: str, redact: Redactor) -> str:
+    """Provider text as an error quotes it: scrubbed whole first, then storable, collapsed and shortened."""
+    collapsed = " ".join(repair_surrogates(redact(text)).split())
     if len(collapsed) <= MAX_QUOTED_CHARS:
         return collapsed
     return collapsed[: MAX_QUOTED_CHARS - 1] + "…"

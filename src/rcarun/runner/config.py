@@ -6,15 +6,32 @@ budgets. Backbones are defined inline (``[backbones.NAME]``) or taken by name fr
 sweep. ``sweep.manifest`` restricts a sweep to the trajectories a manifest lists (``"longrca-mini"`` names the
 official LongRCA-Mini list shipped with rcarun). Relative paths are resolved against the config file's directory. API keys never appear here: only the
 *name* of the environment variable that holds each key.
+
+A config that cannot work is refused here, before any run exists, rather than by every item failing later: base
+URLs must be http(s) with a host, every number finite, price windows valid ``HH:MM`` times, and no header or body
+field may carry a literal credential (results.db echoes the config in ``runs.config_json``).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
+import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rcarun.data import LONGRCA_MINI
 from rcarun.errors import ConfigError
@@ -37,7 +54,61 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # TOML allows inf and nan; no setting of rcarun means either (timeout_s = inf overflows every call).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Problem(ValueError):
+    """A validator's finding, reported at ``where`` below the field (a header, a nested body key) without
+    pydantic's "Value error, " prefix; `_explain` unpacks it."""
+
+    def __init__(self, problem: str, where: tuple[str | int, ...] = ()) -> None:
+        super().__init__(problem)
+        self.where = where
+
+
+def _http_url(value: str) -> str:
+    """Refuse anything an HTTP client cannot POST to: other schemes, no host, stray whitespace or controls."""
+    if any(char.isspace() or unicodedata.category(char) == "Cc" for char in value):
+        raise _Problem(f"{value!r} contains whitespace or control characters")
+    parts = urlsplit(value)
+    try:
+        _ = parts.port  # parsing it is the check: "http://h:abc" raises
+    except ValueError:
+        raise _Problem(f"{value!r} has an invalid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Problem(
+            f"{value!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)"
+        )
+    return value
+
+
+_HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+_HH_MM = re.compile(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]")
+
+# Header names that carry credentials (Authorization, X-Api-Key, X-Auth-Token, ...), matched case-insensitively.
+_CREDENTIAL_HEADER_PARTS = ("auth", "key", "token", "secret")
+# Values that look like a pasted secret wherever they appear: a bearer token, or an OpenAI-style sk- key.
+_SECRET_VALUE = re.compile(r"Bearer\s+\S{10,}|sk-[A-Za-z0-9_-]{16,}", re.IGNORECASE)
+_USE_THE_ENVIRONMENT = "secrets come only from environment variables: use api_key_env"
+
+
+def _check_extra_value(value: Any, where: tuple[str | int, ...]) -> None:
+    """Walk an ``extra_headers`` or ``extra_body`` value; refuse secret-looking strings (named by their path,
+    never quoted) and non-finite numbers (the JSON body could not carry them)."""
+    if isinstance(value, str):
+        if _SECRET_VALUE.search(value):
+            raise _Problem(f"looks like a secret (Bearer token or sk- key); {_USE_THE_ENVIRONMENT}", where)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Problem("Input should be a finite number", where)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_extra_value(item, (*where, str(key)))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_extra_value(item, (*where, index))
 
 
 class LimitsConfig(_Strict):
@@ -57,14 +128,27 @@ class LimitsConfig(_Strict):
 class PriceWindowConfig(_Strict):
     """A time-of-day window (UTC, may wrap midnight) with its own prices, e.g. DeepSeek's off-peak discount."""
 
-    start: str
-    end: str
+    start: str = Field(description="UTC HH:MM, 00:00 .. 23:59")
+    end: str = Field(description="UTC HH:MM; before start: the window wraps midnight")
     weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] | None = Field(
         None, description="UTC days the window starts on; None: every day"
     )
     input_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(ge=0)
+
+    @field_validator("start", "end")
+    @classmethod
+    def _hh_mm(cls, value: str) -> str:
+        if not _HH_MM.fullmatch(value):
+            raise _Problem(f"{value!r} is not a UTC time of day HH:MM (00:00 .. 23:59)")
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> PriceWindowConfig:
+        if self.start == self.end:
+            raise _Problem(f"start and end are both {self.start}: the window is empty", ("end",))
+        return self
 
 
 class PricesConfig(_Strict):
@@ -89,13 +173,18 @@ class RetryConfig(_Strict):
     )
     base_s: float = Field(0.5, gt=0)
     cap_s: float = Field(60.0, gt=0)
+    max_pause_s: float = Field(
+        300.0,
+        gt=0,
+        description="longest pause a provider may ask for (Retry-After, reset headers); longer stops the backbone",
+    )
 
 
 class BackboneConfig(_Strict):
     provider: Literal["openai", "deepseek", "kimi", "vllm", "simulated", "openai-compatible"]
     model: str
-    base_url: str | None = None
-    base_urls: tuple[str, ...] = ()
+    base_url: _HttpUrl | None = None
+    base_urls: tuple[_HttpUrl, ...] = ()
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
     transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
     timeout_s: float = Field(600.0, gt=0)
@@ -127,6 +216,21 @@ class BackboneConfig(_Strict):
             # Guards against pasting the key itself where its variable name belongs.
             raise ValueError("api_key_env must be the NAME of an environment variable (letters, digits, _)")
         return value
+
+    @field_validator("extra_headers")
+    @classmethod
+    def _no_credential_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
+                raise _Problem(f"a literal credential header; {_USE_THE_ENVIRONMENT}", (name,))
+            _check_extra_value(value, (name,))
+        return headers
+
+    @field_validator("extra_body")
+    @classmethod
+    def _no_secrets_in_body(cls, body: dict[str, Any]) -> dict[str, Any]:
+        _check_extra_value(body, ())
+        return body
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -168,6 +272,11 @@ class SweepSection(_Strict):
         description="the backbones are rcarun's simulator (reports say so); implied by provider 'simulated'",
     )
     drain_timeout_s: float = Field(30.0, ge=0)
+    lease_stale_s: float = Field(
+        30.0,
+        ge=2,
+        description="a sweep's lease on its run is taken over when its heartbeat is this old (a killed sweep)",
+    )
     items_in_flight: int | None = Field(
         None, ge=1, description="per backbone; default: its concurrency plus a quarter, to keep calls busy"
     )
@@ -203,12 +312,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _explain(path: Path, exc: ValidationError, table: str = "") -> ConfigError:
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in ((table,) if table else ()) + tuple(error['loc'])) or '(top)'}: "
-        f"{error['msg']}"
-        for error in exc.errors()
-    )
-    return ConfigError(f"{path}: {problems}")
+    problems = []
+    for error in exc.errors():
+        loc = ((table,) if table else ()) + tuple(error["loc"])
+        message = error["msg"]
+        found = error.get("ctx", {}).get("error")
+        if isinstance(found, _Problem):
+            loc, message = loc + found.where, str(found)
+        problems.append(f"{'.'.join(str(part) for part in loc) or '(top)'}: {message}")
+    return ConfigError(f"{path}: {'; '.join(problems)}")
 
 
 def load_backbones_file(path: Path) -> dict[str, BackboneConfig]:
