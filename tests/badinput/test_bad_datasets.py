@@ -2,7 +2,8 @@
 
 The corpus is in `helpers.badinput`. A check lists every problem at once and fails; a sweep leaves the bad
 records out as ``data_problem`` events in results.db, predicts the good ones and says how many it left out.
-Valid extremes (a 5,000-step history, a 2 MB step) load and run.
+Valid extremes (a 5,000-step history, a 2 MB step) load and run. A lone UTF-16 surrogate makes an identifier
+unusable and is repaired in free text: the check warns, and the sweep runs the repaired record.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers.badinput import HUGE_STEP_CHARS, LONG_HISTORY_STEPS, BadDataset, good_trajectory
+from helpers.badinput import (
+    HUGE_STEP_CHARS,
+    LONG_HISTORY_STEPS,
+    BadDataset,
+    good_trajectory,
+    write_surrogate_dataset,
+)
 from helpers.sweeps import rows
 from rcarun.cli import main
 from rcarun.data import Manifest, ManifestRecord, iter_dataset, save_manifest
+from rcarun.errors import DataError
 
 
 def _rcarun(*args: str) -> subprocess.CompletedProcess[str]:
@@ -183,3 +191,75 @@ def test_a_manifest_hash_mismatch_leaves_that_record_out_of_the_sweep(
         f"SHA-256 {edited} differs from the manifest's {'f' * 64}; left out"
     )
     assert rows(db, "SELECT DISTINCT qid FROM predictions") == [("src/1",)]
+
+
+def test_data_check_rejects_surrogates_in_identifiers_and_warns_about_repaired_text(tmp_path: Path) -> None:
+    dataset = write_surrogate_dataset(tmp_path / "surrogates")
+
+    result = _rcarun("data", "check", str(dataset.root))
+
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr == ""
+    assert result.returncode == 1
+    found = [line for line in result.stdout.splitlines() if line.startswith(("error: ", "warning: "))]
+    assert found == list(dataset.lines)
+    errors = len(dataset.errors)
+    assert (
+        f"{dataset.root}: {len(dataset.loaded)} trajectories loaded, {errors} unusable, {errors} errors, "
+        f"{len(dataset.lines) - errors} warnings"
+    ) in result.stdout
+    assert result.stdout.rstrip().endswith("FAILED: see the errors above")
+
+    problems: list[DataError] = []
+    records = iter_dataset(dataset.root, strict=False, on_problem=problems.append)
+    loaded = {record.trajectory.qid: record for record in records}
+    assert tuple(loaded) == dataset.loaded
+    assert [f"error: {problem}" for problem in problems] == list(dataset.errors)
+    assert tuple(qid for qid, record in loaded.items() if record.repaired_fields) == dataset.repaired
+    repaired = loaded["u/1"].trajectory
+    assert (repaired.steps[2].content, repaired.task) == ("step \ufffd 2", "\ufffdq")
+    assert loaded["lines/a"].repaired_fields == ("history[2].content", "ground_truth", "mistake_reason")
+    reference = loaded["lines/a"].reference
+    assert reference is not None and reference.rationale == "cut \ufffd"
+    # Odd but encodable text and valid pairs are kept exactly; everything loaded now encodes to UTF-8.
+    odd = loaded["lines/f"]
+    assert odd.trajectory.steps[0].content == "nul \x00 rtl \u202e bom \ufeff zwj \u200d \U0001f600"
+    assert odd.trajectory.agents == ("A0", "A1\U0001f600") and odd.repaired_fields == ()
+    for record in loaded.values():
+        trajectory = record.trajectory
+        texts = [trajectory.qid, trajectory.source, trajectory.task, trajectory.ground_truth]
+        texts += [text for step in trajectory.steps for text in (step.agent, step.role, step.content)]
+        if record.reference is not None:
+            texts += [record.reference.role, record.reference.rationale]
+        for text in texts:
+            text.encode("utf-8")
+
+
+def test_a_sweep_runs_repaired_records_and_leaves_out_bad_identifiers(tmp_path: Path, mock_url: str) -> None:
+    dataset = write_surrogate_dataset(tmp_path / "surrogates")
+    db = tmp_path / "results.db"
+    config = _sweep_config(tmp_path / "surrogates.toml", dataset.root, mock_url)
+
+    result = _rcarun("sweep", "--config", str(config), "--db", str(db), "--no-progress")
+
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"run 'surrogates' (id 1) finished: {len(dataset.loaded)} trajectories, {len(dataset.errors)} data "
+        f"problems, results in {db}"
+    ) in result.stdout.splitlines()
+    stored = [
+        json.loads(detail)["message"]
+        for (detail,) in rows(db, "SELECT detail_json FROM run_events WHERE kind = 'data_problem'")
+    ]
+    assert sorted(f"error: {message}" for message in stored) == sorted(dataset.errors)
+    assert rows(db, "SELECT qid FROM trajectories ORDER BY qid") == [(qid,) for qid in sorted(dataset.loaded)]
+    done = rows(db, "SELECT qid, method, status FROM items ORDER BY qid, method")
+    assert done == [
+        (qid, method, "done") for qid in sorted(dataset.loaded) for method in ("all-at-once", "untruncated")
+    ]
+    predicted = rows(db, "SELECT qid, method FROM predictions WHERE error IS NULL ORDER BY qid, method")
+    assert predicted == [
+        (qid, method) for qid in sorted(dataset.loaded) for method in ("all-at-once", "untruncated")
+    ]
+    assert rows(db, "SELECT status FROM runs") == [("finished",)]

@@ -160,3 +160,49 @@ def test_sample_mini_output_is_reproducible(write_record: RecordWriter, tmp_path
     save_manifest(sample_mini(triples, size=4, seed=1), first)
     save_manifest(sample_mini(triples, size=4, seed=1), second)
     assert first.read_bytes() == second.read_bytes()
+
+
+def test_repaired_text_is_a_warning_naming_the_fields_and_bad_identifiers_are_errors(
+    write_record: RecordWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repaired = _longrca("s__001", 12, 2)
+    for step in repaired["history"]:
+        step["content"] += " \ud800"  # json writes the escape text; the loader replaces it by U+FFFD
+    repaired["mistake_reason"] = "why \udfff"
+    repaired_file = write_record(repaired, name="s__001")
+    bad = _longrca("s__002", 4, 2)
+    bad["history"][3]["role"] = "user\ud800"
+    bad_file = write_record(bad, name="s__002")
+
+    report = check_dataset(tmp_path / "ds")
+
+    assert not report.ok and report.loaded == 1
+    shown = ", ".join(f"history[{i}].content" for i in range(10))
+    assert [(p.severity, p.kind, p.path, p.record, p.field, p.message) for p in report.problems] == [
+        (
+            "warning",
+            "repaired_text",
+            str(repaired_file),
+            "s__001",
+            "",
+            f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown} and 3 more",
+        ),
+        (
+            "error",
+            "unusable",
+            str(bad_file),
+            "s__002",
+            "history[3].role",
+            "contains an unpaired UTF-16 surrogate (\\ud800 at character 4); identifiers must be valid Unicode",
+        ),
+    ]
+    # The repair keeps every character in place: the history is as long as recorded.
+    assert report.sources["src"].history_chars == sum(len(f"step {i} \ufffd") for i in range(12))
+
+    assert main(["data", "check", str(tmp_path / "ds")]) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"warning: {repaired_file}, record s__001: unpaired UTF-16 surrogates replaced by U+FFFD in {shown} "
+        "and 3 more"
+    ) in out.splitlines()
+    assert "1 trajectories loaded, 1 unusable, 1 errors, 1 warnings" in out

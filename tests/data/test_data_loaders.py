@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,37 @@ BAD_RECORDS: list[tuple[str, Mutation, str, str]] = [
     ("mistake_agent empty", _set("mistake_agent", " "), "mistake_agent", "non-empty"),
     ("mistake_agent unknown", _set("mistake_agent", "Ghost"), "mistake_agent", "unknown agent 'Ghost'"),
     ("mistake_reason not a string", _set("mistake_reason", 3), "mistake_reason", "got int"),
+    # An identifier with an unpaired UTF-16 surrogate (json writes it as the escape text "\\ud800").
+    (
+        "qid with a lone surrogate",
+        _set("qid", "x\ud800"),
+        "qid",
+        "contains an unpaired UTF-16 surrogate (\\ud800 at character 1); identifiers must be valid Unicode",
+    ),
+    (
+        "question_ID with a lone surrogate",
+        _set("question_ID", "task-\udc01"),
+        "question_ID",
+        "(\\udc01 at character 5)",
+    ),
+    (
+        "role with a lone surrogate",
+        _set("history.1.role", "assist\udbffant"),
+        "history[1].role",
+        "(\\udbff at character 6)",
+    ),
+    (
+        "name with a lone surrogate",
+        _set("history.2.name", "\ude00Coder"),
+        "history[2].name",
+        "(\\ude00 at character 0)",
+    ),
+    (
+        "mistake_agent with a lone surrogate",
+        _set("mistake_agent", "Planner\ud83d"),
+        "mistake_agent",
+        "(\\ud83d at character 7); identifiers must be valid Unicode",
+    ),
 ]
 
 
@@ -407,3 +439,143 @@ def test_ground_truth_is_kept_apart_from_the_task(
     assert load_trajectory_file(write_record(good_record, name="2"), "src").trajectory.ground_truth == ""
     with pytest.raises(DataError, match="field 'ground_truth': expected a string, got int"):
         load_trajectory_file(write_record({**good_record, "ground_truth": 42}, name="3"), "src")
+
+
+# --- unpaired UTF-16 surrogates: identifiers rejected above, free text repaired ----------------------------
+
+
+def test_lone_surrogates_in_free_text_become_u_fffd_and_are_listed(
+    write_record: RecordWriter, good_record: dict[str, Any]
+) -> None:
+    good_record["history"][1]["content"] = "plan \ud800"
+    good_record["history"][2]["content"] = "\udfff\ud800 code"  # low then high: two lone halves, not a pair
+    good_record.update(question="How many\udc00?", ground_truth="4\ud8002", mistake_reason="bad \ud800 plan")
+    file = write_record(good_record)
+    assert b"\\ud800" in file.read_bytes()  # the escape, as text: the file itself is valid UTF-8
+
+    record = load_trajectory_file(file, "src")
+
+    trajectory = record.trajectory
+    assert [step.content for step in trajectory.steps] == ["How many?", "plan \ufffd", "\ufffd\ufffd code"]
+    assert (trajectory.task, trajectory.ground_truth) == ("How many\ufffd?", "4\ufffd2")
+    assert record.reference is not None and record.reference.rationale == "bad \ufffd plan"
+    assert record.repaired_fields == (
+        "history[1].content",
+        "history[2].content",
+        "question",
+        "ground_truth",
+        "mistake_reason",
+    )
+    assert trajectory.sha256 == hashlib.sha256(file.read_bytes()).hexdigest()  # the original bytes
+    prompt = "\n".join([trajectory.task, *(step.content for step in trajectory.steps)])
+    assert prompt.encode("utf-8").count("\ufffd".encode()) == 4
+
+    # JSON's hex digits may be upper case; json.dumps writes lower case, so this file is written by hand.
+    upper = write_record(
+        b'{"history": [{"role": "a", "content": "x\\uDBFF"}], "question": "\\uD83D\\uDE00"}', name="2"
+    )
+    record = load_trajectory_file(upper, "src")
+    assert (record.trajectory.steps[0].content, record.trajectory.task) == ("x\ufffd", "\U0001f600")
+    assert record.repaired_fields == ("history[0].content",)
+
+
+def test_valid_pairs_and_odd_encodable_text_load_as_recorded(
+    write_record: RecordWriter, good_record: dict[str, Any]
+) -> None:
+    odd = "nul \x00 rtl \u202e bom \ufeff zwj \u200d emoji \ud83d\ude00"
+    good_record["history"][1].update(content=odd, name="Planner \ud83d\ude00", role="assistant \u202e")
+    good_record.update(question=odd, mistake_agent="Planner \ud83d\ude00")
+    file = write_record(good_record)
+    assert b"\\ud83d\\ude00" in file.read_bytes()
+
+    record = load_trajectory_file(file, "src")
+
+    step = record.trajectory.steps[1]
+    assert step.content == record.trajectory.task == odd.replace("\ud83d\ude00", "\U0001f600")
+    assert (step.agent, step.role) == ("Planner \U0001f600", "assistant \u202e")
+    assert record.reference is not None and record.reference.role == "Planner \U0001f600"
+    assert record.repaired_fields == ()
+
+
+def test_jsonl_source_qid_and_question_id_must_be_valid_unicode_and_content_is_repaired(
+    tmp_path: Path, good_record: dict[str, Any]
+) -> None:
+    repaired = {**good_record, "source": "s", "question": "\ud800"}
+    repaired["history"] = [{**step} for step in good_record["history"]]
+    repaired["history"][0]["content"] = "x\ud800"
+    lines = [
+        json.dumps({**good_record, "source": "s\ud800"}),
+        json.dumps({**good_record, "source": "s", "qid": "s/\udc00"}),
+        json.dumps({**good_record, "source": "s", "question_ID": "t\ud800"}),
+        json.dumps({**good_record, "source": "s", "mistake_agent": "Coder\ud800"}),
+        json.dumps(repaired),
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    problems: list[DataError] = []
+
+    records = list(load_jsonl(path, strict=False, on_problem=problems.append))
+
+    assert [(p.path, p.record, p.field, p.message.split(";")[0]) for p in problems] == [
+        (str(path), "line 1", "source", "contains an unpaired UTF-16 surrogate (\\ud800 at character 1)"),
+        (str(path), "line 2", "qid", "contains an unpaired UTF-16 surrogate (\\udc00 at character 2)"),
+        (
+            str(path),
+            "line 3",
+            "question_ID",
+            "contains an unpaired UTF-16 surrogate (\\ud800 at character 1)",
+        ),
+        (
+            str(path),
+            "s/task-1 (line 4)",
+            "mistake_agent",
+            "contains an unpaired UTF-16 surrogate (\\ud800 at character 5)",
+        ),
+    ]
+    (record,) = records
+    assert (record.trajectory.qid, record.origin) == ("s/task-1", f"{path}:5")
+    assert (record.trajectory.task, record.trajectory.steps[0].content) == ("\ufffd", "x\ufffd")
+    assert record.repaired_fields == ("history[0].content", "question")
+    assert record.trajectory.sha256 == hashlib.sha256(lines[4].encode()).hexdigest()
+
+
+def test_file_and_directory_names_that_are_not_utf8_cannot_make_a_qid(
+    tmp_path: Path, good_record: dict[str, Any]
+) -> None:
+    # On POSIX a name that is not valid UTF-8 reads as lone surrogates (surrogateescape): b"\xff" -> "\udcff".
+    root = tmp_path / "ds"
+    bad_file = root / "src" / os.fsdecode(b"\xff.json")
+    bad_source = root / os.fsdecode(b"s\xfe") / "1.json"
+    try:
+        for file in (bad_file, bad_source):
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(good_record))
+    except (OSError, UnicodeError):
+        pytest.skip("this file system only takes UTF-8 names")
+    named = (
+        root / "src" / os.fsdecode(b"n\xff.json")
+    )  # an explicit LongRCA question_ID: the name is not needed
+    named.write_text(json.dumps(_longrca("src__001")))
+
+    records, problems = _collect(root)
+
+    shown_file = f"{root}/src/\\udcff.json"
+    assert [(p.path, p.record, p.field, str(p)) for p in problems] == [
+        (
+            shown_file,
+            "src/\\udcff",
+            "",
+            f"{shown_file}, record src/\\udcff: qid 'src/\\udcff' (from the file and directory names) contains an "
+            "unpaired UTF-16 surrogate (\\udcff at character 4); identifiers must be valid Unicode",
+        ),
+        (
+            f"{root}/s\\udcfe/1.json",
+            "s\\udcfe/1",
+            "",
+            f"{root}/s\\udcfe/1.json, record s\\udcfe/1: source 's\\udcfe' (the directory's name) contains an "
+            "unpaired UTF-16 surrogate (\\udcfe at character 1); identifiers must be valid Unicode",
+        ),
+    ]
+    assert [(r.trajectory.qid, r.origin) for r in records] == [("src__001", f"{root}/src/n\\udcff.json")]
+    for problem in problems:
+        str(problem).encode("utf-8")  # printable and storable

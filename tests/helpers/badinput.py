@@ -2,7 +2,8 @@
 
 Each case is a small function of a good trajectory (``good_trajectory``) and the exact one-line error rcarun must
 print for it, so a test can assert every message without reading files back. The big valid inputs (a 5,000-step
-history, a 2 MB single step) are built only by the fixtures that need them.
+history, a 2 MB single step) are built only by the fixtures that need them. Lone UTF-16 surrogates
+(``write_surrogate_dataset``) have a corpus of their own: they make errors in identifiers, warnings in free text.
 """
 
 from __future__ import annotations
@@ -151,6 +152,110 @@ def write_bad_dataset(root: Path) -> BadDataset:
         f"duplicate qid 'dup' (first seen in {root / 'other' / '1.json'})",
     )
     return BadDataset(root=root, good=4, messages=messages)
+
+
+# Unpaired UTF-16 surrogates: json.dumps (ensure_ascii) writes each as the literal escape text "\\ud800", which
+# Python's json decodes into a str that cannot be encoded to UTF-8. Identifiers holding one are unusable;
+# free text is repaired (U+FFFD) and reported as a warning. Valid pairs and odd but encodable text stay accepted.
+LONE = "\ud800"
+EMOJI = "\ud83d\ude00"  # a valid pair: json.loads joins it into U+1F600
+ODD_TEXT = "nul \x00 rtl \u202e bom \ufeff zwj \u200d " + EMOJI
+
+
+def _surrogate_error(where: str, record: str, field: str, escape: str, position: int) -> str:
+    return (
+        f"error: {where}, record {record}, field {field!r}: contains an unpaired UTF-16 surrogate "
+        f"({escape} at character {position}); identifiers must be valid Unicode"
+    )
+
+
+def _repaired_warning(where: str, record: str, fields: str) -> str:
+    return f"warning: {where}, record {record}: unpaired UTF-16 surrogates replaced by U+FFFD in {fields}"
+
+
+@dataclass(frozen=True)
+class SurrogateDataset:
+    """Lone surrogates in a JSONL file and a source directory, with every line `rcarun data check` must print.
+
+    Attributes:
+        root: the dataset directory.
+        lines: the error and warning lines, in the order the check prints them.
+        loaded: qids of the records that load (repaired or clean).
+        repaired: qids of the records whose text was repaired.
+    """
+
+    root: Path
+    lines: tuple[str, ...]
+    loaded: tuple[str, ...]
+    repaired: tuple[str, ...]
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(line for line in self.lines if line.startswith("error: "))
+
+
+def write_surrogate_dataset(root: Path) -> SurrogateDataset:
+    root.mkdir(parents=True)
+    jsonl = root / "lines.jsonl"
+    repaired_line = good_trajectory(
+        source="lines", question_ID="a", ground_truth=f"4{LONE}2", mistake_reason=f"cut {LONE}"
+    )
+    repaired_line["history"][2]["content"] = f"half an emoji: {LONE}"
+    bad_role = good_trajectory(source="lines", question_ID="e")
+    bad_role["history"][1]["role"] = f"assist{LONE}ant"
+    odd_line = good_trajectory(source="lines", question_ID="f", question=ODD_TEXT, mistake_agent=f"A1{EMOJI}")
+    odd_line["history"][1]["name"] = f"A1{EMOJI}"
+    odd_line["history"][0]["content"] = ODD_TEXT
+    odd_line["history"][0]["role"] = "assistant \u202e"
+    records = [
+        repaired_line,
+        good_trajectory(source=f"li{LONE}nes", question_ID="b"),
+        good_trajectory(source="lines", question_ID="b\udc00"),
+        good_trajectory(source="lines", question_ID="c", qid=f"lines/c{LONE}"),
+        bad_role,
+        odd_line,
+    ]
+    jsonl.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    source = root / "u"
+    source.mkdir()
+    repaired_file = good_trajectory(question=f"{LONE}q")
+    repaired_file["history"][2]["content"] = f"step {LONE} 2"
+    bad_name = good_trajectory()
+    bad_name["history"][0]["name"] = f"A{LONE}"
+    bad_role_file = good_trajectory()
+    bad_role_file["history"][1]["role"] = f"\udfff{LONE}"
+    odd_file = good_trajectory(question=ODD_TEXT)
+    odd_file["history"][1]["content"] = ODD_TEXT
+    files = [
+        repaired_file,
+        good_trajectory(qid=f"x{LONE}"),
+        bad_role_file,
+        bad_name,
+        good_trajectory(mistake_agent="A1\udc00"),
+        odd_file,
+    ]
+    for number, record in enumerate(files, start=1):
+        (source / f"{number}.json").write_bytes(_json(record))
+
+    def file(number: int) -> Path:
+        return source / f"{number}.json"
+
+    lines = (
+        _repaired_warning(f"{jsonl}:1", "lines/a", "history[2].content, ground_truth, mistake_reason"),
+        _surrogate_error(str(jsonl), "line 2", "source", "\\ud800", 2),
+        _surrogate_error(str(jsonl), "line 3", "question_ID", "\\udc00", 1),
+        _surrogate_error(str(jsonl), "line 4", "qid", "\\ud800", 7),
+        _surrogate_error(str(jsonl), "lines/e (line 5)", "history[1].role", "\\ud800", 6),
+        _repaired_warning(str(file(1)), "u/1", "history[2].content, question"),
+        _surrogate_error(str(file(2)), "u/2", "qid", "\\ud800", 1),
+        _surrogate_error(str(file(3)), "u/3", "history[1].role", "\\udfff", 0),
+        _surrogate_error(str(file(4)), "u/4", "history[0].name", "\\ud800", 1),
+        _surrogate_error(str(file(5)), "u/5", "mistake_agent", "\\udc00", 2),
+    )
+    return SurrogateDataset(
+        root=root, lines=lines, loaded=("lines/a", "lines/f", "u/1", "u/6"), repaired=("lines/a", "u/1")
+    )
 
 
 def write_big_dataset(root: Path) -> Path:

@@ -7,11 +7,15 @@ end). This module produces that list without changing a single label.
 Severity:
     - **error**: the record cannot be used (unreadable JSON, missing or empty history, a step that is not an
       object or lacks content/role, a reference step that is not an integer or out of range, a reference role
-      not in the recorded role set, a duplicate qid), or, with a manifest, a listed record that is missing or
-      whose SHA-256 differs. Any error makes the check fail (non-zero exit).
+      not in the recorded role set, a duplicate qid, an identifier — qid, source, role, name, mistake_agent —
+      holding an unpaired UTF-16 surrogate), or, with a manifest, a listed record that is missing or whose
+      SHA-256 differs. Any error makes the check fail (non-zero exit).
     - **warning**: usable but worth knowing: a *noisy label* (the labelled step is spoken by an agent other
       than the labelled one, compared the scorer's way; kept as recorded), steps with empty content (allowed:
-      Who&When has two), a record with no label (it can run but not be scored).
+      Who&When has two), a record with no label (it can run but not be scored), and *repaired text*
+      (``repaired_text``: free text — a step's content, question, ground_truth, mistake_reason — held unpaired
+      UTF-16 surrogates, which the loader replaced by U+FFFD so that prompts can be encoded; the message names
+      the fields, the SHA-256 is still that of the file).
     Records outside a manifest are only counted (``manifest_unlisted``): checking a full copy against the
     Mini list is normal.
 
@@ -47,7 +51,7 @@ class Problem:
     Attributes:
         severity: ``"error"`` (record unusable or manifest mismatch) or ``"warning"``.
         kind: a stable label: ``unusable``, ``noisy_label``, ``empty_content``, ``unlabelled``,
-            ``manifest_missing``, ``manifest_sha256``.
+            ``repaired_text``, ``manifest_missing``, ``manifest_sha256``.
         message: what is wrong, in words.
         path / record / field: where, when known.
     """
@@ -165,6 +169,18 @@ def check_records(
 
 def _check_record(record: Record, report: CheckReport, summary: SourceSummary) -> None:
     trajectory, reference = record.trajectory, record.reference
+    repaired = record.repaired_fields
+    if repaired:
+        shown = ", ".join(repaired[:10]) + (f" and {len(repaired) - 10} more" if len(repaired) > 10 else "")
+        report.problems.append(
+            Problem(
+                "warning",
+                "repaired_text",
+                f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}",
+                path=record.origin,
+                record=trajectory.qid,
+            )
+        )
     empty = [step.index for step in trajectory.steps if not step.content.strip()]
     if empty:
         shown = ", ".join(str(index) for index in empty[:10]) + (" ..." if len(empty) > 10 else "")

@@ -34,7 +34,26 @@ Validation, all raised as `DataError`:
   matches no recorded agent once both sides are compared the way the scorer compares roles (trim, drop one
   trailing ``(-> X)`` handoff suffix, NFKC, casefold, collapse whitespace); a ``mistake_step`` that is not an
   integer (a string is stripped first), is negative, or is ``>= n_steps``; a non-string ``mistake_reason``;
-- a qid seen before in the same dataset (the later record is the problem).
+- a qid seen before in the same dataset (the later record is the problem);
+- an identifier holding an unpaired UTF-16 surrogate (below).
+
+Unpaired surrogates. JSON may spell a code point as ``\\uXXXX``, and Python's json turns a lone
+``"\\ud800"`` (half of an emoji cut off, say) into a str that cannot be encoded to UTF-8: SQLite cannot store
+it and no prompt holding it can be sent. A valid pair (``"\\ud83d\\ude00"``) is joined into one code point by
+the decoder and never seen here; other odd but encodable text (NUL, BOM, RTL override, ZWJ) loads as is.
+
+- Identifiers must be exact, so a surrogate in one is a `DataError` naming the field and the first surrogate's
+  0-based character position: the qid (``qid``; else ``question_ID``; else the file and directory names it is
+  derived from, where a name that is not valid UTF-8 reads as surrogates), the source (JSONL ``source``, or
+  the directory's name), a step's ``role`` or ``name``, and ``mistake_agent``.
+- Free text is repaired: in a step's ``content``, ``question``, ``ground_truth`` and ``mistake_reason`` each
+  surrogate becomes U+FFFD, and `Record.repaired_fields` lists the fields repaired (``rcarun data check``
+  reports them). The SHA-256 stays that of the original bytes.
+
+Cost: one regex pass over the record's bytes looks for an escape from ``\\ud800`` to ``\\udfff``; only a record
+that has one (a valid pair included) has its strings checked, each in O(1) when ASCII and in one regex pass
+otherwise. Paths and labels in messages show a surrogate as its ``\\uXXXX`` escape, so that every message can
+be printed and stored.
 
 A record with neither ``mistake_agent`` nor ``mistake_step`` loads with ``reference=None`` (unlabelled data).
 Labels that point at a step spoken by another agent are noisy but valid and are loaded unchanged.
@@ -51,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from rcarun.errors import DataError
+from rcarun.text import first_lone_surrogate, repair_surrogates
 
 from .roles import normalize_role
 from .trajectory import Record, Reference, Step, Trajectory, agent_of_step
@@ -62,6 +82,7 @@ ProblemHandler = Callable[[DataError], None]
 _LONGRCA_QID = re.compile(r"^[A-Za-z0-9_]+__\d+$")
 _INTEGER_TEXT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only, as the scorer parses steps
 _DIGIT_RUNS = re.compile(r"(\d+)")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how JSON spells one: \ud800 to \uDFFF
 
 
 def natural_sort_key(name: str) -> tuple[tuple[int, str], ...]:
@@ -200,15 +221,15 @@ def _iter_layout(root: Path) -> Iterator[_Loaded | DataError]:
         if root.suffix == ".jsonl":
             yield from _iter_jsonl(root)
         else:
-            yield DataError("not a dataset: expected a directory or a .jsonl file", path=str(root))
+            yield DataError("not a dataset: expected a directory or a .jsonl file", path=_shown(str(root)))
         return
     if not root.is_dir():
-        yield DataError("no such file or directory", path=str(root))
+        yield DataError("no such file or directory", path=_shown(str(root)))
         return
     try:
         entries = sorted(root.iterdir(), key=lambda entry: natural_sort_key(entry.name))
     except OSError as exc:
-        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=str(root))
+        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=_shown(str(root)))
         return
     found_any = False
     for entry in entries:
@@ -223,10 +244,11 @@ def _iter_layout(root: Path) -> Iterator[_Loaded | DataError]:
     if not found_any:
         hint = ""
         if any(entry.suffix == ".json" for entry in entries):
-            hint = f" (if the .json files here are one source's trajectories, pass {root.parent} instead)"
+            parent = _shown(str(root.parent))
+            hint = f" (if the .json files here are one source's trajectories, pass {parent} instead)"
         yield DataError(
             f"no trajectories found: expected <source>/*.json subdirectories or *.jsonl files{hint}",
-            path=str(root),
+            path=_shown(str(root)),
         )
 
 
@@ -238,7 +260,7 @@ def _iter_source_dir(directory: Path) -> Iterator[_Loaded | DataError]:
             key=lambda entry: natural_sort_key(entry.name),
         )
     except OSError as exc:
-        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=str(directory))
+        yield DataError(f"cannot list directory: {exc.strerror or exc}", path=_shown(str(directory)))
         return
     for file in files:
         try:
@@ -249,28 +271,31 @@ def _iter_source_dir(directory: Path) -> Iterator[_Loaded | DataError]:
 
 def _load_file(path: Path, source: str) -> _Loaded:
     fallback_qid = f"{source}/{path.stem}"
+    where, label = _shown(str(path)), _shown(fallback_qid)
+    _require_identifier(
+        source, path=where, label=label, field="", what=f"source {source!r} (the directory's name) "
+    )
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise DataError(
-            f"cannot read file: {exc.strerror or exc}", path=str(path), record=fallback_qid
-        ) from exc
-    obj = _decode_json(data, path=str(path), label=fallback_qid)
+        raise DataError(f"cannot read file: {exc.strerror or exc}", path=where, record=label) from exc
+    obj = _decode_json(data, path=where, label=label)
     return _parse_record(
         obj,
-        path=str(path),
+        path=where,
         source=source,
         fallback_qid=fallback_qid,
         line=None,
-        sha256=hashlib.sha256(data).hexdigest(),
+        raw=data,
     )
 
 
 def _iter_jsonl(path: Path) -> Iterator[_Loaded | DataError]:
+    where = _shown(str(path))
     try:
         handle = path.open("rb")
     except OSError as exc:
-        yield DataError(f"cannot read file: {exc.strerror or exc}", path=str(path))
+        yield DataError(f"cannot read file: {exc.strerror or exc}", path=where)
         return
     with handle:
         line_no = 0
@@ -280,13 +305,11 @@ def _iter_jsonl(path: Path) -> Iterator[_Loaded | DataError]:
                 if not line.strip():
                     continue
                 try:
-                    yield _parse_jsonl_line(line, path=str(path), line_no=line_no)
+                    yield _parse_jsonl_line(line, path=where, line_no=line_no)
                 except DataError as problem:
                     yield problem
         except OSError as exc:
-            yield DataError(
-                f"read failed after line {line_no}: {exc.strerror or exc}", path=str(path), record=""
-            )
+            yield DataError(f"read failed after line {line_no}: {exc.strerror or exc}", path=where, record="")
 
 
 def _parse_jsonl_line(line: bytes, *, path: str, line_no: int) -> _Loaded:
@@ -297,6 +320,7 @@ def _parse_jsonl_line(line: bytes, *, path: str, line_no: int) -> _Loaded:
         raise DataError(
             "each JSONL record needs a non-empty string 'source'", path=path, record=label, field="source"
         )
+    _require_identifier(source, path=path, label=label, field="source")
     question_id = obj.get("question_ID")
     fallback_qid = f"{source}/{question_id}" if isinstance(question_id, str) and question_id.strip() else None
     return _parse_record(
@@ -305,7 +329,7 @@ def _parse_jsonl_line(line: bytes, *, path: str, line_no: int) -> _Loaded:
         source=source,
         fallback_qid=fallback_qid,
         line=line_no,
-        sha256=hashlib.sha256(line).hexdigest(),
+        raw=line,
     )
 
 
@@ -329,10 +353,13 @@ def _choose_qid(obj: dict[str, Any], *, path: str, fallback_qid: str | None, lab
     if explicit is not None:
         if not isinstance(explicit, str) or not explicit.strip():
             raise DataError("'qid' must be a non-empty string", path=path, record=label, field="qid")
+        _require_identifier(explicit, path=path, label=label, field="qid")
         return explicit.strip(), "qid"
     question_id = obj.get("question_ID")
     if question_id is not None and not isinstance(question_id, str):
         raise _not_a_string(question_id, path=path, label=label, field="question_ID")
+    if question_id is not None:
+        _require_identifier(question_id, path=path, label=label, field="question_ID")
     if question_id is not None and _LONGRCA_QID.match(question_id.strip()):
         return question_id.strip(), "question_ID"
     if fallback_qid is None:
@@ -342,6 +369,15 @@ def _choose_qid(obj: dict[str, Any], *, path: str, fallback_qid: str | None, lab
             record=label,
             field="question_ID",
         )
+    # A JSONL fallback is made of the source and question_ID, both checked by now; a file's comes from its
+    # directory and file names.
+    _require_identifier(
+        fallback_qid,
+        path=path,
+        label=label,
+        field="",
+        what=f"qid {fallback_qid!r} (from the file and directory names) ",
+    )
     return fallback_qid, "question_ID"
 
 
@@ -352,12 +388,17 @@ def _parse_record(
     source: str,
     fallback_qid: str | None,
     line: int | None,
-    sha256: str,
+    raw: bytes,
 ) -> _Loaded:
-    first_label = f"line {line}" if line is not None else (fallback_qid or "")
+    first_label = f"line {line}" if line is not None else _shown(fallback_qid or "")
     qid, qid_field = _choose_qid(obj, path=path, fallback_qid=fallback_qid, label=first_label)
     label = qid if line is None else f"{qid} (line {line})"
+    sha256 = hashlib.sha256(raw).hexdigest()
+    # UTF-8 cannot carry a surrogate, so a decoded str holds one only where the bytes spell it as an escape;
+    # one pass over the bytes spares the per-string checks of almost every record.
+    screen = _SURROGATE_ESCAPE.search(raw) is not None
 
+    repaired = _screen_surrogates(obj, path=path, label=label) if screen else ()
     steps = _parse_history(obj, path=path, label=label)
     task = obj.get("question")
     if task is not None and not isinstance(task, str):
@@ -370,7 +411,8 @@ def _parse_record(
     )
     reference = _parse_reference(obj, trajectory, path=path, label=label)
     origin = path if line is None else f"{path}:{line}"
-    return _Loaded(Record(trajectory, reference, origin), path=path, label=label, qid_field=qid_field)
+    record = Record(trajectory, reference, origin, repaired_fields=repaired)
+    return _Loaded(record, path=path, label=label, qid_field=qid_field)
 
 
 def _parse_history(obj: dict[str, Any], *, path: str, label: str) -> tuple[Step, ...]:
@@ -480,3 +522,57 @@ def _parse_step_index(value: object, *, path: str, label: str) -> int:
         record=label,
         field="mistake_step",
     )
+
+
+def _screen_surrogates(obj: dict[str, Any], *, path: str, label: str) -> tuple[str, ...]:
+    """Reject identifiers that hold an unpaired surrogate and repair free text in ``obj`` in place.
+
+    Returns:
+        The repaired fields in file order. A field of the wrong type is skipped: the parser reports it.
+    """
+    repaired: list[str] = []
+    history = obj.get("history")
+    for index, item in enumerate(history if isinstance(history, list) else ()):
+        if not isinstance(item, dict):
+            continue
+        where = f"history[{index}]"
+        for key in ("role", "name"):
+            if isinstance(value := item.get(key), str):
+                _require_identifier(value, path=path, label=label, field=f"{where}.{key}")
+        if isinstance(content := item.get("content"), str):
+            item["content"] = _repaired(content, f"{where}.content", repaired)
+    if isinstance(agent := obj.get("mistake_agent"), str):
+        _require_identifier(agent, path=path, label=label, field="mistake_agent")
+    for key in ("question", "ground_truth", "mistake_reason"):
+        if isinstance(text := obj.get(key), str):
+            obj[key] = _repaired(text, key, repaired)
+    return tuple(repaired)
+
+
+def _shown(text: str) -> str:
+    """``text`` with each unpaired surrogate written as its ``\\uXXXX`` escape: printable and storable."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _require_identifier(text: str, *, path: str, label: str, field: str, what: str = "") -> None:
+    """Raise `DataError` if an identifier holds an unpaired surrogate; ``what`` names it if no field does."""
+    position = first_lone_surrogate(text)
+    if position is not None:
+        surrogate = f"\\u{ord(text[position]):04x}"
+        raise DataError(
+            f"{what}contains an unpaired UTF-16 surrogate ({surrogate} at character {position}); "
+            "identifiers must be valid Unicode",
+            path=path,
+            record=label,
+            field=field,
+        )
+
+
+def _repaired(text: str, field: str, repairs: list[str]) -> str:
+    """``text`` with each unpaired surrogate replaced by U+FFFD; ``field`` goes to ``repairs`` if any was."""
+    fixed = repair_surrogates(text)
+    if fixed is not text:
+        repairs.append(field)
+    return fixed

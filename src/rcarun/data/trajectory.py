@@ -142,8 +142,12 @@ class Record:
         trajectory: what methods see.
         reference: the human label, or None for unlabelled data.
         origin: the file it came from, ``"<file>:<line>"`` for a JSONL line; ``""`` when built in memory.
+        repaired_fields: the free-text fields whose unpaired UTF-16 surrogates the loader replaced by U+FFFD
+            (``"history[2].content"``, ``"question"``, ...), in file order; empty when the text was loaded as
+            recorded. The trajectory's ``sha256`` is still that of the original bytes.
     """
 
     trajectory: Trajectory
     reference: Reference | None
     origin: str = ""
+    repaired_fields: tuple[str, ...] = ()
