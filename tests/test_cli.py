@@ -36,6 +36,10 @@ limits = {{ concurrency = 2 }}
 
 
 def _count(db: Path, sql: str) -> int:
+    if (
+        not db.exists()
+    ):  # sqlite3.connect would create it empty, which rcarun refuses to take for a results.db
+        raise sqlite3.OperationalError(f"{db} does not exist yet")
     with sqlite3.connect(db, timeout=5) as connection:
         return int(connection.execute(sql).fetchone()[0])
 

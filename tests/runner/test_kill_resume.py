@@ -29,6 +29,8 @@ _CHILD = textwrap.dedent(
 
 
 def _predictions(db: Path) -> int:
+    if not db.exists():
+        return 0  # sqlite3.connect would create it empty, which rcarun refuses to take for a results.db
     try:
         with sqlite3.connect(db, timeout=5) as connection:
             return int(connection.execute("SELECT count(*) FROM predictions").fetchone()[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +34,7 @@ EXPECTED_TABLES = {
     "items",
     "trajectories",
     "run_events",
+    "run_leases",
 }
 
 
@@ -152,3 +154,138 @@ def test_schema_module_prints_the_doc_from_the_command_line() -> None:
     assert result.stdout == render_markdown()
     assert "## `calls`" in result.stdout and "| `cache_key` | TEXT |" in result.stdout
     assert result.stderr == ""
+
+
+# ------------------------------------------------------------------------------ files that are not a results.db
+
+
+def _foreign_db(path: Path, *tables: str) -> bytes:
+    """Another application's SQLite file (rollback journal, its own tables); returns its bytes."""
+    connection = sqlite3.connect(path)
+    for table in tables:
+        connection.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT)")
+    connection.execute(f"INSERT INTO {tables[0]} (name) VALUES ('alice')")
+    connection.commit()
+    connection.close()
+    return path.read_bytes()
+
+
+def _tables(path: Path) -> list[str]:
+    connection = sqlite3.connect(path)
+    try:
+        return [row[0] for row in connection.execute("SELECT name FROM sqlite_master ORDER BY name")]
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("tables", "listed"),
+    [
+        (("users",), "users"),
+        (("users", "calls"), "calls, users"),  # its own `calls`: no longer "migration 1 failed"
+        (("a1", "a2", "a3", "a4", "a5", "a6", "a7"), "a1, a2, a3, a4, a5, a6, …"),
+    ],
+)
+def test_another_applications_database_is_refused_and_left_untouched(
+    tmp_path: Path, tables: tuple[str, ...], listed: str
+) -> None:
+    path = tmp_path / "app.db"
+    before = _foreign_db(path, *tables)
+
+    for opener in (open_connection, open_store):
+        with pytest.raises(StoreError) as caught:
+            opener(path)
+        assert str(caught.value) == (
+            f"{path} is a SQLite database of another application (tables: {listed}); rcarun will not change it "
+            "— pass another --db"
+        )
+
+    assert path.read_bytes() == before  # no table added, journal mode not switched to WAL
+    assert sorted(_tables(path)) == sorted(tables)
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["app.db"]  # no -wal or -shm left behind
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    finally:
+        connection.close()
+
+
+def test_a_migrations_table_of_another_shape_is_not_ours(tmp_path: Path) -> None:
+    path = tmp_path / "django.db"
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE migrations (id INTEGER PRIMARY KEY, app TEXT, applied TEXT)")
+    connection.commit()
+    connection.close()
+    with pytest.raises(StoreError, match=r"another application \(tables: migrations\)"):
+        open_connection(path)
+
+
+def test_a_results_db_with_a_table_of_the_users_own_still_opens(db_path: Path) -> None:
+    open_connection(db_path).close()
+    connection = sqlite3.connect(db_path)
+    connection.execute("CREATE TABLE my_notes (note TEXT)")
+    connection.commit()
+    connection.close()
+    open_connection(db_path).close()
+    assert "my_notes" in _tables(db_path)
+
+
+def test_an_empty_file_is_refused_not_started_over(tmp_path: Path) -> None:
+    path = tmp_path / "results.db"
+    path.write_bytes(b"")
+    for opener in (open_connection, open_store):
+        with pytest.raises(StoreError) as caught:
+            opener(path)
+        assert str(caught.value) == (
+            f"{path} is empty (0 bytes), not a results database; delete it to start a new one"
+        )
+    assert path.read_bytes() == b""
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["results.db"]
+
+
+def test_a_path_that_does_not_exist_is_a_new_results_db_with_its_directories(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "deeper" / "results.db"
+    open_connection(path).close()
+    assert path.stat().st_size > 0
+    open_connection(path).close()  # and the file it made opens again as ours
+    assert "migrations" in _tables(path)
+
+
+def test_a_directory_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"is a directory, not a results database"):
+        open_connection(tmp_path)
+
+
+_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+needs_permissions = pytest.mark.skipif(_ROOT, reason="root writes through file modes")
+
+
+@needs_permissions
+def test_a_read_only_directory_is_named_as_such(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(StoreError) as caught:
+            open_connection(folder / "results.db")
+    finally:
+        folder.chmod(0o755)
+    assert str(caught.value) == (
+        f"cannot open {folder / 'results.db'} for writing: read-only (no write permission on directory {folder})"
+    )
+    assert list(folder.iterdir()) == []
+
+
+@needs_permissions
+def test_a_read_only_results_db_is_named_as_such(db_path: Path) -> None:
+    open_connection(db_path).close()
+    db_path.chmod(0o444)
+    try:
+        with pytest.raises(StoreError) as caught:
+            open_store(db_path)
+    finally:
+        db_path.chmod(0o644)
+    assert (
+        str(caught.value)
+        == f"cannot open {db_path} for writing: read-only (no write permission on {db_path})"
+    )

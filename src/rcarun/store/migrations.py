@@ -4,6 +4,11 @@ A results.db outlives the code that wrote it (a sweep is resumed weeks later, an
 the schema only ever grows by appending a migration here; an applied migration is never edited.
 `open_connection` applies what is missing on every open and records each step in the ``migrations`` table.
 
+It opens only what can be a results.db, and says why otherwise before anything is written: an existing empty
+file (a resume would silently start over and pay for everything again), another application's SQLite database
+(tables but no ``migrations`` table: rcarun would add its tables and switch the file to WAL), or a file or
+directory it cannot write (a read-only mount or missing permission; SQLite alone says only "unable to open").
+
 Connection settings, for every connection the store opens:
     - ``journal_mode=WAL``: readers (the `Store`, `rcarun report`) never block the writer, nor it them;
     - ``synchronous=NORMAL``: with WAL a killed process loses nothing committed; only a power loss or OS crash
@@ -15,7 +20,11 @@ Connection settings, for every connection the store opens:
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sqlite3
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -159,6 +168,26 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX run_events_run ON run_events (run_id, at)",
         ),
     ),
+    Migration(
+        version=2,
+        name="run leases and the source of each call's usage",
+        statements=(
+            """
+            CREATE TABLE run_leases (
+                run_id INTEGER PRIMARY KEY REFERENCES runs (run_id),
+                holder TEXT NOT NULL,
+                pid INTEGER NOT NULL,
+                host TEXT NOT NULL,
+                pid_scope TEXT NOT NULL,
+                started_at TEXT NOT NULL,
+                heartbeat_at TEXT NOT NULL,
+                heartbeat_unix REAL NOT NULL
+            )
+            """,
+            "ALTER TABLE calls ADD COLUMN usage_source TEXT NOT NULL DEFAULT 'reported' "
+            "CHECK (usage_source IN ('reported', 'estimated'))",
+        ),
+    ),
 )
 
 _MIGRATIONS_TABLE = """
@@ -212,6 +241,106 @@ def apply_migrations(connection: sqlite3.Connection) -> int:
     return latest
 
 
+_MIGRATIONS_COLUMNS = frozenset({"version", "name", "applied_at"})
+_TABLES_NAMED = 6  # how many of a foreign database's tables the refusal lists
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _read_only(where: str, reason: str) -> StoreError:
+    return StoreError(f"cannot open {where} for writing: read-only ({reason})")
+
+
+def _why_not_writable(target: Path) -> str | None:
+    """Why ``target`` (a file, or the directory the file and its WAL sidecars live in) cannot be written."""
+    if os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
+        return None
+    try:
+        read_only_mount = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_mount = False
+    if read_only_mount:
+        return f"{target} is on a read-only file system"
+    return f"no write permission on {'directory ' if target.is_dir() else ''}{target}"
+
+
+def _check_file(where: str) -> None:
+    """Refuse, before SQLite touches it, an existing empty file and a file or directory rcarun cannot write.
+
+    A path that does not exist is a new results.db: its directories are created here.
+    """
+    path = Path(where)
+    if path.is_dir():
+        raise StoreError(f"{where} is a directory, not a results database")
+    try:
+        size = path.stat().st_size if path.is_file() else None
+        if size is None and not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _create_atomically(path)
+            return
+    except OSError as error:
+        if error.errno in _NOT_WRITABLE:
+            reason = (
+                f"{error.strerror}: {error.filename}" if error.strerror and error.filename else str(error)
+            )
+            raise _read_only(where, reason) from error
+        raise StoreError(f"cannot open {where}: {error}") from error
+    if size == 0:
+        # A new results.db is never left empty (the first open writes the header), so this is not one: treated
+        # as new, a resume would run and pay for everything again.
+        raise StoreError(f"{where} is empty (0 bytes), not a results database; delete it to start a new one")
+    for target in (path, path.parent) if size is not None else (path.parent,):
+        why = _why_not_writable(target)
+        if why is not None:
+            raise _read_only(where, why)
+
+
+def _create_atomically(path: Path) -> None:
+    """Make a new, migrated results.db at ``path`` without ever leaving an empty file there.
+
+    SQLite creates a file empty and writes its header later; a process killed in between would leave a 0-byte
+    results.db, which rcarun refuses (it cannot tell it from a truncated one). So the file is built under a
+    temporary name beside it and linked into place; if another process created ``path`` meanwhile, theirs is kept.
+    """
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+    try:
+        connection = sqlite3.connect(temporary, isolation_level=None)
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            apply_migrations(connection)
+        finally:
+            connection.close()
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass
+        except OSError:
+            # A file system without hard links: a rename, which could only replace a file made in this instant.
+            if not path.exists():
+                os.replace(temporary, path)
+    except sqlite3.Error as error:
+        raise StoreError(f"cannot create {path}: {error}") from error
+    finally:
+        for leftover in (temporary, Path(f"{temporary}-wal"), Path(f"{temporary}-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _foreign_tables(connection: sqlite3.Connection) -> list[str]:
+    """The tables (and views) of a database that is not a results.db, [] for ours or a new file; reads only."""
+    names = [
+        str(row[0])
+        for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' "
+            "ESCAPE '!' ORDER BY name"
+        )
+    ]
+    if "migrations" in names:
+        columns = {str(row[1]) for row in connection.execute("PRAGMA table_info(migrations)")}
+        if _MIGRATIONS_COLUMNS.issubset(columns):
+            return []
+    return names
+
+
 def open_connection(
     path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, check_same_thread: bool = True
 ) -> sqlite3.Connection:
@@ -221,12 +350,13 @@ def open_connection(
     ``BEGIN IMMEDIATE`` so that a batch is exactly one transaction.
 
     Raises:
-        StoreError: the file cannot be opened, is not a SQLite database, or cannot be migrated.
+        StoreError: the file cannot be opened or written, is empty, is not a SQLite database, is another
+            application's database, or cannot be migrated. Nothing is written to a refused file.
     """
     where = str(path)
+    if where != ":memory:":
+        _check_file(where)
     try:
-        if where != ":memory:":
-            Path(where).parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(
             where, timeout=busy_timeout_s, isolation_level=None, check_same_thread=check_same_thread
         )
@@ -235,14 +365,26 @@ def open_connection(
     try:
         connection.row_factory = sqlite3.Row
         connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        connection.execute("PRAGMA journal_mode = WAL")
-        connection.execute("PRAGMA synchronous = NORMAL")
-        connection.execute("PRAGMA foreign_keys = OFF")
-        apply_migrations(connection)
+        # Before the first write (the WAL switch): another application's file must leave exactly as it came.
+        foreign = _foreign_tables(connection)
+        if not foreign:
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute("PRAGMA synchronous = NORMAL")
+            connection.execute("PRAGMA foreign_keys = OFF")
+            apply_migrations(connection)
     except StoreError as error:
         connection.close()
         raise StoreError(f"{where}: {error}") from error
     except sqlite3.Error as error:
         connection.close()
+        if "readonly" in str(error):
+            raise _read_only(where, str(error)) from error
         raise StoreError(f"cannot open {where} as results.db: {error}") from error
+    if foreign:
+        connection.close()
+        shown = ", ".join(foreign[:_TABLES_NAMED]) + (", …" if len(foreign) > _TABLES_NAMED else "")
+        raise StoreError(
+            f"{where} is a SQLite database of another application (tables: {shown}); rcarun will not change "
+            "it — pass another --db"
+        )
     return connection

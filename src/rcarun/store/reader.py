@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import decompress_blob
+from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
 from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import (
     RUN_STATUSES,
@@ -214,11 +215,23 @@ class Store:
 
     # -- runs -----------------------------------------------------------------------------------------------
 
-    def get_or_create_run(self, name: str, config_json: str) -> int:
+    def get_or_create_run(
+        self,
+        name: str,
+        config_json: str,
+        *,
+        lease: LeaseHolder | None = None,
+        lease_stale_s: float = DEFAULT_LEASE_STALE_S,
+    ) -> int:
         """The run_id of the run called ``name``, created if new.
 
         An existing run is resumed: its status goes back to ``running``, its config becomes ``config_json``,
         and a ``resumed`` event records whether the config changed (with the previous config when it did).
+        With ``lease``, the run's lease is claimed in the same transaction (`claim_lease`), so a process that
+        is refused changes nothing.
+
+        Raises:
+            RunBusy: another live process holds the run's lease.
         """
         now = utc_timestamp()
         with self._transaction() as connection:
@@ -232,8 +245,18 @@ class Store:
                     (name, now, now, config_json),
                 )
                 assert cursor.lastrowid is not None
+                if lease is not None:
+                    claim_lease(
+                        connection,
+                        run_id=cursor.lastrowid,
+                        run_name=name,
+                        me=lease,
+                        stale_after_s=lease_stale_s,
+                    )
                 return cursor.lastrowid
             run_id = int(found["run_id"])
+            if lease is not None:
+                claim_lease(connection, run_id=run_id, run_name=name, me=lease, stale_after_s=lease_stale_s)
             changed = found["config_json"] != config_json
             detail: dict[str, Any] = {"config_changed": changed}
             if changed:

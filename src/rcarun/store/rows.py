@@ -23,10 +23,13 @@ __all__ = [
     "PredictionRow",
     "RunStatus",
     "TrajectoryRow",
+    "UsageSource",
     "utc_timestamp",
 ]
 
 CallStatus = Literal["ok", "length", "rate_limited", "error", "cached", "cancelled"]
+# "estimated": the provider sent no usage, or usage no bill can be (see `rcarun.budgets.implausible_usage`).
+UsageSource = Literal["reported", "estimated"]
 ItemStatus = Literal["done", "failed", "skipped_budget", "interrupted"]
 RunStatus = Literal["running", "finished", "stopped", "failed"]
 
@@ -55,6 +58,8 @@ class CallRow:
 
     Attributes:
         cost_usd: US dollars charged for this attempt.
+        usage_source: ``reported`` when the token counts are the provider's, ``estimated`` when rcarun charged
+            a conservative estimate because the answer had no usable usage.
         latency_ms: wall time of the attempt, in milliseconds.
         started_at / ended_at: ISO-8601 UTC with milliseconds (see `utc_timestamp`).
     """
@@ -88,6 +93,7 @@ class CallRow:
     response_text_sha256: str | None = None
     reasoning_text_sha256: str | None = None
     endpoint: str | None = None
+    usage_source: UsageSource = "reported"
 
 
 @dataclass(frozen=True, slots=True)

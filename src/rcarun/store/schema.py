@@ -26,6 +26,7 @@ TABLE_NOTES: Final[dict[str, str]] = {
     "items": "Where each work item stands, for resume and the report; upserted.",
     "trajectories": "Reference facts of each trajectory a run used, so the file is self-contained.",
     "run_events": "Notable events (a backbone paused by a 429, a budget stop, a data problem, a resume).",
+    "run_leases": "Which process sweeps a run now: one sweep per run, taken over once its heartbeat is stale.",
 }
 
 _WORK_ITEM_NOTES: Final[dict[str, str]] = {
@@ -75,6 +76,7 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "response_text_sha256": "blob: the answer's content (UTF-8), what a cache hit replays",
         "reasoning_text_sha256": "blob: the thinking text (UTF-8), when returned",
         "endpoint": "replica or base URL that served the attempt",
+        "usage_source": "`reported` (the provider's counts) or `estimated` (no usage, or usage no bill can be)",
         "started_at": "ISO-8601 UTC, milliseconds",
         "ended_at": "ISO-8601 UTC, milliseconds",
     },
@@ -115,8 +117,21 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "event_id": "assigned in insertion order",
         "run_id": "runs.run_id",
         "at": "ISO-8601 UTC, milliseconds",
-        "kind": "short stable label (`backbone_paused`, `budget_stop`, `data_problem`, `resumed`, ...)",
+        "kind": (
+            "short stable label: `resumed`, `data_problem`, `backbone_paused`, `backbone_stopped`, `budget_stop`, "
+            "`usage_estimated`, `row_repaired`, `row_rejected`"
+        ),
         "detail_json": "JSON object with the particulars",
+    },
+    "run_leases": {
+        "run_id": "runs.run_id",
+        "holder": "random id of the sweep process session holding the run",
+        "pid": "its process id",
+        "host": "its host name",
+        "pid_scope": "boot id and PID namespace: where `pid` names the same process",
+        "started_at": "ISO-8601 UTC, milliseconds; when it claimed the run",
+        "heartbeat_at": "ISO-8601 UTC, milliseconds; its last heartbeat",
+        "heartbeat_unix": "the same heartbeat, seconds since the epoch, for staleness",
     },
 }
 
