@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from rcarun.budgets import TokenEstimator
+from rcarun.backends import Usage
+from rcarun.budgets import TokenEstimator, estimated_usage, implausible_usage
 
 
 def test_starts_at_four_characters_per_token_plus_margin_rounding_up() -> None:
@@ -45,3 +46,37 @@ def test_tiny_reports_dominated_by_template_overhead_are_ignored() -> None:
     estimator = TokenEstimator()
     estimator.calibrate(20, 15)
     assert estimator.chars_per_token == 4.0 and estimator.samples == 0
+
+
+def test_a_budget_reserves_one_token_per_character_until_the_first_report_then_the_estimate() -> None:
+    estimator = TokenEstimator()
+    assert estimator.worst_case(4_000) == 4_000  # nothing known yet: CJK text and code come close to this
+    estimator.calibrate(
+        4_000, 2_000
+    )  # the first report shows twice the guess: it replaces the prior outright
+    assert estimator.chars_per_token == 2.0
+    assert estimator.worst_case(4_000) == estimator.estimate(4_000) == 2_100
+
+
+def test_usage_no_bill_can_be_is_named_and_the_bill_that_can_be_is_not() -> None:
+    def why(**usage: int) -> str | None:
+        return implausible_usage(
+            Usage(**usage), prompt_chars=1_000, messages=2, max_tokens=500, context_window=32_000
+        )
+
+    assert why(prompt_tokens=300, completion_tokens=750) is None  # 1.5x the budget: over-reported, not absurd
+    assert why(prompt_tokens=10**20) is not None and "prompt_tokens" in why(prompt_tokens=10**20)  # type: ignore[operator]
+    assert why(prompt_tokens=40_000) is not None  # more than the context window (and than 1,000 chars can be)
+    assert "completion_tokens" in (why(prompt_tokens=300, completion_tokens=10**12) or "")
+
+
+def test_a_missing_bill_is_estimated_conservatively_from_the_request_and_the_answer() -> None:
+    estimator = TokenEstimator()
+    stopped = estimated_usage(
+        estimator, prompt_chars=8_000, answer_chars=400, max_tokens=1_000, finish_reason="stop"
+    )
+    assert stopped == Usage(prompt_tokens=8_000, completion_tokens=105)
+    cut = estimated_usage(
+        estimator, prompt_chars=8_000, answer_chars=400, max_tokens=1_000, finish_reason="length"
+    )
+    assert cut.completion_tokens == 1_000  # hidden reasoning cannot be seen: the whole budget is charged

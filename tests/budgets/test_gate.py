@@ -109,7 +109,8 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
     async def main() -> tuple[float, float]:
         async with backbone.admit_request(request) as ticket:
             assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
-            assert ledger.totals("b").reserved_usd == pytest.approx((10_500 * 1.0 + 2_000 * 4.0) / 1e6)
+            # The budget reserves the worst case: before any report, one token per character.
+            assert ledger.totals("b").reserved_usd == pytest.approx((40_000 * 1.0 + 2_000 * 4.0) / 1e6)
             assert backbone.stats().in_flight == 1
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from rcarun.errors import (
     AuthError,
     BadRequest,
     CallError,
+    ConfigError,
     ContextOverflow,
     MalformedResponse,
     QuotaExhausted,
@@ -52,12 +54,40 @@ def test_rate_limit_pauses_for_the_longest_of_retry_after_reset_and_backoff() ->
     policy = no_jitter(base_s=1.0)
     by_retry_after = policy.decide(RateLimited("429", retry_after_s=7.0, reset_s=2.5), 1)
     assert by_retry_after == RetryDecision(
-        retry=True, delay_s=7.0, pause_backbone_s=7.0, shrink_concurrency=True
+        retry=True, delay_s=7.0, pause_backbone_s=7.0, shrink_concurrency=True, asked_s=7.0
     )
     assert policy.decide(RateLimited("429", retry_after_s=1.0, reset_s=12.0), 1).pause_backbone_s == 12.0
     # Nothing from the provider, or less than the backoff (8 s at attempt 4): the backoff wins.
     assert policy.decide(RateLimited("429"), 4).pause_backbone_s == 8.0
     assert policy.decide(RateLimited("429", retry_after_s=2.0), 4).pause_backbone_s == 8.0
+
+
+@pytest.mark.parametrize(
+    ("retry_after_s", "reset_s"),
+    [(86_400.0, None), (None, 3.2e9), (math.inf, None), (301.0, 2.0), (2.0, 99_999.0)],
+)
+def test_a_provider_asking_for_more_than_max_pause_stops_the_backbone_instead_of_pausing_it(
+    retry_after_s: float | None, reset_s: float | None
+) -> None:
+    decision = no_jitter(max_pause_s=300.0).decide(
+        RateLimited("429", retry_after_s=retry_after_s, reset_s=reset_s), 1
+    )
+    assert decision.stop_backbone and not decision.retry
+    assert decision.pause_backbone_s == 0.0 and decision.delay_s == 0.0
+    assert decision.asked_s == max(retry_after_s or 0.0, reset_s or 0.0)
+
+
+def test_a_pause_up_to_max_pause_is_honoured_and_backoff_never_exceeds_it() -> None:
+    policy = no_jitter(base_s=10.0, cap_s=1_000.0, max_pause_s=30.0)
+    assert policy.decide(RateLimited("429", retry_after_s=30.0), 1).pause_backbone_s == 30.0
+    assert policy.decide(RateLimited("429"), 6).pause_backbone_s == 30.0  # backoff of 320 s, capped
+    assert not policy.decide(RateLimited("429", retry_after_s=30.0), 1).stop_backbone
+
+
+@pytest.mark.parametrize("max_pause_s", [0.0, -1.0, math.inf, math.nan])
+def test_max_pause_must_be_finite_and_positive(max_pause_s: float) -> None:
+    with pytest.raises(ConfigError, match="max_pause_s"):
+        RetryPolicy(max_pause_s=max_pause_s)
 
 
 def test_exhausted_attempts_stop_retrying_but_a_rate_limit_still_slows_the_backbone() -> None:

@@ -174,12 +174,12 @@ class Ticket:
         """Tokens taken from the rate limiter at admission."""
         return self._grant.tokens
 
-    def settle(self, usage: Usage, *, at: datetime | None = None) -> float:
+    def settle(self, usage: Usage, *, at: datetime | None = None, reported: bool = True) -> float:
         """Record a successful exchange (a length stop included) and return its cost in USD.
 
         Reconciles the rate limiter with the reported tokens, commits the cost to the ledger, counts a clean
         completion for the concurrency limit, and calibrates the gate's estimator when the prompt's characters
-        are known.
+        are known and ``usage`` is the provider's (``reported``; an estimate must not calibrate itself).
 
         Raises:
             RuntimeError: the ticket was already settled.
@@ -199,7 +199,7 @@ class Ticket:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
         gate.concurrency.on_success()
-        if self.prompt_chars is not None:
+        if self.prompt_chars is not None and reported:
             gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
         return self._cost_usd
 
@@ -247,6 +247,7 @@ class BackboneGate:
         )
         self._clock = clock
         self._paused_until = -math.inf
+        self._pauses_started = 0
         # One shared future per pause, so that paused callers resume in arrival order.
         self._pause_over: asyncio.Future[None] | None = None
         self._pause_waiting = 0
@@ -302,8 +303,15 @@ class BackboneGate:
         ticket: Ticket | None = None
         try:
             grant = await self.limiter.acquire(estimated_prompt_tokens + max_tokens)
+            # The budget reserves what the call may cost, not what it will likely cost: before the first
+            # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
+            reserved_prompt = (
+                max(estimated_prompt_tokens, self.estimator.worst_case(prompt_chars))
+                if prompt_chars is not None
+                else estimated_prompt_tokens
+            )
             try:
-                reservation = await self._reserve_when_budget_allows(estimated_prompt_tokens, max_tokens)
+                reservation = await self._reserve_when_budget_allows(reserved_prompt, max_tokens)
             except BaseException:
                 self.limiter.give_back(grant)
                 raise
@@ -330,6 +338,8 @@ class BackboneGate:
         decision = self.retry.decide(error, attempt)
         if isinstance(error, RateLimited):
             self._rate_limited += 1
+        if decision.stop_backbone:
+            return decision
         if decision.pause_backbone_s > 0:
             self.pause_for(decision.pause_backbone_s)
         if decision.shrink_concurrency:
@@ -346,7 +356,8 @@ class BackboneGate:
         admitted until the bucket holds one more request: ``60 / limit`` seconds for requests, the mean tokens
         of this backbone's calls at ``limit / 60`` per second for tokens — never longer than the stated reset
         (which providers give as the time until the bucket is *full*, too long to wait for one request).
-        Returns the pause in seconds (0 for none).
+        Returns the pause in seconds (0 for none). A pause the retry policy finds too long
+        (`RetryPolicy.too_long`) is not applied: the caller is to stop the backbone instead.
         """
         if info is None:
             return 0.0
@@ -359,7 +370,7 @@ class BackboneGate:
             pause = max(pause, _refill_s(1.0, info.limit_requests, info.reset_requests_s))
         if self.limits.tpm is None and info.remaining_tokens is not None and info.remaining_tokens <= 0:
             pause = max(pause, _refill_s(self._mean_call_tokens, info.limit_tokens, info.reset_tokens_s))
-        if pause > 0:
+        if pause > 0 and not self.retry.too_long(pause):
             self.pause_for(pause)
         return pause
 
@@ -368,12 +379,24 @@ class BackboneGate:
             float(tokens) if self._mean_call_tokens == 0 else 0.9 * self._mean_call_tokens + 0.1 * tokens
         )
 
-    def pause_for(self, seconds: float) -> None:
-        """Admit nothing on this backbone for ``seconds`` from now (pauses only ever extend)."""
-        until = self._now() + seconds
+    def pause_for(self, seconds: float) -> bool:
+        """Admit nothing on this backbone for ``seconds`` from now (pauses only ever extend, and never beyond
+        the retry policy's ``max_pause_s``). Returns True when this starts a pause (none was running)."""
+        now = self._now()
+        until = now + min(seconds, self.retry.max_pause_s)
+        started = self._paused_until <= now
         if until > self._paused_until:
             self._paused_until = until
             self.limiter.pause_until(until)
+            if started:
+                self._pauses_started += 1
+            return started
+        return False
+
+    @property
+    def pauses_started(self) -> int:
+        """How many pauses began while none was running (a burst of 429s extending one pause counts once)."""
+        return self._pauses_started
 
     async def _reserve_when_budget_allows(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
         """Reserve the call's worst case; while calls in flight hold reservations, wait for them to settle.

@@ -4,10 +4,15 @@ Backends never retry (STYLE.md); the runner asks this policy instead, so the rea
 lives in one place and reads from the class alone. A rate limit is about the backbone, not the call: even
 when the call has used up its attempts, the backbone is still paused and its concurrency cut, because other
 items are about to hit the same wall.
+
+Every pause has a ceiling, ``max_pause_s``. A provider that asks for longer (a ``Retry-After`` of a day, an
+HTTP date decades ahead, ``1e400``) is not waited for in silence: the decision says to stop the backbone for
+this session, so the runner can say so and leave its items for a later resume while other backbones go on.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -28,12 +33,18 @@ class RetryDecision:
         delay_s: seconds to wait before that attempt (0 when not retrying and not rate-limited).
         pause_backbone_s: seconds during which the whole backbone admits nothing (0 for no pause).
         shrink_concurrency: whether the backbone's concurrency limit should take a multiplicative decrease.
+        stop_backbone: the provider asked to wait longer than ``max_pause_s``: admit nothing more on this
+            backbone in this session (no retry, no pause).
+        asked_s: what the provider asked to wait (Retry-After or its reset headers, in seconds; may be inf),
+            when it said.
     """
 
     retry: bool
     delay_s: float = 0.0
     pause_backbone_s: float = 0.0
     shrink_concurrency: bool = False
+    stop_backbone: bool = False
+    asked_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,7 @@ class RetryPolicy:
         cap_s: no single backoff exceeds this.
         jitter: backoff is multiplied by a uniform factor in [1 - jitter, 1 + jitter] (then capped).
         rng: random source for the jitter; pass a seeded one for repeatable tests.
+        max_pause_s: the longest the backbone is ever paused; a provider asking for more stops it instead.
     """
 
     max_attempts: int = 6
@@ -53,14 +65,23 @@ class RetryPolicy:
     cap_s: float = 60.0
     jitter: float = 0.25
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+    max_pause_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigError(f"retry max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_s < 0 or self.cap_s < 0:
-            raise ConfigError(f"retry base_s and cap_s must be >= 0, got {self.base_s} and {self.cap_s}")
+        if not (0 <= self.base_s < math.inf and 0 <= self.cap_s < math.inf):
+            raise ConfigError(
+                f"retry base_s and cap_s must be finite and >= 0, got {self.base_s} and {self.cap_s}"
+            )
         if not 0 <= self.jitter <= 1:
             raise ConfigError(f"retry jitter must be in [0, 1], got {self.jitter}")
+        if not 0 < self.max_pause_s < math.inf:
+            raise ConfigError(f"retry max_pause_s must be finite and > 0, got {self.max_pause_s}")
+
+    def too_long(self, seconds: float) -> bool:
+        """Whether a pause of ``seconds`` (inf or NaN included) is more than this policy ever waits."""
+        return not seconds <= self.max_pause_s
 
     def backoff_s(self, attempt: int) -> float:
         """Jittered exponential backoff after failed attempt number ``attempt`` (1-based)."""
@@ -73,9 +94,16 @@ class RetryPolicy:
         """Decide after attempt number ``attempt`` (1-based) failed with ``error``."""
         attempts_left = attempt < self.max_attempts
         if isinstance(error, RateLimited):
-            pause = max(error.retry_after_s or 0.0, error.reset_s or 0.0, self.backoff_s(attempt))
+            asked = max(error.retry_after_s or 0.0, error.reset_s or 0.0)
+            if self.too_long(asked):
+                return RetryDecision(retry=False, stop_backbone=True, asked_s=asked)
+            pause = min(self.max_pause_s, max(asked, self.backoff_s(attempt)))
             return RetryDecision(
-                retry=attempts_left, delay_s=pause, pause_backbone_s=pause, shrink_concurrency=True
+                retry=attempts_left,
+                delay_s=pause,
+                pause_backbone_s=pause,
+                shrink_concurrency=True,
+                asked_s=asked if asked > 0 else None,
             )
         if isinstance(error, FatalCallError) or not isinstance(error, RetryableError) or not attempts_left:
             return RetryDecision(retry=False)

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
-from rcarun.store import open_store
+from rcarun.store import RunBusy, open_store
 
 __all__ = ["main"]
 
@@ -39,10 +40,47 @@ def _setting(flag: str | None, env: str, default: str) -> str:
     return os.environ.get(env) or default
 
 
-def _install_stop_handlers(stop: StopController, main_task: asyncio.Task[object], drain_s: float) -> None:
-    """First Ctrl-C (or SIGTERM): stop admission and drain in-flight calls until ``drain_s``; second: cancel."""
+# After a cancel, how long the process may take to wind down before it exits regardless.
+_CANCEL_GRACE_S = 10.0
+
+
+def _install_stop_handlers(
+    stop: StopController,
+    main_task: asyncio.Task[object],
+    drain_s: float,
+    cancel_grace_s: float = _CANCEL_GRACE_S,
+) -> None:
+    """Ctrl-C (or SIGTERM), counted together: the first stops admission and lets the calls in flight finish,
+    for up to ``drain_s``; the second (or the drain deadline) cancels what is left; the third exits at once.
+
+    A cancelled sweep that has not ended ``cancel_grace_s`` later exits too, from a watchdog thread that needs
+    no event loop: the process always ends. Exiting at once is safe for results.db (every committed batch is
+    kept, WAL rolls back a half-written one); the exit hooks let the run's lease go first.
+    """
     loop = asyncio.get_running_loop()
     presses = 0
+    watchdog: threading.Timer | None = None
+
+    def exit_now(why: str) -> None:
+        print(
+            f"\nrcarun: {why}; exiting now. results.db keeps every committed row; rerun the same command to resume.",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.run_exit_hooks()
+        os._exit(130)
+
+    def cancel_now() -> None:
+        nonlocal watchdog
+        main_task.cancel()
+        if watchdog is None:
+            watchdog = threading.Timer(
+                cancel_grace_s,
+                exit_now,
+                args=(f"the sweep did not end within {cancel_grace_s:g} s of cancelling",),
+            )
+            watchdog.daemon = True
+            watchdog.start()
 
     def on_signal() -> None:
         nonlocal presses
@@ -54,9 +92,15 @@ def _install_stop_handlers(stop: StopController, main_task: asyncio.Task[object]
                 file=sys.stderr,
             )
             stop.stop_admission("interrupted by signal")
-            loop.call_later(drain_s, main_task.cancel)
+            loop.call_later(drain_s, cancel_now)
+        elif presses == 2:
+            print(
+                "\nrcarun: cancelling the calls in flight. Press Ctrl-C again to exit at once.",
+                file=sys.stderr,
+            )
+            cancel_now()
         else:
-            main_task.cancel()
+            exit_now("interrupted a third time")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -121,11 +165,21 @@ def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
     print(f"full report: rcarun report --db {db} --run {outcome.run_name} [--html report.html]")
 
 
+def _resume_command(args: argparse.Namespace, db: Path, run: str) -> str:
+    config = f" --config {args.config}" if args.config is not None else ""
+    return f"rcarun sweep{config} --db {db} --run {run}"
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     db = Path(_setting(args.db, "RCARUN_DB", _DEFAULT_DB))
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
-        outcome = asyncio.run(_demo(db, run, not args.no_progress, args.retry_failed))
+        try:
+            outcome = asyncio.run(_demo(db, run, not args.no_progress, args.retry_failed))
+        except RunBusy:
+            raise
+        except StoreError as exc:
+            raise StoreError(f"{exc}; once fixed, resume with: {_resume_command(args, db, run)}") from None
         _print_summary(db, outcome, simulated=True)
         _print_accuracy(db, outcome)
     else:
@@ -135,10 +189,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
         except ConfigError as exc:  # found by the runner (dataset path, key variable): name the file too
             raise ConfigError(f"{args.config}: {exc}") from None
+        except RunBusy:
+            raise
+        except StoreError as exc:  # the disk filled up, or the file stopped taking writes, mid-run
+            raise StoreError(f"{exc}; once fixed, resume with: {_resume_command(args, db, run)}") from None
         simulated = config.sweep.simulated or all(
             b.provider == "simulated" for b in config.backbones.values()
         )
         _print_summary(db, outcome, simulated=simulated)
+    if outcome.status != "finished":
+        print(f"resume with: {_resume_command(args, db, run)}")
     return 0 if outcome.status == "finished" else 3
 
 

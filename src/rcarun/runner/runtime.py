@@ -7,13 +7,19 @@ loop that feeds items.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TypedDict
+
+from tqdm import tqdm
 
 from rcarun.backends import Backend, ChatResult
 from rcarun.budgets import BackboneGate
-from rcarun.errors import CallError, RateLimited
+from rcarun.errors import CallError, RateLimited, RcarunError
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
 
@@ -24,8 +30,20 @@ __all__ = [
     "RunContext",
     "SharedCalls",
     "StopController",
+    "StopGuard",
+    "StopRequested",
     "WorkItem",
+    "announce_line",
 ]
+
+
+def announce_line(line: str) -> None:
+    """Say one line to the user now, on stderr, without breaking the progress bars (``rcarun: ...``)."""
+    tqdm.write(f"rcarun: {line}", file=sys.stderr)
+
+
+class StopRequested(RcarunError):
+    """Admission has stopped (Ctrl-C, a drain deadline, or this backbone stopped); the item is left for resume."""
 
 
 class RowKeys(TypedDict):
@@ -63,16 +81,41 @@ class WorkItem:
 
 
 class StopController:
-    """Graceful stop: the first request stops admission (in-flight calls drain), a later one cancels."""
+    """Graceful stop: the first request stops admission (in-flight calls drain), a later one cancels.
+
+    Listeners (`on_stop`) hear of the first request: the scheduler stops every backbone, which also ends the
+    waits of calls not yet admitted, so only calls in flight are left to drain.
+    """
 
     def __init__(self) -> None:
         self.admission_stopped = False
         self.reason = ""
+        self._listeners: list[Callable[[str], None]] = []
+        self._exit_hooks: list[Callable[[], None]] = []
+
+    def on_exit(self, hook: Callable[[], None]) -> None:
+        """Register ``hook`` for `run_exit_hooks`: what must still happen if the process is made to exit now."""
+        self._exit_hooks.append(hook)
+
+    def run_exit_hooks(self) -> None:
+        """Run the exit hooks (each at most once, errors ignored): called from a thread about to end the process."""
+        hooks, self._exit_hooks = self._exit_hooks, []
+        for hook in hooks:
+            with contextlib.suppress(Exception):
+                hook()
+
+    def on_stop(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when admission stops (at once if it already has)."""
+        self._listeners.append(listener)
+        if self.admission_stopped:
+            listener(self.reason)
 
     def stop_admission(self, reason: str) -> None:
         if not self.admission_stopped:
             self.admission_stopped = True
             self.reason = reason
+            for listener in self._listeners:
+                listener(reason)
 
 
 @dataclass(slots=True)
@@ -90,6 +133,8 @@ class BackboneCounters:
     rate_limited: int = 0
     errors: int = 0
     length_retries: int = 0
+    # Answers charged an estimate because their usage was missing or could not be a bill.
+    usage_estimated: int = 0
 
     def record_error(self, error: CallError) -> None:
         if isinstance(error, RateLimited):
@@ -100,11 +145,71 @@ class BackboneCounters:
 
 @dataclass(slots=True)
 class BackboneRuntime:
+    """One backbone's live parts. Once `stop`ped (for this session) it admits nothing more; items that were
+    only waiting to be admitted end as interrupted at once, calls in flight finish and are recorded."""
+
     name: str
     config: BackboneConfig
     backend: Backend
     gate: BackboneGate
     counters: BackboneCounters = field(default_factory=BackboneCounters)
+    stopped: str | None = None
+    # Tasks that are only waiting (for room in the writer, admission, a pause, a retry's backoff): a stop
+    # interrupts them. A task leaves this set before its request is sent, so a stop never cuts a call short.
+    waiting: dict[asyncio.Task[object], StopGuard] = field(default_factory=dict)
+
+    def stop(self, reason: str) -> bool:
+        """Stop admitting calls on this backbone for the rest of the session; True if it was not stopped yet."""
+        first = self.stopped is None
+        if first:
+            self.stopped = reason
+        for task, guard in list(self.waiting.items()):
+            if not guard.stopped:
+                guard.stopped = True
+                task.cancel()
+        return first
+
+    def stop_guard(self) -> StopGuard:
+        """Arm a `StopGuard` for the current task (raises `StopRequested` at once when already stopped)."""
+        if self.stopped is not None:
+            raise StopRequested(self.stopped)
+        return StopGuard(self)
+
+
+class StopGuard:
+    """While armed, a stop of the backbone interrupts the current task's wait and turns into `StopRequested`.
+
+    ``with runtime.stop_guard() as guard: ... guard.disarm()`` — disarm before sending the request. A stop
+    cancels the waiting task; on the way out the guard takes its own cancellation back (`Task.uncancel`) and
+    raises `StopRequested` instead, unless someone else cancelled the task too, whose cancellation then goes on.
+    """
+
+    __slots__ = ("_runtime", "_task", "stopped")
+
+    def __init__(self, runtime: BackboneRuntime) -> None:
+        self._runtime = runtime
+        task = asyncio.current_task()
+        assert task is not None, "a StopGuard needs a running task"
+        self._task = task
+        self.stopped = False
+
+    def __enter__(self) -> StopGuard:
+        self._runtime.waiting[self._task] = self
+        return self
+
+    def disarm(self) -> None:
+        self._runtime.waiting.pop(self._task, None)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.disarm()
+        if self.stopped and exc_type is asyncio.CancelledError and self._task.cancelling() == 1:
+            self._task.uncancel()
+            raise StopRequested(self._runtime.stopped or "stopped") from None
 
 
 class SharedCalls:
@@ -159,3 +264,5 @@ class RunContext:
     shared: SharedCalls = field(default_factory=SharedCalls)
     # Every backbone of the sweep by name, so an item may address more than its own (a judge panel).
     runtimes: dict[str, BackboneRuntime] = field(default_factory=dict)
+    # How the runner says something the user must read now (a backbone stopped, writes failing): one line.
+    announce: Callable[[str], None] = announce_line

@@ -7,7 +7,14 @@ have a prediction (or failed for good) in results.db are skipped, which is all r
 inside an interrupted item are served from the call cache by the session.
 
 Graceful stop: `StopController.stop_admission` stops producers and new calls; calls in flight finish and are
-recorded; unfinished items are marked ``interrupted`` and run again on resume.
+recorded; unfinished items are marked ``interrupted`` and run again on resume. A backbone can also stop on its
+own (a provider asking to wait longer than ``max_pause_s``), and so can the whole run when results.db stops
+taking writes: the same path, so nothing that was answered is dropped on the way out.
+
+The process always ends: workers are told there is no more work only on the producer's normal way out (never
+from a ``finally`` that could wait on a queue nobody reads), an error in one backbone's loop cancels the others
+through their task group, and one sweep holds its run's lease (`rcarun.store.LeaseKeeper`) so a second process
+on the same run is refused instead of paying for everything twice.
 """
 
 from __future__ import annotations
@@ -40,23 +47,34 @@ from rcarun.data import (
     iter_dataset,
     load_manifest,
 )
-from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError
+from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError, StoreError
 from rcarun.methods import Attribution, Method, create_method, home_backbone
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.runner.progress import ProgressBoard
-from rcarun.runner.runtime import BackboneCounters, BackboneRuntime, RunContext, StopController, WorkItem
-from rcarun.runner.session import ItemSession, StopRequested
+from rcarun.runner.runtime import (
+    BackboneCounters,
+    BackboneRuntime,
+    RunContext,
+    StopController,
+    StopRequested,
+    WorkItem,
+    announce_line,
+)
+from rcarun.runner.session import ItemSession
 from rcarun.store import (
     EventRow,
     ItemRow,
     ItemStatus,
+    LeaseKeeper,
     PredictionRow,
     RunStatus,
     StoreWriter,
     TrajectoryRow,
     open_store,
+    this_process,
     utc_timestamp,
 )
+from rcarun.text import repair_surrogates
 
 __all__ = ["SweepOutcome", "build_prices", "check_method_backbones", "run_sweep"]
 
@@ -65,6 +83,8 @@ BackendFactory = Callable[[BackendSettings], Backend]
 _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # Seconds a thread may hold the GIL before the interpreter asks it to hand over, during a sweep (`_responsive_loop`).
 _SWITCH_INTERVAL_S = 0.0005
+# SQLite's INTEGER range: a step beyond it is no step of any trajectory.
+_INT64 = range(-(2**63), 2**63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +262,29 @@ async def _run_sweep(
     for name, backbone in config.backbones.items():
         _backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
     store = open_store(db_path)
+    keeper: LeaseKeeper | None = None
     try:
-        run_id = store.get_or_create_run(run_name, config.model_dump_json())
+        me = this_process()
+        # Claimed in the same transaction that opens the run: a second sweep of the run is refused unchanged.
+        run_id = store.get_or_create_run(
+            run_name, config.model_dump_json(), lease=me, lease_stale_s=config.sweep.lease_stale_s
+        )
+        loop = asyncio.get_running_loop()
+        announce = announce_line
+
+        def lease_lost(why: str) -> None:
+            announce(f"run {run_name!r}: {why}")
+            stop.stop_admission(why)
+
+        keeper = LeaseKeeper(
+            db_path,
+            run_id=run_id,
+            me=me,
+            stale_after_s=config.sweep.lease_stale_s,
+            on_lost=lambda why: _call_soon(loop, lease_lost, why),
+        )
+        keeper.start()
+        stop.on_exit(keeper.release)
         finished = store.finished_item_keys(run_id, include_failed=not retry_failed)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
@@ -265,7 +306,12 @@ async def _run_sweep(
                 ),
             )
 
-        async with StoreWriter(db_path) as writer:
+        def writes_failing(error: StoreError) -> None:
+            # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
+            announce(f"{error}; no new calls are sent, the calls in flight finish")
+            stop.stop_admission("results.db is not taking writes")
+
+        async with StoreWriter(db_path, on_trouble=writes_failing) as writer:
             scope = run_id if config.sweep.cache == "run" else None
             context = RunContext(
                 config=config,
@@ -278,6 +324,7 @@ async def _run_sweep(
             recorder = _TrajectoryRecorder(context)
             runtimes = _build_runtimes(config, ledger, backend_factory)
             context.runtimes.update(runtimes)
+            stop.on_stop(lambda reason: _stop_all(runtimes, reason))
             for runtime in runtimes.values():
                 runtime.counters.items_total = (
                     entries * len(_methods_run_by(runtime.name, methods)) * config.sweep.realizations
@@ -295,6 +342,12 @@ async def _run_sweep(
                     ]
                     await asyncio.gather(*drivers)
                     board.finish()
+            except BaseExceptionGroup as group:
+                # One line for the user: rcarun's own error, not a tree of the tasks it went through.
+                error = _first_rcarun_error(group)
+                if error is None:
+                    raise
+                raise error from None
             finally:
                 for runtime in runtimes.values():
                     await runtime.backend.aclose()
@@ -311,11 +364,35 @@ async def _run_sweep(
     except BaseException:
         with contextlib.suppress(Exception):
             run = store.run_by_name(run_name)
-            if run is not None:
+            if run is not None and keeper is not None:  # a refused second sweep leaves the run as it was
                 store.set_run_status(run.run_id, "stopped")
         raise
     finally:
+        if keeper is not None:
+            keeper.release()
         store.close()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], argument: str) -> None:
+    """From another thread: run ``callback(argument)`` on ``loop``, unless the loop is already closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, argument)
+
+
+def _stop_all(runtimes: dict[str, BackboneRuntime], reason: str) -> None:
+    for runtime in runtimes.values():
+        runtime.stop(reason)
+
+
+def _first_rcarun_error(group: BaseExceptionGroup[BaseException]) -> RcarunError | None:
+    for error in group.exceptions:
+        if isinstance(error, RcarunError):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            found = _first_rcarun_error(error)
+            if found is not None:
+                return found
+    return None
 
 
 def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> None:
@@ -334,7 +411,7 @@ def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> No
 
 
 def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:
-    if stop.admission_stopped:
+    if stop.admission_stopped or any(runtime.stopped is not None for runtime in runtimes.values()):
         return "stopped"
     if any(r.counters.items_skipped_budget or r.counters.items_interrupted for r in runtimes.values()):
         return "stopped"
@@ -422,6 +499,7 @@ def _build_runtimes(
                 max_attempts=backbone.retry.max_attempts,
                 base_s=backbone.retry.base_s,
                 cap_s=backbone.retry.cap_s,
+                max_pause_s=backbone.retry.max_pause_s,
             ),
             ledger=ledger,
             prices=build_prices(backbone),
@@ -465,32 +543,30 @@ async def _drive_backbone(
     methods = _methods_run_by(runtime.name, methods)
 
     async def produce() -> None:
-        try:
-            for walked, record in enumerate(
-                _iter_records(context.config, manifest, recorder.problem), start=1
-            ):
-                recorder.record(record)
-                if walked % 64 == 0:
-                    # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
-                    await asyncio.sleep(0)
-                qid = record.trajectory.qid
-                for method in methods:
-                    for realization in range(context.config.sweep.realizations):
-                        if context.stop.admission_stopped:
-                            return
-                        if (runtime.name, method.label, qid, realization) in finished:
-                            continue
-                        item = WorkItem(runtime.name, method.label, qid, realization)
-                        await queue.put((item, method, record))
-        finally:
-            for _ in range(workers):
-                await queue.put(None)
+        for walked, record in enumerate(_iter_records(context.config, manifest, recorder.problem), start=1):
+            recorder.record(record)
+            if walked % 64 == 0:
+                # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
+                await asyncio.sleep(0)
+            if context.stop.admission_stopped or runtime.stopped is not None:
+                break
+            qid = record.trajectory.qid
+            for method in methods:
+                for realization in range(context.config.sweep.realizations):
+                    if (runtime.name, method.label, qid, realization) in finished:
+                        continue
+                    item = WorkItem(runtime.name, method.label, qid, realization)
+                    await queue.put((item, method, record))
+        # Only on the normal way out: from a `finally` this could wait forever on a full queue whose workers
+        # were cancelled. When the producer fails, the task group cancels the workers instead.
+        for _ in range(workers):
+            await queue.put(None)
 
     async def work() -> None:
         while (entry := await queue.get()) is not None:
             item, method, record = entry
-            if context.stop.admission_stopped:
-                continue
+            if context.stop.admission_stopped or runtime.stopped is not None:
+                continue  # no row: the item runs on resume
             await _run_item(context, runtime, item, method, record)
             await asyncio.sleep(0)
 
@@ -519,10 +595,18 @@ async def _run_item(
     except BudgetExhausted as exc:
         counters.items_skipped_budget += 1
         set_item("skipped_budget", str(exc))
+        if counters.items_skipped_budget == 1:
+            writer.add_event(
+                EventRow(
+                    run_id=context.run_id,
+                    kind="budget_stop",
+                    detail_json=json.dumps({"backbone": runtime.name, "message": str(exc)}),
+                )
+            )
         return
-    except StopRequested:
+    except StopRequested as exc:
         counters.items_interrupted += 1
-        set_item("interrupted", "stopped before the item finished")
+        set_item("interrupted", f"stopped before the item finished: {exc}"[:2000])
         return
     except asyncio.CancelledError:
         counters.items_interrupted += 1
@@ -542,14 +626,19 @@ async def _run_item(
 
 
 def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribution) -> None:
+    """The method's answer as results.db can hold it: the step column takes only what SQLite's INTEGER can
+    (an absurd step is no step of any trajectory, so it is stored as none, marked invalid; the full output keeps
+    the number as written), and text is free of unpaired surrogates."""
+    step = attribution.pred_step
+    storable_step = step if step is None or step in _INT64 else None
     context.writer.add_prediction(
         PredictionRow(
             **item.row_keys(context.run_id),
-            pred_role=attribution.pred_role,
-            pred_step=attribution.pred_step,
+            pred_role=repair_surrogates(attribution.pred_role) if attribution.pred_role is not None else None,
+            pred_step=storable_step,
             role_valid=attribution.role_valid,
-            step_valid=attribution.step_valid,
+            step_valid=attribution.step_valid and storable_step is not None,
             abstained=attribution.abstained,
-            output_json=json.dumps(attribution.output, ensure_ascii=False, default=str),
+            output_json=repair_surrogates(json.dumps(attribution.output, ensure_ascii=False, default=str)),
         )
     )

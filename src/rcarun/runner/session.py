@@ -39,12 +39,19 @@ from rcarun.backends import (
     prompt_chars,
     replay_body,
 )
-from rcarun.budgets import RetryDecision, clamp_to_context, next_length_budget
-from rcarun.errors import CallError, ConfigError, RateLimited, RcarunError
+from rcarun.budgets import (
+    RetryDecision,
+    clamp_to_context,
+    estimated_usage,
+    implausible_usage,
+    next_length_budget,
+)
+from rcarun.errors import CallError, ConfigError, RateLimited
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.cache import call_cache_key
-from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
-from rcarun.store import CallRow, blob_sha256, utc_timestamp
+from rcarun.runner.runtime import BackboneRuntime, RunContext, StopRequested, WorkItem
+from rcarun.store import CallRow, EventRow, UsageSource, blob_sha256, utc_timestamp
+from rcarun.text import repair_surrogates
 
 __all__ = ["ItemSession", "StopRequested", "parse_json_answer"]
 
@@ -53,26 +60,37 @@ _RATE_LIMIT_ALLOWANCE = 5
 _FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*\}|\[.*\])\s*```", re.DOTALL)
 
 
-class StopRequested(RcarunError):
-    """Admission has stopped (Ctrl-C or a drain deadline); the item is left for resume."""
-
-
 def parse_json_answer(text: str) -> tuple[Any, str | None]:
-    """Decode a JSON answer: the whole text, or else one fenced block; never guessed or repaired further."""
+    """Decode a JSON answer: the whole text, or else one fenced block; never guessed or repaired further.
+
+    One thing is repaired, because nothing downstream could store or send it: a ``\\ud800``-style escape of an
+    unpaired surrogate (an answer cut mid-emoji) decodes to U+FFFD, as the wire does for the text itself.
+    """
     stripped = text.strip()
     if not stripped:
         return None, "empty answer"
     try:
-        return json.loads(stripped), None
+        return _storable(json.loads(stripped)), None
     except json.JSONDecodeError as exc:
         error = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     match = _FENCED_JSON.search(stripped)
     if match:
         try:
-            return json.loads(match.group(1)), None
+            return _storable(json.loads(match.group(1))), None
         except json.JSONDecodeError as exc:
             error = f"fenced block is not JSON: {exc.msg}"
     return None, error
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every string (keys included) free of unpaired surrogates."""
+    if isinstance(value, str):
+        return repair_surrogates(value)
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    if isinstance(value, dict):
+        return {repair_surrogates(key): _storable(item) for key, item in value.items()}
+    return value
 
 
 class ItemSession:
@@ -156,93 +174,99 @@ class ItemSession:
         failures = _FailureCounts()
         attempt = 0
         totals = Usage()
-        while True:
-            attempt += 1
-            self._own_attempts += 1
-            request = ChatRequest(
-                messages=wire_messages,
-                max_tokens=budget,
-                temperature=temperature,
-                schema=schema,
-                reasoning=reasoning,
-                tools=wire_tools,
-                tool_choice=tool_choice,
-            )
-            request_json = request.canonical_json().encode()
-            request_sha = hashlib.sha256(request_json).hexdigest()
-            shareable = stage_policy.shareable or stage in self._shareable_stages
-            key = call_cache_key(
-                backbone=runtime.name,
-                model=config.model,
-                request_sha256=request_sha,
-                stage=stage,
-                realization=self._item.realization,
-                method_label=None if shareable else self._item.method,
-                sample=sample,
-            )
-            result = (
-                self._from_cache(key, request, stage, attempt, request_sha)
-                if self._context.cache_lookups or shareable
-                else None
-            )
-            if result is None and shareable:
-                result = await self._from_shared(key, request, stage, attempt, request_sha)
-            if result is None:
-                request_sha = self._context.writer.put_blob(request_json, request_sha)
-                leader = shareable and self._context.shared.in_flight(key) is None
-                if leader:
-                    self._context.shared.lead(key)
-                try:
+        shareable = stage_policy.shareable or stage in self._shareable_stages
+        # The shareable key this call is sending for the whole run: others wait for its final outcome, across
+        # its retries, so one request is answered (and paid) once however many conditions ask it at once.
+        leading: str | None = None
+        try:
+            while True:
+                attempt += 1
+                self._own_attempts += 1
+                request = ChatRequest(
+                    messages=wire_messages,
+                    max_tokens=budget,
+                    temperature=temperature,
+                    schema=schema,
+                    reasoning=reasoning,
+                    tools=wire_tools,
+                    tool_choice=tool_choice,
+                )
+                request_json = request.canonical_json().encode()
+                request_sha = hashlib.sha256(request_json).hexdigest()
+                key = call_cache_key(
+                    backbone=runtime.name,
+                    model=config.model,
+                    request_sha256=request_sha,
+                    stage=stage,
+                    realization=self._item.realization,
+                    method_label=None if shareable else self._item.method,
+                    sample=sample,
+                )
+                result: ChatResult | None = None
+                if key != leading:
+                    if self._context.cache_lookups or shareable:
+                        result = self._from_cache(key, request, stage, attempt, request_sha)
+                    if result is None and shareable:
+                        result = await self._from_shared(key, request, stage, attempt, request_sha)
+                        if result is None:
+                            self._context.shared.lead(key)  # no await since the look: nobody leads it now
+                            leading = key
+                if result is None:
+                    request_sha = self._context.writer.put_blob(request_json, request_sha)
                     outcome = await self._call_backend(
                         key, request, stage, attempt, request_chars, failures, request_sha
                     )
-                except BaseException:
-                    if leader:
-                        self._context.shared.settle(key, None)
-                    raise
-                if leader:
-                    self._context.shared.settle(key, outcome if isinstance(outcome, ChatResult) else None)
-                if isinstance(outcome, tuple):
-                    error, decision = outcome
-                    if not decision.retry:
-                        raise error
-                    await asyncio.sleep(decision.delay_s)
-                    continue
-                result = outcome
-                failures.clear()  # a length retry is a new request with its own retry allowance
-            totals = _add_usage(totals, result.usage)
-            if result.finish_reason == "length" and length_retries_left > 0:
-                grown = next_length_budget(
-                    budget,
-                    cap=stage_policy.length_cap,
-                    model_max_output=config.max_output_tokens,
-                    context_window=config.context_window,
-                    prompt_tokens=result.usage.prompt_tokens or estimated_prompt,
+                    if isinstance(outcome, tuple):
+                        error, decision = outcome
+                        if decision.stop_backbone:
+                            raise StopRequested(runtime.stopped or str(error))
+                        if not decision.retry:
+                            raise error
+                        with runtime.stop_guard():
+                            await asyncio.sleep(decision.delay_s)
+                        continue
+                    result = outcome
+                    if leading == key:
+                        self._context.shared.settle(key, result)
+                        leading = None
+                    failures.clear()  # a length retry is a new request with its own retry allowance
+                totals = _add_usage(totals, result.usage)
+                if result.finish_reason == "length" and length_retries_left > 0:
+                    grown = next_length_budget(
+                        budget,
+                        cap=stage_policy.length_cap,
+                        model_max_output=config.max_output_tokens,
+                        context_window=config.context_window,
+                        prompt_tokens=result.usage.prompt_tokens or estimated_prompt,
+                    )
+                    if grown is not None:
+                        length_retries_left -= 1
+                        runtime.counters.length_retries += 1
+                        budget = grown
+                        continue
+                parsed: Any = None
+                parse_error: str | None = None
+                if schema is not None:
+                    parsed, parse_error = parse_json_answer(result.text)
+                    if parse_error and result.finish_reason == "length":
+                        parse_error = f"{parse_error} (output budget exhausted: finish_reason=length)"
+                return Reply(
+                    text=result.text,
+                    parsed=parsed,
+                    parse_error=parse_error,
+                    finish_reason=result.finish_reason,
+                    attempts=attempt,
+                    prompt_tokens=totals.prompt_tokens,
+                    completion_tokens=totals.completion_tokens,
+                    reasoning_tokens=totals.reasoning_tokens,
+                    cached_tokens=totals.cached_prompt_tokens,
+                    reasoning_text=result.reasoning_text,
+                    tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in result.tool_calls),
                 )
-                if grown is not None:
-                    length_retries_left -= 1
-                    runtime.counters.length_retries += 1
-                    budget = grown
-                    continue
-            parsed: Any = None
-            parse_error: str | None = None
-            if schema is not None:
-                parsed, parse_error = parse_json_answer(result.text)
-                if parse_error and result.finish_reason == "length":
-                    parse_error = f"{parse_error} (output budget exhausted: finish_reason=length)"
-            return Reply(
-                text=result.text,
-                parsed=parsed,
-                parse_error=parse_error,
-                finish_reason=result.finish_reason,
-                attempts=attempt,
-                prompt_tokens=totals.prompt_tokens,
-                completion_tokens=totals.completion_tokens,
-                reasoning_tokens=totals.reasoning_tokens,
-                cached_tokens=totals.cached_prompt_tokens,
-                reasoning_text=result.reasoning_text,
-                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in result.tool_calls),
-            )
+        finally:
+            if leading is not None:
+                # Gave up (or was stopped or cancelled) while leading: waiters send their own request.
+                self._context.shared.settle(leading, None)
 
     def _base_row(
         self, stage: str, attempt: int, max_tokens: int, key: str, request_sha: str
@@ -316,16 +340,19 @@ class ItemSession:
     async def _from_shared(
         self, key: str, request: ChatRequest, stage: str, attempt: int, request_sha: str
     ) -> ChatResult | None:
-        """Another item's answer to the same shareable request, sent or just received; recorded as cached."""
+        """Another item's answer to the same shareable request, sent or just received; recorded as cached.
+
+        None when nobody is sending it: the caller then leads it, before its next await.
+        """
         shared = self._context.shared
-        result = shared.finished(key)
-        if result is None:
+        while (result := shared.finished(key)) is None:
             pending = shared.in_flight(key)
             if pending is None:
                 return None
             result = await asyncio.shield(pending)
-            if result is None:
-                return None  # the leader failed: this item sends its own request
+            if result is not None:
+                break
+            # The leader gave up; another waiter may have taken the lead meanwhile: look again.
         now = utc_timestamp()
         self._context.writer.add_call(
             CallRow(
@@ -356,74 +383,158 @@ class ItemSession:
 
         Returns the result, or the error with the gate's decision about it (made while the attempt still held its
         concurrency slot, so a burst of 429s from one overload shrinks concurrency once).
+
+        Raises:
+            StopRequested: this backbone (or the whole run) stopped before the request was sent.
         """
         runtime = self._runtime
         writer = self._context.writer
-        if self._context.stop.admission_stopped:
-            raise StopRequested("admission stopped")
-        # Backpressure: a call is not started while the writer is behind, so memory stays bounded by the
-        # writer's queue however fast answers come back.
-        await writer.wait_for_room()
+        gate = runtime.gate
         base = self._base_row(stage, attempt, request.max_tokens, key, request_sha)
-        estimated_prompt = runtime.gate.estimator.estimate(prompt_chars)
-        async with runtime.gate.admit(
-            estimated_prompt, request.max_tokens, prompt_chars=prompt_chars
-        ) as ticket:
-            if self._context.stop.admission_stopped:
-                raise StopRequested("admission stopped")
-            started_at = utc_timestamp()
-            started = time.perf_counter()
-            try:
-                result = await runtime.backend.chat(request)
-            except CallError as error:
-                decision = runtime.gate.on_error(error, failures.count(error), ticket)
-                runtime.counters.record_error(error)
-                writer.add_call(
-                    CallRow(
-                        **base,
-                        status="rate_limited" if isinstance(error, RateLimited) else "error",
-                        started_at=started_at,
-                        ended_at=utc_timestamp(),
-                        latency_ms=(time.perf_counter() - started) * 1000,
-                        error=str(error)[:2000],
-                        error_kind=error.kind,
-                        http_status=error.status,
+        estimated_prompt = gate.estimator.estimate(prompt_chars)
+        with runtime.stop_guard() as guard:
+            # Backpressure: a call is not started while the writer is behind, so memory stays bounded by the
+            # writer's queue however fast answers come back.
+            await writer.wait_for_room()
+            async with gate.admit(estimated_prompt, request.max_tokens, prompt_chars=prompt_chars) as ticket:
+                guard.disarm()  # from here on the request goes out: a stop lets it finish and be recorded
+                if runtime.stopped is not None:
+                    raise StopRequested(runtime.stopped)
+                started_at = utc_timestamp()
+                started = time.perf_counter()
+                pauses_before = gate.pauses_started
+                try:
+                    result = await runtime.backend.chat(request)
+                except CallError as error:
+                    decision = gate.on_error(error, failures.count(error), ticket)
+                    runtime.counters.record_error(error)
+                    writer.add_call(
+                        CallRow(
+                            **base,
+                            status="rate_limited" if isinstance(error, RateLimited) else "error",
+                            started_at=started_at,
+                            ended_at=utc_timestamp(),
+                            latency_ms=(time.perf_counter() - started) * 1000,
+                            error=str(error)[:2000],
+                            error_kind=error.kind,
+                            http_status=error.status,
+                        )
                     )
-                )
-                return error, decision
-            except asyncio.CancelledError:
-                writer.add_call(
-                    CallRow(
-                        **base,
-                        status="cancelled",
-                        started_at=started_at,
-                        ended_at=utc_timestamp(),
-                        latency_ms=(time.perf_counter() - started) * 1000,
-                        error="cancelled before the provider answered",
-                        error_kind="cancelled",
+                    if decision.stop_backbone:
+                        self._stop_backbone(error.status, decision.asked_s, "its answer", str(error))
+                    elif gate.pauses_started > pauses_before:
+                        self._note_pause(decision.pause_backbone_s, error.status, decision.asked_s)
+                    return error, decision
+                except asyncio.CancelledError:
+                    writer.add_call(
+                        CallRow(
+                            **base,
+                            status="cancelled",
+                            started_at=started_at,
+                            ended_at=utc_timestamp(),
+                            latency_ms=(time.perf_counter() - started) * 1000,
+                            error="cancelled before the provider answered",
+                            error_kind="cancelled",
+                        )
                     )
-                )
-                raise
-            runtime.gate.on_rate_limit_headers(result.rate_limit)
-            ended_at = utc_timestamp()
-            ticket.release_slot()
-            try:
-                # The slot is free: let the call it was handed to go out before this attempt is settled and
-                # recorded and its item goes on to parse the answer and build its next prompt. Two turns of
-                # the loop: one for the woken caller to start its request, one for aiohttp to write it (before
-                # Python 3.12 aiohttp writes a request body from a task of its own, which would otherwise wait
-                # behind all of that). When a sweep's answers come in clumps (a provider freeing its slots
-                # together), every microsecond before the send is paid once per answer in the clump.
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
-            finally:
-                # Settled and recorded even when cancelled in between: the provider answered and charged.
-                cost = ticket.settle(result.usage)
-                self._record_answer(base, result, started_at, ended_at, cost)
+                    raise
+                pause = gate.on_rate_limit_headers(result.rate_limit)
+                if gate.retry.too_long(pause):
+                    # The answer stands; it is the backbone's next calls that cannot be waited for.
+                    self._stop_backbone(200, pause, "its rate-limit headers", "")
+                elif gate.pauses_started > pauses_before:
+                    self._note_pause(pause, 200, None)
+                ended_at = utc_timestamp()
+                ticket.release_slot()
+                try:
+                    # The slot is free: let the call it was handed to go out before this attempt is settled and
+                    # recorded and its item goes on to parse the answer and build its next prompt. Two turns of
+                    # the loop: one for the woken caller to start its request, one for aiohttp to write it
+                    # (before Python 3.12 aiohttp writes a request body from a task of its own, which would
+                    # otherwise wait behind all of that). When a sweep's answers come in clumps (a provider
+                    # freeing its slots together), every microsecond before the send is paid once per answer.
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                finally:
+                    # Settled and recorded even when cancelled in between: the provider answered and charged.
+                    usage, source = self._billable_usage(result, request, prompt_chars)
+                    cost = ticket.settle(usage, reported=source == "reported")
+                    self._record_answer(base, result, usage, source, started_at, ended_at, cost)
         return result
 
+    def _billable_usage(
+        self, result: ChatResult, request: ChatRequest, prompt_chars: int
+    ) -> tuple[Usage, UsageSource]:
+        """The usage to charge: the provider's, or a conservative estimate when it sent none or nonsense."""
+        runtime = self._runtime
+        problem = result.usage_problem or implausible_usage(
+            result.usage,
+            prompt_chars=prompt_chars,
+            messages=len(request.messages),
+            max_tokens=request.max_tokens,
+            context_window=runtime.config.context_window,
+        )
+        if problem is None:
+            return result.usage, "reported"
+        answer_chars = len(result.text) + len(result.reasoning_text)
+        answer_chars += sum(len(call.name) + len(call.arguments) for call in result.tool_calls)
+        usage = estimated_usage(
+            runtime.gate.estimator,
+            prompt_chars=prompt_chars,
+            answer_chars=answer_chars,
+            max_tokens=request.max_tokens,
+            finish_reason=result.finish_reason,
+        )
+        runtime.counters.usage_estimated += 1
+        if runtime.counters.usage_estimated == 1:
+            self._event(
+                "usage_estimated",
+                problem=problem,
+                charged={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+            )
+        return usage, "estimated"
+
+    def _stop_backbone(self, status: int | None, asked_s: float | None, where: str, message: str) -> None:
+        """Stop this backbone for the session: one line for the user, one event in results.db."""
+        runtime = self._runtime
+        limit = runtime.gate.retry.max_pause_s
+        asked = "forever" if asked_s is None or not asked_s < float("inf") else f"{asked_s:,.0f} s"
+        reason = (
+            f"backbone {runtime.name!r} stopped: HTTP {status if status is not None else '-'}, the provider asked "
+            f"(in {where}) to wait {asked}, more than max_pause_s = {limit:g} s; the other backbones go on, its "
+            "unfinished items are left for a resume (rerun the same sweep command)"
+        )
+        if runtime.stop(reason):
+            self._context.announce(reason)
+            self._event(
+                "backbone_stopped",
+                status=status,
+                asked_s=asked_s if asked_s is not None and asked_s < float("inf") else None,
+                max_pause_s=limit,
+                message=message[:300],
+            )
+
+    def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
+        self._event("backbone_paused", seconds=round(seconds, 3), status=status, asked_s=asked_s)
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        self._context.writer.add_event(
+            EventRow(
+                run_id=self._context.run_id,
+                kind=kind,
+                detail_json=json.dumps({"backbone": self._runtime.name, **detail}, sort_keys=True),
+            )
+        )
+
     def _record_answer(
-        self, base: dict[str, Any], result: ChatResult, started_at: str, ended_at: str, cost: float
+        self,
+        base: dict[str, Any],
+        result: ChatResult,
+        usage: Usage,
+        usage_source: UsageSource,
+        started_at: str,
+        ended_at: str,
+        cost: float,
     ) -> None:
         runtime = self._runtime
         writer = self._context.writer
@@ -439,21 +550,24 @@ class ItemSession:
                 started_at=started_at,
                 ended_at=ended_at,
                 finish_reason=result.finish_reason,
-                prompt_tokens=result.usage.prompt_tokens,
-                completion_tokens=result.usage.completion_tokens,
-                reasoning_tokens=result.usage.reasoning_tokens,
-                cached_tokens=result.usage.cached_prompt_tokens,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+                cached_tokens=usage.cached_prompt_tokens,
                 cost_usd=cost,
                 latency_ms=result.latency_s * 1000,
                 # The raw body holds the answer: its text is stored apart only when there is no body to keep.
                 response_sha256=writer.put_blob(raw_body) if raw_body else None,
-                response_text_sha256=None if raw_body else writer.put_blob(result.text.encode()),
+                response_text_sha256=None
+                if raw_body
+                else writer.put_blob(repair_surrogates(result.text).encode()),
                 reasoning_text_sha256=(
-                    writer.put_blob(result.reasoning_text.encode())
+                    writer.put_blob(repair_surrogates(result.reasoning_text).encode())
                     if result.reasoning_text and not raw_body
                     else None
                 ),
                 endpoint=result.endpoint or None,
+                usage_source=usage_source,
             )
         )
 
