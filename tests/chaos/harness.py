@@ -6,15 +6,25 @@ simulators). The sweep runs as ``python -m rcarun.cli sweep`` in a child process
 the simulators run in processes of their own that outlive every kill, so their request logs
 (``GET /mock/log``) are the ground truth of what was served.
 
+Besides the plain faults (500, 503, 429, hangs, resets, malformed bodies, answers cut short), the simulators
+serve the hostile answers the outside fault campaign (shared/reviews/chaos-2026-12.md) found rcarun could not
+survive: a step of 10**26, a lone UTF-16 surrogate, nonsense usage (missing, 10**20, Infinity, negative), and
+a 429 whose Retry-After asks for a day, a date in 2099 or infinity. A backbone told to wait longer than its
+``max_pause_s`` stops for the session, so the sweep exits 3 ("stopped"); the harness then resumes it, as a user
+would (a bounded number of times, counted in the report), until a run exits 0. Every child runs under a
+wall-clock limit: one that hangs is SIGKILLed and reported, never waited for.
+
 Reconciliation joins the two records of every attempt:
-- an answer the server sent (ok / length) carries a completion id, which rcarun keeps in the raw response
-  body it stores: joined one to one;
+- an answer the server sent (ok / length, and the hostile huge_step / surrogate / bad_usage answers) carries a
+  completion id, which rcarun keeps in the raw response body it stores: joined one to one;
 - a fault has no id (a reset sends nothing at all): joined by the request's digest (messages + max_tokens,
   `rcarun.mock.request_digest`, which the stored request blob also yields) and the kind of failure, as
   multisets.
 A served attempt without a row is a loss; it is explained only if it was answered in the instant before a kill
 (the writer's uncommitted batch) or was in flight across the kill (arrived before, answered after), and the
 in-flight ones never exceed the backbone's concurrency. A row without a served attempt is always a failure.
+Two checks ride along: no ``calls`` row holds a token count outside [0, 2**53] (whatever usage said), and every
+stored bad-usage answer says ``usage_source = 'estimated'``.
 """
 
 from __future__ import annotations
@@ -69,6 +79,20 @@ LATENCY_S = 0.05
 LOG_SIZE = 200_000
 
 _FAULT_RATE = 0.03  # each of six kinds, plus answers cut short: about 20% of requests meet a fault
+# The campaign's kinds, rarer: a sweep of some 300 requests per backbone meets each answer kind a few times in
+# all and a long pause once or twice.
+_HOSTILE_RATE = 0.01
+_LONG_PAUSE_RATE = 0.003
+# Longest pause the client accepts before it stops the backbone for the session (the long pauses ask for more).
+MAX_PAUSE_S = 2
+# Resumes after a run that exited 3 (stopped), beyond the kills and the final resume, before giving up.
+MAX_EXTRA_RESUMES = 6
+# The largest integer a double holds exactly: no token count may come near it.
+_TOKEN_CEILING = 2**53
+_EXIT_STOPPED = 3
+# The least a final run is given, however little of the sweep's time is left (a resume that has nothing left to
+# do still starts Python and opens results.db).
+_MIN_FINAL_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +109,8 @@ class ChaosBackbone:
 
 
 def chaos_backbones(seed: int) -> tuple[ChaosBackbone, ...]:
-    """Three backbones with different provider styles, each injecting every fault kind."""
-    faults = {
+    """Three backbones with different provider styles, each injecting every fault kind the simulator has."""
+    faults: dict[str, Any] = {
         "error_500_rate": _FAULT_RATE,
         "error_503_rate": _FAULT_RATE,
         "timeout_rate": _FAULT_RATE,
@@ -94,12 +118,16 @@ def chaos_backbones(seed: int) -> tuple[ChaosBackbone, ...]:
         "malformed_rate": _FAULT_RATE,
         "rate_limit_rate": _FAULT_RATE,
         "length_rate": _FAULT_RATE,
+        "huge_step_rate": _HOSTILE_RATE,
+        "surrogate_rate": _HOSTILE_RATE,
+        "bad_usage_rate": _HOSTILE_RATE,
+        "long_pause_rate": _LONG_PAUSE_RATE,
         "rate_limit_retry_after_s": 0.1,
         "hang_s": HANG_S,
         "request_log_size": LOG_SIZE,
         "latency_s": LATENCY_S,
     }
-    retry = {"max_attempts": 4, "base_s": 0.02, "cap_s": 0.2}
+    retry = {"max_attempts": 4, "base_s": 0.02, "cap_s": 0.2, "max_pause_s": MAX_PAUSE_S}
     return (
         ChaosBackbone(
             "chaos-gpt",
@@ -158,6 +186,8 @@ class BackboneReconciliation:
     failure_reasons: dict[str, int] = field(default_factory=dict)
     items_missing: int = 0
     items_duplicated: int = 0  # more than one prediction, or a prediction and a failure
+    hostile_stored: dict[str, int] = field(default_factory=dict)  # huge_step / ... answers found in calls
+    bad_usage_not_estimated: int = 0  # stored bad-usage answers whose usage_source is not 'estimated'
 
     @property
     def lost(self) -> int:
@@ -172,6 +202,7 @@ class BackboneReconciliation:
             "paid_twice",
             "items_missing",
             "items_duplicated",
+            "bad_usage_not_estimated",
         ):
             if getattr(self, name):
                 found.append(f"{self.backbone}: {name} = {getattr(self, name)}")
@@ -193,18 +224,33 @@ class ChaosReport:
     seed: int
     kills_requested: int
     kills: list[float] = field(default_factory=list)  # seconds into the sweep of each SIGKILL
-    final_exit_code: int | None = None
+    # Every child in order: "killed" (a planned SIGKILL), its exit code, or "hung" (past its wall-clock limit).
+    runs: list[str] = field(default_factory=list)
+    extra_resumes: int = 0  # runs started again because the one before exited 3 (stopped)
+    final_exit_code: int | None = None  # None: the last run hung and was killed
+    # Runs that crashed or hung, each with the last words of its stderr.
+    child_failures: list[str] = field(default_factory=list)
     integrity: str = ""
     log_dropped: int = 0
     elapsed_s: float = 0.0
+    calls_tokens_out_of_range: int = 0  # calls rows with a token count outside [0, 2**53]
+    usage_source_column: bool = False  # calls.usage_source exists (needed to tell estimated usage)
     backbones: list[BackboneReconciliation] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         found = [problem for backbone in self.backbones for problem in backbone.problems()]
+        found += self.child_failures
         if len(self.kills) != self.kills_requested:
             found.append(f"{len(self.kills)} kills landed mid-sweep, {self.kills_requested} were asked for")
         if self.final_exit_code != 0:
-            found.append(f"the final resume exited with {self.final_exit_code}")
+            found.append(
+                f"the final resume exited with {self.final_exit_code}"
+                + (f" after {self.extra_resumes} extra resumes" if self.extra_resumes else "")
+            )
+        if self.calls_tokens_out_of_range:
+            found.append(f"{self.calls_tokens_out_of_range} calls rows hold a token count outside [0, 2**53]")
+        if self.backbones and not self.usage_source_column:
+            found.append("calls has no usage_source column: estimated usage cannot be told from billed")
         if self.integrity != "ok":
             found.append(f"PRAGMA integrity_check: {self.integrity}")
         if self.log_dropped:
@@ -267,8 +313,20 @@ def _served_total(servers: Mapping[str, MockProcess]) -> int:
     return sum(server.stats().requests_total for server in servers.values())
 
 
-def run_chaos_sweep(workdir: Path, seed: int, kills: int = 5, *, timeout_s: float = 300.0) -> ChaosReport:
-    """Run the sweep, SIGKILL it ``kills`` times at seeded random moments, resume to the end, reconcile."""
+def run_chaos_sweep(
+    workdir: Path,
+    seed: int,
+    kills: int = 5,
+    *,
+    timeout_s: float = 300.0,
+    max_extra_resumes: int = MAX_EXTRA_RESUMES,
+) -> ChaosReport:
+    """Run the sweep, SIGKILL it ``kills`` times at seeded random moments, resume to the end, reconcile.
+
+    A run that exits 3 (a backbone stopped by a long pause) is resumed, at most ``max_extra_resumes`` times in
+    all. ``timeout_s`` bounds the whole sweep: a child still running when it is spent is SIGKILLed (SIGINT and
+    SIGTERM may not stop a hung one) and reported as hung.
+    """
     rng = random.Random(f"chaos:{seed}")
     backbones = chaos_backbones(seed)
     report = ChaosReport(seed=seed, kills_requested=kills)
@@ -284,25 +342,8 @@ def run_chaos_sweep(workdir: Path, seed: int, kills: int = 5, *, timeout_s: floa
         command = [sys.executable, "-m", "rcarun.cli", "sweep", "--config", str(config), "--db", str(db)]
         command += ["--run", RUN_NAME, "--no-progress"]
         deadline = time.monotonic() + timeout_s
-        for _ in range(kills):
-            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            before = _served_total(servers)
-            # Kill mid-sweep: once the child is sending, after a random share of a second or so.
-            while _served_total(servers) == before and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(rng.uniform(0.05, 0.7))
-            if child.poll() is not None:
-                tail = child.communicate()[1].decode(errors="replace")[-2000:]
-                raise RuntimeError(f"the sweep ended before kill {len(kill_times) + 1}: {tail}")
-            kill_times.append(time.time())
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait()
-            if child.stderr:
-                child.stderr.close()
-        final = subprocess.run(command, capture_output=True, timeout=max(10.0, deadline - time.monotonic()))
-        report.final_exit_code = final.returncode
-        if final.returncode != 0:
-            sys.stderr.write(final.stderr.decode(errors="replace")[-4000:])
+        _kill_phase(report, command, servers, kills, kill_times, rng, deadline, max_extra_resumes)
+        _final_phase(report, command, deadline, max_extra_resumes)
         logs = {name: server.request_log() for name, server in servers.items()}
     finally:
         for server in servers.values():
@@ -312,13 +353,130 @@ def run_chaos_sweep(workdir: Path, seed: int, kills: int = 5, *, timeout_s: floa
     report.elapsed_s = round(time.time() - started, 1)
     report.kills = [round(at - started, 2) for at in kill_times]
     report.log_dropped = sum(int(log["dropped"]) for log in logs.values())
+    if not db.exists():
+        report.integrity = "no results.db was written"
+        return report
     with sqlite3.connect(db) as connection:
         report.integrity = "; ".join(row[0] for row in connection.execute("PRAGMA integrity_check"))
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"calls", "items", "predictions", "trajectories", "blobs"} <= tables:
+            report.integrity += "; results.db lacks rcarun's tables"
+            return report
+        columns = _columns(connection, "calls")
+        report.usage_source_column = "usage_source" in columns
+        report.calls_tokens_out_of_range = _tokens_out_of_range(connection, columns)
         qids = _qids(connection)
         for backbone in backbones:
             entries = [RequestLogEntry.from_dict(entry) for entry in logs[backbone.name]["entries"]]
             report.backbones.append(_reconcile(connection, backbone, entries, kill_times, qids))
     return report
+
+
+def _kill_phase(
+    report: ChaosReport,
+    command: list[str],
+    servers: Mapping[str, MockProcess],
+    kills: int,
+    kill_times: list[float],
+    rng: random.Random,
+    deadline: float,
+    max_extra_resumes: int,
+) -> None:
+    """Start the sweep and SIGKILL it mid-flight, ``kills`` times; a run that stops by itself is resumed."""
+    while len(kill_times) < kills and time.monotonic() < deadline:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        killed = False
+        try:
+            before = _served_total(servers)
+            # Kill mid-sweep: once the child is sending, after a random share of a second or so.
+            while _served_total(servers) == before and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.05, 0.7))
+            if child.poll() is None:
+                kill_times.append(time.time())
+                os.kill(child.pid, signal.SIGKILL)
+                killed = True
+        finally:
+            if child.poll() is None and not killed:
+                child.kill()  # an error in the harness itself: never leave a sweep running behind
+            _, stderr = child.communicate()
+        if killed:
+            report.runs.append("killed")
+            continue
+        report.runs.append(str(child.returncode))
+        if child.returncode == _EXIT_STOPPED and report.extra_resumes < max_extra_resumes:
+            report.extra_resumes += 1  # a backbone stopped before the kill landed: resume, kill that one
+            continue
+        if child.returncode != 0:
+            report.child_failures.append(
+                f"run {len(report.runs)} exited {child.returncode} before kill {len(kill_times) + 1}: "
+                + _tail(stderr)
+            )
+        return
+
+
+def _final_phase(
+    report: ChaosReport,
+    command: list[str],
+    deadline: float,
+    max_extra_resumes: int,
+    min_wait_s: float = _MIN_FINAL_WAIT_S,
+) -> None:
+    """Resume to the end: again after each exit 3 (a backbone stopped), up to ``max_extra_resumes`` in all.
+
+    Each run may take what is left until ``deadline``, never less than ``min_wait_s``; past that it is hung.
+    """
+    while True:
+        limit_s = max(min_wait_s, deadline - time.monotonic())
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _, stderr = child.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            child.kill()  # SIGKILL: a hung sweep may ignore SIGINT and SIGTERM
+            _, stderr = child.communicate()
+            report.runs.append("hung")
+            report.final_exit_code = None
+            report.child_failures.append(
+                f"run {len(report.runs)} hung: SIGKILLed after {limit_s:.3g} s; {_tail(stderr)}"
+            )
+            return
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        report.runs.append(str(child.returncode))
+        report.final_exit_code = child.returncode
+        if child.returncode == _EXIT_STOPPED and report.extra_resumes < max_extra_resumes:
+            report.extra_resumes += 1
+            continue
+        if child.returncode not in (0, _EXIT_STOPPED):
+            sys.stderr.write(stderr.decode(errors="replace")[-4000:])
+            report.child_failures.append(f"run {len(report.runs)} exited {child.returncode}: {_tail(stderr)}")
+        return
+
+
+def _tail(stderr: bytes | None, chars: int = 300) -> str:
+    """The end of a child's stderr on one line, for the report."""
+    text = " | ".join(
+        line.strip() for line in (stderr or b"").decode(errors="replace").splitlines() if line.strip()
+    )
+    return text[-chars:] if text else "(nothing on stderr)"
+
+
+def _columns(connection: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+
+
+def _tokens_out_of_range(connection: sqlite3.Connection, columns: Iterable[str]) -> int:
+    """Calls rows with any ``*_tokens`` count below 0 or above 2**53 (a float or text counts as out too)."""
+    names = sorted(name for name in columns if name.endswith("_tokens"))
+    if not names:
+        return 0
+    test = " OR ".join(
+        f"({name} IS NOT NULL AND (typeof({name}) != 'integer' OR {name} < 0 OR {name} > {_TOKEN_CEILING}))"
+        for name in names
+    )
+    return int(connection.execute(f"SELECT COUNT(*) FROM calls WHERE {test}").fetchone()[0])
 
 
 def _qids(connection: sqlite3.Connection) -> list[str]:
@@ -328,10 +486,14 @@ def _qids(connection: sqlite3.Connection) -> list[str]:
 # --------------------------------------------------------------------------------------------- reconciliation
 
 
+# Served as 200 completions with an id, like ok answers: rcarun must store them as answers.
+HOSTILE_ANSWERS = ("huge_step", "surrogate", "bad_usage")
+
+
 def _server_class(outcome: str) -> str:
-    if outcome in ("ok", "length"):
+    if outcome in ("ok", "length") or outcome in HOSTILE_ANSWERS:
         return "answer"
-    if outcome == "rate_limit" or outcome.startswith("rejected_"):
+    if outcome in ("rate_limit", "long_pause") or outcome.startswith("rejected_"):
         return "429"
     if outcome in ("error_500", "error_503", "malformed"):
         return outcome
@@ -345,7 +507,8 @@ def _row_class(status: str, http_status: int | None) -> str:
         return "answer"
     if http_status in (500, 503):  # by status, not by row status: Moonshot's 503 means "rate limited"
         return f"error_{http_status}"
-    if status == "rate_limited":
+    # By status too: the 429 that stops a backbone (a pause past max_pause_s) may be kept under another status.
+    if status == "rate_limited" or http_status == 429:
         return "429"
     if http_status is None:
         return "no_answer"
@@ -369,16 +532,18 @@ class _Row:
     kind: str
     digest: str | None
     completion_id: str | None
+    usage_source: str | None = None  # None also when results.db has no such column
 
 
 def _rows(connection: sqlite3.Connection, backbone: str) -> list[_Row]:
     digests: dict[str, str | None] = {}
     rows = []
+    usage_source = "usage_source" if "usage_source" in _columns(connection, "calls") else "NULL"
     query = (
-        "SELECT call_id, cache_key, status, http_status, request_sha256, response_sha256 FROM calls "
-        "WHERE backbone = ? ORDER BY call_id"
+        "SELECT call_id, cache_key, status, http_status, request_sha256, response_sha256, "
+        f"{usage_source} FROM calls WHERE backbone = ? ORDER BY call_id"
     )
-    for call_id, cache_key, status, http_status, request_sha, response_sha in connection.execute(
+    for call_id, cache_key, status, http_status, request_sha, response_sha, source in connection.execute(
         query, (backbone,)
     ):
         if request_sha not in digests:
@@ -400,6 +565,7 @@ def _rows(connection: sqlite3.Connection, backbone: str) -> list[_Row]:
                 _row_class(status, http_status),
                 digests[request_sha],
                 completion_id,
+                source,
             )
         )
     return rows
@@ -416,6 +582,7 @@ def _reconcile(
     result.served = len(entries)
     result.served_by_outcome = dict(Counter(entry.outcome for entry in entries))
     rows = _rows(connection, backbone.name)
+    has_source = "usage_source" in _columns(connection, "calls")  # its absence is the report's problem
     result.recorded = dict(Counter(row.status for row in rows))
     attempts = [row for row in rows if row.status != "cached"]
 
@@ -436,6 +603,10 @@ def _reconcile(
                 matched_ids.add(str(entry.completion_id))
                 result.matched += 1
                 stored_at.setdefault(row.cache_key, entry.at)
+                if entry.outcome in HOSTILE_ANSWERS:
+                    result.hostile_stored[entry.outcome] = result.hostile_stored.get(entry.outcome, 0) + 1
+                    if entry.outcome == "bad_usage" and has_source and row.usage_source != "estimated":
+                        result.bad_usage_not_estimated += 1
         else:
             unmatched_faults[(entry.request_digest, kind)] += 1
             fault_entries[(entry.request_digest, kind)].append(entry)
@@ -588,9 +759,11 @@ def render_table(report: ChaosReport) -> str:
         + f" {'re-ask':>6} {'done':>5} {'failed':>6} {'missing':>7}"
     )
     lines = [
-        f"chaos sweep seed {report.seed}: {len(report.kills)} SIGKILLs at "
-        f"{', '.join(f'{at:.1f}s' for at in report.kills)}; {report.elapsed_s:.0f} s in all; "
-        f"final resume exit {report.final_exit_code}; integrity_check {report.integrity}",
+        f"chaos sweep seed {report.seed}: {len(report.kills)} SIGKILLs"
+        + (f" at {', '.join(f'{at:.1f}s' for at in report.kills)}" if report.kills else "")
+        + f"; {report.elapsed_s:.0f} s in all; "
+        f"final resume exit {'hung' if report.runs[-1:] == ['hung'] else report.final_exit_code}; "
+        f"integrity_check {report.integrity}",
         header,
         "-" * len(header),
     ]
@@ -605,10 +778,25 @@ def render_table(report: ChaosReport) -> str:
         )
     reasons: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
+    hostile: Counter[str] = Counter()
     for b in report.backbones:
         reasons.update(b.failure_reasons)
         outcomes.update(b.served_by_outcome)
+        hostile.update(b.hostile_stored)
     lines.append("served by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    lines.append("runs: " + " → ".join(report.runs) + f"; extra resumes after exit 3: {report.extra_resumes}")
+    if report.backbones:
+        not_estimated = sum(b.bad_usage_not_estimated for b in report.backbones)
+        estimated = (
+            f"{hostile['bad_usage'] - not_estimated} of {hostile['bad_usage']} bad-usage rows 'estimated'"
+            if report.usage_source_column
+            else "no calls.usage_source column"
+        )
+        lines.append(
+            "hostile answers stored: "
+            + ", ".join(f"{kind} {hostile[kind]}" for kind in HOSTILE_ANSWERS)
+            + f"; {estimated}; token counts outside [0, 2**53]: {report.calls_tokens_out_of_range}"
+        )
     if reasons:
         lines.append("failed items by reason: " + "; ".join(f"{k} ×{v}" for k, v in reasons.most_common()))
     problems = report.problems()

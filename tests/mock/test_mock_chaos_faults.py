@@ -1,4 +1,6 @@
-"""The simulator's chaos knobs: random 429s, answers cut short (length_rate) and the request log."""
+"""The simulator's chaos knobs: random 429s, answers cut short (length_rate), the hostile answers and pauses of
+the outside fault campaign (huge steps, lone surrogates, nonsense usage, day-long Retry-After) and the request
+log that reconciles them."""
 
 from __future__ import annotations
 
@@ -21,6 +23,38 @@ SCHEMA: dict[str, Any] = {
     "required": ["reason", "step"],
 }
 FAST = MockConfig(latency_s=0.0, hang_s=0.05)
+# The all-at-once answer and a nested one in rcta's shape: step fields named as the methods name them.
+ROOT_STEP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string"},
+        "responsible_role": {"type": "string", "enum": ["Orchestrator", "WebSurfer"]},
+        "root_step": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["reason", "responsible_role", "root_step"],
+}
+NESTED_STEP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "root_cause": {
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": ["Orchestrator"]},
+                "step": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+        },
+        "step_ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "reason": {"type": "string", "minLength": 80},
+    },
+}
+HALF_SCHEMA: dict[str, Any] = {  # binary search's answer: no step in it
+    "type": "object",
+    "properties": {"reason": {"type": "string"}, "half": {"type": "string", "enum": ["upper", "lower"]}},
+}
+
+
+def log_entries(server: MockServer) -> list[RequestLogEntry]:
+    return [RequestLogEntry.from_dict(entry) for entry in server.request_log()["entries"]]
 
 
 async def test_rate_limit_fault_is_a_429_with_the_configured_retry_after(
@@ -182,9 +216,183 @@ def test_request_digest_depends_on_messages_and_max_tokens_only() -> None:
     assert request_digest([{"role": "system", "content": "é"}], 10) != same
 
 
+# ------------------------------------------------------------------------------------- the hostile answers
+
+
+async def test_huge_step_states_ten_to_the_26_as_a_json_integer_and_changes_nothing_else(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    body = make_body("which step?", schema=ROOT_STEP_SCHEMA, max_tokens=400, temperature=0)
+    async with MockServer(FAST) as plain_server:
+        plain = await post_chat(plain_server, body)
+    async with MockServer(FAST.replace(huge_step_rate=1.0, request_log_size=10)) as server:
+        reply = await post_chat(server, body)
+        stats = server.stats()
+        (entry,) = log_entries(server)
+    assert reply.status == 200
+    assert b'\\"root_step\\": 100000000000000000000000000}' in reply.raw  # an integer, not 1e+26
+    answer, plain_answer = json.loads(reply.content), json.loads(plain.content)
+    assert answer["root_step"] == 10**26 and isinstance(answer["root_step"], int)
+    assert {**answer, "root_step": plain_answer["root_step"]} == plain_answer
+    assert reply.body["choices"][0]["finish_reason"] == "stop"
+    assert stats.faults["huge_step"] == 1 and stats.accepted == 1
+    assert (entry.outcome, entry.status, entry.detail) == ("huge_step", 200, "root_step")
+    assert entry.completion_id == reply.body["id"]
+
+
+async def test_huge_step_reaches_nested_step_fields_but_not_step_arrays(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    config = FAST.replace(huge_step_rate=1.0, request_log_size=10)
+    async with MockServer(config) as server:
+        reply = await post_chat(server, make_body("where?", schema=NESTED_STEP_SCHEMA, max_tokens=400))
+        (entry,) = log_entries(server)
+    answer = json.loads(reply.content)
+    assert answer["root_cause"]["step"] == 10**26
+    assert all(0 <= step <= 9 for step in answer["step_ids"])
+    assert entry.outcome == "huge_step" and entry.detail == "root_cause.step"
+
+
+async def test_huge_step_without_a_step_field_or_cut_off_by_the_budget_is_a_plain_answer(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    config = FAST.replace(huge_step_rate=1.0, request_log_size=10)
+    async with MockServer(config) as server:
+        half = await post_chat(server, make_body("which half?", schema=HALF_SCHEMA, max_tokens=400))
+        # root_step comes last: 10 tokens stop the answer inside its reason.
+        cut = await post_chat(server, make_body("which step?", schema=ROOT_STEP_SCHEMA, max_tokens=10))
+        stats = server.stats()
+        entries = log_entries(server)
+    assert set(json.loads(half.content)) == {"reason", "half"}
+    assert cut.body["choices"][0]["finish_reason"] == "length" and b"10000000000" not in cut.raw
+    assert [(e.outcome, e.detail) for e in entries] == [("ok", None), ("length", None)]
+    assert stats.faults["huge_step"] == 0 and stats.accepted == 2
+
+
+async def test_surrogate_answer_carries_a_lone_ud800_escape_at_the_end_of_its_free_text(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    body = make_body("which step?", schema=ROOT_STEP_SCHEMA, max_tokens=400, temperature=0)
+    async with MockServer(FAST) as plain_server:
+        plain = await post_chat(plain_server, body)
+    async with MockServer(FAST.replace(surrogate_rate=1.0, request_log_size=10)) as server:
+        reply = await post_chat(server, body)
+        text = await post_chat(server, make_body("say something", max_tokens=400))
+        stats = server.stats()
+        entries = log_entries(server)
+    assert reply.status == 200
+    # Written as the escape itself (not an escaped backslash), so the decoded content holds U+D800.
+    assert b"\\ud800" in reply.raw and b"\\\\ud800" not in reply.raw
+    assert reply.raw.isascii()
+    answer = json.loads(reply.content)
+    assert answer["reason"] == json.loads(plain.content)["reason"] + "\ud800"
+    assert answer["root_step"] == json.loads(plain.content)["root_step"]
+    assert text.content.endswith(".\ud800")  # not JSON: the text itself ends cut mid-emoji
+    assert [(e.outcome, e.status, e.detail) for e in entries] == [
+        ("surrogate", 200, "reason"),
+        ("surrogate", 200, "(text)"),
+    ]
+    assert stats.faults["surrogate"] == 2 and stats.accepted == 2
+
+
+async def test_bad_usage_cycles_through_missing_huge_infinity_and_negative_and_stats_bill_the_truth(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    bodies = [
+        make_body(f"case {i}", schema=ROOT_STEP_SCHEMA, max_tokens=400, temperature=0) for i in range(16)
+    ]
+    async with MockServer(FAST) as plain_server:
+        for body in bodies:
+            await post_chat(plain_server, body)
+        billed = plain_server.stats()
+    async with MockServer(FAST.replace(bad_usage_rate=1.0, request_log_size=100, seed=5)) as server:
+        replies = [await post_chat(server, body) for body in bodies]
+        stats = server.stats()
+        entries = log_entries(server)
+    assert {entry.detail for entry in entries} == {"missing", "huge", "infinity", "negative"}
+    for reply, entry in zip(replies, entries, strict=True):
+        assert reply.status == 200 and entry.outcome == "bad_usage"
+        assert entry.completion_id == reply.body["id"]
+        json.loads(reply.content)  # the answer itself is sound
+        usage = reply.body.get("usage")
+        if entry.detail == "missing":
+            assert usage is None
+        elif entry.detail == "huge":
+            assert (
+                b'"prompt_tokens": 100000000000000000000,' in reply.raw and usage["prompt_tokens"] == 10**20
+            )
+        elif entry.detail == "infinity":
+            assert b'"prompt_tokens": Infinity,' in reply.raw and usage["prompt_tokens"] == float("inf")
+        else:
+            assert min(usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) < 0
+            assert usage["prompt_tokens"] < 0 and usage["completion_tokens"] < 0
+    assert stats.faults["bad_usage"] == 16 and stats.accepted == 16
+    assert (stats.accepted_prompt_tokens, stats.accepted_completion_tokens) == (
+        billed.accepted_prompt_tokens,
+        billed.accepted_completion_tokens,
+    )
+
+
+async def test_long_pause_is_a_429_asking_for_a_day_a_date_in_2099_or_infinity_and_is_not_charged(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    async with MockServer(FAST.replace(long_pause_rate=1.0, request_log_size=100, rpm=600)) as server:
+        replies = [await post_chat(server, make_body(f"q{i}")) for i in range(12)]
+        stats = server.stats()
+        entries = log_entries(server)
+    pauses = [reply.headers["Retry-After"] for reply in replies]
+    assert set(pauses) == {"86400", "Wed, 21 Oct 2099 07:28:00 GMT", "1e400"}
+    for reply, entry in zip(replies, entries, strict=True):
+        assert reply.status == 429 and reply.body["error"]["code"] == "rate_limit_exceeded"
+        assert (entry.outcome, entry.status, entry.detail) == (
+            "long_pause",
+            429,
+            reply.headers["Retry-After"],
+        )
+        assert entry.completion_id is None
+        if reply.headers["Retry-After"] == "86400":
+            assert reply.headers["retry-after-ms"] == "86400000"
+        else:
+            assert "retry-after-ms" not in reply.headers
+    assert stats.faults["long_pause"] == 12 and stats.accepted == 0 and stats.rejected_429 == 0
+    assert reply.headers["x-ratelimit-remaining-requests"] == "10"  # the rpm bucket untouched
+
+
+async def test_the_new_kinds_never_move_the_original_faults_of_a_seed(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    original = FAST.replace(
+        error_500_rate=0.15, error_503_rate=0.1, malformed_rate=0.1, rate_limit_rate=0.1, seed=9
+    )
+    original = original.replace(request_log_size=200)
+
+    async def outcomes(config: MockConfig) -> list[str]:
+        async with MockServer(config) as server:
+            for index in range(80):
+                await post_chat(server, make_body(f"q{index}", schema=ROOT_STEP_SCHEMA, max_tokens=400))
+            return [entry.outcome for entry in log_entries(server)]
+
+    before = await outcomes(original)
+    zero_rates = original.replace(
+        huge_step_rate=0.0, surrogate_rate=0.0, bad_usage_rate=0.0, long_pause_rate=0.0
+    )
+    assert await outcomes(zero_rates) == before
+    with_new = await outcomes(
+        original.replace(huge_step_rate=0.1, surrogate_rate=0.1, bad_usage_rate=0.1, long_pause_rate=0.1)
+    )
+    new_kinds = {"huge_step", "surrogate", "bad_usage", "long_pause"}
+    assert new_kinds <= set(with_new)
+    for old, new in zip(before, with_new, strict=True):
+        assert new == old if old != "ok" else new in new_kinds | {"ok"}
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
+        ({"huge_step_rate": 1.5}, "huge_step_rate must be within"),
+        ({"surrogate_rate": -0.1}, "surrogate_rate must be within"),
+        ({"bad_usage_rate": float("nan")}, "bad_usage_rate must be within"),
+        ({"long_pause_rate": 0.6, "bad_usage_rate": 0.5}, "fault rates sum to 1.100"),
         ({"length_rate": 1.5}, "length_rate must be within"),
         ({"request_log_size": -1}, "request_log_size must be an integer"),
         ({"rate_limit_rate": 0.6, "error_500_rate": 0.5}, "fault rates sum to 1.100"),
@@ -198,8 +406,18 @@ def test_chaos_knobs_are_validated(changes: dict[str, Any], message: str) -> Non
 
 def test_chaos_knobs_have_command_line_flags() -> None:
     args = build_parser().parse_args(
-        ["--rate-limit-rate", "0.05", "--length-rate", "0.1", "--request-log-size", "500"]
+        [
+            *("--rate-limit-rate", "0.05", "--length-rate", "0.1", "--request-log-size", "500"),
+            *("--huge-step-rate", "0.01", "--surrogate-rate", "0.02", "--bad-usage-rate", "0.03"),
+            *("--long-pause-rate", "0.004"),
+        ]
     )
     config = config_from_args(args)
     assert (config.rate_limit_rate, config.length_rate, config.request_log_size) == (0.05, 0.1, 500)
+    assert (config.huge_step_rate, config.surrogate_rate, config.bad_usage_rate, config.long_pause_rate) == (
+        0.01,
+        0.02,
+        0.03,
+        0.004,
+    )
     assert MockConfig.from_json(config.to_json()) == config

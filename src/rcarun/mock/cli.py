@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rate-limit-rate", type=float, help="probability of a 429 no limit asked for (provider overload)"
     )
+    for kind, what in (
+        ("huge-step", "a 200 answer whose step fields say 10**26"),
+        ("surrogate", "a 200 answer holding a lone UTF-16 surrogate"),
+        ("bad-usage", "a 200 answer whose usage is missing, huge, Infinity or negative"),
+        ("long-pause", "a 429 whose Retry-After asks for a day or more"),
+    ):
+        parser.add_argument(f"--{kind}-rate", type=float, help=f"probability of {what}")
     parser.add_argument(
         "--length-rate", type=float, help="probability that an answer is cut short (finish_reason length)"
     )
@@ -98,6 +105,10 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
         "seed": args.seed,
         "rate_limit_rate": args.rate_limit_rate,
         "length_rate": args.length_rate,
+        "huge_step_rate": args.huge_step_rate,
+        "surrogate_rate": args.surrogate_rate,
+        "bad_usage_rate": args.bad_usage_rate,
+        "long_pause_rate": args.long_pause_rate,
         "request_log_size": args.request_log_size,
     }
     values.update({name: value for name, value in flag_fields.items() if value is not None})

@@ -34,6 +34,12 @@ _FAULT_RATE_FIELDS = (
     "reset_rate",
     "malformed_rate",
     "rate_limit_rate",
+    # Appended after the original kinds: one draw per request walks this table in order, so a request that met
+    # an original fault meets the same one whatever these rates are (and rate 0 leaves them out entirely).
+    "huge_step_rate",
+    "surrogate_rate",
+    "bad_usage_rate",
+    "long_pause_rate",
 )
 
 
@@ -60,6 +66,22 @@ class MockConfig:
             probability of each fault per request (their sum at most 1). Faulted requests are not charged
             against limits. A "rate_limit" fault is a 429 with Retry-After whatever the limits say, as a
             provider answers when it is overloaded.
+        huge_step_rate / surrogate_rate / bad_usage_rate / long_pause_rate: probability of each hostile answer
+            per request, drawn with the faults above (all rates together at most 1; these four come after the
+            others in the draw, so they never shift which requests meet the others). The first three are normal
+            200 answers, admitted and charged against limits like any answer:
+            - "huge_step": every integer field named like a step (``root_step``, ``failure_step``, ``step``,
+              ``step_id``, ``mistake_step`` ...) of the JSON answer says ``10**26``, written as a JSON integer;
+              an answer with no such field (or tool calls) is served plainly;
+            - "surrogate": a lone UTF-16 surrogate (``\\ud800`` in the body) ends the answer's longest string
+              field, or the answer text when it is not JSON, as when an answer is cut mid-emoji; tool calls are
+              served plainly;
+            - "bad_usage": ``usage`` is nonsense, one of (a seeded draw): missing, ``prompt_tokens`` 10**20,
+              ``prompt_tokens`` written ``Infinity``, negative counts; the stats count what would have been
+              billed.
+            A "huge_step" or "surrogate" answer that the output budget cuts before the fault is served as a
+            plain one. "long_pause" is a 429 whose ``Retry-After`` asks for far longer than any client should
+            wait ("86400", an HTTP date in 2099, or "1e400"; a seeded draw), as in an outage; not charged.
         rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
         length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
@@ -97,6 +119,10 @@ class MockConfig:
     reset_rate: float = 0.0
     malformed_rate: float = 0.0
     rate_limit_rate: float = 0.0
+    huge_step_rate: float = 0.0
+    surrogate_rate: float = 0.0
+    bad_usage_rate: float = 0.0
+    long_pause_rate: float = 0.0
     rate_limit_retry_after_s: float = 1.0
     hang_s: float = 30.0
     length_rate: float = 0.0

@@ -31,6 +31,8 @@ from typing import Any
 from aiohttp import web
 
 from .answers import (
+    HUGE_STEP,
+    LONE_SURROGATE,
     answer_seed,
     count_text_tokens,
     filler_sentence,
@@ -41,6 +43,8 @@ from .answers import (
     simulate_tool_calls,
     tool_calls_text,
     tool_prompt_chars,
+    with_huge_step,
+    with_lone_surrogate,
 )
 from .config import MockConfig
 from .headers import rate_limit_headers, retry_after_headers
@@ -55,6 +59,13 @@ _MESSAGE_OVERHEAD_TOKENS = 4
 _PREFIX_CACHE_LIMIT = 100_000
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 _JSON_CONTENT_TYPE = "application/json"
+# Fault kinds served as normal 200 answers (admitted, charged, timed like one) with something hostile inside.
+_ANSWER_FAULTS = frozenset(("huge_step", "surrogate", "bad_usage"))
+_BAD_USAGE_KINDS = ("missing", "huge", "infinity", "negative")
+# What a "long_pause" 429 asks for: a day, a date 73 years away, and a number that parses to infinity.
+_LONG_PAUSES = ("86400", "Wed, 21 Oct 2099 07:28:00 GMT", "1e400")
+_HUGE_STEP_TEXT = str(HUGE_STEP)
+_DETAILED_OUTCOMES = _ANSWER_FAULTS | {"long_pause"}
 
 
 def is_loopback_host(host: str) -> bool:
@@ -88,6 +99,8 @@ class _State:
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.sample_rng = random.Random(f"sampling:{config.seed}")
         self.length_rng = random.Random(f"length:{config.seed}")
+        # Which variant a fault takes, on a stream of its own so that the new kinds never shift the others.
+        self.variant_rng = random.Random(f"variants:{config.seed}")
         self.request_log = RequestLog(config.request_log_size) if config.request_log_size > 0 else None
         self.seen_first_messages: set[int] = set()
         self.completion_ids = itertools.count(1)
@@ -136,6 +149,11 @@ class MockServer:
                 ("reset", self.config.reset_rate),
                 ("malformed", self.config.malformed_rate),
                 ("rate_limit", self.config.rate_limit_rate),
+                # After the original kinds, so that they keep their share of each draw (see `_draw_fault`).
+                ("huge_step", self.config.huge_step_rate),
+                ("surrogate", self.config.surrogate_rate),
+                ("bad_usage", self.config.bad_usage_rate),
+                ("long_pause", self.config.long_pause_rate),
             )
             if rate > 0
         )
@@ -306,12 +324,16 @@ class MockServer:
         if state.request_log is not None:
             notes.digest = request_digest(body["messages"], body["max_tokens"])
             notes.max_tokens = body["max_tokens"]
+        answer_fault: str | None = None
         if self._fault_table:
             fault = self._draw_fault(state)
-            if fault is not None:
+            if fault in _ANSWER_FAULTS:
+                # Served as an answer, below; counted only once it is (a limit may still refuse the request).
+                answer_fault = fault
+            elif fault is not None:
                 recorder.fault(fault)
                 notes.outcome = fault
-                return await self._serve_fault(request, state, fault)
+                return await self._serve_fault(request, state, fault, notes)
 
         messages: list[dict[str, Any]] = body["messages"]
         chars_per_token = config.chars_per_token
@@ -336,17 +358,26 @@ class MockServer:
 
         model = body["model"] or config.model
         answer = self._compose_answer(body, messages, model, state)
+        if answer_fault is not None:
+            answer, notes.detail = _hostile_answer(answer_fault, answer, state)
+            if notes.detail is None:  # nothing to make hostile (no step field, tool calls): a plain answer
+                answer_fault = None
         completion = _fit_to_budget(answer, config.reasoning_tokens, max_tokens, chars_per_token)
         length_fault = False
-        # Only text answers are cut: a tool-call answer is one the budget holds or refuses whole.
+        # Only text answers are cut: a tool-call answer is one the budget holds or refuses whole. The draw is
+        # made for every answer, hostile ones too (which are not cut), so the stream stays in step.
         if (
             config.length_rate > 0
             and state.length_rng.random() < config.length_rate
             and isinstance(answer, str)
+            and answer_fault is None
         ):
             cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
             if cut is not None:
                 completion, length_fault = cut, True
+        if answer_fault in ("huge_step", "surrogate") and not _still_hostile(answer_fault, completion):
+            # The output budget cut the answer before its hostile part: what goes out is a plain length stop.
+            answer_fault, notes.detail = None, None
         charged_tokens = prompt_tokens + completion.completion_tokens
 
         now = self._clock()
@@ -368,6 +399,8 @@ class MockServer:
             return self._limit_rejection(state, admission, model, charged_tokens)
 
         recorder.accept(now, prompt_tokens, completion.completion_tokens)
+        if answer_fault is not None:
+            recorder.fault(answer_fault)
         if completion.finish_reason == "length":
             recorder.length_stops += 1
         if length_fault:
@@ -404,9 +437,14 @@ class MockServer:
                 # The scheduled end, even when this task woke late: the slot's next holder starts from there.
                 slots.release(min(self._clock(), arrived + latency))
 
-        payload = self._completion_body(state, model, completion, prompt_tokens, cached_tokens)
+        payload = self._completion_body(
+            state, model, completion, prompt_tokens, cached_tokens, answer_fault, notes.detail
+        )
         if state.request_log is not None:
-            notes.outcome = "length" if completion.finish_reason == "length" else "ok"
+            if answer_fault is not None:
+                notes.outcome = answer_fault
+            else:
+                notes.outcome = "length" if completion.finish_reason == "length" else "ok"
             notes.completion_id = json.loads(payload).get("id")
         if streamed is not None:
             await streamed.write(payload)
@@ -441,8 +479,18 @@ class MockServer:
         return filler_sentence(rng)
 
     def _completion_body(
-        self, state: _State, model: str, completion: _Completion, prompt_tokens: int, cached_tokens: int
+        self,
+        state: _State,
+        model: str,
+        completion: _Completion,
+        prompt_tokens: int,
+        cached_tokens: int,
+        answer_fault: str | None = None,
+        detail: str | None = None,
     ) -> bytes:
+        """The completion's JSON body; ``answer_fault`` "bad_usage" replaces usage by its ``detail`` variant,
+        "surrogate" writes the body with ASCII escapes (a lone surrogate cannot be UTF-8).
+        """
         config = self.config
         message: dict[str, Any] = {"role": "assistant", "content": completion.content}
         if completion.tool_calls is not None:
@@ -473,7 +521,7 @@ class MockServer:
                 "prompt_tokens_details": {"cached_tokens": cached_tokens},
                 "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
             }
-        body = {
+        body: dict[str, Any] = {
             "id": f"chatcmpl-mock{next(state.completion_ids):012x}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -483,7 +531,10 @@ class MockServer:
             ],
             "usage": usage,
         }
-        return json.dumps(body, ensure_ascii=False).encode()
+        if answer_fault == "bad_usage":
+            _spoil_usage(body, detail)
+        # json.dumps writes float("inf") as the bare word Infinity, as the "infinity" usage means to.
+        return json.dumps(body, ensure_ascii=answer_fault == "surrogate").encode()
 
     # ----------------------------------------------------------------------------------- limits and queue
 
@@ -553,6 +604,11 @@ class MockServer:
     # --------------------------------------------------------------------------------------------- faults
 
     def _draw_fault(self, state: _State) -> str | None:
+        """One draw per request, walking the table's kinds in order (each takes a slice as wide as its rate).
+
+        Kinds with rate 0 are not in the table and kinds added later come last, so neither moves an earlier
+        kind's slice: for a given seed the same requests meet the same original faults.
+        """
         draw = state.fault_rng.random()
         for kind, rate in self._fault_table:
             if draw < rate:
@@ -560,7 +616,24 @@ class MockServer:
             draw -= rate
         return None
 
-    async def _serve_fault(self, request: web.Request, state: _State, kind: str) -> web.StreamResponse:
+    async def _serve_fault(
+        self, request: web.Request, state: _State, kind: str, notes: _RequestNotes
+    ) -> web.StreamResponse:
+        if kind == "long_pause":
+            retry_after = state.variant_rng.choice(_LONG_PAUSES)
+            notes.detail = retry_after
+            headers = self._limit_headers(state)
+            headers["Retry-After"] = retry_after
+            if retry_after.isdigit():  # OpenAI's precise header agrees when the pause is a plain number
+                headers["retry-after-ms"] = str(int(retry_after) * 1000)
+            moonshot = self.config.headers == "moonshot"
+            return _error_response(
+                429,
+                "The service is unavailable for scheduled maintenance. Please retry after the time given.",
+                "engine_overloaded_error" if moonshot else "requests",
+                None if moonshot else "rate_limit_exceeded",
+                headers,
+            )
         if kind == "rate_limit":
             headers = self._limit_headers(state)
             headers.update(retry_after_headers(self.config.rate_limit_retry_after_s))
@@ -623,13 +696,14 @@ class MockServer:
 class _RequestNotes:
     """What the handler decided about one chat request, for the request log (filled on the deciding paths)."""
 
-    __slots__ = ("completion_id", "digest", "max_tokens", "outcome")
+    __slots__ = ("completion_id", "detail", "digest", "max_tokens", "outcome")
 
     def __init__(self) -> None:
         self.outcome: str | None = None
         self.digest: str | None = None
         self.max_tokens: int | None = None
         self.completion_id: str | None = None
+        self.detail: str | None = None
 
     def log_entry(self, seq: int, arrived_at: float, response: web.StreamResponse | None) -> RequestLogEntry:
         outcome = self.outcome
@@ -645,6 +719,8 @@ class _RequestNotes:
             request_digest=self.digest,
             max_tokens=self.max_tokens,
             completion_id=self.completion_id,
+            # A hostile answer that a limit refused (or a queue lost) went out as that, not as the fault.
+            detail=self.detail if outcome in _DETAILED_OUTCOMES else None,
         )
 
 
@@ -666,6 +742,45 @@ class _Completion:
         self.completion_tokens = completion_tokens
         self.finish_reason = finish_reason
         self.tool_calls = tool_calls
+
+
+def _hostile_answer(
+    kind: str, answer: str | list[dict[str, Any]], state: _State
+) -> tuple[str | list[dict[str, Any]], str | None]:
+    """The answer made hostile for fault ``kind`` with its log detail; the detail is None when ``answer`` has
+    nothing to spoil (tool calls; no step field for "huge_step").
+    """
+    if kind == "bad_usage":
+        return answer, state.variant_rng.choice(_BAD_USAGE_KINDS)
+    if isinstance(answer, list):
+        return answer, None
+    if kind == "huge_step":
+        spoiled = with_huge_step(answer)
+        return (answer, None) if spoiled is None else (spoiled[0], ",".join(spoiled[1]))
+    return with_lone_surrogate(answer)
+
+
+def _still_hostile(kind: str, completion: _Completion) -> bool:
+    """Whether the content sent still holds what made the answer hostile (the budget may have cut it off)."""
+    if kind == "huge_step":
+        return _HUGE_STEP_TEXT in completion.content
+    return LONE_SURROGATE in completion.content
+
+
+def _spoil_usage(body: dict[str, Any], kind: str | None) -> None:
+    """Replace the body's usage by the "bad_usage" variant ``kind``."""
+    usage = body["usage"]
+    if kind == "missing":
+        del body["usage"]
+    elif kind == "huge":
+        usage["prompt_tokens"] = 10**20
+        usage["total_tokens"] = 10**20 + usage["completion_tokens"]
+    elif kind == "infinity":
+        usage["prompt_tokens"] = math.inf
+        usage["total_tokens"] = math.inf
+    else:  # "negative"
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            usage[name] = -max(1, usage[name])
 
 
 def _fit_to_budget(

@@ -29,7 +29,18 @@ __all__ = [
     "request_digest",
 ]
 
-FAULT_KINDS = ("error_500", "error_503", "timeout", "reset", "malformed", "rate_limit")
+FAULT_KINDS = (
+    "error_500",
+    "error_503",
+    "timeout",
+    "reset",
+    "malformed",
+    "rate_limit",
+    "huge_step",
+    "surrogate",
+    "bad_usage",
+    "long_pause",
+)
 REJECTION_KINDS = ("rpm", "rps", "tpm", "concurrency", "quota")
 
 
@@ -46,7 +57,9 @@ class MockStats:
         errors_4xx: 400/401 answers (bad JSON, context overflow, wrong key).
         errors_5xx: injected 500 and 503 answers.
         faults: injected faults by kind: error_500, error_503, timeout, reset, malformed, rate_limit (a 429
-            that no limit asked for; not in ``rejected_429``, which counts the limits' own).
+            that no limit asked for; not in ``rejected_429``, which counts the limits' own), long_pause (a 429
+            asking for an absurd wait; not in ``rejected_429`` either), and the hostile answers huge_step,
+            surrogate and bad_usage (200 answers, also counted in ``accepted`` and its tokens).
         length_stops: accepted answers cut by max_tokens (finish_reason "length"), ``length_faults`` included.
         length_faults: accepted answers cut short by the ``length_rate`` fault.
         max_in_flight: most chat requests open at once (queued and hanging ones included).
@@ -245,9 +258,15 @@ class RequestLogEntry:
         status: the HTTP status sent; None when the connection was dropped without an answer.
         outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>`` (a limit's 429),
             ``bad_request``, ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued).
+            ``huge_step``, ``surrogate`` and ``bad_usage`` are 200 answers like ``ok`` (their
+            ``finish_reason`` may still be "length" when the budget cut them).
         request_digest: `request_digest` of the request; None when its body did not parse.
         max_tokens: the output budget asked for.
-        completion_id: the ``id`` of the completion body sent (ok and length only).
+        completion_id: the ``id`` of the completion body sent (ok, length and the three hostile answers).
+        detail: which variant a fault took, where it has several: the fields a ``huge_step`` changed
+            (``root_step``, ``root_cause.step``), the field a ``surrogate`` ended (``reason``, or ``(text)``),
+            the ``bad_usage`` kind (``missing``, ``huge``, ``infinity``, ``negative``), the ``Retry-After`` of
+            a ``long_pause``; None otherwise.
     """
 
     seq: int
@@ -258,6 +277,7 @@ class RequestLogEntry:
     request_digest: str | None
     max_tokens: int | None
     completion_id: str | None = None
+    detail: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
