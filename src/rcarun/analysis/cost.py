@@ -14,6 +14,9 @@ Definitions (one row per run × backbone × method × stage):
       reasoning — summed over attempts sent to the provider, failed ones included when the provider reported
       usage.
     - ``cost_usd``: the sum of ``cost_usd`` over those attempts.
+    - ``estimated_calls``: attempts among those whose usage is rcarun's conservative estimate
+      (``usage_source = 'estimated'``: the provider sent no usage, or usage no bill can be); their tokens and USD
+      are in the sums above, and are an estimate, not the provider's bill.
     - ``usd_per_trajectory``: ``cost_usd`` / the number of work items of the backbone × method (over all
       stages), so the stage rows of one backbone × method add up to its cost per trajectory.
     - latency p50 / p95: nearest-rank percentiles of ``latency_ms`` over attempts that were sent.
@@ -50,7 +53,8 @@ SELECT backbone, method, stage,
        sum(CASE WHEN status = 'cached' THEN 0 ELSE cached_tokens END) AS cached_tokens,
        sum(CASE WHEN status = 'cached' THEN 0 ELSE completion_tokens END) AS completion_tokens,
        sum(CASE WHEN status = 'cached' THEN 0 ELSE reasoning_tokens END) AS reasoning_tokens,
-       sum(CASE WHEN status = 'cached' THEN 0 ELSE cost_usd END) AS cost_usd
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE cost_usd END) AS cost_usd,
+       sum(status != 'cached' AND usage_source = 'estimated') AS estimated_calls
 FROM calls WHERE run_id = ?
 GROUP BY backbone, method, stage
 ORDER BY backbone, method, stage
@@ -90,6 +94,7 @@ class CostRow:
     latency_p50_ms: float | None
     latency_p95_ms: float | None
     budget_use: float | None
+    estimated_calls: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +145,7 @@ def cost_rows(store: Store, run_id: int) -> list[CostRow]:
                 latency_p50_ms=nearest_rank(latencies[key], 0.50),
                 latency_p95_ms=nearest_rank(latencies[key], 0.95),
                 budget_use=cost / budget if budget else None,
+                estimated_calls=int(row["estimated_calls"] or 0),
             )
         )
     return result

@@ -284,7 +284,7 @@ async def _run_sweep(
             on_lost=lambda why: _call_soon(loop, lease_lost, why),
         )
         keeper.start()
-        stop.on_exit(keeper.release)
+        stop.on_exit(lambda: keeper.release(timeout_s=2.0) if keeper is not None else None)
         finished = store.finished_item_keys(run_id, include_failed=not retry_failed)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
