@@ -308,7 +308,8 @@ async def _run_sweep(
 
         def writes_failing(error: StoreError) -> None:
             # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
-            announce(f"{error}; no new calls are sent, the calls in flight finish")
+            if not stop.admission_stopped:
+                announce(f"{error}; no new calls are sent, the calls in flight finish")
             stop.stop_admission("results.db is not taking writes")
 
         async with StoreWriter(db_path, on_trouble=writes_failing) as writer:

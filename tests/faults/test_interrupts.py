@@ -1,0 +1,159 @@
+"""Ctrl-C and SIGTERM stop a sweep cleanly, however slow the server: nothing failed, nothing paid twice.
+
+The server answers after 3 s, the sweep drains for 1 s, so every call in flight at the signal is cut off. What is
+asserted afterwards: the process ended; no item is 'failed'; every request the server saw without its answer
+being stored has a 'cancelled' calls row (matched by request digest) and its item is 'interrupted'; the run is
+'stopped'; the database passes ``PRAGMA integrity_check``. A resume against a fast server then finishes every
+item without paying again for an answer that was stored.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from faults.conftest import (
+    Child,
+    CliResult,
+    backbone,
+    item_statuses,
+    run_cli,
+    run_status,
+    sweep_args,
+    write_sweep,
+)
+from faults.hostile import (
+    HostileServer,
+    LogEntry,
+    Reply,
+    db_rows,
+    hang,
+    integrity_check,
+    ok,
+    resent_after_stored,
+    slow,
+    stored_calls,
+)
+
+ITEMS = 12
+RUN = "interrupted"
+LATENCY_S = 3.0
+
+
+def _interrupt(
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+    reply: Reply,
+    signals: list[int],
+    *,
+    exit_within_s: float = 30.0,
+) -> tuple[HostileServer, Path, Path, CliResult]:
+    server = serve(reply)
+    config = write_sweep(
+        tmp_path / "sweep.toml",
+        dataset=dataset(ITEMS),
+        backbones={"fx": backbone(server.base_url, limits={"concurrency": 4})},
+        sweep={"drain_timeout_s": 1},
+    )
+    db = tmp_path / "results.db"
+    child = Child(sweep_args(config, db, RUN), cwd=tmp_path)
+    children.append(child)
+    assert server.wait_for(lambda log: len(log) >= 4, 20), "no requests reached the server"
+    time.sleep(0.3)
+    for signum in signals:
+        child.send(signum)
+        time.sleep(0.2)
+    return server, config, db, child.wait(exit_within_s, what=f"rcarun sweep after {len(signals)} signals")
+
+
+def _check_stopped_cleanly(server: HostileServer, db: Path) -> None:
+    statuses = item_statuses(db)
+    assert "failed" not in statuses, f"interrupted items stored as failed: {dict(statuses)}"
+    assert set(statuses) <= {"done", "interrupted"}, f"items by status: {dict(statuses)}"
+    assert run_status(db, RUN) == "stopped"
+    assert integrity_check(db) == "ok"
+
+    calls = stored_calls(db)
+    stored_ids = {call.completion_id for call in calls if call.status in ("ok", "length")}
+    cut_off: Counter[str | None] = Counter(
+        entry.digest for entry in server.chat_log() if entry.completion_id not in stored_ids
+    )
+    cancelled = [call for call in calls if call.status == "cancelled"]
+    assert Counter(call.digest for call in cancelled) == cut_off, (
+        f"{sum(cut_off.values())} requests cut off (sent, answer not stored), "
+        f"{len(cancelled)} calls rows 'cancelled'; by status: {dict(Counter(c.status for c in calls))}"
+    )
+    items = {call.item_id for call in cancelled}
+    interrupted = set(_items_with_status(db, "interrupted"))
+    assert items <= interrupted, (
+        f"items with a cancelled call but not 'interrupted': {sorted(items - interrupted)}"
+    )
+
+
+def _items_with_status(db: Path, status: str) -> list[str]:
+    return [row[0] for row in db_rows(db, "SELECT item_id FROM items WHERE status = ?", (status,))]
+
+
+def _resume(server: HostileServer, config: Path, db: Path, tmp_path: Path) -> None:
+    server.policy = ok()
+    before: list[LogEntry] = server.chat_log()
+    result = run_cli(sweep_args(config, db, RUN), cwd=tmp_path)
+    assert result.returncode == 0, result.describe()
+    assert item_statuses(db) == {"done": ITEMS}, f"after resume: {dict(item_statuses(db))}"
+    again = resent_after_stored(server.chat_log(), db)
+    assert again == [], f"{len(again)} answers paid again although stored (of {len(before)} requests before)"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_one_signal_during_slow_calls(
+    signum: int,
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+) -> None:
+    server, config, db, result = _interrupt(serve, dataset, tmp_path, children, slow(LATENCY_S), [signum])
+    assert result.returncode in (3, 130), result.describe()
+    _check_stopped_cleanly(server, db)
+    _resume(server, config, db, tmp_path)
+
+
+def test_two_sigints_cancel_now(
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+) -> None:
+    server, config, db, result = _interrupt(
+        serve, dataset, tmp_path, children, slow(LATENCY_S), [signal.SIGINT, signal.SIGINT]
+    )
+    assert result.returncode == 130, result.describe()
+    _check_stopped_cleanly(server, db)
+    _resume(server, config, db, tmp_path)
+
+
+def test_three_sigints_against_a_server_that_never_answers(
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+) -> None:
+    server, config, db, result = _interrupt(
+        serve,
+        dataset,
+        tmp_path,
+        children,
+        hang(),
+        [signal.SIGINT, signal.SIGINT, signal.SIGINT],
+        exit_within_s=10.0,
+    )
+    assert result.returncode in (3, 130), result.describe()
+    _check_stopped_cleanly(server, db)
+    _resume(server, config, db, tmp_path)
