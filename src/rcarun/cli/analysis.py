@@ -276,7 +276,9 @@ def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
     print(f"total USD {total:.4f} over {sum(row.attempts for row in rows)} attempts")
     estimated = [row for row in rows if row.estimated_calls]
     if estimated:
-        where = ", ".join(f"{row.backbone}/{row.method}/{row.stage} {row.estimated_calls}" for row in estimated)
+        where = ", ".join(
+            f"{row.backbone}/{row.method}/{row.stage} {row.estimated_calls}" for row in estimated
+        )
         print(
             f"estimated usage: {sum(row.estimated_calls for row in estimated)} attempts had no usable usage from "
             f"the provider and are charged rcarun's conservative estimate ({where})"
