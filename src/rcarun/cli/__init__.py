@@ -51,7 +51,7 @@ def _install_stop_handlers(
     cancel_grace_s: float = _CANCEL_GRACE_S,
 ) -> None:
     """Ctrl-C (or SIGTERM), counted together: the first stops admission and lets the calls in flight finish,
-    for up to ``drain_s``; the second (or the drain deadline) cancels what is left; the third exits at once.
+    for up to ``drain_s``; the second (or the drain deadline) cancels what is left; the next exits at once.
 
     A cancelled sweep that has not ended ``cancel_grace_s`` later exits too, from a watchdog thread that needs
     no event loop: the process always ends. Exiting at once is safe for results.db (every committed batch is
@@ -71,7 +71,8 @@ def _install_stop_handlers(
         os._exit(130)
 
     def cancel_now() -> None:
-        nonlocal watchdog
+        nonlocal watchdog, presses
+        presses = max(presses, 2)  # after a cancel, from a press or the drain deadline, the next signal exits
         main_task.cancel()
         if watchdog is None:
             watchdog = threading.Timer(
