@@ -239,9 +239,9 @@ def test_commands_name_what_is_missing(
         main(["export", "--db", str(demo_db), "--backbone", "x", "--method", "y", "--out", str(tmp_path)])
         == 2
     )
-    assert "has no x/y/r0" in capsys.readouterr().err
+    assert "--backbone: run 'demo' has no backbone 'x' (backbones: 'sim-deepseek'" in capsys.readouterr().err
     assert main(["report", "--db", str(demo_db), "--reference", "nope"]) == 2
-    assert "reference method 'nope' is not in run 'demo'" in capsys.readouterr().err
+    assert "--reference: run 'demo' has no method 'nope' (methods: " in capsys.readouterr().err
 
 
 def test_recall_diagnostics_count_reference_roots_in_each_stored_set(

@@ -2,6 +2,11 @@
 
 Every number printed here comes from `rcarun.analysis`; this module only chooses the run, reads flags and
 formats. Text goes to stdout, problems to stderr, and ``--json`` prints exactly one JSON document.
+
+results.db is opened read-only (`open_results`): an archived, shared or read-only file works, and nothing here
+ever writes it. A flag that names a backbone, method or source the run does not have is an error naming the
+ones it has (exit 2), never silently ignored. A reader that closes the pipe early ends a command quietly
+(`rcarun.cli.output`).
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +38,19 @@ from rcarun.analysis import (
     summarize,
     write_predictions_jsonl,
 )
+from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, DataError
-from rcarun.store import open_store
+from rcarun.store import RunRow, Store, open_store
 
-__all__ = ["add_analysis_commands", "cmd_cost", "cmd_export", "cmd_report", "cmd_score"]
+__all__ = [
+    "add_analysis_commands",
+    "check_names",
+    "cmd_cost",
+    "cmd_export",
+    "cmd_report",
+    "cmd_score",
+    "open_results",
+]
 
 
 def add_analysis_commands(commands: Any, default_db: str) -> None:
@@ -100,8 +114,35 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
 
 
 def _db_and_run(parser: argparse.ArgumentParser, default_db: str) -> None:
-    parser.add_argument("--db", help=f"results database (env RCARUN_DB, default {default_db})")
+    parser.add_argument(
+        "--db", help=f"results database, opened read-only (env RCARUN_DB, default {default_db})"
+    )
     parser.add_argument("--run", help="run name (env RCARUN_RUN; default: the most recently updated run)")
+
+
+def open_results(db: Path) -> Store:
+    """results.db opened read-only, with anything a reader should know about the read said on stderr.
+
+    Raises:
+        StoreError: as `rcarun.store.open_read_only` (missing, not a results database, newer schema).
+    """
+    store = open_store(db, read_only=True)
+    if store.notice:
+        print(f"rcarun: {store.notice}", file=sys.stderr)
+    return store
+
+
+def check_names(flag: str, kind: str, wanted: Iterable[str], known: Sequence[str], owner: str) -> None:
+    """Refuse, naming the known ones, every name in ``wanted`` that ``owner`` (``run 'demo'``) does not have.
+
+    Raises:
+        ConfigError: e.g. ``--compare-backbones: run 'demo' has no backbone 'gpt5' (backbones: 'a', 'b')``.
+    """
+    unknown = [name for name in dict.fromkeys(wanted) if name not in known]
+    if unknown:
+        shown = ", ".join(repr(name) for name in known) or "none"
+        names = ", ".join(repr(name) for name in unknown)
+        raise ConfigError(f"{flag}: {owner} has no {kind} {names} ({kind}s: {shown})")
 
 
 # -- score ----------------------------------------------------------------------------------------------------
@@ -129,6 +170,7 @@ def _looks_like_labels(path: Path) -> bool:
     return False
 
 
+@survives_closed_stdout
 def cmd_score(args: argparse.Namespace) -> int:
     expected, reference_problems = _references(Path(args.references))
     if not expected:
@@ -204,9 +246,13 @@ def _metrics_table(rows: Mapping[str, Metrics]) -> str:
 # -- export ---------------------------------------------------------------------------------------------------
 
 
+@survives_closed_stdout
 def cmd_export(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
-    with open_store(db) as store:
+    with open_results(db) as store:
         run = resolve_run(store, run_name)
+        names = store.work_names(run.run_id)
+        check_names("--backbone", "backbone", [args.backbone], names.backbones, f"run {run.name!r}")
+        check_names("--method", "method", [args.method], names.methods, f"run {run.name!r}")
         scores = load_run_scores(store, run)
         cell = Cell(args.backbone, args.method, args.realization)
         if cell not in scores.scores:
@@ -245,8 +291,9 @@ def cmd_export(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
 # -- cost -----------------------------------------------------------------------------------------------------
 
 
+@survives_closed_stdout
 def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
-    with open_store(db) as store:
+    with open_results(db) as store:
         run = resolve_run(store, run_name)
         rows = cost_rows(store, run.run_id)
     if args.json:
@@ -303,11 +350,24 @@ def _populations(text: str | None) -> dict[str, int] | None:
     return populations
 
 
+def _compare_backbones(text: str | None) -> tuple[str, ...]:
+    backbones = tuple(b.strip() for b in (text or "").split(",") if b.strip())
+    if text is not None and len(backbones) < 2:
+        raise ConfigError(
+            f"--compare-backbones needs two or more backbones (each is compared with the first), got {text!r}"
+        )
+    twice = sorted({b for b in backbones if backbones.count(b) > 1})
+    if twice:
+        raise ConfigError(f"--compare-backbones names {', '.join(repr(b) for b in twice)} more than once")
+    return backbones
+
+
 def report_options(args: argparse.Namespace) -> ReportOptions:
-    """The `ReportOptions` the flags of `rcarun report` ask for."""
+    """The `ReportOptions` the flags of `rcarun report` ask for (names are checked against a run by
+    `check_report_names`)."""
     if args.resamples < 1:
         raise ConfigError(f"--resamples must be >= 1, got {args.resamples}")
-    backbones = tuple(b.strip() for b in (args.compare_backbones or "").split(",") if b.strip())
+    backbones = _compare_backbones(args.compare_backbones)
     return ReportOptions(
         reference_method=args.reference,
         aggregate=args.aggregate,
@@ -320,12 +380,44 @@ def report_options(args: argparse.Namespace) -> ReportOptions:
     )
 
 
+def check_report_names(store: Store, run: RunRow, options: ReportOptions) -> None:
+    """Every backbone, method and source the report's flags name must be the run's.
+
+    Raises:
+        ConfigError: naming the flag, the unknown names and the known ones.
+    """
+    names = store.work_names(run.run_id)
+    check_names(
+        "--compare-backbones", "backbone", options.compare_backbones, names.backbones, f"run {run.name!r}"
+    )
+    if options.reference_method is not None:
+        check_names("--reference", "method", [options.reference_method], names.methods, f"run {run.name!r}")
+    if options.populations is not None:
+        # Post-stratification weighs every scored source: the sizes must cover exactly the labelled ones.
+        sources = sorted(
+            {
+                t.source
+                for t in store.trajectories(run.run_id)
+                if t.ref_role is not None and t.ref_step is not None
+            }
+        )
+        check_names("--populations", "source", options.populations, sources, f"run {run.name!r}")
+        missing = [source for source in sources if source not in options.populations]
+        if missing:
+            raise ConfigError(
+                f"--populations: no size for {', '.join(repr(s) for s in missing)} of run {run.name!r} "
+                f"(its sources: {', '.join(repr(s) for s in sources)})"
+            )
+
+
+@survives_closed_stdout
 def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
     from rcarun.analysis.render import render_html, render_text
 
     options = report_options(args)
-    with open_store(db) as store:
+    with open_results(db) as store:
         run = resolve_run(store, run_name)
+        check_report_names(store, run, options)
         report = build_report(store, run.run_id, options)
     if args.html:
         Path(args.html).write_text(render_html(report), encoding="utf-8")

@@ -7,12 +7,14 @@ import dataclasses
 import json
 import sys
 
+from rcarun.cli.output import survives_closed_stdout
 from rcarun.data import CheckReport
 from rcarun.errors import ConfigError, RcarunError
 
 __all__ = ["cmd_data_check", "cmd_data_sample_mini"]
 
 
+@survives_closed_stdout
 def cmd_data_check(args: argparse.Namespace) -> int:
     from rcarun.data import check_dataset, load_manifest
 
@@ -72,6 +74,7 @@ def _check_report_json(report: CheckReport) -> dict[str, object]:
     }
 
 
+@survives_closed_stdout
 def cmd_data_sample_mini(args: argparse.Namespace) -> int:
     from rcarun.data import iter_dataset, sample_mini, save_manifest
 

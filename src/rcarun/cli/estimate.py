@@ -10,7 +10,7 @@ real sweep rcarun cannot know it, and the default is 0.
 ``--against DB`` sets the estimate beside what a finished run of the same sweep measured (`rcarun cost`'s sums,
 shared requests charged to the first method in config order as the estimate charges them): per backbone ×
 method and per method, the error of the expected figures and whether the measured prompt tokens fall inside
-the estimate's 95% chance range.
+the estimate's 95% chance range. The database is opened read-only, as by `rcarun report`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from rcarun.analysis import ChargedCost, charged_costs, resolve_run
+from rcarun.cli.analysis import check_names, open_results
+from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, StoreError
 from rcarun.runner import BackboneConfig, SweepConfig, load_sweep_config
 from rcarun.runner.estimate import DEFAULT_SAMPLES, ChanceRange, EstimateRow, SweepEstimate, estimate_sweep
-from rcarun.store import open_store
 
 __all__ = [
     "Comparison",
@@ -98,6 +99,7 @@ def _reasoning(values: list[str]) -> dict[str, int]:
     return parsed
 
 
+@survives_closed_stdout
 def cmd_estimate(args: argparse.Namespace) -> int:
     reasoning = _reasoning(args.reasoning_tokens)
     if args.config is None:
@@ -105,6 +107,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         reasoning = reasoning or demo_reasoning_tokens()
     else:
         config = load_sweep_config(Path(args.config))
+    check_names("--reasoning-tokens", "backbone", reasoning, sorted(config.backbones), "the sweep")
     # The run is read first, so a wrong path fails before the dry runs.
     measured = _measured(Path(args.against), args.run, config) if args.against else None
     estimate = estimate_sweep(config, samples=args.samples, reasoning_tokens=reasoning)
@@ -138,7 +141,7 @@ def _measured(
     """The run's paid tokens per backbone × method, shared requests charged in the config's method order."""
     if not db.is_file():
         raise StoreError(f"{db}: no such results database (run the sweep first)")
-    with open_store(db) as store:
+    with open_results(db) as store:
         run = resolve_run(store, run_name)
         return run.name, charged_costs(store, run.run_id, [m.resolved_label for m in config.methods])
 

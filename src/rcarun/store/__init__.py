@@ -15,8 +15,17 @@ from rcarun.store.lease import (
     claim_lease,
     this_process,
 )
-from rcarun.store.migrations import MIGRATIONS, Migration, apply_migrations, open_connection
-from rcarun.store.reader import BackboneSummary, CachedCall, RunRow, Store, WorkKey, open_store
+from rcarun.store.migrations import (
+    MIGRATIONS,
+    Migration,
+    ReadOnlyConnection,
+    ReadPlan,
+    apply_migrations,
+    open_connection,
+    open_read_only,
+    plan_read_only,
+)
+from rcarun.store.reader import BackboneSummary, CachedCall, RunRow, Store, WorkKey, WorkNames, open_store
 from rcarun.store.rows import (
     CALL_STATUSES,
     ITEM_STATUSES,
@@ -51,6 +60,8 @@ __all__ = [
     "LeaseKeeper",
     "Migration",
     "PredictionRow",
+    "ReadOnlyConnection",
+    "ReadPlan",
     "RunBusy",
     "RunRow",
     "RunStatus",
@@ -59,11 +70,14 @@ __all__ = [
     "TrajectoryRow",
     "UsageSource",
     "WorkKey",
+    "WorkNames",
     "apply_migrations",
     "blob_sha256",
     "claim_lease",
     "open_connection",
+    "open_read_only",
     "open_store",
+    "plan_read_only",
     "this_process",
     "utc_timestamp",
 ]

@@ -9,6 +9,11 @@ file (a resume would silently start over and pay for everything again), another 
 (tables but no ``migrations`` table: rcarun would add its tables and switch the file to WAL), or a file or
 directory it cannot write (a read-only mount or missing permission; SQLite alone says only "unable to open").
 
+`open_read_only` is the other way in, for commands that only read (report, cost, export, estimate --against): it
+never writes the file, never migrates it and never leaves WAL files behind where there were none, so an archived
+file, a read-only mount or another user's results work. A file at an older schema is read as the current one
+(what later migrations add shows as the value they would have filled in); rules at `plan_read_only`.
+
 Connection settings, for every connection the store opens:
     - ``journal_mode=WAL``: readers (the `Store`, `rcarun report`) never block the writer, nor it them;
     - ``synchronous=NORMAL``: with WAL a killed process loses nothing committed; only a power loss or OS crash
@@ -22,17 +27,32 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
+import re
 import sqlite3
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from rcarun.errors import StoreError
 from rcarun.store.rows import utc_timestamp
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "MIGRATIONS", "Migration", "apply_migrations", "open_connection"]
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_S",
+    "MIGRATIONS",
+    "Migration",
+    "ReadMode",
+    "ReadOnlyConnection",
+    "ReadPlan",
+    "apply_migrations",
+    "directory_writable",
+    "open_connection",
+    "open_read_only",
+    "plan_read_only",
+]
 
 DEFAULT_BUSY_TIMEOUT_S: Final = 10.0
 
@@ -187,6 +207,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "ALTER TABLE calls ADD COLUMN usage_source TEXT NOT NULL DEFAULT 'reported' "
             "CHECK (usage_source IN ('reported', 'estimated'))",
         ),
+    ),
+    Migration(
+        version=3,
+        name="which published fallback, if any, decided a prediction",
+        statements=("ALTER TABLE predictions ADD COLUMN fallback TEXT",),
     ),
 )
 
@@ -388,3 +413,288 @@ def open_connection(
             "it — pass another --db"
         )
     return connection
+
+
+# -- reading without writing ----------------------------------------------------------------------------------
+
+ReadMode = Literal["ro", "immutable"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """How `open_read_only` opens a file: SQLite's ``mode=ro`` or ``immutable=1``.
+
+    Attributes:
+        mode: ``"ro"`` reads through the write-ahead log (a live sweep's newest rows included) and needs the
+            ``-wal`` and ``-shm`` files beside the database, creating them where missing; ``"immutable"`` reads
+            the database file alone and creates nothing.
+        unread_wal_bytes: bytes of an existing ``-wal`` that an immutable open cannot see (rows committed since
+            the last checkpoint); 0 when nothing is left out.
+    """
+
+    mode: ReadMode
+    unread_wal_bytes: int = 0
+
+
+def directory_writable(directory: Path) -> bool:
+    """Whether this process may create files in ``directory`` (where SQLite keeps a database's WAL files)."""
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _sidecar(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _size_or_none(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def plan_read_only(path: Path, *, writable: Callable[[Path], bool] = directory_writable) -> ReadPlan:
+    """Choose how to read ``path`` without writing to it; ``writable`` is asked about its directory.
+
+    - Nothing beside it (no ``-wal``, ``-shm`` or ``-journal``): no process has it open and the file alone is the
+      whole database, so it is read ``immutable`` and nothing is created. (``mode=ro`` would create a ``-wal``
+      and a ``-shm`` that a read-only connection can never remove.) A sweep that starts on it meanwhile and
+      checkpoints into it is caught by `ReadOnlyConnection.changed`.
+    - WAL files there and a directory it may write: ``mode=ro``, which reads a live sweep's newest rows through
+      them (SQLite adds the one that is missing).
+    - A directory it may not write: ``mode=ro`` only when both ``-wal`` and ``-shm`` exist (SQLite can create
+      neither there); otherwise ``immutable``, leaving out what a left-over ``-wal`` holds (``unread_wal_bytes``).
+    """
+    wal = _size_or_none(_sidecar(path, "-wal"))
+    shm = _sidecar(path, "-shm").exists()
+    if wal is None and not shm and not _sidecar(path, "-journal").exists():
+        return ReadPlan("immutable")
+    if (wal is not None and shm) or writable(path.parent):
+        return ReadPlan("ro")
+    return ReadPlan("immutable", unread_wal_bytes=wal or 0)
+
+
+_Fingerprint = tuple[int, int, int, int] | None
+
+
+def _fingerprint(path: Path) -> _Fingerprint:
+    """What changes when anything writes the file itself (a checkpoint does; a WAL append does not)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyConnection:
+    """A results.db opened by `open_read_only`.
+
+    Attributes:
+        connection: autocommit, rows as `sqlite3.Row`, ``query_only``.
+        path: the file.
+        plan: how it was opened.
+        schema_version: the file's own schema version (never above the code's).
+        filled_in: the parts of the current schema the file predates (``calls.usage_source``, ``run_leases``),
+            read as what their migration would have filled in: the column's default, an empty table.
+        opened_as: the file's identity, size and mtime when opened (`changed`).
+    """
+
+    connection: sqlite3.Connection
+    path: Path
+    plan: ReadPlan
+    schema_version: int
+    filled_in: tuple[str, ...]
+    opened_as: _Fingerprint
+
+    @property
+    def notice(self) -> str | None:
+        """One line worth telling whoever reads the results, or None when there is nothing to say."""
+        if not self.plan.unread_wal_bytes:
+            return None
+        return (
+            f"{self.path}: read without its write-ahead log: the directory is read-only, so the "
+            f"{self.plan.unread_wal_bytes:,} bytes of {_sidecar(self.path, '-wal').name} (rows committed since "
+            "the last checkpoint) are left out; copy the file with its -wal to a writable directory to read them"
+        )
+
+    def changed(self) -> bool:
+        """Whether the file itself changed since it was opened: only an immutable read can be misled by that."""
+        return self.plan.mode == "immutable" and _fingerprint(self.path) != self.opened_as
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    name: str
+    sql: str
+    columns: tuple[tuple[str, str | None], ...]  # (name, DEFAULT as SQL text or None) in table order
+
+
+@functools.cache
+def _current_schema() -> tuple[_Table, ...]:
+    """The tables every migration builds, read off a migrated in-memory database."""
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        apply_migrations(connection)
+        tables = connection.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' ESCAPE '!' "
+            "ORDER BY name"
+        ).fetchall()
+        return tuple(
+            _Table(
+                name=str(name),
+                sql=str(sql),
+                columns=tuple(
+                    (str(row[1]), row[4]) for row in connection.execute(f'PRAGMA table_info("{name}")')
+                ),
+            )
+            for name, sql in tables
+        )
+    finally:
+        connection.close()
+
+
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\b", re.IGNORECASE)
+
+
+def _fill_in_later_schema(connection: sqlite3.Connection) -> tuple[str, ...]:
+    """Show an older file as the current schema, in the connection's TEMP schema (which shadows ``main``).
+
+    A table a later migration adds becomes an empty TEMP table; a table missing columns becomes a TEMP view of
+    it with each missing column as its default (NULL without one): exactly what migrating the file would have
+    filled in, so every read query runs unchanged. Nothing reaches the file.
+    """
+    filled: list[str] = []
+    for table in _current_schema():
+        present = {str(row[1]) for row in connection.execute(f'PRAGMA main.table_info("{table.name}")')}
+        if not present:
+            connection.execute(_CREATE_TABLE.sub("CREATE TEMP TABLE", table.sql, count=1))
+            filled.append(table.name)
+            continue
+        missing = [(name, default) for name, default in table.columns if name not in present]
+        if missing:
+            added = ", ".join(
+                f'{"NULL" if default is None else default} AS "{name}"' for name, default in missing
+            )
+            connection.execute(
+                f'CREATE TEMP VIEW "{table.name}" AS SELECT *, {added} FROM main."{table.name}"'
+            )
+            filled.extend(f"{table.name}.{name}" for name, _ in missing)
+    return tuple(filled)
+
+
+def _schema_version_of_results_db(connection: sqlite3.Connection, where: str) -> int:
+    """The file's schema version, once it is known to be a results.db this code can read."""
+    try:
+        names = [
+            str(row[0])
+            for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' "
+                "ESCAPE '!' ORDER BY name"
+            )
+        ]
+    except sqlite3.DatabaseError as error:
+        if "not a database" in str(error):
+            raise StoreError(f"{where} is not a results database (not SQLite: {error})") from error
+        raise
+    columns = (
+        {str(row[1]) for row in connection.execute("PRAGMA table_info(migrations)")}
+        if "migrations" in names
+        else set()
+    )
+    if not _MIGRATIONS_COLUMNS.issubset(columns):
+        shown = ", ".join(names[:_TABLES_NAMED]) + (", …" if len(names) > _TABLES_NAMED else "")
+        which = "its migrations table is not rcarun's" if columns else "it has no migrations table"
+        raise StoreError(
+            f"{where} is not a results database: {which} ({f'tables: {shown}' if names else 'no tables at all'})"
+        )
+    version = _applied_version(connection)
+    latest = MIGRATIONS[-1].version
+    if version > latest:
+        raise StoreError(
+            f"{where}: results.db is at schema version {version}, newer than this rcarun knows ({latest}); "
+            "upgrade rcarun"
+        )
+    return version
+
+
+def _connect_read_only(
+    path: Path, plan: ReadPlan, busy_timeout_s: float, check_same_thread: bool
+) -> sqlite3.Connection:
+    uri = path.absolute().as_uri() + ("?mode=ro&immutable=1" if plan.mode == "immutable" else "?mode=ro")
+    connection = sqlite3.connect(
+        uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=check_same_thread
+    )
+    connection.row_factory = sqlite3.Row
+    connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    connection.execute("PRAGMA temp_store = MEMORY")  # the TEMP schema of `_fill_in_later_schema`
+    return connection
+
+
+def _cannot_share_wal(error: sqlite3.Error) -> bool:
+    """SQLite could not create or write the WAL index a ``mode=ro`` read needs (another's -shm, a read-only mount)."""
+    text = str(error)
+    return "readonly" in text or "unable to open" in text
+
+
+def open_read_only(
+    path: str | Path,
+    *,
+    busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    check_same_thread: bool = True,
+    writable: Callable[[Path], bool] = directory_writable,
+) -> ReadOnlyConnection:
+    """Open an existing results.db for reading only: nothing is written to it, migrated or created beside it
+    where it was not (rules at `plan_read_only`); an older schema reads as the current one (`ReadOnlyConnection`).
+
+    Args:
+        path: the file.
+        busy_timeout_s: how long a read waits for a writer's checkpoint.
+        check_same_thread: as `sqlite3.connect`.
+        writable: whether a directory can take new files (injected by tests; the default asks the OS).
+
+    Raises:
+        StoreError: no such file, not a results database (empty, not SQLite, no ``migrations`` table), a schema
+            newer than this code, or SQLite cannot read it.
+    """
+    where = str(path)
+    file = Path(path)
+    if file.is_dir():
+        raise StoreError(f"{where} is a directory, not a results database")
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"{where}: no such results database (run a sweep first, or pass --db)") from None
+    except OSError as error:
+        raise StoreError(f"cannot open {where}: {error.strerror or error}") from None
+    if size == 0:
+        raise StoreError(f"{where} is empty (0 bytes), not a results database")
+    plan = plan_read_only(file, writable=writable)
+    opened_as = _fingerprint(file)
+    while True:
+        try:
+            connection = _connect_read_only(file, plan, busy_timeout_s, check_same_thread)
+        except sqlite3.Error as error:
+            raise StoreError(f"cannot open {where}: {error}") from error
+        try:
+            version = _schema_version_of_results_db(connection, where)
+            filled_in = _fill_in_later_schema(connection)
+            connection.execute("PRAGMA query_only = ON")
+        except StoreError:
+            connection.close()
+            raise
+        except sqlite3.Error as error:
+            connection.close()
+            if plan.mode == "ro" and _cannot_share_wal(error):
+                # The directory looked writable but SQLite could not make or use the WAL index there: the file
+                # alone, saying what is left out.
+                plan = ReadPlan("immutable", _size_or_none(_sidecar(file, "-wal")) or 0)
+                continue
+            raise StoreError(f"cannot read {where} as results.db: {error}") from error
+        return ReadOnlyConnection(
+            connection=connection,
+            path=file,
+            plan=plan,
+            schema_version=version,
+            filled_in=filled_in,
+            opened_as=opened_as,
+        )

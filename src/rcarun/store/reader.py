@@ -5,6 +5,10 @@ can read a live run while the writer appends (WAL lets readers and the one write
 writes here — creating a run, setting its status — are single small transactions that wait on the writer's
 lock via the busy timeout rather than going through its queue, because they must be done before the writer
 starts or after it has finished.
+
+Commands that only read (report, cost, export, estimate --against) open it with ``read_only=True``
+(`open_read_only`): nothing is written, migrated or created beside the file, so archived, shared and read-only
+results work, and an older file reads as the current schema.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +26,12 @@ from typing import Any, Self, TypeVar
 from rcarun.errors import StoreError
 from rcarun.store.blobs import decompress_blob
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
-from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.migrations import (
+    DEFAULT_BUSY_TIMEOUT_S,
+    ReadOnlyConnection,
+    open_connection,
+    open_read_only,
+)
 from rcarun.store.rows import (
     RUN_STATUSES,
     EventRow,
@@ -33,7 +42,7 @@ from rcarun.store.rows import (
     utc_timestamp,
 )
 
-__all__ = ["BackboneSummary", "CachedCall", "RunRow", "Store", "WorkKey", "open_store"]
+__all__ = ["BackboneSummary", "CachedCall", "RunRow", "Store", "WorkKey", "WorkNames", "open_store"]
 
 # (backbone, method, qid, realization): what identifies one work item within a run.
 WorkKey = tuple[str, str, str, int]
@@ -116,6 +125,14 @@ class BackboneSummary:
         return self.prompt_tokens + self.completion_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class WorkNames:
+    """The names a run's work items carry (items and predictions alike), each sorted: what flags may name."""
+
+    backbones: tuple[str, ...]
+    methods: tuple[str, ...]
+
+
 _BACKBONE_CALLS_SQL = """
 SELECT backbone,
        sum(attempt = 1) AS calls,
@@ -160,18 +177,46 @@ class Store:
     """Synchronous read queries (and run bookkeeping) on results.db; see `open_store`.
 
     One instance may be used from any thread, one call at a time (calls are serialised by a lock).
+
+    Attributes:
+        path: the file.
+        read_only: opened by `open_read_only`; run bookkeeping then raises `StoreError`.
+        notice: with ``read_only``, one line worth telling the user (rows a read had to leave out), else None.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, read_only: bool = False
+    ) -> None:
         self.path = Path(path)
-        self._connection = open_connection(path, busy_timeout_s=busy_timeout_s, check_same_thread=False)
+        self.read_only = read_only
+        self._read: ReadOnlyConnection | None = None
+        if read_only:
+            self._read = open_read_only(path, busy_timeout_s=busy_timeout_s, check_same_thread=False)
+            self._connection = self._read.connection
+        else:
+            self._connection = open_connection(path, busy_timeout_s=busy_timeout_s, check_same_thread=False)
+        self.notice = self._read.notice if self._read is not None else None
         self._lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the connection.
+
+        Raises:
+            StoreError: read without the WAL (immutable), the file changed meanwhile: a sweep checkpointed into
+                it, so what was read may mix two states.
+        """
         with self._lock:
             self._connection.close()
+        self._raise_if_changed()
+
+    def _raise_if_changed(self, error: sqlite3.Error | None = None) -> None:
+        if self._read is not None and self._read.changed():
+            raise StoreError(
+                f"{self.path} changed while it was being read (a sweep wrote to it), so what was read may mix "
+                "two states; run the command again"
+            ) from error
 
     def __enter__(self) -> Self:
         return self
@@ -182,7 +227,11 @@ class Store:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+        else:  # the exception on its way out says more than a check of the file would
+            with self._lock:
+                self._connection.close()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -191,6 +240,8 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only; this needs a read-write open")
         with self._lock:
             try:
                 self._connection.execute("BEGIN IMMEDIATE")
@@ -208,6 +259,7 @@ class Store:
             try:
                 return self._connection.execute(sql, params).fetchall()
             except sqlite3.Error as error:
+                self._raise_if_changed(error)
                 raise StoreError(f"{self.path}: {error}") from error
 
     def _rows(self, sql: str, params: tuple[Any, ...], make: Callable[[sqlite3.Row], _T]) -> list[_T]:
@@ -222,11 +274,14 @@ class Store:
         *,
         lease: LeaseHolder | None = None,
         lease_stale_s: float = DEFAULT_LEASE_STALE_S,
+        answer_changes: Sequence[str] | None = None,
     ) -> int:
         """The run_id of the run called ``name``, created if new.
 
         An existing run is resumed: its status goes back to ``running``, its config becomes ``config_json``,
-        and a ``resumed`` event records whether the config changed (with the previous config when it did).
+        and a ``resumed`` event records whether the config changed (with the previous config when it did). When
+        the caller says which changes decide answers (``answer_changes``, accepted by the user), the event's
+        ``config_changed`` is whether there were any, and lists them; otherwise any difference in the text counts.
         With ``lease``, the run's lease is claimed in the same transaction (`claim_lease`), so a process that
         is refused changes nothing.
 
@@ -257,8 +312,12 @@ class Store:
             run_id = int(found["run_id"])
             if lease is not None:
                 claim_lease(connection, run_id=run_id, run_name=name, me=lease, stale_after_s=lease_stale_s)
-            changed = found["config_json"] != config_json
+            changed = (
+                bool(answer_changes) if answer_changes is not None else found["config_json"] != config_json
+            )
             detail: dict[str, Any] = {"config_changed": changed}
+            if answer_changes:
+                detail["answer_changes"] = list(answer_changes)
             if changed:
                 detail["previous_config_json"] = found["config_json"]
             connection.execute(
@@ -408,6 +467,18 @@ class Store:
             )
         return summaries
 
+    def work_names(self, run_id: int) -> WorkNames:
+        """The backbones and methods of the run's work items (those with an item row or a prediction)."""
+        rows = self._fetch(
+            "SELECT backbone, method FROM items WHERE run_id = ? "
+            "UNION SELECT backbone, method FROM predictions WHERE run_id = ?",
+            (run_id, run_id),
+        )
+        return WorkNames(
+            backbones=tuple(sorted({str(row[0]) for row in rows})),
+            methods=tuple(sorted({str(row[1]) for row in rows})),
+        )
+
     def predictions(self, run_id: int) -> list[PredictionRow]:
         """The run's predictions, in key order."""
         return self._rows(
@@ -461,10 +532,12 @@ def _item_row(row: sqlite3.Row) -> ItemRow:
     return ItemRow(**_as_dict(row))
 
 
-def open_store(path: str | Path) -> Store:
-    """Open results.db for reading (creating and migrating it if needed).
+def open_store(path: str | Path, *, read_only: bool = False) -> Store:
+    """Open results.db for reading and run bookkeeping (creating and migrating it if needed), or with
+    ``read_only`` for reading alone: an existing file, never written, migrated or created (`open_read_only`).
 
     Raises:
-        StoreError: the file cannot be opened or migrated.
+        StoreError: the file cannot be opened or migrated; with ``read_only``, it does not exist, is not a
+            results database or is newer than this code.
     """
-    return Store(path)
+    return Store(path, read_only=read_only)

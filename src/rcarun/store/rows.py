@@ -98,7 +98,13 @@ class CallRow:
 
 @dataclass(frozen=True, slots=True)
 class PredictionRow:
-    """A method's final answer for one work item; (run_id, backbone, method, qid, realization) is unique."""
+    """A method's final answer for one work item; (run_id, backbone, method, qid, realization) is unique.
+
+    Attributes:
+        error: why the model's answer could not be used (unreadable, not the requested JSON), None when it was.
+        fallback: the published rule that decided (part of) the prediction instead of the model (e.g. binary
+            search's random half on an unclear verdict), None when the model decided.
+    """
 
     run_id: int
     item_id: str
@@ -114,6 +120,7 @@ class PredictionRow:
     output_json: str | None
     error: str | None = None
     created_at: str = field(default_factory=utc_timestamp)
+    fallback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

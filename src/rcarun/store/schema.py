@@ -93,8 +93,9 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "step_valid": "1 if `pred_step` is a step of the trajectory",
         "abstained": "1 if the method declined to answer",
         "output_json": "the method's full output",
-        "error": "why the output is unusable, when it is",
+        "error": "why the model's answer could not be used (unreadable, not the requested JSON), when it could not",
         "created_at": "ISO-8601 UTC, milliseconds",
+        "fallback": "the published rule that decided the prediction instead of the model, when one did",
     },
     "items": {
         **_WORK_ITEM_NOTES,
