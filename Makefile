@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck contracts pytest bench clean
+.PHONY: demo test check bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +20,16 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
+
+# The inner loop: everything `make test` checks but the tests marked slow (the demo sweep, chaos, calibration,
+# benchmarks). CI runs `make test`.
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -rs -m "not slow and not live and not gpu"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/performance.py --repeats 3

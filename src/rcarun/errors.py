@@ -15,27 +15,35 @@ data. Messages never contain secrets: they name the backbone, the call or the fi
         │   ├── RateLimited      429 or a provider's equivalent: pause the backbone and shrink concurrency
         │   ├── ServerError      5xx other than a rate-limit signal
         │   ├── TransportError   timeout, connection reset or refused
+        │   │   └── ConnectionFailed  no connection could be made at all (refused, unknown host)
         │   └── MalformedResponse  a body that is not a chat completion
         └── FatalCallError       another attempt would fail the same way; stored and the item moves on
-            ├── BadRequest       400/404/422: bad parameters
-            │   └── ContextOverflow  prompt + max_tokens exceed the context window
+            ├── BadRequest       400/422: bad parameters
+            │   ├── ContextOverflow  prompt + max_tokens exceed the context window
+            │   └── ModelNotFound    404: no such model (or no such endpoint) at this base URL
             ├── AuthError        401/403
             └── QuotaExhausted   the account is out of credit (a 429 that must not be retried)
+
+`ConnectionFailed`, `ModelNotFound`, `AuthError` and `QuotaExhausted` are about the backbone, not the call: the
+runner stops a backbone that keeps meeting them (`BACKBONE_FAULTS`) instead of failing every item in turn.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "BACKBONE_FAULTS",
     "AnswerError",
     "AuthError",
     "BadRequest",
     "BudgetExhausted",
     "CallError",
     "ConfigError",
+    "ConnectionFailed",
     "ContextOverflow",
     "DataError",
     "FatalCallError",
     "MalformedResponse",
+    "ModelNotFound",
     "QuotaExhausted",
     "RateLimited",
     "RcarunError",
@@ -150,6 +158,12 @@ class TransportError(RetryableError):
     kind = "transport_error"
 
 
+class ConnectionFailed(TransportError):
+    """No connection could be made to the endpoint (refused, unreachable, unknown host): nothing was sent."""
+
+    kind = "connection_failed"
+
+
 class MalformedResponse(RetryableError):
     """The provider answered 200 with a body that is not a chat completion."""
 
@@ -174,6 +188,12 @@ class ContextOverflow(BadRequest):
     kind = "context_overflow"
 
 
+class ModelNotFound(BadRequest):
+    """404 from the chat endpoint: the model (or the endpoint path) does not exist at this base URL."""
+
+    kind = "model_not_found"
+
+
 class AuthError(FatalCallError):
     """The key is missing, wrong or not allowed to use this model."""
 
@@ -184,3 +204,7 @@ class QuotaExhausted(FatalCallError):
     """The account has no credit left; retrying cannot help."""
 
     kind = "quota_exhausted"
+
+
+BACKBONE_FAULTS: tuple[type[CallError], ...] = (AuthError, QuotaExhausted, ModelNotFound, ConnectionFailed)
+"""Errors that say nothing about the request and everything about the backbone: another item will meet them too."""

@@ -33,6 +33,7 @@ from rcarun.errors import (
     AuthError,
     CallError,
     ConfigError,
+    ConnectionFailed,
     ContextOverflow,
     MalformedResponse,
     QuotaExhausted,
@@ -364,12 +365,14 @@ async def test_timeout_is_a_transport_error(transport_name: str) -> None:
     assert "test-simulated" in str(error)
 
 
-async def test_refused_connection_is_a_transport_error(transport_name: str) -> None:
+async def test_refused_connection_is_a_connection_failure(transport_name: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     error = await failure(settings_for(f"http://127.0.0.1:{port}/v1", transport=transport_name))
-    assert type(error) is TransportError
+    # A transport error (retried), and one that says nothing was sent: the runner stops a backbone that keeps
+    # meeting it.
+    assert type(error) is ConnectionFailed and isinstance(error, TransportError)
 
 
 # ------------------------------------------------------------------------------------------------- secrets

@@ -20,7 +20,7 @@ import openai
 
 from rcarun.backends.settings import BackendSettings, Secret
 from rcarun.backends.transports import RawResponse, describe_failure
-from rcarun.errors import TransportError
+from rcarun.errors import ConnectionFailed, TransportError
 
 __all__ = ["OpenAISDKTransport"]
 
@@ -114,7 +114,8 @@ class OpenAISDKTransport:
             ) from None
         except openai.APIConnectionError as error:
             cause = error.__cause__ if error.__cause__ is not None else error
-            raise TransportError(f"{name}: {url}: {describe_failure(cause, self._api_key)}") from None
+            failure = ConnectionFailed if isinstance(cause, httpx2.ConnectError) else TransportError
+            raise failure(f"{name}: {url}: {describe_failure(cause, self._api_key)}") from None
         return RawResponse(status=raw.status_code, headers=raw.headers, body=raw.content)
 
     async def aclose(self) -> None:

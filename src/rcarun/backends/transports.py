@@ -13,6 +13,7 @@ imported only when chosen because the SDK takes a noticeable time to import).
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
-from rcarun.errors import ConfigError, TransportError
+from rcarun.errors import ConfigError, ConnectionFailed, TransportError
 from rcarun.text import repair_surrogates
 
 __all__ = [
@@ -164,6 +165,8 @@ class AiohttpTransport:
             raise TransportError(
                 f"{name}: no complete answer from {url} within {self._settings.timeout_s:g} s"
             ) from None
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError, socket.gaierror) as error:
+            raise ConnectionFailed(f"{name}: {url}: {describe_failure(error, self._api_key)}") from None
         except (aiohttp.ClientError, OSError) as error:
             raise TransportError(f"{name}: {url}: {describe_failure(error, self._api_key)}") from None
 

@@ -2,6 +2,11 @@
 
 Settings follow one precedence, implemented once in `_setting`: flag > environment variable > config file >
 default.
+
+Exit statuses of `rcarun sweep` (the README's "When things go wrong"): 0 when every item of the run has a
+prediction; 3 when the run stopped early and can be resumed (a budget, Ctrl-C, a backbone stopped); 4 when it
+ran to the end but items failed for good (`--retry-failed` runs them again); 130 when cancelled; 2 when the
+config, the data or results.db cannot be used.
 """
 
 from __future__ import annotations
@@ -9,24 +14,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import os
+import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
 from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
+from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
+from rcarun.cli.output import silence_closed_output, survives_closed_stdout
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import ConfigError, RcarunError, StoreError
-from rcarun.runner import StopController, SweepConfig, SweepOutcome, load_sweep_config, run_sweep
+from rcarun.runner import (
+    StopController,
+    SweepConfig,
+    SweepOutcome,
+    load_sweep_config,
+    narrow_sweep,
+    run_sweep,
+)
 from rcarun.store import RunBusy, open_store
 
 __all__ = ["main"]
 
 _DEFAULT_DB = "results.db"
+_DESCRIPTION = (
+    "Find where and who broke a failed multi-agent run: root-cause attribution methods over failed agent "
+    "trajectories, across many LLM backbones at once, every call and prediction kept in one SQLite file."
+)
+EXIT_FINISHED = 0
+EXIT_STOPPED = 3
+EXIT_ITEMS_FAILED = 4
+# One example message per cause in the closing summary is cut to this many characters.
+_EXAMPLE_CHARS = 160
+_HTTP_STATUS = re.compile(r"HTTP (\d{3})")
 _BANNER = (
     "SIMULATED BACKBONES — every backbone below is rcarun's mock server on loopback; "
     "the numbers show the engine at work, not any model's accuracy."
@@ -62,12 +88,10 @@ def _install_stop_handlers(
     watchdog: threading.Timer | None = None
 
     def exit_now(why: str) -> None:
-        print(
-            f"\nrcarun: {why}; exiting now. results.db keeps every committed row; rerun the same command to resume.",
-            file=sys.stderr,
-            flush=True,
-        )
         stop.run_exit_hooks()
+        _tell(
+            f"\nrcarun: {why}; exiting now. results.db keeps every committed row; rerun the same command to resume."
+        )
         os._exit(130)
 
     def cancel_now() -> None:
@@ -84,22 +108,19 @@ def _install_stop_handlers(
             watchdog.start()
 
     def on_signal() -> None:
+        # Act first, then say so: with stderr a closed pipe (`| tee` after Ctrl-C) the saying may fail.
         nonlocal presses
         presses += 1
         if presses == 1:
-            print(
-                f"\nrcarun: stopping admission; draining in-flight calls (up to {drain_s:.0f} s). "
-                "Press Ctrl-C again to cancel now.",
-                file=sys.stderr,
-            )
             stop.stop_admission("interrupted by signal")
             loop.call_later(drain_s, cancel_now)
-        elif presses == 2:
-            print(
-                "\nrcarun: cancelling the calls in flight. Press Ctrl-C again to exit at once.",
-                file=sys.stderr,
+            _tell(
+                f"\nrcarun: stopping admission; draining in-flight calls (up to {drain_s:.0f} s). "
+                "Press Ctrl-C again to cancel now."
             )
+        elif presses == 2:
             cancel_now()
+            _tell("\nrcarun: cancelling the calls in flight. Press Ctrl-C again to exit at once.")
         else:
             exit_now("interrupted a third time")
 
@@ -108,31 +129,61 @@ def _install_stop_handlers(
             loop.add_signal_handler(signum, on_signal)
 
 
+def _tell(text: str) -> None:
+    """One message on stderr that never raises: a closed pipe must not abort what a signal handler is doing."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 async def _run_with_signals(
-    config: SweepConfig, db: Path, run: str, progress: bool, retry_failed: bool = False
+    config: SweepConfig, db: Path, run: str, args: argparse.Namespace
 ) -> SweepOutcome:
     stop = StopController()
     task = asyncio.current_task()
     assert task is not None
     _install_stop_handlers(stop, task, config.sweep.drain_timeout_s)
+    config = narrow_sweep(config, backbones=args.backbone or (), methods=args.method or ())
     return await run_sweep(
-        config, db_path=db, run_name=run, stop=stop, show_progress=progress, retry_failed=retry_failed
+        config,
+        db_path=db,
+        run_name=run,
+        stop=stop,
+        show_progress=not args.no_progress,
+        retry_failed=args.retry_failed,
+        limit=args.limit,
+        accept_config_change=args.accept_config_change,
     )
 
 
-async def _demo(db: Path, run: str, progress: bool, retry_failed: bool) -> SweepOutcome:
+async def _demo(db: Path, run: str, args: argparse.Namespace) -> SweepOutcome:
     from rcarun.demo import demo_sweep_config, simulated_backbones
 
     async with simulated_backbones() as backbones:
-        return await _run_with_signals(demo_sweep_config(backbones), db, run, progress, retry_failed)
+        return await _run_with_signals(demo_sweep_config(backbones), db, run, args)
 
 
-def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool) -> None:
-    store = open_store(db)
-    try:
+def _cause(error: str | None) -> str:
+    """A failed item's cause for grouping: the error class, with the HTTP status when there was one."""
+    text = error or "no message"
+    head = text.split(":", 1)[0].strip()
+    if head.startswith("unexpected "):
+        return head
+    kind = head if head.isidentifier() else "other"
+    status = _HTTP_STATUS.search(text)
+    return f"{kind} (HTTP {status.group(1)})" if status else kind
+
+
+def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool, resume: str) -> None:
+    with open_store(db) as store:
         rows = store.backbone_summary(outcome.run_id)
-    finally:
-        store.close()
+        items = store.items(outcome.run_id)
+        invalid = {
+            str(row[0]): int(row[1])
+            for row in store.connection.execute(
+                "SELECT backbone, count(*) FROM predictions WHERE run_id = ? AND error IS NOT NULL GROUP BY backbone",
+                (outcome.run_id,),
+            )
+        }
     if simulated:
         print(_BANNER)
     print(
@@ -140,17 +191,64 @@ def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool) -> None:
         f"{outcome.data_problems} data problems, results in {db}"
     )
     header = (
-        f"{'backbone':<16} {'items':>6} {'failed':>6} {'skipped':>7} {'calls':>6} {'attempts':>8} {'cached':>6} "
-        f"{'tokens':>10} {'USD':>9} {'429s':>5} {'len-retry':>9} {'preds':>6}"
+        f"{'backbone':<16} {'items':>6} {'failed':>6} {'skipped':>7} {'left':>6} {'calls':>6} {'attempts':>8} "
+        f"{'cached':>6} {'tokens':>10} {'USD':>9} {'429s':>5} {'len-retry':>9} {'preds':>6} {'invalid':>7}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
+        counters = outcome.counters.get(row.backbone)
+        planned = counters.items_total if counters is not None else 0
+        left = max(0, planned - row.items_done - row.items_failed)
         print(
-            f"{row.backbone:<16} {row.items_done:>6} {row.items_failed:>6} {row.items_skipped:>7} "
+            f"{row.backbone:<16} {row.items_done:>6} {row.items_failed:>6} {row.items_skipped:>7} {left:>6} "
             f"{row.calls:>6} {row.attempts:>8} {row.cached_calls:>6} {row.total_tokens:>10,} "
-            f"{row.cost_usd:>9.4f} {row.rate_limited:>5} {row.length_retries:>9} {row.predictions:>6}"
+            f"{row.cost_usd:>9.4f} {row.rate_limited:>5} {row.length_retries:>9} {row.predictions:>6} "
+            f"{invalid.get(row.backbone, 0):>7}"
         )
+    failed = [item for item in items if item.status == "failed"]
+    if failed:
+        print()
+        print("failed items by cause (one example each):")
+        causes: dict[tuple[str, str], list[str]] = {}
+        for item in failed:
+            causes.setdefault((item.backbone, _cause(item.error)), []).append(item.error or "")
+        for (backbone, cause), errors in sorted(
+            causes.items(), key=lambda entry: (entry[0][0], -len(entry[1]))
+        ):
+            example = " ".join(errors[0].split())
+            head, _, rest = example.partition(": ")
+            if rest and cause.startswith(head):
+                example = rest  # the cause already names the class
+            if len(example) > _EXAMPLE_CHARS:
+                example = example[: _EXAMPLE_CHARS - 1] + "…"
+            print(f"  {backbone:<16} {len(errors):>5}  {cause}: {example}")
+    if invalid:
+        print(
+            f"{sum(invalid.values())} predictions come from answers that could not be read (predictions.error); "
+            "rcarun report counts them per method"
+        )
+    for reason in outcome.stop_reasons:
+        print(f"stopped early: {reason}")
+    skipped = sum(row.items_skipped for row in rows)
+    if skipped:
+        print(
+            f"{skipped} items were skipped when a budget was reached: raise it in the config before resuming"
+        )
+    if outcome.status != "finished":
+        print(f"resume with: {resume}")
+    if failed:
+        print(
+            f"retry the {len(failed)} failed items (after fixing their cause) with: {resume} --retry-failed"
+        )
+
+
+def _exit_status(db: Path, outcome: SweepOutcome) -> int:
+    if outcome.status != "finished":
+        return EXIT_STOPPED
+    with open_store(db) as store:
+        failed = any(item.status == "failed" for item in store.items(outcome.run_id))
+    return EXIT_ITEMS_FAILED if failed else EXIT_FINISHED
 
 
 def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
@@ -167,8 +265,16 @@ def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
 
 
 def _resume_command(args: argparse.Namespace, db: Path, run: str) -> str:
-    config = f" --config {args.config}" if args.config is not None else ""
-    return f"rcarun sweep{config} --db {db} --run {run}"
+    """The same sweep command (its slice included), to resume the run."""
+    parts = ["rcarun sweep"]
+    if args.config is not None:
+        parts.append(f"--config {args.config}")
+    parts += [f"--db {db}", f"--run {run}"]
+    parts += [f"--backbone {name}" for name in args.backbone or ()]
+    parts += [f"--method {name}" for name in args.method or ()]
+    if args.limit is not None:
+        parts.append(f"--limit {args.limit}")
+    return " ".join(parts)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -176,18 +282,22 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
         try:
-            outcome = asyncio.run(_demo(db, run, not args.no_progress, args.retry_failed))
+            outcome = asyncio.run(_demo(db, run, args))
         except RunBusy:
             raise
         except StoreError as exc:
             raise StoreError(f"{exc}; once fixed, resume with: {_resume_command(args, db, run)}") from None
-        _print_summary(db, outcome, simulated=True)
-        _print_accuracy(db, outcome)
+
+        def show() -> None:
+            _print_summary(db, outcome, simulated=True, resume=_resume_command(args, db, run))
+            _print_accuracy(db, outcome)
+
+        _tell_outcome(show)
     else:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
         try:
-            outcome = asyncio.run(_run_with_signals(config, db, run, not args.no_progress, args.retry_failed))
+            outcome = asyncio.run(_run_with_signals(config, db, run, args))
         except ConfigError as exc:  # found by the runner (dataset path, key variable): name the file too
             raise ConfigError(f"{args.config}: {exc}") from None
         except RunBusy:
@@ -197,10 +307,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         simulated = config.sweep.simulated or all(
             b.provider == "simulated" for b in config.backbones.values()
         )
-        _print_summary(db, outcome, simulated=simulated)
-    if outcome.status != "finished":
-        print(f"resume with: {_resume_command(args, db, run)}")
-    return 0 if outcome.status == "finished" else 3
+        _tell_outcome(
+            lambda: _print_summary(db, outcome, simulated=simulated, resume=_resume_command(args, db, run))
+        )
+    return _exit_status(db, outcome)
+
+
+def _tell_outcome(show: Callable[[], object]) -> None:
+    """Print the closing summary; a reader that went away (`| head`, a `tee` killed by Ctrl-C) does not change
+    what the sweep's exit status says happened."""
+    try:
+        show()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_closed_output()
 
 
 def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
@@ -216,16 +336,44 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rcarun", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="rcarun", description=_DESCRIPTION)
+    parser.add_argument("-V", "--version", action="version", version=f"rcarun {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    sweep = commands.add_parser("sweep", help="run a sweep (no --config: the embedded simulated demo)")
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a sweep (no --config: the embedded simulated demo)",
+        description="Run (or resume) a sweep: every method x backbone x trajectory x realization of the config, "
+        "into results.db. Exit 0: every item has a prediction; 3: stopped early, resumable; 4: items failed "
+        "(--retry-failed); 130: cancelled; 2: config, data or results.db unusable.",
+    )
     sweep.add_argument("--config", help="sweep TOML file")
     sweep.add_argument("--db", help=f"results database (env RCARUN_DB, default {_DEFAULT_DB})")
     sweep.add_argument("--run", help="run name; rerunning the same name resumes it (env RCARUN_RUN)")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
     sweep.add_argument(
         "--retry-failed", action="store_true", help="on resume, run items that failed for good again"
+    )
+    sweep.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="only the first N usable trajectories of the dataset (a smoke run; a later full run resumes it)",
+    )
+    sweep.add_argument(
+        "--backbone",
+        action="append",
+        metavar="NAME",
+        help="run only this backbone of the config (repeatable)",
+    )
+    sweep.add_argument(
+        "--method", action="append", metavar="NAME", help="run only this method label or name (repeatable)"
+    )
+    sweep.add_argument(
+        "--accept-config-change",
+        action="store_true",
+        help="resume even though settings that decide answers (model, endpoint, request and method options, "
+        "stage budgets, data) changed since the run started",
     )
 
     commands.add_parser("mock-server", help="run the OpenAI-compatible simulator on loopback", add_help=False)
@@ -251,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_analysis_commands(commands, _DEFAULT_DB)
     add_estimate_command(commands)
+    add_methods_command(commands)
 
     bench = commands.add_parser("bench", help="performance benchmarks against the simulator")
     bench.add_argument("suite", choices=["throughput"])
@@ -273,6 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rcarun")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+@survives_closed_stdout
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["mock-server"]:
@@ -283,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sweep(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "methods":
+            return cmd_methods(args)
         if args.command == "estimate":
             return cmd_estimate(args)
         if args.command == "score":

@@ -1,5 +1,6 @@
 """The sweep engine: config, work items, the per-item `LLM` session, call cache, scheduler, progress, resume."""
 
+from rcarun.runner.answers import parse_json_answer
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.config import (
     BackboneConfig,
@@ -12,10 +13,11 @@ from rcarun.runner.config import (
     SweepSection,
     load_backbones_file,
     load_sweep_config,
+    narrow_sweep,
 )
 from rcarun.runner.runtime import BackboneCounters, StopController, WorkItem
 from rcarun.runner.scheduler import SweepOutcome, build_prices, run_sweep
-from rcarun.runner.session import ItemSession, StopRequested, parse_json_answer
+from rcarun.runner.session import ItemSession, StopRequested
 
 __all__ = [
     "BackboneConfig",
@@ -36,6 +38,7 @@ __all__ = [
     "call_cache_key",
     "load_backbones_file",
     "load_sweep_config",
+    "narrow_sweep",
     "parse_json_answer",
     "run_sweep",
 ]

@@ -18,7 +18,7 @@ import math
 import re
 import tomllib
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -50,6 +50,7 @@ __all__ = [
     "SweepSection",
     "load_backbones_file",
     "load_sweep_config",
+    "narrow_sweep",
 ]
 
 
@@ -177,6 +178,14 @@ class RetryConfig(_Strict):
         300.0,
         gt=0,
         description="longest pause a provider may ask for (Retry-After, reset headers); longer stops the backbone",
+    )
+    fail_fast_after: int = Field(
+        3,
+        ge=1,
+        description="calls in a row refused for the key, quota or model (401/403, 402, 404) stop the backbone",
+    )
+    connection_failures: int = Field(
+        8, ge=1, description="attempts in a row that cannot connect to the endpoint stop the backbone"
     )
 
 
@@ -371,3 +380,36 @@ def load_sweep_config(path: Path) -> SweepConfig:
     return config.model_copy(
         update={"backbones": backbones, "sweep": config.sweep.model_copy(update=sweep_update)}
     )
+
+
+def narrow_sweep(
+    config: SweepConfig, *, backbones: Sequence[str] = (), methods: Sequence[str] = ()
+) -> SweepConfig:
+    """``config`` restricted to the named backbones and methods (by label, or by name for every label of it), for
+    a slice of a sweep; an empty selection keeps all.
+
+    Raises:
+        ConfigError: a name the config does not define (the known ones are listed).
+    """
+    updates: dict[str, Any] = {}
+    if backbones:
+        unknown = [name for name in backbones if name not in config.backbones]
+        if unknown:
+            raise ConfigError(
+                f"--backbone {', '.join(unknown)}: not in the sweep (backbones: {', '.join(config.backbones)})"
+            )
+        updates["backbones"] = {
+            name: config.backbones[name] for name in config.backbones if name in backbones
+        }
+    if methods:
+        known = {method.resolved_label for method in config.methods} | {
+            method.name for method in config.methods
+        }
+        unknown = [name for name in methods if name not in known]
+        if unknown:
+            labels = ", ".join(method.resolved_label for method in config.methods)
+            raise ConfigError(f"--method {', '.join(unknown)}: not in the sweep (methods: {labels})")
+        updates["methods"] = tuple(
+            method for method in config.methods if method.resolved_label in methods or method.name in methods
+        )
+    return config.model_copy(update=updates) if updates else config

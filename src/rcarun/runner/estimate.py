@@ -88,10 +88,10 @@ from rcarun.mock.answers import (
     simulate_tool_calls,
     tool_calls_text,
 )
+from rcarun.runner.answers import parse_json_answer
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.config import BackboneConfig, StageConfig, SweepConfig
 from rcarun.runner.scheduler import build_prices, check_method_backbones
-from rcarun.runner.session import parse_json_answer
 
 __all__ = ["CHANCE_DRAWS", "ChanceRange", "EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
 

@@ -154,6 +154,8 @@ class BackboneRuntime:
     gate: BackboneGate
     counters: BackboneCounters = field(default_factory=BackboneCounters)
     stopped: str | None = None
+    # Calls in a row that met an error about the backbone rather than the request (`rcarun.errors.BACKBONE_FAULTS`).
+    consecutive_faults: int = 0
     # Tasks that are only waiting (for room in the writer, admission, a pause, a retry's backoff): a stop
     # interrupts them. A task leaves this set before its request is sent, so a stop never cuts a call short.
     waiting: dict[asyncio.Task[object], StopGuard] = field(default_factory=dict)
@@ -264,5 +266,7 @@ class RunContext:
     shared: SharedCalls = field(default_factory=SharedCalls)
     # Every backbone of the sweep by name, so an item may address more than its own (a judge panel).
     runtimes: dict[str, BackboneRuntime] = field(default_factory=dict)
+    # Only the first N usable trajectories of the dataset (a smoke run), or all when None.
+    limit: int | None = None
     # How the runner says something the user must read now (a backbone stopped, writes failing): one line.
     announce: Callable[[str], None] = announce_line

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +51,7 @@ from rcarun.data import (
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError, StoreError
 from rcarun.methods import Attribution, Method, create_method, home_backbone
 from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.runner.drift import answer_changes
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import (
     BackboneCounters,
@@ -95,6 +97,8 @@ class SweepOutcome:
     trajectories: int
     data_problems: int
     counters: dict[str, BackboneCounters]
+    # Why the run stopped early, when it did: the run-wide reason (Ctrl-C, writes failing) or per backbone.
+    stop_reasons: tuple[str, ...] = ()
 
 
 def build_prices(config: BackboneConfig) -> PriceTable:
@@ -194,16 +198,25 @@ async def run_sweep(
     show_progress: bool = True,
     retry_failed: bool = False,
     backend_factory: BackendFactory = create_backend,
+    limit: int | None = None,
+    accept_config_change: bool = False,
 ) -> SweepOutcome:
     """Run (or resume) the sweep named ``run_name`` into ``db_path``.
 
     Resume skips items with a prediction and items that failed for good; ``retry_failed`` runs the failed
-    ones again (after a key, a quota or a config was fixed).
+    ones again (after a key, a quota or a config was fixed). ``limit`` runs only the first N usable
+    trajectories of the dataset (its order), for a smoke run that a later full run resumes. A resume whose
+    answer-deciding settings differ from the run's is refused (`rcarun.runner.drift`) unless
+    ``accept_config_change``.
 
     Raises:
-        ConfigError: the config cannot be run (unknown method, duplicate labels, missing key variable).
+        ConfigError: the config cannot be run (unknown method, duplicate labels, missing key variable, settings
+            that would mix two configurations in one run).
         DataError: the dataset is unusable (or a record is bad and ``strict_data`` is set).
+        RunBusy: another live process sweeps this run.
     """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {limit}")
     with _responsive_loop():
         return await _run_sweep(
             config,
@@ -213,6 +226,8 @@ async def run_sweep(
             show_progress=show_progress,
             retry_failed=retry_failed,
             backend_factory=backend_factory,
+            limit=limit,
+            accept_config_change=accept_config_change,
         )
 
 
@@ -245,6 +260,8 @@ async def _run_sweep(
     show_progress: bool,
     retry_failed: bool,
     backend_factory: BackendFactory,
+    limit: int | None,
+    accept_config_change: bool,
 ) -> SweepOutcome:
     methods = [create_method(m.name, label=m.resolved_label, options=m.options) for m in config.methods]
     labels = [m.label for m in methods]
@@ -258,16 +275,30 @@ async def _run_sweep(
     entries = len(manifest.records) if manifest is not None else count_entries(config.sweep.dataset)
     if entries == 0:
         raise DataError("no trajectories found", path=config.sweep.dataset)
+    if limit is not None:
+        entries = min(entries, limit)
     # A missing key would otherwise surface when the backends are built, after the run row exists.
     for name, backbone in config.backbones.items():
         _backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
     store = open_store(db_path)
     keeper: LeaseKeeper | None = None
     try:
+        existing = store.run_by_name(run_name)
+        changes = answer_changes(existing.config_json, config) if existing is not None else []
+        if changes and not accept_config_change:
+            raise ConfigError(
+                f"run {run_name!r} was started with other settings that decide its answers ({'; '.join(changes)}); "
+                "resuming would mix two configurations in one run. Start a new run (--run ANOTHER_NAME), or "
+                "pass --accept-config-change to resume it with the new settings knowingly"
+            )
         me = this_process()
         # Claimed in the same transaction that opens the run: a second sweep of the run is refused unchanged.
         run_id = store.get_or_create_run(
-            run_name, config.model_dump_json(), lease=me, lease_stale_s=config.sweep.lease_stale_s
+            run_name,
+            config.model_dump_json(),
+            lease=me,
+            lease_stale_s=config.sweep.lease_stale_s,
+            answer_changes=changes,
         )
         loop = asyncio.get_running_loop()
         announce = announce_line
@@ -321,11 +352,22 @@ async def _run_sweep(
                 writer=writer,
                 stop=stop,
                 cache_lookups=store.has_calls(scope),
+                limit=limit,
             )
             recorder = _TrajectoryRecorder(context)
             runtimes = _build_runtimes(config, ledger, backend_factory)
             context.runtimes.update(runtimes)
             stop.on_stop(lambda reason: _stop_all(runtimes, reason))
+
+            def note_interrupt(reason: str) -> None:
+                with contextlib.suppress(StoreError):  # a writer that failed for good says so itself
+                    writer.add_event(
+                        EventRow(
+                            run_id=run_id, kind="interrupted", detail_json=json.dumps({"reason": reason})
+                        )
+                    )
+
+            stop.on_stop(note_interrupt)
             for runtime in runtimes.values():
                 runtime.counters.items_total = (
                     entries * len(_methods_run_by(runtime.name, methods)) * config.sweep.realizations
@@ -361,6 +403,7 @@ async def _run_sweep(
             trajectories=recorder.trajectories,
             data_problems=recorder.problems,
             counters={name: runtime.counters for name, runtime in runtimes.items()},
+            stop_reasons=_stop_reasons(stop, runtimes),
         )
     except BaseException:
         with contextlib.suppress(Exception):
@@ -409,6 +452,12 @@ def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> No
                 f"method {method.label!r} names backbones the sweep does not define: {unknown} "
                 f"(defined: {sorted(config.backbones)})"
             )
+
+
+def _stop_reasons(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> tuple[str, ...]:
+    if stop.admission_stopped:
+        return (stop.reason,)
+    return tuple(runtime.stopped for runtime in runtimes.values() if runtime.stopped is not None)
 
 
 def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:
@@ -544,7 +593,8 @@ async def _drive_backbone(
     methods = _methods_run_by(runtime.name, methods)
 
     async def produce() -> None:
-        for walked, record in enumerate(_iter_records(context.config, manifest, recorder.problem), start=1):
+        records = _iter_records(context.config, manifest, recorder.problem)
+        for walked, record in enumerate(itertools.islice(records, context.limit), start=1):
             recorder.record(record)
             if walked % 64 == 0:
                 # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
@@ -597,6 +647,10 @@ async def _run_item(
         counters.items_skipped_budget += 1
         set_item("skipped_budget", str(exc))
         if counters.items_skipped_budget == 1:
+            context.announce(
+                f"budget reached on backbone {runtime.name!r}: {exc}; its items left are skipped (skipped_budget): "
+                "raise the budget and rerun the same sweep command to run them"
+            )
             writer.add_event(
                 EventRow(
                     run_id=context.run_id,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,51 +45,27 @@ from rcarun.budgets import (
     implausible_usage,
     next_length_budget,
 )
-from rcarun.errors import CallError, ConfigError, RateLimited
+from rcarun.errors import (
+    BACKBONE_FAULTS,
+    AuthError,
+    CallError,
+    ConfigError,
+    ConnectionFailed,
+    ModelNotFound,
+    QuotaExhausted,
+    RateLimited,
+)
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
+from rcarun.runner.answers import parse_json_answer
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.runtime import BackboneRuntime, RunContext, StopRequested, WorkItem
 from rcarun.store import CallRow, EventRow, UsageSource, blob_sha256, utc_timestamp
 from rcarun.text import repair_surrogates
 
-__all__ = ["ItemSession", "StopRequested", "parse_json_answer"]
+__all__ = ["ItemSession", "StopRequested"]
 
 # A request may meet this many times as many 429s as other failures before it gives up.
 _RATE_LIMIT_ALLOWANCE = 5
-_FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*\}|\[.*\])\s*```", re.DOTALL)
-
-
-def parse_json_answer(text: str) -> tuple[Any, str | None]:
-    """Decode a JSON answer: the whole text, or else one fenced block; never guessed or repaired further.
-
-    One thing is repaired, because nothing downstream could store or send it: a ``\\ud800``-style escape of an
-    unpaired surrogate (an answer cut mid-emoji) decodes to U+FFFD, as the wire does for the text itself.
-    """
-    stripped = text.strip()
-    if not stripped:
-        return None, "empty answer"
-    try:
-        return _storable(json.loads(stripped)), None
-    except json.JSONDecodeError as exc:
-        error = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    match = _FENCED_JSON.search(stripped)
-    if match:
-        try:
-            return _storable(json.loads(match.group(1))), None
-        except json.JSONDecodeError as exc:
-            error = f"fenced block is not JSON: {exc.msg}"
-    return None, error
-
-
-def _storable(value: Any) -> Any:
-    """``value`` with every string (keys included) free of unpaired surrogates."""
-    if isinstance(value, str):
-        return repair_surrogates(value)
-    if isinstance(value, list):
-        return [_storable(item) for item in value]
-    if isinstance(value, dict):
-        return {repair_surrogates(key): _storable(item) for key, item in value.items()}
-    return value
 
 
 class ItemSession:
@@ -220,6 +195,10 @@ class ItemSession:
                         error, decision = outcome
                         if decision.stop_backbone:
                             raise StopRequested(runtime.stopped or str(error))
+                        if isinstance(error, BACKBONE_FAULTS) and (runtime.stopped or not decision.retry):
+                            # About the backbone, not this item: left for a resume once the key, quota, model
+                            # or server is fixed, not failed for good.
+                            raise StopRequested(str(error))
                         if not decision.retry:
                             raise error
                         with runtime.stop_guard():
@@ -247,7 +226,7 @@ class ItemSession:
                 parsed: Any = None
                 parse_error: str | None = None
                 if schema is not None:
-                    parsed, parse_error = parse_json_answer(result.text)
+                    parsed, parse_error = parse_json_answer(result.text, schema)
                     if parse_error and result.finish_reason == "length":
                         parse_error = f"{parse_error} (output budget exhausted: finish_reason=length)"
                 return Reply(
@@ -422,6 +401,8 @@ class ItemSession:
                     )
                     if decision.stop_backbone:
                         self._stop_backbone(error.status, decision.asked_s, "its answer", str(error))
+                    elif isinstance(error, BACKBONE_FAULTS):
+                        self._note_fault(error)
                     elif gate.pauses_started > pauses_before:
                         self._note_pause(decision.pause_backbone_s, error.status, decision.asked_s)
                     return error, decision
@@ -438,6 +419,7 @@ class ItemSession:
                         )
                     )
                     raise
+                runtime.consecutive_faults = 0
                 pause = gate.on_rate_limit_headers(result.rate_limit)
                 if gate.retry.too_long(pause):
                     # The answer stands; it is the backbone's next calls that cannot be waited for.
@@ -513,6 +495,34 @@ class ItemSession:
                 max_pause_s=limit,
                 message=message[:300],
             )
+
+    def _note_fault(self, error: CallError) -> None:
+        """Count an error about the backbone; enough of them in a row stop it (fail fast on what will not heal)."""
+        runtime = self._runtime
+        runtime.consecutive_faults += 1
+        retry = runtime.config.retry
+        connecting = isinstance(error, ConnectionFailed)
+        limit = retry.connection_failures if connecting else retry.fail_fast_after
+        if runtime.consecutive_faults < limit:
+            return
+        what = "attempts in a row could not connect" if connecting else "calls in a row were refused"
+        hint = {
+            AuthError: f"check the key in ${runtime.config.api_key_env} (api_key_env)"
+            if runtime.config.api_key_env
+            else "the endpoint wants a key: set api_key_env",
+            QuotaExhausted: "the account is out of credit",
+            ModelNotFound: f"check model {runtime.config.model!r} and base_url",
+            ConnectionFailed: "is the server up, and is base_url right?",
+        }
+        advice = next((text for kind, text in hint.items() if isinstance(error, kind)), "")
+        reason = (
+            f"backbone {runtime.name!r} stopped: {runtime.consecutive_faults} {what} ({type(error).__name__}: "
+            f"{error}); {advice}; "
+            "the other backbones go on, its unfinished items are left for a resume (rerun the same sweep command)"
+        )
+        if runtime.stop(reason):
+            self._context.announce(reason)
+            self._event("backbone_stopped", status=error.status, cause=error.kind, message=str(error)[:300])
 
     def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
         self._event("backbone_paused", seconds=round(seconds, 3), status=status, asked_s=asked_s)

@@ -1,0 +1,114 @@
+"""What a resume may change: the settings that decide answers must stay as the run was started, the rest may move.
+
+A run's results are only comparable when every answer under one backbone name came from the same model, endpoint,
+request options, method options, output budgets and trajectories. Resuming with a new model or temperature would
+mix two configurations under one name, silently. So a resume compares the answer-deciding settings with the
+config the run stored and lists what changed; the runner then refuses (unless told to accept it). Limits,
+prices, budgets, retries, concurrency and timeouts decide how fast and how expensively answers come, not what
+they are, and may change freely; adding or dropping a backbone or a method changes the run's extent, not its
+existing answers. A simulated sweep's endpoints are loopback ports drawn anew each time and are not compared.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from rcarun.runner.config import StageConfig, SweepConfig
+
+__all__ = ["answer_changes"]
+
+# Backbone settings that decide what a request is or who answers it.
+_BACKBONE_KEYS = (
+    "provider",
+    "model",
+    "endpoints",
+    "thinking",
+    "reasoning_effort",
+    "supports_response_format",
+    "extra_body",
+    "context_window",
+    "max_output_tokens",
+    "chars_per_token",
+)
+_SWEEP_KEYS = ("dataset", "manifest")
+
+
+def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer-deciding part of a dumped `SweepConfig`, flattened to dotted paths."""
+    sweep = config.get("sweep") or {}
+    simulated = bool(sweep.get("simulated"))
+    settings: dict[str, Any] = {f"sweep.{key}": sweep.get(key) for key in _SWEEP_KEYS}
+    for name, backbone in (config.get("backbones") or {}).items():
+        endpoints = tuple(backbone.get("base_urls") or ()) or (
+            (backbone["base_url"],) if backbone.get("base_url") else ()
+        )
+        values = {**backbone, "endpoints": list(endpoints)}
+        for key in _BACKBONE_KEYS:
+            if key == "endpoints" and (simulated or backbone.get("provider") == "simulated"):
+                continue
+            settings[f"backbones.{name}.{key}"] = values.get(key)
+    for method in config.get("methods") or ():
+        label = method.get("label") or method.get("name")
+        settings[f"methods.{label}.name"] = method.get("name")
+        settings[f"methods.{label}.options"] = method.get("options") or {}
+    for stage, policy in (config.get("stages") or {}).items():
+        for key, value in (policy or {}).items():
+            settings[f"stages.{stage}.{key}"] = value
+    return settings
+
+
+def _with_stage_defaults(settings: dict[str, Any], stages: set[str]) -> dict[str, Any]:
+    """A stage one config names and the other does not runs with the defaults there: compare against them."""
+    defaults = StageConfig().model_dump()
+    filled = dict(settings)
+    for stage in stages:
+        for key, value in defaults.items():
+            filled.setdefault(f"stages.{stage}.{key}", value)
+    return filled
+
+
+def _groups(path: str) -> str:
+    """The backbone or method a path belongs to (``backbones.X`` / ``methods.X``), or the path's head."""
+    parts = path.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("backbones", "methods") else parts[0]
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> Iterator[str]:
+    present_old = {_groups(path) for path in old}
+    present_new = {_groups(path) for path in new}
+    for path in sorted(old.keys() | new.keys()):
+        group = _groups(path)
+        if group.startswith(("backbones.", "methods.")) and not (
+            group in present_old and group in present_new
+        ):
+            continue  # a backbone or method added or dropped: the run's extent, not its answers
+        before, after = old.get(path), new.get(path)
+        if before != after:
+            yield f"{path}: {_show(before)} -> {_show(after)}"
+
+
+def _show(value: Any) -> str:
+    text = (
+        json.dumps(value, sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    )
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def answer_changes(stored_config_json: str, config: SweepConfig) -> list[str]:
+    """The answer-deciding settings that differ between the run's stored config and ``config``, one line each
+    (``backbones.gpt.model: 'gpt-4o-mini' -> 'gpt-4o'``); empty when a resume cannot mix configurations.
+
+    A stored config that cannot be read (an older rcarun's, or damaged) is compared as far as it goes.
+    """
+    try:
+        stored = json.loads(stored_config_json)
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(stored, dict) or not stored:
+        return []
+    current = json.loads(config.model_dump_json())
+    old, new = _answer_settings(stored), _answer_settings(current)
+    stages = {path.split(".")[1] for path in old.keys() | new.keys() if path.startswith("stages.")}
+    return list(_changes(_with_stage_defaults(old, stages), _with_stage_defaults(new, stages)))
