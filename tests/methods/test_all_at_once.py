@@ -223,6 +223,10 @@ async def test_agentic_reading_that_hits_the_cap_is_an_invalid_answer(scripted) 
     assert not attribution.role_valid and not attribution.step_valid
     assert attribution.output["capped"] is True
     assert "still called tools after its 2 tool calls" in attribution.output["invalid_answer"]
+    assert attribution.error == (
+        "tool-call cap reached: the model still called tools after its 2 tool calls were spent"
+    )
+    assert attribution.fallback is None
 
 
 def test_agentic_result_size_follows_the_context_window(scripted) -> None:  # type: ignore[no-untyped-def]
@@ -248,3 +252,48 @@ def test_agentic_result_size_follows_the_context_window(scripted) -> None:  # ty
 def test_agentic_options_are_checked(options: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         create_method("all-at-once", options=options)
+
+
+# --- unreadable answers: Attribution.error (never a fallback) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("The Coder broke it at step 1.", "Expecting value: line 1 column 1 (char 0)"),
+        ("[1, 2]", "the answer is not a JSON object"),
+        (
+            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "1"}),
+            'root_step is not an integer: "1"',
+        ),
+        (json.dumps({"reason": "r", "root_step": 1}), "responsible_role is missing"),
+        (
+            json.dumps({"reason": "r", "responsible_role": 7, "root_step": None}),
+            "responsible_role is not a string: 7; root_step is not an integer: null",
+        ),
+    ],
+)
+async def test_an_answer_that_cannot_be_read_carries_its_error(scripted, text: str, error: str) -> None:  # type: ignore[no-untyped-def]
+    attribution = await AllAtOnce("all-at-once", AllAtOnceOptions()).attribute(
+        _trajectory(), scripted([text])
+    )
+    assert attribution.error == error
+    assert attribution.fallback is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"reason": "r", "responsible_role": "Coder", "root_step": 1},
+        {
+            "reason": "r",
+            "responsible_role": "Nobody",
+            "root_step": 99,
+        },  # read, but invalid: validity, not error
+    ],
+)
+async def test_an_answer_that_was_read_has_no_error(scripted, answer: dict[str, object]) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted([json.dumps(answer)])
+    attribution = await AllAtOnce("all-at-once", AllAtOnceOptions()).attribute(_trajectory(), llm)
+    assert attribution.error is None and attribution.fallback is None
+    assert "invalid_answer" not in attribution.output

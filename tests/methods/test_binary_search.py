@@ -262,3 +262,43 @@ async def test_wide_segments_are_fitted_to_a_small_window(scripted) -> None:  # 
         "context_window": 4000,
         "all_fit": True,
     }
+
+
+# --- unclear answers: Attribution.error / fallback -----------------------------------------------------------
+
+
+async def test_clear_answers_have_no_error_and_no_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+    attribution = await BinarySearch("bs", BinarySearchOptions()).attribute(
+        _trajectory(8), scripted([EARLIER] * 3)
+    )
+    assert attribution.pred_step == 0
+    assert attribution.error is None and attribution.fallback is None
+
+
+async def test_prose_everywhere_is_an_error_and_the_random_rule_is_named(scripted) -> None:  # type: ignore[no-untyped-def]
+    """The walkthrough's text-only server: every halving unclear, yet a valid step; the prediction says so."""
+    llm = scripted(["I don't know the answer to that."] * 3)
+    attribution = await BinarySearch("bs", BinarySearchOptions()).attribute(_trajectory(8), llm)
+    assert attribution.step_valid and attribution.role_valid  # the rule still chose a step
+    assert attribution.error == (
+        "no bisect answer was clear (3 of 3); first: Expecting value: line 1 column 1 (char 0)"
+    )
+    assert attribution.fallback == (
+        "binary search: unclear verdict at 3 of 3 halvings, half chosen at random (published rule)"
+    )
+    assert attribution.output["unclear_decisions"] == 3
+
+
+async def test_one_unclear_halving_is_a_fallback_without_an_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted([EARLIER, json.dumps({"reason": "r", "half": "upper"}), LATER])
+    options = BinarySearchOptions(unclear="earlier")
+    attribution = await BinarySearch("bs", options).attribute(_trajectory(8), llm)
+    assert attribution.error is None
+    assert attribution.fallback == (
+        "binary search: unclear verdict at 1 of 3 halvings, earlier half taken (published rule)"
+    )
+
+
+async def test_a_one_step_log_needs_no_answer(scripted) -> None:  # type: ignore[no-untyped-def]
+    attribution = await BinarySearch("bs", BinarySearchOptions()).attribute(_trajectory(1), scripted([]))
+    assert attribution.pred_step == 0 and attribution.error is None and attribution.fallback is None

@@ -296,3 +296,87 @@ async def test_agentic_turn_stops_at_the_tool_cap_and_keeps_the_standing_answer(
     assert turns[2]["capped"] is True
     # Turn 2 has no change rule: its invalid answer stands; turn 3's rule rejects the "move" and it stays invalid.
     assert (turns[1]["pred_step"], turns[2]["pred_step"]) == (None, None)
+    assert (
+        result.error
+        == "tool-call cap reached: the model still called tools after its 1 tool calls were spent"
+    )
+
+
+# --- unreadable answers and the change rule: Attribution.error / fallback -------------------------------------
+
+PROSE = "I don't know the answer to that."
+NOT_JSON = "Expecting value: line 1 column 1 (char 0)"
+
+
+async def test_accepted_answers_have_no_error_and_no_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(
+        [
+            _answer("Planner", 3),
+            _answer("Planner", 3, ""),
+            _answer("Coder", 1, "with the parameter year=2019 instead of 2021"),
+        ]
+    )
+    result = await create_method("continual-search", options={"turns": 3}).attribute(_trajectory(), llm)
+    assert result.pred_step == 1
+    assert result.error is None and result.fallback is None
+
+
+async def test_a_rejected_move_keeps_the_standing_answer_by_rule(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(
+        [
+            _answer("Planner", 3),
+            _answer("Planner", 3, ""),
+            PROSE,
+            _answer("Coder", 1, "nowhere at all, really"),
+        ]
+    )
+    result = await create_method("continual-search").attribute(_trajectory(), llm)
+    assert (result.pred_role, result.pred_step) == ("Planner", 3)
+    assert result.error is None  # the standing answer (turn 2's) was read
+    assert result.fallback == (
+        "continual search: change rule rejected the model's new answer at the 2 turn(s) after turn 2, whose "
+        "answer stands (paper's rule)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("turn1", "turn2", "error"),
+    [
+        (PROSE, _answer("Coder", 1, ""), None),  # a readable later answer replaces an unreadable turn 1
+        (_answer("Planner", 3), PROSE, NOT_JSON),  # turn 2 has no change rule: its unreadable answer stands
+        (
+            _answer("Planner", 3),
+            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "1"}),
+            'root_step is not an integer: "1"',
+        ),
+    ],
+)
+async def test_the_error_is_that_of_the_answer_that_stands(
+    scripted, turn1: str, turn2: str, error: str | None
+) -> None:  # type: ignore[no-untyped-def]
+    for name in ("continual-search", "passive-continuation"):
+        llm = scripted([turn1, turn2])
+        result = await create_method(name, options={"turns": 2}).attribute(_trajectory(), llm)
+        assert result.error == error, name
+        assert result.fallback is None
+
+
+async def test_a_standing_turn_one_keeps_the_base_methods_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    result = await create_method("continual-search", options={"turns": 1}).attribute(
+        _trajectory(), scripted([PROSE])
+    )
+    assert result.error == NOT_JSON and result.fallback is None
+    # Unreadable again and again: turn 2's answer stands (no rule at turn 2), turn 3 proposes no move.
+    llm = scripted([PROSE, PROSE, PROSE])
+    result = await create_method("continual-search", options={"turns": 3}).attribute(_trajectory(), llm)
+    assert result.error == NOT_JSON and result.fallback is None
+
+
+async def test_a_base_method_without_a_continuable_call_passes_on_its_error_and_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+    method = create_method("continual-search", options={"base": "binary-search", "turns": 2})
+    result = await method.attribute(_trajectory(), scripted(lambda request: PROSE))
+    assert "no_continuation" in result.output
+    assert result.error == f"no bisect answer was clear (3 of 3); first: {NOT_JSON}"
+    assert result.fallback == (
+        "binary search: unclear verdict at 3 of 3 halvings, half chosen at random (published rule)"
+    )

@@ -694,3 +694,66 @@ def test_registered_and_options_from_config() -> None:
 def test_invalid_options_are_config_errors(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EchoOptions.from_mapping(options)
+
+
+# --- unreadable answers and the design's rules: Attribution.error / fallback ----------------------------------
+
+
+async def test_a_clear_vote_has_no_error_and_no_fallback() -> None:
+    llm = numbered(
+        _replies(_answer(confidence=0.9), _answer(confidence=0.6), _answer(attribution=["Planner"], step=1))
+    )
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
+    assert (attribution.pred_role, attribution.pred_step) == ("Coder", 4)
+    assert attribution.error is None and attribution.fallback is None
+
+
+async def test_no_usable_analyst_answer_is_an_error() -> None:
+    llm = numbered(_replies("I don't know the answer to that.", "nope", "[]"))
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
+    assert attribution.abstained
+    assert attribution.error == (
+        "no analyst answer could be used (3 of 3 calls malformed); first: Expecting value: line 1 column 1 (char 0)"
+    )
+    assert attribution.fallback is None
+
+
+async def test_the_mean_likelihood_fallback_is_named() -> None:
+    evaluations = [
+        {"agent": "Planner", "step_index": 3, "error_likelihood": 0.7, "reasoning": "", "evidence": ""}
+    ]
+    llm = numbered(_replies("nope", _answer(step=42, evaluations=evaluations), "nope"))
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
+    assert (attribution.pred_role, attribution.pred_step) == ("Planner", 3)
+    assert attribution.error is None  # an evaluation was read
+    assert attribution.fallback == (
+        "echo: no vote kept (3 of 3 analysts malformed, 0 below min_confidence 0.3); agent with the highest "
+        "mean error likelihood and its most likely step chosen (published fallback)"
+    )
+    assert attribution.output["fallback"] == {"used": True, "agent": "Planner", "step": 3}  # kept as it was
+
+
+async def test_every_vote_below_the_confidence_floor_abstains_by_rule() -> None:
+    llm = numbered(_replies(*[_answer(confidence=0.1)] * 3))
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
+    assert attribution.abstained and attribution.error is None
+    assert attribution.fallback == (
+        "echo: all 3 well-formed votes below min_confidence 0.3 and no valid agent evaluation: abstains "
+        "(published rule)"
+    )
+
+
+async def test_tie_rules_that_decide_the_answer_are_named() -> None:
+    llm = numbered(
+        _replies(
+            _answer(attribution=["Coder"], step=4, confidence=0.5),
+            _answer(attribution=["Planner"], step=2, confidence=0.5),
+            "nope",
+        )
+    )
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
+    assert (attribution.pred_role, attribution.pred_step) == ("Planner", 2)
+    assert attribution.error is None
+    assert attribution.fallback == (
+        "echo: top agents tied, first in recorded order taken; top steps tied, earliest taken (published tie rules)"
+    )

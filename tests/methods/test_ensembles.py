@@ -130,7 +130,11 @@ class PanelLLM:
         answer = self.answers[self.name]
         if isinstance(answer, Exception):
             raise answer
-        return Reply(text=answer, parsed=json.loads(answer), parse_error=None, finish_reason="stop")
+        try:
+            parsed, error = json.loads(answer), None
+        except json.JSONDecodeError as exc:
+            parsed, error = None, str(exc)
+        return Reply(text=answer, parsed=parsed, parse_error=error, finish_reason="stop")
 
 
 async def test_judge_panel_asks_each_judge_on_its_backbone_and_votes_in_judge_order() -> None:
@@ -165,3 +169,78 @@ def test_judge_panel_options_are_checked() -> None:
         create_method("judge-panel", options={"judges": "a,b"})
     with pytest.raises(ConfigError, match="tie_break"):
         create_method("judge-panel", options={"judges": ["a", "b"], "tie_break": "coin"})
+
+
+# --- unreadable answers and tie rules: Attribution.error / fallback -------------------------------------------
+
+PROSE = "I don't know the answer to that."
+
+
+def _by_sample(*answers: str):  # type: ignore[no-untyped-def]
+    return lambda request: answers[request["sample"]]
+
+
+async def test_self_consistency_without_a_readable_draw_is_an_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    method = create_method("self-consistency")
+    result = await method.attribute(_trajectory(), scripted(_by_sample(*[PROSE] * 4)))
+    assert result.pred_role is None and result.pred_step is None
+    assert (
+        result.error
+        == "no sample answer could be read (4 of 4); first: Expecting value: line 1 column 1 (char 0)"
+    )
+    assert result.fallback is None
+    assert [s["answer_error"] for s in result.output["samples"]] == [
+        "Expecting value: line 1 column 1 (char 0)"
+    ] * 4
+
+
+async def test_self_consistency_with_some_readable_draws_has_no_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(_by_sample(PROSE, _json("Coder", 4), PROSE, _json("Coder", 4)))
+    result = await create_method("self-consistency").attribute(_trajectory(), llm)
+    assert (result.pred_role, result.pred_step) == ("Coder", 4)
+    assert result.error is None and result.fallback is None
+
+
+async def test_self_consistency_names_the_tie_rule_that_decided(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(_by_sample(_json("Coder", 4), _json("Planner", 1), _json("Planner", 1), _json("Coder", 4)))
+    result = await create_method("self-consistency").attribute(_trajectory(), llm)
+    assert (result.pred_role, result.pred_step) == ("Coder", 4)
+    assert result.error is None
+    assert result.fallback == (
+        "vote: role tie broken by first sample, step tie broken by first sample (tie rule 'first-voter')"
+    )
+    earliest = create_method("self-consistency", options={"tie_break": "earliest-step"})
+    llm = scripted(_by_sample(_json("Coder", 4), _json("Planner", 1), _json("Planner", 1), _json("Coder", 4)))
+    result = await earliest.attribute(_trajectory(), llm)
+    assert result.pred_step == 1
+    assert result.fallback == (
+        "vote: role tie broken by first sample, step tie broken by earliest step (tie rule 'earliest-step')"
+    )
+
+
+async def test_self_consistency_passes_on_its_draws_fallbacks(scripted) -> None:  # type: ignore[no-untyped-def]
+    method = create_method("self-consistency", options={"base": "binary-search", "samples": 2})
+    result = await method.attribute(_trajectory(), scripted(lambda request: PROSE))
+    assert result.pred_step is not None  # both draws made the same seeded choice
+    assert result.error is not None and result.error.startswith(
+        "no sample answer could be read (2 of 2); first: no bisect answer was clear (3 of 3)"
+    )
+    assert result.fallback == (
+        "2 of 2 samples decided in part by a rule, first: binary search: unclear verdict at 3 of 3 halvings, "
+        "half chosen at random (published rule)"
+    )
+
+
+async def test_judge_panel_error_needs_every_judge_unreadable() -> None:
+    trajectory = _trajectory()
+    panel = create_method("judge-panel", options={"judges": ["a", "b", "c"]})
+    some = await panel.attribute(
+        trajectory, PanelLLM({"a": PROSE, "b": _json("Planner", 1), "c": _json("Planner", 1)})
+    )
+    assert (some.pred_role, some.pred_step) == ("Planner", 1)
+    assert some.error is None and some.fallback is None
+    none = await panel.attribute(trajectory, PanelLLM({"a": PROSE, "b": PROSE, "c": BadRequest("refused")}))
+    assert (
+        none.error
+        == "no judge answer could be read (2 of 2); first: Expecting value: line 1 column 1 (char 0)"
+    )

@@ -244,3 +244,37 @@ def test_cost_estimate_grows_quadratically() -> None:
     ]
     second = [totals[i + 1] - 2 * totals[i] + totals[i - 1] for i in range(1, len(totals) - 1)]
     assert all(990 <= d <= 1030 for d in second), second
+
+
+# --- unreadable answers and the "malformed counts as no" rule: Attribution.error / fallback -----------------
+
+
+async def test_a_clean_walk_has_no_error_and_no_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+    for replies in ([NO, YES], [NO] * 4):
+        attribution = await StepByStep("sbs", StepByStepOptions()).attribute(
+            _trajectory(4), scripted(replies)
+        )
+        assert attribution.error is None and attribution.fallback is None
+
+
+async def test_a_malformed_verdict_before_the_flag_is_a_fallback_not_an_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted([NO, "Yes, step 1 is wrong.", YES])
+    attribution = await StepByStep("sbs", StepByStepOptions()).attribute(_trajectory(5), llm)
+    assert attribution.pred_step == 2
+    assert attribution.error is None
+    assert attribution.fallback == (
+        "step-by-step: unreadable verdict at 1 of 3 checked steps, counted as 'no' (published rule)"
+    )
+
+
+async def test_a_walk_with_no_readable_verdict_abstains_with_the_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted(["I am not sure."] * 4)
+    attribution = await StepByStep("sbs", StepByStepOptions()).attribute(_trajectory(4), llm)
+    assert attribution.abstained and attribution.pred_step is None
+    assert attribution.error == (
+        "no step_check answer could be read (4 of 4); first: Expecting value: line 1 column 1 (char 0)"
+    )
+    assert attribution.fallback == (
+        "step-by-step: unreadable verdict at 4 of 4 checked steps, counted as 'no' (published rule)"
+    )
+    assert attribution.output["malformed_steps"] == [0, 1, 2, 3]  # the output keys stay as they were

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
 from .render import render_html, render_text
-from .report import METRIC_NAMES, ReportOptions, build_report, metrics_json
-from .results import Cell, RunScores, load_run_scores, resolve_run
+from .report import METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions, build_report, cell_status, metrics_json
+from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
 from .scoring import (
     LONGRCA_FULL_POPULATIONS,
     STEP_TOLERANCE,
@@ -60,6 +60,7 @@ from .submission import (
 __all__ = [
     "LONGRCA_FULL_POPULATIONS",
     "METRIC_NAMES",
+    "MIN_READABLE_SHARE",
     "STEP_TOLERANCE",
     "BootstrapInterval",
     "Cell",
@@ -72,6 +73,7 @@ __all__ = [
     "LengthGroup",
     "LengthPartition",
     "Metrics",
+    "Outcome",
     "PairedComparison",
     "Prediction",
     "PredictionsFile",
@@ -83,6 +85,7 @@ __all__ = [
     "build_report",
     "by_length_group",
     "by_source",
+    "cell_status",
     "charged_costs",
     "complementarity",
     "cost_rows",

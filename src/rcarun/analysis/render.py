@@ -13,6 +13,12 @@ Conventions, as in the LongRCA paper's tables:
 * The headline table follows Table 3: rows are methods, columns are Agent and Step Acc per backbone, using the
   report's aggregate (``macro`` or ``pooled``) of each backbone × method's first realization. The highest point
   estimate per backbone and metric, as displayed, is marked (``*`` in text, bold in HTML); ties are all marked.
+  Only numbers the report ``shown`` (readable answers for at least half the expected trajectories) compete, and
+  only above 0: a cell that is not shown prints its status (``failed``, ``skipped``, ``unreadable``, ...)
+  instead of a number, and a shown number that counts failed, skipped or unreadable items as errors carries
+  ``†``. The footnotes say, per backbone × method, how many items each number counts as errors and why.
+* The outcomes (predictions, unreadable answers, fallback decisions, failed, skipped, interrupted or never-run
+  items) open the report: totals in the header, then the ``Outcomes`` section.
 * The HTML page has no external resources: inline CSS and three matplotlib plots embedded as base64 PNG, drawn
   on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to close). A plot
   without data is replaced by a sentence saying why. Every string that comes from the data (method, backbone and
@@ -116,6 +122,7 @@ def _metric_label(metric: str) -> str:
 class _Cell:
     text: str
     best: bool = False
+    muted: bool = False  # a status word where a number would be (HTML: italic, dark red)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +230,142 @@ def _usd_per_trajectory(report: Mapping[str, Any]) -> dict[tuple[str, str], floa
 
 
 def _best_flags(values: Sequence[float | None], fmt: Callable[[float | None], str]) -> list[bool]:
-    """Mark the highest value as displayed (so that visible ties are all marked); nothing with < 2 values."""
+    """Mark the highest value as displayed (so that visible ties are all marked); nothing with < 2 values, and
+    nothing when the highest is 0 (no method is best at getting nothing right). None does not compete."""
     shown = [float(fmt(v)) if v is not None else None for v in values]
     present = [v for v in shown if v is not None]
-    if len(present) < 2:
+    if len(present) < 2 or max(present) <= 0:
         return [False] * len(values)
     top = max(present)
     return [v is not None and v == top for v in shown]
 
 
+# --- outcomes ------------------------------------------------------------------------------------------------
+
+_PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreadable items as errors
+_MAX_OUTCOME_NOTES = 16
+
+
+def _outcomes(report: Mapping[str, Any]) -> dict[tuple[str, str, int], Mapping[str, Any]]:
+    """(backbone, method, realization) -> its outcome row."""
+    return {
+        (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0)): row
+        for row in _rows(report, "outcomes")
+    }
+
+
+def _int(row: Mapping[str, Any] | None, key: str) -> int:
+    return round(_num(row, key) or 0)
+
+
+def _clean(row: Mapping[str, Any]) -> bool:
+    """Every expected trajectory has a readable prediction that the model decided."""
+    return _int(row, "readable") == _int(row, "expected") and _int(row, "fallback") == 0
+
+
+def _min_share(report: Mapping[str, Any]) -> float:
+    found = report.get("protocol")
+    share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
+    return 0.5 if share is None else share
+
+
+def _totals(report: Mapping[str, Any]) -> str | None:
+    """One line over every cell: expected items, predictions, unreadable, fallback, failed, skipped, unrun."""
+    rows = _rows(report, "outcomes")
+    if not rows:
+        return None
+    total = {k: sum(_int(r, k) for r in rows) for k in _OUTCOME_KEYS}
+    unrun = total["interrupted"] + total["not_run"]
+    return (
+        f"items: {total['expected']:,} expected over {len(rows):,} backbone × method × realization cells; "
+        f"{total['predictions']:,} predictions ({total['invalid']:,} unreadable, {total['fallback']:,} decided by "
+        f"a fallback); {total['failed']:,} failed, {total['skipped_budget']:,} skipped for budget, {unrun:,} "
+        "interrupted or not run"
+    )
+
+
+_OUTCOME_KEYS = (
+    "expected",
+    "predictions",
+    "invalid",
+    "fallback",
+    "failed",
+    "skipped_budget",
+    "interrupted",
+    "not_run",
+)
+
+
+def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
+    """What one cell's number rests on, in words."""
+    expected, predictions = _int(row, "expected"), _int(row, "predictions")
+    invalid, fallback = _int(row, "invalid"), _int(row, "fallback")
+    failed, skipped = _int(row, "failed"), _int(row, "skipped_budget")
+    unrun = _int(row, "interrupted") + _int(row, "not_run")
+    parts = [f"{predictions} of {expected} have a prediction"]
+    if invalid:
+        parts.append(f"{invalid} unreadable")
+    if fallback:
+        parts.append(f"{fallback} decided by a fallback")
+    missing = [
+        f"{count} {word}"
+        for count, word in (
+            (failed, "failed"),
+            (skipped, "skipped for budget"),
+            (unrun, "interrupted or not run"),
+        )
+        if count
+    ]
+    text = f"{label}: {', '.join(parts)}"
+    if missing:
+        text += f"; {', '.join(missing)}"
+    if row.get("shown") is False:
+        if predictions == 0:
+            return f"{text}. Not scored ({_text(row, 'status')}): no answer to rest a number on."
+        return (
+            f"{text}. Not shown ({_text(row, 'status')}): only {_int(row, 'readable')} readable answers; "
+            "not compared."
+        )
+    errors = failed + skipped + unrun
+    if errors or invalid:
+        text += (
+            f". Its numbers count {errors} failed, skipped or unrun item{'s' if errors != 1 else ''} "
+            f"and {invalid} unreadable answer{'s' if invalid != 1 else ''} as errors"
+        )
+    return text + "."
+
+
+def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int]]) -> list[str]:
+    """The sentences of the cells among ``keys`` that are not clean, capped, then a pointer to Outcomes."""
+    outcomes = _outcomes(report)
+    single = len({b for b, _, _ in outcomes}) == 1
+    sentences = []
+    for backbone, method, realization in keys:
+        row = outcomes.get((backbone, method, realization))
+        if row is None or _clean(row):
+            continue
+        label = method if single else f"{backbone} · {method}"
+        sentences.append(_outcome_sentence(label, row))
+    if len(sentences) > _MAX_OUTCOME_NOTES:
+        more = len(sentences) - _MAX_OUTCOME_NOTES
+        sentences = [
+            *sentences[:_MAX_OUTCOME_NOTES],
+            f"… and {more} more backbone × method cells: see Outcomes.",
+        ]
+    return sentences
+
+
 # --- sections ----------------------------------------------------------------------------------------------------
+
+
+def _accuracy_cell(row: Mapping[str, Any] | None, value: float | None, best: bool) -> _Cell:
+    """A headline number, or the status word of a cell whose number is not shown (module docstring)."""
+    if row is not None and row.get("shown") is False:
+        return _Cell(_text(row, "status") or "n/a", muted=True)
+    text = _pct(value)
+    if row is not None and _text(row, "status") == "partial" and value is not None:
+        text += _PARTIAL
+    return _Cell(text, best)
 
 
 def _accuracy_section(report: Mapping[str, Any]) -> _Section:
@@ -248,10 +381,16 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
         grid[backbone, method] = [_num(headline, "agent_acc"), _num(headline, "step_acc")]
     columns: list[list[_Cell]] = []  # one list per number column, in backbone order, Agent then Step
     for backbone in backbones:
+        rows_in = [first.get((backbone, m)) for m in methods]
         for index in (0, 1):
             values = [grid.get((backbone, m), [None, None])[index] for m in methods]
-            flags = _best_flags(values, _pct)
-            columns.append([_Cell(_pct(v), best) for v, best in zip(values, flags, strict=True)])
+            # Only shown numbers compete for "best": one resting on nothing is never marked.
+            eligible = [
+                v if r is None or r.get("shown") is not False else None
+                for v, r in zip(values, rows_in, strict=True)
+            ]
+            flags = _best_flags(eligible, _pct)
+            columns.append([_accuracy_cell(r, v, b) for r, v, b in zip(rows_in, values, flags, strict=True)])
     rows = tuple(
         _Row((_Cell(method), *(column[i] for column in columns))) for i, method in enumerate(methods)
     )
@@ -261,11 +400,100 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
         groups=tuple((b, 2) for b in backbones),
         caption=f"Agent and Step Acc (%, {_aggregate_label(report)}).",
     )
-    notes = (
+    notes = [
         "First realization of each backbone × method; see Repeatability. "
-        "Marked (* in text, bold in HTML): the highest point estimate per backbone and metric.",
+        "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric."
+    ]
+    if _rows(report, "outcomes"):
+        share = _min_share(report)
+        notes.append(
+            f"Rule: a number is shown when readable predictions cover at least {share:.0%} of the expected "
+            "trajectories. Failed, skipped, interrupted and never-run items and unreadable answers still count "
+            f"as errors in it (the protocol); {_PARTIAL} marks a number that counts some. Otherwise the cell "
+            "names the main reason (failed, skipped, interrupted, not run, unreadable; n/a when mixed), is never "
+            "marked best and is left out of the paired comparisons."
+        )
+        totals = _totals(report)
+        if totals:
+            notes.append(totals[0].upper() + totals[1:] + ".")
+        keys = [(b, m, round(_num(r, "realization") or 0)) for (b, m), r in first.items()]
+        notes += _outcome_notes(report, keys)
+    return _Section("accuracy", title, (table,), tuple(notes))
+
+
+def _outcomes_section(report: Mapping[str, Any]) -> _Section:
+    rows_in = _rows(report, "outcomes")
+    title = "Outcomes"
+    if not rows_in:
+        return _Section("outcomes", title, notes=("No items or predictions in this report.",))
+    realizations = any(_int(r, "realization") for r in rows_in)
+    shown = [r for r in rows_in if not _clean(r)]
+    rows = []
+    for row in shown:
+        labels = [_text(row, "backbone"), _text(row, "method")]
+        if realizations:
+            labels.append(str(_int(row, "realization")))
+        counts = [f"{_int(row, k):,}" for k in _OUTCOME_KEYS]
+        rows.append(_row(*labels, *counts, _text(row, "status")))
+    clean = len(rows_in) - len(shown)
+    notes = []
+    if clean:
+        every = "All" if not shown else "The other"
+        notes.append(
+            f"{every} {clean} backbone × method × realization cells: every expected trajectory has a readable "
+            "prediction decided by the model (nothing failed, skipped, unreadable or decided by a fallback)."
+        )
+    notes.append(
+        "Predictions: expected trajectories with a prediction; unreadable: the model's answer could not be read "
+        "(predictions.error); fallback: a rule of the method, not the model, decided at least part of the "
+        "prediction (predictions.fallback). Failed, skipped (budget), interrupted and not run: expected "
+        "trajectories without a prediction, by their item's status. Status: complete, partial (shown, with "
+        "errors counted), or the main reason the cell's number is not shown."
     )
-    return _Section("accuracy", title, (table,), notes)
+    notes += _reason_notes(shown)
+    tables: tuple[_Table, ...] = ()
+    if rows:
+        heads = ("Backbone", "Method", *(("Real.",) if realizations else ()))
+        table = _Table(
+            columns=(
+                *heads,
+                *("Expected", "Predictions", "Unreadable", "Fallback"),
+                *("Failed", "Skipped", "Interrupted", "Not run", "Status"),
+            ),
+            rows=tuple(rows),
+            label_columns=len(heads),
+            caption="What became of each cell's expected trajectories (cells with anything to report).",
+        )
+        tables = (table,)
+    return _Section("outcomes", title, tables, tuple(notes))
+
+
+_REASON_WORDS = {"failed": "failed", "invalid": "unreadable", "fallback": "fallback"}
+_REASON_CHARS = 160
+
+
+def _reason_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The most frequent failure, unreadable-answer and fallback message of each cell, capped."""
+    notes = []
+    for row in rows:
+        found = row.get("messages")
+        messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        for kind, word in _REASON_WORDS.items():
+            entry = messages.get(kind)
+            if not isinstance(entry, Mapping):
+                continue
+            message = _text(entry, "message")
+            if len(message) > _REASON_CHARS:
+                message = message[: _REASON_CHARS - 1] + "…"
+            label = f"{_text(row, 'backbone')} · {_text(row, 'method')} r{_int(row, 'realization')}"
+            notes.append(f"{label}, most frequent {word} ({_int(entry, 'count')}×): {message}")
+    if len(notes) > _MAX_OUTCOME_NOTES:
+        more = len(notes) - _MAX_OUTCOME_NOTES
+        notes = [
+            *notes[:_MAX_OUTCOME_NOTES],
+            f"… and {more} more (every message is in --json under outcomes).",
+        ]
+    return notes
 
 
 def _full_metrics_section(report: Mapping[str, Any]) -> _Section:
@@ -273,29 +501,28 @@ def _full_metrics_section(report: Mapping[str, Any]) -> _Section:
     title = "Full metrics"
     if not first:
         return _Section("full-metrics", title, notes=("No accuracy metrics in this report.",))
+    with_status = bool(_rows(report, "outcomes"))  # a report dict from before outcomes has no statuses
     rows = []
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
         values = [_metric_value(m, _num(headline, m)) for m in _METRICS]
-        rows.append(_row(backbone, method, _count(_num(headline, "n")), *values))
+        status = (_text(row, "status") or DASH,) if with_status else ()
+        rows.append(_row(backbone, method, *status, _count(_num(headline, "n")), *values))
+    metrics = ("Agent", "Step", "Step ±5", "Joint exact", "Joint ±5", "Root MAE", "Coverage")
+    labels = ("Backbone", "Method", *(("Status",) if with_status else ()))
     table = _Table(
-        columns=(
-            "Backbone",
-            "Method",
-            "n",
-            "Agent",
-            "Step",
-            "Step ±5",
-            "Joint exact",
-            "Joint ±5",
-            "Root MAE",
-            "Coverage",
-        ),
+        columns=(*labels, "n", *metrics),
         rows=tuple(rows),
-        label_columns=2,
+        label_columns=len(labels),
         caption=f"All metrics (%; Root MAE in steps), {_aggregate_label(report)}; first realization.",
     )
-    return _Section("full-metrics", title, (table,))
+    if not with_status:
+        return _Section("full-metrics", title, (table,))
+    notes = (
+        "Status and the rule behind it: see Outcomes. A cell with no prediction at all is not scored (n 0, "
+        "no metric); every other number counts failed, skipped, unrun and unreadable items as errors.",
+    )
+    return _Section("full-metrics", title, (table,), notes)
 
 
 def _per_source_section(report: Mapping[str, Any]) -> _Section:
@@ -346,8 +573,14 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
     paired = _rows(report, "paired")
     across = _rows(report, "paired_backbones")  # the same method on two backbones, when the builder made them
     title = "Paired comparisons"
+    excluded = [
+        f"{_text(r, 'backbone')} · {_text(r, 'method')} ({_text(r, 'status')})"
+        for r in _rows(report, "excluded")
+    ]
+    left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
     if not paired and not across:
-        return _Section("paired", title, notes=("No paired comparisons in this report.",))
+        notes_only = ("No paired comparisons in this report.", *((left_out,) if left_out else ()))
+        return _Section("paired", title, notes=notes_only)
     tables = []
     if paired:
         reference = report.get("reference_method")
@@ -373,6 +606,8 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
     ]
     if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across)):
         notes.append("Root MAE differences and intervals are in steps, not percentage points.")
+    if left_out:
+        notes.append(left_out)
     return _Section("paired", title, tuple(tables), tuple(notes))
 
 
@@ -608,6 +843,7 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
 def _sections(report: Mapping[str, Any]) -> list[_Section]:
     sections = [
         _accuracy_section(report),
+        _outcomes_section(report),
         _full_metrics_section(report),
         _per_source_section(report),
         _paired_section(report),
@@ -631,6 +867,9 @@ def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
         f"database: {_text(report, 'db') or DASH}",
         f"aggregate: {_aggregate_label(report)}",
     ]
+    totals = _totals(report)
+    if totals:
+        details.append(totals)
     reference = report.get("reference_method")
     if reference:
         details.append(f"reference method for paired comparisons: {reference}")
@@ -681,7 +920,7 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
 
     Args:
         report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
-        sections: only these section keys (``accuracy``, ``full-metrics``, ``per-source``, ``paired``,
+        sections: only these section keys (``accuracy``, ``outcomes``, ``full-metrics``, ``per-source``, ``paired``,
             ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``, ``cost``); all when
             None.
 
@@ -741,9 +980,14 @@ def _short(label: str, limit: int = 28) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
+def _not_shown(row: Mapping[str, Any] | None) -> bool:
+    """The report says the cell's number rests on nothing: plots leave it out as they leave out no value."""
+    return row is not None and row.get("shown") is False
+
+
 def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
     first = _first_realizations(report)
-    values = {key: _headline(report, row) for key, row in first.items()}
+    values = {key: None if _not_shown(row) else _headline(report, row) for key, row in first.items()}
     if not any(_num(v, m) is not None for v in values.values() for m in ("agent_acc", "step_acc")):
         return "Accuracy plot omitted: no Agent or Step Acc in this report."
     backbones = _unique(b for b, _ in first)
@@ -763,7 +1007,9 @@ def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
                     xs.append(x)
                     heights.append(value * 100)
                 else:  # a missing value must not look like a zero score
-                    ax.text(x, 0.5, "n/a", ha="center", va="bottom", fontsize=7, color="0.35", rotation=90)
+                    word = _text(first.get((backbone, method)) or {}, "status") or "n/a"
+                    word = word if _not_shown(first.get((backbone, method))) else "n/a"
+                    ax.text(x, 0.5, word, ha="center", va="bottom", fontsize=7, color="0.35", rotation=90)
             bars = ax.bar(xs, heights, width * 0.92, color=colors[j], label=_short(method))
             if len(backbones) * len(methods) <= 24:
                 ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
@@ -777,7 +1023,10 @@ def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
     figure.legend(
         *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(methods), 6)
     )
-    caption = "Agent and Step Acc per backbone (groups) and method (bars), first realization; n/a: no value."
+    caption = (
+        "Agent and Step Acc per backbone (groups) and method (bars), first realization; n/a: no value; a status "
+        "word (failed, skipped, unreadable, ...): a number that rests on too few readable answers (see Outcomes)."
+    )
     return _Plot(_png(figure), "Bar chart of Agent and Step Acc per backbone and method", caption)
 
 
@@ -788,7 +1037,7 @@ def _cost_plot(report: Mapping[str, Any]) -> _Plot | str:
     points = []
     for (backbone, method), row in _first_realizations(report).items():
         step = _num(_headline(report, row), "step_acc")
-        if (backbone, method) in usd and step is not None:
+        if (backbone, method) in usd and step is not None and not _not_shown(row):
             points.append((backbone, method, usd[backbone, method], step * 100))
     if not points:
         return "Accuracy-versus-cost plot omitted: no backbone × method has both a cost and a Step Acc."
@@ -859,7 +1108,7 @@ def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
     grid = np.full((len(first), len(sources)), np.nan)
     for i, row in enumerate(first.values()):
         for j, source in enumerate(sources):
-            value = _num(_per_source(row, source), "step_acc")
+            value = None if _not_shown(row) else _num(_per_source(row, source), "step_acc")
             if value is not None:
                 grid[i, j] = value * 100
     if np.isnan(grid).all():
@@ -877,7 +1126,10 @@ def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
     )
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     figure.colorbar(image, ax=ax, label="Step Acc (%)", shrink=0.9)
-    caption = "Step Acc (%) per source; grey cells have no data. First realization."
+    caption = (
+        "Step Acc (%) per source; grey cells have no data, or a number the report does not show (see Outcomes). "
+        "First realization."
+    )
     return _Plot(_png(figure), "Heat map of Step Acc per source and method", caption)
 
 
@@ -914,6 +1166,7 @@ tr.total td { font-weight: 600; background: #fafafa; border-top: 1px solid #bbb;
 figure { margin: 12px 0 20px; }
 figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.88em; color: #444; }
+.na { color: #8a1c1c; font-style: italic; }
 """
 
 
@@ -948,7 +1201,11 @@ def _html_table(table: _Table) -> str:
         cells = []
         for i, cell in enumerate(row.cells):
             text = html.escape(cell.text)
-            cells.append(f"<td{classes(i)}>{f'<strong>{text}</strong>' if cell.best else text}</td>")
+            if cell.best:
+                text = f"<strong>{text}</strong>"
+            elif cell.muted:
+                text = f'<span class="na">{text}</span>'
+            cells.append(f"<td{classes(i)}>{text}</td>")
         opening = '<tr class="total">' if row.total else "<tr>"
         out.append(f"{opening}{''.join(cells)}</tr>")
     out.append("</tbody></table></div>")

@@ -30,6 +30,14 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
       answer changed at that turn, and the deduplicated evidence read (new in the turn, and cumulative).
     - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
     - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
+    - Outcomes: per backbone × method × realization, what became of the expected trajectories (`Outcome`:
+      predictions, unreadable answers, fallback decisions, failed, skipped for budget, interrupted, never run)
+      and a ``status``. Failed and skipped items still score as errors (docs/analysis.md), but a number must
+      rest on answers: a cell is ``shown`` when readable predictions (not failed, skipped, interrupted, never
+      run or unreadable) cover at least `MIN_READABLE_SHARE` of its expected trajectories. A cell that is not
+      shown is never marked best, is left out of paired comparisons and complementarity (listed under
+      ``excluded``), and its status names the main reason; a cell without any prediction is not scored at all
+      (``n`` 0, every metric null) instead of scoring 0 as if it had answered.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from rcarun.errors import ConfigError, StoreError
 from rcarun.store import Store
 
 from .cost import cost_rows
-from .results import Cell, RunScores, load_run_scores
+from .results import Cell, Outcome, RunScores, load_run_scores
 from .scoring import (
     ItemScore,
     Metrics,
@@ -66,13 +74,32 @@ from .stats import (
     union_complementarity,
 )
 
-__all__ = ["METRIC_NAMES", "RECALL_SETS", "ReportOptions", "build_report", "metrics_json"]
+__all__ = [
+    "METRIC_NAMES",
+    "MIN_READABLE_SHARE",
+    "RECALL_SETS",
+    "ReportOptions",
+    "build_report",
+    "cell_status",
+    "metrics_json",
+]
 
 METRIC_NAMES = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
 PAIRED_METRICS = ("agent_acc", "step_acc")
 # Step-id lists a method may store under output["diagnostics"], in pipeline order.
 RECALL_SETS = ("base_candidate_ids", "excerpt_ids", "evidence_ids")
 _CORRECT = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
+MIN_READABLE_SHARE = 0.5
+"""The share of a cell's expected trajectories that readable predictions must cover for its number to be shown,
+marked best and compared (module docstring)."""
+# Why a cell's number would rest on nothing: the outcome count and the word shown for it (equal counts: "n/a").
+_CAUSES = (
+    ("failed", "failed"),
+    ("skipped_budget", "skipped"),
+    ("interrupted", "interrupted"),
+    ("not_run", "not run"),
+    ("invalid", "unreadable"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +117,54 @@ class ReportOptions:
     length_groups: int = 5
     keep_handoff: bool = False
     paired_metrics: tuple[str, ...] = PAIRED_METRICS
+
+
+def cell_status(outcome: Outcome) -> tuple[str, bool]:
+    """A cell's status word and whether its number is shown (module docstring).
+
+    ``"complete"``: every expected trajectory has a readable prediction; ``"partial"``: shown, with some
+    unanswered or unreadable; otherwise the largest cause among ``"failed"``, ``"skipped"``, ``"interrupted"``,
+    ``"not run"`` and ``"unreadable"`` (``"n/a"`` when two causes tie or nothing was expected).
+    """
+    if outcome.expected == 0:
+        return "n/a", False
+    if outcome.readable == outcome.expected:
+        return "complete", True
+    if outcome.readable >= MIN_READABLE_SHARE * outcome.expected:
+        return "partial", True
+    counts = {word: getattr(outcome, name) for name, word in _CAUSES}
+    top = max(counts.values())
+    leaders = [word for word, count in counts.items() if count == top]
+    return (leaders[0] if len(leaders) == 1 else "n/a"), False
+
+
+def _outcome_json(cell: Cell, outcome: Outcome) -> dict[str, Any]:
+    status, shown = cell_status(outcome)
+    return {
+        "backbone": cell.backbone,
+        "method": cell.method,
+        "realization": cell.realization,
+        "expected": outcome.expected,
+        "predictions": outcome.predictions,
+        "invalid": outcome.invalid,
+        "fallback": outcome.fallback,
+        "failed": outcome.failed,
+        "skipped_budget": outcome.skipped_budget,
+        "interrupted": outcome.interrupted,
+        "not_run": outcome.not_run,
+        "unanswered": outcome.unanswered,
+        "readable": outcome.readable,
+        "status": status,
+        "shown": shown,
+        "messages": {
+            kind: {"message": message, "count": count} for kind, (message, count) in outcome.messages.items()
+        },
+    }
+
+
+def _shown(scores: RunScores, cell: Cell) -> bool:
+    outcome = scores.outcomes.get(cell)
+    return outcome is not None and cell_status(outcome)[1]
 
 
 def metrics_json(metrics: Metrics) -> dict[str, Any]:
@@ -127,7 +202,10 @@ def build_report(store: Store, run_id: int, options: ReportOptions | None = None
             "compare_backbones": list(options.compare_backbones),
             "keep_handoff": options.keep_handoff,
             "populations": dict(options.populations) if options.populations else None,
+            "min_readable_share": MIN_READABLE_SHARE,
         },
+        "outcomes": [_outcome_json(cell, outcome) for cell, outcome in sorted(scores.outcomes.items())],
+        "excluded": _excluded(scores),
         "metrics": _metrics(scores, options),
         "paired": [entry for entry, _ in paired],
         "paired_backbones": [entry for entry, _ in paired_backbones],
@@ -153,17 +231,47 @@ def _reference_method(scores: RunScores, wanted: str | None) -> str | None:
     return methods[0] if methods else None
 
 
+def _excluded(scores: RunScores) -> list[dict[str, Any]]:
+    """Realization-0 cells left out of paired comparisons and complementarity: their number is not shown."""
+    return [
+        {"backbone": cell.backbone, "method": cell.method, "status": cell_status(outcome)[0]}
+        for cell, outcome in sorted(scores.outcomes.items())
+        if cell.realization == 0 and not cell_status(outcome)[1]
+    ]
+
+
+def _scored(scores: RunScores, cell: Cell) -> bool:
+    """The cell has at least one prediction: there is something to score (module docstring)."""
+    outcome = scores.outcomes.get(cell)
+    return outcome is None or outcome.predictions > 0
+
+
+_BLANK = {"n": 0, **dict.fromkeys(METRIC_NAMES)}
+
+
 def _metrics(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
     entries = []
     for cell, items in scores.scores.items():
         if not items:
             continue
+        outcome = scores.outcomes.get(cell)
+        status, shown = cell_status(outcome) if outcome is not None else ("complete", True)
+        entry: dict[str, Any] = {
+            "backbone": cell.backbone,
+            "method": cell.method,
+            "realization": cell.realization,
+            "status": status,
+            "shown": shown,
+        }
+        if not _scored(scores, cell):  # nothing answered: not 0.0 as if it had
+            entries.append(
+                {**entry, **_BLANK, "macro": dict(_BLANK), "per_source": {}, "post_stratified": None}
+            )
+            continue
         summary = summarize(items, populations=options.populations)
         entries.append(
             {
-                "backbone": cell.backbone,
-                "method": cell.method,
-                "realization": cell.realization,
+                **entry,
                 **metrics_json(summary.pooled),
                 "macro": metrics_json(summary.macro),
                 "per_source": {source: metrics_json(m) for source, m in sorted(summary.per_source.items())},
@@ -231,11 +339,11 @@ def _method_pairs(
         return
     for backbone in scores.backbones:
         base = scores.scores.get(Cell(backbone, reference, 0))
-        if not base:
+        if not base or not _shown(scores, Cell(backbone, reference, 0)):
             continue
         for method in scores.methods:
             other = scores.scores.get(Cell(backbone, method, 0))
-            if method != reference and other:
+            if method != reference and other and _shown(scores, Cell(backbone, method, 0)):
                 yield backbone, method, base, other
 
 
@@ -256,11 +364,11 @@ def _paired_backbones(scores: RunScores, options: ReportOptions) -> Paired:
     entries: Paired = []
     for method in scores.methods:
         base = scores.scores.get(Cell(first, method, 0))
-        if not base:
+        if not base or not _shown(scores, Cell(first, method, 0)):
             continue
         for backbone in others:
             other = scores.scores.get(Cell(backbone, method, 0))
-            if not other:
+            if not other or not _shown(scores, Cell(backbone, method, 0)):
                 continue
             for metric in options.paired_metrics:
                 comparison = _compare(base, other, metric, options)
@@ -309,7 +417,9 @@ def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, 
     entries = []
     for backbone in scores.backbones:
         for method in scores.methods:
-            realizations = scores.realizations(backbone, method)
+            realizations = [
+                r for r in scores.realizations(backbone, method) if _scored(scores, Cell(backbone, method, r))
+            ]
             if len(realizations) < 2:
                 continue
             per_realization = {r: summarize(scores.scores[Cell(backbone, method, r)]) for r in realizations}
@@ -440,7 +550,7 @@ def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, 
     partition = length_groups({e.qid: e.n_steps for e in scores.expected}, k=options.length_groups)
     entries = []
     for cell, items in scores.scores.items():
-        if cell.realization != 0:
+        if cell.realization != 0 or not _scored(scores, cell):
             continue
         for group in by_length_group(items, partition):
             metrics = group.metrics

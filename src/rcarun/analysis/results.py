@@ -5,6 +5,11 @@ item that failed, was skipped by a budget stop or never ran is an error, not a g
 taken from the run's ``trajectories`` table (every labelled trajectory the run read), and each cell
 (backbone, method, realization) that has any item or prediction is scored against all of it.
 
+Beside the scores, every cell gets its `Outcome`: how many expected trajectories have a prediction, how many of
+those could not be read (``predictions.error``) or were decided by a method's fallback rule
+(``predictions.fallback``; a results.db from before that column reads as no fallback anywhere), and why the
+others have none (the item failed, was skipped for budget, was interrupted, or never ran).
+
 Unlabelled trajectories cannot be scored; they are counted (``unlabelled``) and left out of every
 denominator. A cell's predictions are re-scored from ``pred_role`` / ``pred_step`` (the stored validity flags
 are the method's own view, kept for audit): roles by the scorer's rule against the trajectory's recorded role
@@ -14,7 +19,7 @@ set, steps as 0-based integers within range.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +28,7 @@ from rcarun.store import RunRow, Store
 
 from .scoring import Expected, ItemScore, Prediction, score_items
 
-__all__ = ["Cell", "RunScores", "load_run_scores", "resolve_run"]
+__all__ = ["Cell", "Outcome", "RunScores", "load_run_scores", "resolve_run"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -33,6 +38,47 @@ class Cell:
     backbone: str
     method: str
     realization: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one cell's expected trajectories; the counts cover labelled trajectories only.
+
+    ``predictions + failed + skipped_budget + interrupted + not_run == expected``; ``invalid`` and ``fallback``
+    are subsets of ``predictions`` and may overlap (a fallback that decided on unreadable answers).
+
+    Attributes:
+        expected: the labelled trajectories the run read (every cell's denominator).
+        predictions: expected trajectories with a prediction.
+        invalid: predictions whose answer could not be read (``predictions.error`` set).
+        fallback: predictions decided, in part, by a rule of the method instead of the model
+            (``predictions.fallback`` set).
+        failed / skipped_budget / interrupted: expected trajectories without a prediction whose item has that
+            status.
+        not_run: expected trajectories with neither a prediction nor such an item (never run, or an item marked
+            done whose prediction is missing).
+        messages: per kind (``failed``, ``invalid``, ``fallback``), the most frequent message and its count.
+    """
+
+    expected: int
+    predictions: int = 0
+    invalid: int = 0
+    fallback: int = 0
+    failed: int = 0
+    skipped_budget: int = 0
+    interrupted: int = 0
+    not_run: int = 0
+    messages: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def readable(self) -> int:
+        """Predictions whose answer was read: the ones a number can rest on."""
+        return self.predictions - self.invalid
+
+    @property
+    def unanswered(self) -> int:
+        """Expected trajectories without a prediction, scored as errors by the protocol."""
+        return self.expected - self.predictions
 
 
 @dataclass(slots=True)
@@ -50,6 +96,7 @@ class RunScores:
             prediction, ``changed_from_prev`` and evidence read), for per-turn accuracy.
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
+        outcomes: per cell, what became of its expected trajectories (module docstring).
     """
 
     run: RunRow
@@ -59,6 +106,7 @@ class RunScores:
     diagnostics: dict[Cell, dict[str, dict[str, Any]]] = field(default_factory=dict)
     turns: dict[Cell, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     simulated: bool = False
+    outcomes: dict[Cell, Outcome] = field(default_factory=dict)
 
     @property
     def backbones(self) -> list[str]:
@@ -109,15 +157,23 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
             )
         )
     predictions: dict[Cell, dict[str, Prediction]] = defaultdict(dict)
+    statuses: dict[Cell, dict[str, tuple[str, str | None]]] = defaultdict(dict)
     for item in store.items(run.run_id):
-        predictions[Cell(item.backbone, item.method, item.realization)]  # a cell with items but no answers
+        cell = Cell(item.backbone, item.method, item.realization)
+        predictions[cell]  # a cell with items but no answers
+        statuses[cell][item.qid] = (item.status, item.error)
     diagnostics: dict[Cell, dict[str, dict[str, Any]]] = defaultdict(dict)
     turns: dict[Cell, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
+    errors: dict[Cell, dict[str, str]] = defaultdict(dict)
     for prediction in store.predictions(run.run_id):
         cell = Cell(prediction.backbone, prediction.method, prediction.realization)
         predictions[cell][prediction.qid] = Prediction(
-            role=prediction.pred_role, step=prediction.pred_step, abstained=bool(prediction.abstained)
+            role=prediction.pred_role,
+            step=prediction.pred_step,
+            abstained=bool(prediction.abstained),
         )
+        if prediction.error is not None:
+            errors[cell][prediction.qid] = prediction.error
         output = _output(prediction.output_json)
         found = output.get("diagnostics")
         if isinstance(found, dict):
@@ -133,9 +189,76 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
         turns=dict(turns),
         simulated=_simulated(run),
     )
+    fallbacks = _fallbacks(store, run.run_id)
     for cell in sorted(predictions):
         result.scores[cell] = score_items(expected, predictions[cell], keep_handoff=keep_handoff)
+        result.outcomes[cell] = _outcome(
+            [e.qid for e in expected],
+            predictions[cell],
+            statuses.get(cell, {}),
+            errors.get(cell, {}),
+            fallbacks.get(cell, {}),
+        )
     return result
+
+
+def _fallbacks(store: Store, run_id: int) -> dict[Cell, dict[str, str]]:
+    """Per cell, qid → ``predictions.fallback`` where set; nothing for a results.db without that column."""
+    connection = store.connection
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(predictions)")}
+    if "fallback" not in columns:
+        return {}
+    found: dict[Cell, dict[str, str]] = defaultdict(dict)
+    rows = connection.execute(
+        "SELECT backbone, method, realization, qid, fallback FROM predictions "
+        "WHERE run_id = ? AND fallback IS NOT NULL",
+        (run_id,),
+    )
+    for backbone, method, realization, qid, fallback in rows:
+        found[Cell(backbone, method, realization)][qid] = str(fallback)
+    return dict(found)
+
+
+_STATUS_COUNTS = {"failed": "failed", "skipped_budget": "skipped_budget", "interrupted": "interrupted"}
+_MESSAGE_CHARS = 240
+
+
+def _outcome(
+    qids: list[str],
+    predicted: dict[str, Prediction],
+    statuses: dict[str, tuple[str, str | None]],
+    errors: dict[str, str],
+    fallbacks: dict[str, str],
+) -> Outcome:
+    counts: Counter[str] = Counter()
+    messages: dict[str, Counter[str]] = defaultdict(Counter)
+    for qid in qids:
+        if qid in predicted:
+            counts["predictions"] += 1
+            if qid in errors:
+                counts["invalid"] += 1
+                messages["invalid"][errors[qid][:_MESSAGE_CHARS]] += 1
+            if qid in fallbacks:
+                counts["fallback"] += 1
+                messages["fallback"][fallbacks[qid][:_MESSAGE_CHARS]] += 1
+            continue
+        status, error = statuses.get(qid, ("", None))
+        kind = _STATUS_COUNTS.get(status, "not_run")
+        counts[kind] += 1
+        if kind == "failed":
+            messages["failed"][(error or "no error recorded")[:_MESSAGE_CHARS]] += 1
+    return Outcome(
+        expected=len(qids),
+        predictions=counts["predictions"],
+        invalid=counts["invalid"],
+        fallback=counts["fallback"],
+        failed=counts["failed"],
+        skipped_budget=counts["skipped_budget"],
+        interrupted=counts["interrupted"],
+        not_run=counts["not_run"],
+        # most_common keeps first-seen order among equal counts, and qids come in order: deterministic.
+        messages={kind: found.most_common(1)[0] for kind, found in sorted(messages.items())},
+    )
 
 
 def _output(output_json: str | None) -> dict[str, Any]:

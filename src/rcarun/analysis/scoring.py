@@ -20,7 +20,10 @@ Per expected trajectory (`score_items`):
   invalid steps fail both.
 - Coverage: a prediction is covered (a valid output) when it exists, does not abstain, has a valid step and a
   valid role. A role is valid when its normal form is non-empty and, if the recorded role set of the trajectory
-  is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring).
+  is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring). As in the
+  paper, fields a method's published fallback filled in (binary search's random half on an unclear verdict) are
+  scored and covered like any others; the report's Outcomes section counts how many predictions an unreadable
+  answer or a fallback decided, beside the metrics.
 
 Aggregates (fractions in [0, 1]; ``n`` and ``valid_step_n`` are always plain totals):
 

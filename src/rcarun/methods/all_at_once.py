@@ -30,6 +30,13 @@ Choices where the papers are silent (each is an option):
   prompt and the output budget, at a conservative 3 characters per token, shared by the ``max_tool_calls``
   results (never below 500). ``step_numbers`` must stay true (the tools show step numbers) and ``truncation``
   does not apply (nothing is inlined).
+
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``): the one answer decides everything, so
+``error`` is set when it could not be read as an answer — not a JSON object (the parse error, also kept as
+``output["invalid_answer"]``), the agentic tool-call cap spent, or a JSON object whose ``responsible_role`` is
+missing or not a string or whose ``root_step`` is missing or not an integer (a schema violation: the field is
+stored as None, never repaired). A role or step that was read but is not a recorded agent or not inside the
+log is validity, not an error. The method has no fallback rule: ``fallback`` is always None.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import method
 
-__all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_schema", "render_log"]
+__all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_error", "answer_schema", "render_log"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,10 +226,11 @@ class AllAtOnce:
             "finish_reason": reply.finish_reason,
             "truncation": truncation,
         }
+        invalid = None
         if answer is None:
-            output["invalid_answer"] = reply.parse_error or "the answer is not a JSON object"
+            invalid = output["invalid_answer"] = reply.parse_error or "the answer is not a JSON object"
             output["raw_text"] = reply.text[:2000]
-        return _attribution(trajectory, answer, output)
+        return _attribution(trajectory, answer, output, invalid)
 
     async def _attribute_agentic(self, trajectory: Trajectory, llm: LLM) -> Attribution:
         schema = answer_schema(trajectory)
@@ -255,6 +263,7 @@ class AllAtOnce:
             "max_result_chars": result_chars,
             "tool_log": turn.tool_log,
         }
+        invalid = None
         if answer is None:
             output["invalid_answer"] = (
                 f"the model still called tools after its {self.options.max_tool_calls} tool calls were spent"
@@ -262,11 +271,16 @@ class AllAtOnce:
                 else reply.parse_error or "the answer is not a JSON object"
             )
             output["raw_text"] = reply.text[:2000]
-        return _attribution(trajectory, answer, output)
+            invalid = (
+                f"tool-call cap reached: {output['invalid_answer']}"
+                if turn.capped
+                else output["invalid_answer"]
+            )
+        return _attribution(trajectory, answer, output, invalid)
 
 
 def _attribution(
-    trajectory: Trajectory, answer: dict[str, Any] | None, output: dict[str, Any]
+    trajectory: Trajectory, answer: dict[str, Any] | None, output: dict[str, Any], invalid: str | None = None
 ) -> Attribution:
     role = answer.get("responsible_role") if answer else None
     step = answer.get("root_step") if answer else None
@@ -277,7 +291,31 @@ def _attribution(
         step_valid=step_is_valid(step, trajectory),
         abstained=False,
         output=output,
+        error=answer_error(answer, invalid),
     )
+
+
+def answer_error(answer: Mapping[str, Any] | None, invalid: object = None) -> str | None:
+    """Why an answer of `answer_schema` could not be used, or None when both fields were read.
+
+    ``invalid`` is the reason already known (parse error, tool-call cap); otherwise a missing or mistyped
+    ``responsible_role`` / ``root_step`` is a schema violation. Values that were read but are out of range or
+    not a recorded agent are validity, not errors.
+    """
+    if answer is None:
+        return str(invalid) if invalid else "the answer is not a JSON object"
+    problems = []
+    if not isinstance(answer.get("responsible_role"), str):
+        problems.append(_field_problem(answer, "responsible_role", "a string"))
+    if not is_int(answer.get("root_step")):
+        problems.append(_field_problem(answer, "root_step", "an integer"))
+    return "; ".join(problems) or None
+
+
+def _field_problem(answer: Mapping[str, Any], name: str, kind: str) -> str:
+    if name not in answer:
+        return f"{name} is missing"
+    return f"{name} is not {kind}: {json.dumps(answer[name], ensure_ascii=False, default=str)[:80]}"
 
 
 @method("all-at-once")

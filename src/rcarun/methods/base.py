@@ -40,6 +40,15 @@ class Attribution:
         step_valid: ``pred_step`` is inside the trajectory.
         abstained: the method declined to answer (no prediction at all).
         output: method-specific details kept as ``output_json`` (raw answer, reasons, truncation, ...).
+        error: why the model's answer could not be used as an answer, None when it was read: the parse
+            error of the decisive reply (``"not JSON: ..."``), ``"the answer is not a JSON object"``, a schema
+            violation (a field missing or of the wrong type), a spent tool-call cap. An answer that was read
+            but names an out-of-range step or an unknown role is not an error (that is ``role_valid`` /
+            ``step_valid``). Stored as ``predictions.error``; the report counts such predictions as invalid.
+        fallback: set when a rule of the method's published design, not the model, decided (part of) the
+            prediction: a short text naming the rule and how often it fired, e.g. ``"binary search: unclear
+            verdict at 3 of 4 halvings, half chosen at random (published rule)"``; None when the model
+            decided. Stored as ``predictions.fallback``; each method's module docstring says what counts.
     """
 
     pred_role: str | None
@@ -48,6 +57,8 @@ class Attribution:
     step_valid: bool
     abstained: bool = False
     output: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    fallback: str | None = None
 
 
 class Method(Protocol):
@@ -85,14 +96,30 @@ def step_is_valid(step: object, trajectory: Trajectory) -> bool:
     return is_int(step) and 0 <= step < trajectory.n_steps
 
 
-def abstention(output: Mapping[str, Any]) -> Attribution:
+def abstention(
+    output: Mapping[str, Any], *, error: str | None = None, fallback: str | None = None
+) -> Attribution:
     """No prediction: both fields missing, scored as errors for both targets."""
     return Attribution(
-        pred_role=None, pred_step=None, role_valid=False, step_valid=False, abstained=True, output=output
+        pred_role=None,
+        pred_step=None,
+        role_valid=False,
+        step_valid=False,
+        abstained=True,
+        output=output,
+        error=error,
+        fallback=fallback,
     )
 
 
-def speaker_attribution(trajectory: Trajectory, step: int, output: Mapping[str, Any]) -> Attribution:
+def speaker_attribution(
+    trajectory: Trajectory,
+    step: int,
+    output: Mapping[str, Any],
+    *,
+    error: str | None = None,
+    fallback: str | None = None,
+) -> Attribution:
     """A chosen step with its speaker as the explicit role, for methods that locate a step but never ask for a
     role (step-by-step, binary search: as the Who&When originals do)."""
     role = trajectory.steps[step].agent
@@ -102,6 +129,8 @@ def speaker_attribution(trajectory: Trajectory, step: int, output: Mapping[str, 
         role_valid=role_is_valid(role, trajectory),
         step_valid=step_is_valid(step, trajectory),
         output=output,
+        error=error,
+        fallback=fallback,
     )
 
 

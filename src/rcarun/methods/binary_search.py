@@ -31,6 +31,11 @@ Choices where the papers are silent (each an option where cheap):
   are cut in the middle. Only the first, widest segments are ever cut; per decision the cap is recorded.
 - No ``max_steps`` option (Step-by-step has one): the search costs at most ``⌈log2 n⌉`` calls, nothing to bound.
 - Reasons and raw texts kept in the output are cut to 500 characters (full replies are in the calls table).
+
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``): every halving decides part of the
+predicted step, so ``fallback`` is set whenever the ``unclear`` rule chose a half (random, or always earlier),
+naming at how many of the halvings; ``error`` is set when no halving answer was clear (every decision made by
+the rule: the predicted step then rests on no answer of the model), with the count and the first reason.
 """
 
 from __future__ import annotations
@@ -267,7 +272,18 @@ class BinarySearch:
         }
         if trajectory.n_steps == 0:  # the loaders reject empty histories; an in-memory one gets no answer
             return abstention(output)
-        return speaker_attribution(trajectory, start, output)
+        unclear = [d for d in decisions if d["unclear"]]
+        error = fallback = None
+        if unclear:
+            how = "half chosen at random" if self.options.unclear == "random" else "earlier half taken"
+            fallback = (
+                f"binary search: unclear verdict at {len(unclear)} of {len(decisions)} halvings, {how} "
+                "(published rule)"
+            )
+        if decisions and len(unclear) == len(decisions):
+            n = len(decisions)
+            error = f"no bisect answer was clear ({n} of {n}); first: {unclear[0]['error']}"
+        return speaker_attribution(trajectory, start, output, error=error, fallback=fallback)
 
 
 @method(_NAME)

@@ -51,6 +51,16 @@ Choices where the paper is silent (each an option):
 - Turn 1 is declared shareable (``shareable_stages``), so Continual Search and Passive Continuation over the same
   base and backbone pay for one turn 1 between them, as the paper branches one session.
 
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``) follow the answer that stands at the
+end, from the turn that gave it:
+- ``error``: that turn's answer could not be read (not a JSON object, the tool-call cap spent,
+  ``responsible_role`` / ``root_step`` missing or mistyped, no listed failure with a valid step); when the
+  standing answer is turn 1's, the base method's own ``error``. A later unreadable answer that the change rule
+  rejected leaves the standing answer, and so no error.
+- ``fallback``: the change rule kept the standing answer against the model's later answers (counted over the
+  turns after the standing answer was given), and, when turn 1's answer stands, the base method's own
+  fallback.
+
 Evidence read per turn: deduplicated tokens (`EvidenceLedger`: whitespace tokens not inside a 13-gram seen before,
 as the paper dedupes observation tokens). With an inlined log, the judge has read at turn 1 everything its
 prompt showed (the turn-1 user messages, instructions included) and reads nothing new later; with tools, it is the
@@ -72,7 +82,7 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods._options import check_base_method, reject_unknown_options
-from rcarun.methods.all_at_once import AllAtOnce, answer_schema
+from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
 from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
 from rcarun.methods.proxies import TranscriptLLM
@@ -441,7 +451,7 @@ class ContinualSearch:
             ]
             if options.turns > 1:
                 output["no_continuation"] = f"the base method made no {options.turn1_stage!r} call"
-            return _final(first, standing, output)
+            return _final(first, standing, output, error=first.error, fallback=first.fallback)
 
         conversation: list[Message] = [*exchange.messages, Message("assistant", exchange.reply.text)]
         reader = self._reader(trajectory, conversation, llm) if options.reading == "agentic" else None
@@ -452,6 +462,8 @@ class ContinualSearch:
         ]
         output["turns"] = turns
         schema = self._schema(trajectory)
+        # The turn whose answer stands, why it could not be read, and the change rule's rejections since then.
+        source_turn, standing_error, rejected = 1, first.error, 0
         for turn in range(2, options.turns + 1):
             prompt = self._prompt(turn, trajectory, schema, read)
             conversation.append(Message("user", prompt.text))
@@ -505,6 +517,10 @@ class ContinualSearch:
                 if rejection is not None:
                     record["move_rejected"] = rejection
                     accepted = standing
+            if "move_rejected" in record:
+                rejected += 1
+            else:
+                source_turn, standing_error, rejected = turn, self._turn_error(reply, invalid, record), 0
             changed = not accepted.same_as(standing)
             standing = accepted
             turns.append(
@@ -514,7 +530,25 @@ class ContinualSearch:
                 | {"steps_read": len(read)}
                 | record
             )
-        return _final(first, standing, output)
+        rules = []
+        if rejected:  # every turn after the standing answer's was a rejected move
+            rules.append(
+                f"continual search: change rule rejected the model's new answer at the {rejected} turn(s) "
+                f"after turn {source_turn}, whose answer stands (paper's rule)"
+            )
+        if source_turn == 1 and first.fallback is not None:
+            rules.append(f"turn 1: {first.fallback}")
+        return _final(first, standing, output, error=standing_error, fallback="; ".join(rules) or None)
+
+    def _turn_error(self, reply: Reply, invalid: str | None, record: Mapping[str, Any]) -> str | None:
+        """Why a turn's accepted answer could not be read, or None (module docstring)."""
+        if record.get("capped"):
+            return f"tool-call cap reached: {invalid}"
+        if invalid is not None:
+            return invalid
+        if self.mode == "search" and self.options.answer_kind == "list":
+            return None
+        return answer_error(reply.parsed if isinstance(reply.parsed, dict) else None)
 
     @staticmethod
     def _turn1_reading(
@@ -563,7 +597,9 @@ def _turn_record(
     }
 
 
-def _final(first: Attribution, standing: _Answer, output: dict[str, Any]) -> Attribution:
+def _final(
+    first: Attribution, standing: _Answer, output: dict[str, Any], *, error: str | None, fallback: str | None
+) -> Attribution:
     return Attribution(
         pred_role=standing.role,
         pred_step=standing.step,
@@ -571,6 +607,8 @@ def _final(first: Attribution, standing: _Answer, output: dict[str, Any]) -> Att
         step_valid=standing.step_valid,
         abstained=first.abstained and standing.same_as(_Answer.of(first)),
         output=output,
+        error=error,
+        fallback=fallback,
     )
 
 

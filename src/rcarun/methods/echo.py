@@ -73,6 +73,19 @@ Choices where the notes are silent (each is documented here and, where cheap, an
   before the confidence filter, is above 0.5.
 - ``max_tokens=8000`` per call (the attribution budget of the other baselines; the answer is longer than theirs).
 
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``), keeping the output's own ``fallback``
+record as it is:
+
+- ``error``: no analyst answer could be used at all (every call malformed: not a JSON object, or a conclusion
+  that breaks the schema) and no valid agent evaluation either, so the method abstains on no answer of the
+  model. It counts the malformed calls and gives the first one's parse error or problems. Some analysts being
+  malformed is not an error: the others' votes decide.
+- ``fallback``: a rule of the design, not the analysts' votes, decided the answer: the mean-likelihood
+  fallback (no vote survived; the text says how many analysts were malformed and how many votes fell below
+  ``min_confidence``); an abstention because every well-formed vote fell below ``min_confidence`` and no
+  evaluation was valid; or a tie rule that decided the final answer (tied conclusion types go to single_agent,
+  tied top agents to recorded order, tied top steps to the earliest).
+
 Output (``Attribution.output``): ``panel``; ``context`` (focal steps, cap, what was cut or left out); ``calls``
 (one per call: persona, temperature, focus, the parsed answer or the raw text with its parse error, problems,
 skipped evaluations); ``vote_table`` (every vote with its kept flag, the malformed analysts, type sums, the winning
@@ -1175,7 +1188,38 @@ class Echo:
             step_valid=step_is_valid(step, trajectory),
             abstained=role is None and step is None,
             output=output,
+            error=_unusable(calls, evaluations),
+            fallback=self._rules_that_decided(outcome, votes, trajectory.n_steps),
         )
+
+    def _rules_that_decided(self, outcome: VoteOutcome, votes: Sequence[Vote], n_steps: int) -> str | None:
+        """The design's rules that decided the answer instead of the votes (module docstring), or None."""
+        malformed = len(self.panel) - len(votes)
+        low, floor = len(outcome.dropped), self.options.min_confidence
+        if outcome.fallback_used:
+            return (
+                f"echo: no vote kept ({malformed} of {len(self.panel)} analysts malformed, {low} below "
+                f"min_confidence {floor}); agent with the highest mean error likelihood and its most likely "
+                "step chosen (published fallback)"
+            )
+        if outcome.winning_type is None:
+            if low:
+                return (
+                    f"echo: all {low} well-formed votes below min_confidence {floor} and no valid agent "
+                    "evaluation: abstains (published rule)"
+                )
+            return None
+        ties = []
+        sums = [_score(value) for value in outcome.type_sums.values()]
+        if len(sums) > 1 and sums.count(max(sums)) > 1:
+            ties.append("conclusion types tied, single_agent taken")
+        scores = [_score(score) for _, score in outcome.agent_scores]
+        if len(scores) > 1 and scores[0] == scores[1]:
+            ties.append("top agents tied, first in recorded order taken")
+        steps = [_score(score) for step, score in outcome.step_scores if 0 <= step < n_steps]
+        if len(steps) > 1 and steps[0] == steps[1]:
+            ties.append("top steps tied, earliest taken")
+        return f"echo: {'; '.join(ties)} (published tie rules)" if ties else None
 
     def _output(
         self,
@@ -1245,6 +1289,15 @@ class Echo:
                 "step": outcome.mistake_step if outcome.fallback_used else None,
             },
         }
+
+
+def _unusable(calls: Sequence[Mapping[str, Any]], evaluations: Sequence[Evaluation]) -> str | None:
+    """Why no analyst answer could be used, when none could (module docstring), else None."""
+    if not calls or evaluations or any(call["well_formed"] for call in calls):
+        return None
+    first = calls[0]
+    reason = first.get("parse_error") or "; ".join(first["problems"][:3]) or "malformed answer"
+    return f"no analyst answer could be used ({len(calls)} of {len(calls)} calls malformed); first: {reason}"
 
 
 def _schema_text(trajectory: Trajectory) -> str:

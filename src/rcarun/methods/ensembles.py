@@ -17,6 +17,14 @@ Draws and judges run concurrently (the backbone's limits still bound calls in fl
 fails for good (`FatalCallError`: a 400, a context overflow, auth, quota) is recorded in the output and does not
 vote; when every one fails, the item fails with the first error. Any other error (budget stop, interruption)
 stops the whole item, which is left for resume.
+
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``), from the voters' own:
+- ``error``: no voter's answer could be read (every draw or judge that answered carries an ``error``): the
+  vote then rests on no answer of the model. It counts them and gives the first voter's error. Some unreadable
+  voters are not an error: they abstain from the vote and the others decide.
+- ``fallback``: a tie rule of `rcarun.methods.voting` decided a field (``role_tied`` / ``step_tied``), or some
+  voters' answers were themselves decided in part by their base method's fallback (counted, with the first
+  one's text). Each voter's record in the output keeps its ``answer_error`` and ``fallback``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from rcarun.methods.base import Attribution, Method, is_int
 from rcarun.methods.llm import LLM
 from rcarun.methods.proxies import ResampledLLM
 from rcarun.methods.registry import create_method, method
-from rcarun.methods.voting import TIE_BREAKS, TieBreak, vote
+from rcarun.methods.voting import TIE_BREAKS, TieBreak, Vote, vote
 
 __all__ = ["JudgePanel", "JudgePanelOptions", "SelfConsistency", "SelfConsistencyOptions"]
 
@@ -114,6 +122,8 @@ def _voter_record(index_name: str, index: int | str, result: Attribution | Fatal
         "role_valid": result.role_valid,
         "step_valid": result.step_valid,
         "abstained": result.abstained,
+        "answer_error": result.error,
+        "fallback": result.fallback,
         "output": dict(result.output),
     }
 
@@ -123,6 +133,7 @@ def _voted(
     results: Sequence[Attribution | FatalCallError],
     tie_break: TieBreak,
     output: dict[str, Any],
+    voter: str,
 ) -> Attribution:
     answers = [r for r in results if isinstance(r, Attribution)]
     if not answers:
@@ -142,7 +153,37 @@ def _voted(
         step_valid=chosen.step_valid,
         abstained=chosen.abstained,
         output=output,
+        error=_unreadable(answers, voter),
+        fallback=_rules(answers, ballot, tie_break, voter),
     )
+
+
+def _unreadable(answers: Sequence[Attribution], voter: str) -> str | None:
+    """Why the vote rests on no readable answer (every answering voter's answer unreadable), or None."""
+    if not answers or any(answer.error is None for answer in answers):
+        return None
+    n = len(answers)
+    return f"no {voter} answer could be read ({n} of {n}); first: {answers[0].error}"
+
+
+def _rules(answers: Sequence[Attribution], ballot: Vote, tie_break: TieBreak, voter: str) -> str | None:
+    """The tie rules that decided a field and the voters decided by a fallback of their own, or None."""
+    rules = []
+    ties = []
+    if ballot.role_tied:
+        ties.append(f"role tie broken by first {voter}")
+    if ballot.step_tied:
+        ties.append(
+            f"step tie broken by {'earliest step' if tie_break == 'earliest-step' else f'first {voter}'}"
+        )
+    if ties:
+        rules.append(f"vote: {', '.join(ties)} (tie rule {tie_break!r})")
+    decided = [answer.fallback for answer in answers if answer.fallback is not None]
+    if decided:
+        rules.append(
+            f"{len(decided)} of {len(answers)} {voter}s decided in part by a rule, first: {decided[0]}"
+        )
+    return "; ".join(rules) or None
 
 
 class SelfConsistency:
@@ -162,7 +203,7 @@ class SelfConsistency:
             "temperature": options.temperature,
             "samples": [_voter_record("sample", i, r) for i, r in enumerate(results)],
         }
-        return _voted(trajectory, results, options.tie_break, output)
+        return _voted(trajectory, results, options.tie_break, output, "sample")
 
 
 class JudgePanel:
@@ -182,7 +223,7 @@ class JudgePanel:
             "base": options.base,
             "judges": [_voter_record("judge", j, r) for j, r in zip(options.judges, results, strict=True)],
         }
-        return _voted(trajectory, results, options.tie_break, output)
+        return _voted(trajectory, results, options.tie_break, output, "judge")
 
 
 @method("self-consistency")

@@ -95,6 +95,18 @@ bounds in the schema; invalid fields are recorded, never repaired (a fallback is
 method, and is recorded as such). The task's ground-truth final answer is not shown unless
 ``include_ground_truth=True``.
 
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``; the output's ``failure.fallback`` and
+``decision.fallback`` records stay as they are):
+
+- ``fallback`` is set when a recorded fallback shaped the prediction: the locate fallback (the walk started
+  from the last step because the locate answer was unusable: the candidates, and so the prediction, follow
+  from the rule) and the decision fallbacks ``"highest-confidence"`` and ``"failure-step"`` (no verified
+  source). The text names each rule that fired and, for the decision, how many verdicts were malformed.
+- ``error`` is set when the prediction rests on no answer of the model: the locate answer could not be read
+  (not a JSON object, ``failure_step`` missing or not an integer) and no verification was readable, so the
+  predicted step is the last step by rule. A locate answer that was read but lies outside the log is validity,
+  not an error; one readable verdict is enough for the prediction to rest on the model.
+
 A trajectory without steps is an abstention with no call. Calls per trajectory: 1 (locate) + at most
 ``min(max_verify_calls, max_candidates)`` (verify); 1 + 8 with the defaults.
 """
@@ -1071,7 +1083,43 @@ class Falat:
             step_valid=step_is_valid(decision.step, trajectory),
             abstained=False,
             output=output,
+            error=_unusable(failure, search.verdicts),
+            fallback=_fallbacks(failure, search.verdicts, decision),
         )
+
+
+def _locate_unreadable(failure: FailurePoint) -> bool:
+    """The locate answer was not read (not a JSON object, or no integer ``failure_step``), as opposed to a
+    step that was read but lies outside the log."""
+    return failure.fallback and (failure.answer is None or not is_int(failure.answer.get("failure_step")))
+
+
+def _unusable(failure: FailurePoint, verdicts: Sequence[Verdict]) -> str | None:
+    """Why the prediction rests on no answer of the model (module docstring), or None."""
+    if not _locate_unreadable(failure) or any(verdict.valid for verdict in verdicts):
+        return None
+    reason = f"locate answer unreadable: {failure.error}"
+    if verdicts:
+        reason += (
+            f"; no verification readable ({len(verdicts)} of {len(verdicts)}, first: {verdicts[0].error})"
+        )
+    return reason
+
+
+def _fallbacks(failure: FailurePoint, verdicts: Sequence[Verdict], decision: Decision) -> str | None:
+    """The recorded fallbacks that shaped the prediction, named with how often they fired, or None."""
+    rules = []
+    if failure.fallback:
+        rules.append(f"locate answer unusable ({failure.error}), walk started at the last step")
+    if decision.fallback:
+        malformed = sum(1 for verdict in verdicts if not verdict.valid)
+        rule = (
+            "highest-confidence candidate chosen"
+            if decision.rule == "highest-confidence"
+            else ("failure step chosen")
+        )
+        rules.append(f"no verified source ({malformed} of {len(verdicts)} verdicts malformed), {rule}")
+    return f"falat: {'; '.join(rules)} (the method's documented fallback)" if rules else None
 
 
 def _output(

@@ -33,6 +33,16 @@ Choices where the papers are silent (each an option where cheap):
 - Reasons kept in the output are cut to 500 characters, raw texts of malformed answers to 500: the output stays
   compact on logs with hundreds of steps (the full replies are in the calls table).
 
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``):
+- ``fallback`` is set whenever a malformed verdict was counted as "no" (the original's rule for replies it did
+  not recognise): the walk went on past that step, so the rule, not the model, decided that it was not the
+  root, and with it where the walk stopped (or that it abstained). The text says at how many of the checked
+  steps.
+- ``error`` is set when no verdict of the walk could be read at all (every checked step malformed): the
+  abstention then rests on no answer of the model. It names how many and the first parse error. A walk with at
+  least one readable verdict has no error, and an abstention because no step was flagged (or ``max_steps`` was
+  reached) is the model's own verdict.
+
 Cost: up to ``n`` calls whose prompts grow with the prefix, so prompt tokens grow quadratically with the log;
 `estimate_calls_and_prompt_tokens` gives the worst case (no early stop) without calling a model.
 """
@@ -243,16 +253,26 @@ class StepByStep:
             stopped = "max_steps"
         else:
             stopped = "end_of_log"
+        malformed = [c for c in checks if c["verdict"] == "malformed"]
         output: dict[str, Any] = {
             "stopped": stopped,
             "steps_checked": len(checks),
-            "malformed_steps": [c["step"] for c in checks if c["verdict"] == "malformed"],
+            "malformed_steps": [c["step"] for c in malformed],
             "checks": checks,
             "truncation": truncation_summary(self.options.truncation, truncations),
         }
+        error = fallback = None
+        if malformed:
+            fallback = (
+                f"step-by-step: unreadable verdict at {len(malformed)} of {len(checks)} checked steps, "
+                "counted as 'no' (published rule)"
+            )
+        if checks and len(malformed) == len(checks):
+            first = malformed[0]["error"]
+            error = f"no step_check answer could be read ({len(checks)} of {len(checks)}); first: {first}"
         if flagged is None:
-            return abstention(output)
-        return speaker_attribution(trajectory, flagged, output)
+            return abstention(output, error=error, fallback=fallback)
+        return speaker_attribution(trajectory, flagged, output, error=error, fallback=fallback)
 
 
 class _CharsPerToken:

@@ -677,3 +677,70 @@ def test_options_defaults() -> None:
         True,
     )
     assert not options.include_ground_truth and options.stage1_retry and options.truncation == "cap-steps"
+
+
+# --- unreadable answers and A4's abstention: Attribution.error / fallback --------------------------------------
+
+NOT_JSON = "Expecting value: line 1 column 1 (char 0)"
+
+
+def _without_step(agent: str) -> dict[str, Any]:
+    value = answer(agent, 5)
+    del value["root_cause"]["step"]
+    return value
+
+
+async def test_a_valid_answer_has_no_error_and_no_fallback() -> None:
+    result = await rcta().attribute(
+        magentic(), llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    )
+    assert result.error is None and result.fallback is None
+
+
+async def test_a_model_abstention_is_neither_error_nor_fallback() -> None:
+    llm = llm_with(lambda r: answer("Coder", 5, evidence=[], abstain=True), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert result.abstained and result.error is None and result.fallback is None
+
+
+async def test_unparseable_attempts_are_an_error_and_no_fallback() -> None:
+    result = await rcta().attribute(
+        magentic(), llm_with(lambda r: "I cannot tell.", propose((5, "possible_root")))
+    )
+    assert result.error == f"attribution answer unreadable (2 of 2 attempts): {NOT_JSON}"
+    assert result.fallback is None  # nothing of the model's was overridden
+    assert (
+        "abstain_missing_fields" in result.output["diagnostics"]["fallbacks"]
+    )  # the output keeps its record
+    no_a4 = await rcta("rcta/no-a4").attribute(magentic(), llm_with(lambda r: "I cannot tell."))
+    assert no_a4.error == f"attribution answer unreadable (1 of 1 attempts): {NOT_JSON}"
+    assert no_a4.fallback is None
+
+
+async def test_an_unreadable_first_attempt_repaired_by_the_retry_is_fine() -> None:
+    replies = iter(["I cannot tell.", answer("Coder", 5)])
+    result = await rcta().attribute(
+        magentic(), llm_with(lambda r: next(replies), propose((5, "possible_root")))
+    )
+    assert (result.pred_role, result.pred_step) == ("Coder", 5)
+    assert result.error is None and result.fallback is None
+
+
+async def test_a4_abstaining_on_an_invalid_role_is_a_fallback_not_an_error() -> None:
+    llm = llm_with(lambda r: answer("Nobody", 5), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert result.abstained and result.pred_role is None and result.pred_step == 5
+    assert result.error is None  # the role was read: it is invalid, not unreadable
+    assert result.fallback == "rcta A4: agent invalid in every attempt, the output abstains (published rule)"
+
+
+async def test_a_step_never_given_is_an_error_and_a4_voids_the_valid_role() -> None:
+    result = await rcta().attribute(
+        magentic(), llm_with(lambda r: _without_step("Coder"), propose((5, "possible_root")))
+    )
+    assert result.abstained and (result.pred_role, result.pred_step) == ("Coder", None)
+    assert result.error is not None
+    assert result.error.startswith("root_cause.step missing or mistyped in every attempt: ")
+    assert result.fallback == (
+        "rcta A4: step missing while the other field is valid, the output abstains (published rule)"
+    )

@@ -60,6 +60,22 @@ Choices where paper and release are silent or differ (each documented where it i
   prompt to the backbone's window by capping the shown step contents (summary: the segment's steps and overlap;
   attribution: the excerpts).
 - ``used_handoff`` in the diagnostics: the predicted root step is a handoff step retrieved as A2 evidence.
+
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``; ``diagnostics.fallbacks`` stays as it
+is):
+
+- ``error``: the prediction lacks the role or the step because no attribution attempt that counts (the first
+  and the A4 retry; only the first under ``no-a4``) gave a readable value for it: the answer was not a JSON
+  object, or ``root_cause.agent`` / ``root_cause.step`` was missing or of the wrong type in every attempt. The
+  text says which, with the last parse or reader error. A model that abstained on purpose has no error, and a
+  value that was read but is not a recorded agent or not a step of the log is validity, not an error.
+- ``fallback``: A4's rule made the output abstain (an essential field missing after the merge, the model did
+  not abstain) and so overrode something the model gave: a role or step that was read but invalid in every
+  attempt is dropped, or a valid field is kept beside an abstention that scoring counts as an error. When
+  neither field was ever read there is nothing to override, and only ``error`` is set.
+- Not fallbacks: the A4 retry and the field merge (they choose among the model's own answers), and the Stage I
+  fallbacks (an unreadable outline replaced by one phase per summary, a failed summary): they shape the
+  evidence the attribution call sees but do not decide the prediction; they stay in ``diagnostics.fallbacks``.
 """
 
 from __future__ import annotations
@@ -872,6 +888,16 @@ class RCTA:
         )
         if self.ablation == "no-a4":
             output["raw_answer"] = {"agent": role, "step": step, "abstain": first.answer.abstain}
+        counted = [(first, first_reply)]
+        if retry is not None and self.ablation != "no-a4":
+            counted.append((retry, retry_reply))
+        model_abstained = first.answer.abstain is True if self.ablation == "no-a4" else final.model_abstained
+        error, fallback = _unread_and_overridden(
+            counted,
+            {"agent": role, "step": step},
+            model_abstained=model_abstained,
+            merged=self.ablation != "no-a4",
+        )
         return Attribution(
             pred_role=role,
             pred_step=step,
@@ -879,7 +905,51 @@ class RCTA:
             step_valid=step_is_valid(step, trajectory),
             abstained=abstained,
             output=output,
+            error=error,
+            fallback=fallback,
         )
+
+
+def _unread_and_overridden(
+    attempts: Sequence[tuple[Validation, Reply]],
+    predicted: Mapping[str, object],
+    *,
+    model_abstained: bool,
+    merged: bool,
+) -> tuple[str | None, str | None]:
+    """The prediction's ``error`` and ``fallback`` (module docstring).
+
+    Args:
+        attempts: the attribution attempts that count, in order, with their replies.
+        predicted: the essential fields as predicted (``agent``, ``step``), None when missing.
+        model_abstained: the model's own kept ``abstain`` said so.
+        merged: A4 ran (the merge decides abstention); False for the A4 control.
+    """
+    missing = [name for name, value in predicted.items() if value is None]
+    if not missing or model_abstained:
+        return None, None
+    unread = [name for name in missing if all(getattr(v.answer, name) is None for v, _ in attempts)]
+    error = None
+    if unread:
+        if not any(isinstance(_parsed(reply), dict) for _, reply in attempts):
+            last = attempts[-1][1]
+            reason = last.parse_error or "the answer is not a JSON object"
+            error = f"attribution answer unreadable ({len(attempts)} of {len(attempts)} attempts): {reason}"
+        else:
+            last_check = attempts[-1][0]
+            reasons = "; ".join(m for name in unread for m in last_check.check(name).errors[:1])
+            fields = " and ".join(f"root_cause.{name}" for name in unread)
+            error = f"{fields} missing or mistyped in every attempt: {reasons}"
+    fallback = None
+    if merged and len(unread) < len(predicted):
+        dropped = [name for name in missing if name not in unread]
+        what = (
+            f"{' and '.join(dropped)} invalid in every attempt"
+            if dropped
+            else f"{' and '.join(missing)} missing while the other field is valid"
+        )
+        fallback = f"rcta A4: {what}, the output abstains (published rule)"
+    return error, fallback
 
 
 def _attempt_record(name: str, validation: Validation, reply: Reply) -> dict[str, Any]:
