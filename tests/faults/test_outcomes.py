@@ -214,3 +214,32 @@ def test_a_slice_runs_only_what_it_names_and_the_full_run_resumes_it(
     assert item_statuses(db) == {"done": 20}
     # The smoke run's answers were kept: its two items were not asked again.
     assert len(one.chat_log()) - first_requests == len(two.chat_log()) - 2
+
+
+def test_unreadable_answers_are_stored_as_such_and_fallbacks_say_they_decided(
+    serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    server = serve(ok(content="I don't know the answer to that."))
+    config = write_sweep(
+        tmp_path / "sweep.toml",
+        dataset=dataset(3),
+        backbones={"fx": backbone(server.base_url)},
+        methods=["all-at-once", "binary-search"],
+    )
+    db = tmp_path / "results.db"
+    result = run_cli(sweep_args(config, db, "prose"), cwd=tmp_path)
+    assert result.returncode == 0, result.describe()  # every item has a prediction: what it is worth is below
+    rows = {
+        (method, error is not None, fallback is not None)
+        for method, error, fallback in __import__("sqlite3")
+        .connect(db)
+        .execute("SELECT method, error, fallback FROM predictions")
+    }
+    assert rows == {("all-at-once", True, False), ("binary-search", True, True)}
+    assert "6 predictions come from answers that could not be read" in result.stdout
+
+    report = run_cli(["report", "--db", str(db), "--run", "prose", "--json"], cwd=tmp_path)
+    assert report.returncode == 0, report.describe()
+    outcomes = __import__("json").loads(report.stdout)["outcomes"]
+    by_method = {entry["method"]: entry for entry in outcomes}
+    assert by_method["all-at-once"]["invalid"] == 3 and by_method["binary-search"]["fallback"] == 3

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from helpers.sweeps import make_config, rows
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
@@ -161,19 +159,16 @@ async def test_finished_calls_of_unfinished_items_are_replayed_from_the_stored_b
     assert rows(db, "SELECT count(*) FROM calls WHERE response_text_sha256 IS NOT NULL") == [(0,)]
 
 
-async def test_failed_items_stay_failed_on_resume_unless_retry_failed_is_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_failed_items_stay_failed_on_resume_unless_retry_failed_is_asked(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
-    expected = "sk-" + "test-the-right-one-0123456789"
-    async with MockServer(MockConfig(latency_s=0.01, api_key=expected)) as server:
-        config = make_config({"sim": {"base_url": server.base_url, "api_key_env": "RCARUN_RETRY_KEY"}})
-        monkeypatch.setenv("RCARUN_RETRY_KEY", "a-wrong-key")
+    # A server whose context is too small for any prompt: every item fails for good (400, context overflow).
+    async with MockServer(MockConfig(latency_s=0.01, context_window=64)) as server:
+        config = make_config({"sim": {"base_url": server.base_url}})
         first = await run_sweep(config, db_path=db, run_name="retry", show_progress=False)
         assert first.counters["sim"].items_failed == 10
         tried = server.stats().requests_total
 
-        monkeypatch.setenv("RCARUN_RETRY_KEY", expected)
+        server.config = server.config.replace(context_window=None)  # the server was given a larger model
         plain = await run_sweep(config, db_path=db, run_name="retry", show_progress=False)
         assert server.stats().requests_total == tried  # failed for good: not tried again
         assert plain.counters["sim"].items_done == 0

@@ -683,7 +683,8 @@ async def _run_item(
 def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribution) -> None:
     """The method's answer as results.db can hold it: the step column takes only what SQLite's INTEGER can
     (an absurd step is no step of any trajectory, so it is stored as none, marked invalid; the full output keeps
-    the number as written), and text is free of unpaired surrogates."""
+    the number as written), and text is free of unpaired surrogates. Why an answer could not be read, and which
+    published fallback decided it, go to ``predictions.error`` and ``predictions.fallback``."""
     step = attribution.pred_step
     storable_step = step if step is None or step in _INT64 else None
     context.writer.add_prediction(
@@ -695,5 +696,9 @@ def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribu
             step_valid=attribution.step_valid and storable_step is not None,
             abstained=attribution.abstained,
             output_json=repair_surrogates(json.dumps(attribution.output, ensure_ascii=False, default=str)),
+            error=repair_surrogates(attribution.error[:2000]) if attribution.error is not None else None,
+            fallback=repair_surrogates(attribution.fallback[:2000])
+            if attribution.fallback is not None
+            else None,
         )
     )

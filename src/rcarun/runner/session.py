@@ -64,6 +64,8 @@ from rcarun.text import repair_surrogates
 
 __all__ = ["ItemSession", "StopRequested"]
 
+# A pause at least this long is said on the terminal, not only recorded: the sweep would look stuck otherwise.
+_ANNOUNCED_PAUSE_S = 10.0
 # A request may meet this many times as many 429s as other failures before it gives up.
 _RATE_LIMIT_ALLOWANCE = 5
 
@@ -525,7 +527,13 @@ class ItemSession:
             self._event("backbone_stopped", status=error.status, cause=error.kind, message=str(error)[:300])
 
     def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
+        """A new pause of the backbone: an event always, a line when it is long enough to look like a hang."""
         self._event("backbone_paused", seconds=round(seconds, 3), status=status, asked_s=asked_s)
+        if seconds >= _ANNOUNCED_PAUSE_S:
+            asked = f", as the provider asked ({asked_s:g} s)" if asked_s else ""
+            self._context.announce(
+                f"backbone {self._runtime.name!r} paused for {seconds:.0f} s after HTTP {status}{asked}"
+            )
 
     def _event(self, kind: str, **detail: Any) -> None:
         self._context.writer.add_event(
