@@ -23,13 +23,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs
 
 # The inner loop: everything `make test` checks but the tests marked slow (the demo sweep, chaos, calibration,
-# benchmarks). CI runs `make test`.
+# benchmarks, a full disk), on two cores. CI runs `make test`.
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -rs -m "not slow and not live and not gpu"
+	$(BIN)/python -m pytest -q -rs -n 2 -m "not slow and not live and not gpu"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/performance.py --repeats 3

@@ -15,6 +15,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from faults.conftest import backbone, item_statuses, run_cli, sweep_args, write_sweep
 from faults.hostile import (
     HostileServer,
@@ -46,6 +48,7 @@ def _huge_answer(request: Request) -> Reply:
     return ok(latency_s=0.1, reason=random_text(100_000))
 
 
+@pytest.mark.slow  # the writer retries a full disk for its 10 s before giving up
 def test_a_full_disk_stops_the_sweep_with_one_line_and_loses_only_calls_in_flight(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:

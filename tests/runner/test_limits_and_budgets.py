@@ -6,11 +6,14 @@ import itertools
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from helpers.sweeps import make_config, rows
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 
 
+@pytest.mark.slow  # paces real requests through a limited server for several seconds
 async def test_declared_rpm_and_tpm_are_never_exceeded_in_any_server_window(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     # 30 calls of 1.4k-16k prompt tokens: both limits bind (5 requests/s; 15k tokens/s, less than the largest
