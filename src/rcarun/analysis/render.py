@@ -336,13 +336,15 @@ def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
 
 
 def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int]]) -> list[str]:
-    """The sentences of the cells among ``keys`` that are not clean, capped, then a pointer to Outcomes."""
+    """The sentences of the cells among ``keys`` whose numbers count errors (or are not shown), capped, then a
+    pointer to Outcomes. A cell whose every answer was read, some decided by a published fallback, has no note
+    under the accuracy table (its number counts no error); the Outcomes section lists it."""
     outcomes = _outcomes(report)
     single = len({b for b, _, _ in outcomes}) == 1
     sentences = []
     for backbone, method, realization in keys:
         row = outcomes.get((backbone, method, realization))
-        if row is None or _clean(row):
+        if row is None or _int(row, "readable") == _int(row, "expected"):
             continue
         label = method if single else f"{backbone} · {method}"
         sentences.append(_outcome_sentence(label, row))

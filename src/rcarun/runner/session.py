@@ -64,7 +64,9 @@ from rcarun.text import repair_surrogates
 
 __all__ = ["ItemSession", "StopRequested"]
 
-# A pause at least this long is said on the terminal, not only recorded: the sweep would look stuck otherwise.
+# A pause at least this long is recorded as an event, and one this long said on the terminal too (the sweep
+# would look stuck otherwise).
+_RECORDED_PAUSE_S = 1.0
 _ANNOUNCED_PAUSE_S = 10.0
 # A request may meet this many times as many 429s as other failures before it gives up.
 _RATE_LIMIT_ALLOWANCE = 5
@@ -527,7 +529,10 @@ class ItemSession:
             self._event("backbone_stopped", status=error.status, cause=error.kind, message=str(error)[:300])
 
     def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
-        """A new pause of the backbone: an event always, a line when it is long enough to look like a hang."""
+        """A new pause of the backbone: an event when it lasts a second or more (shorter ones are the pacing of
+        a spent rate-limit bucket, many a minute), a line when it is long enough to look like a hang."""
+        if seconds < _RECORDED_PAUSE_S:
+            return
         self._event("backbone_paused", seconds=round(seconds, 3), status=status, asked_s=asked_s)
         if seconds >= _ANNOUNCED_PAUSE_S:
             asked = f", as the provider asked ({asked_s:g} s)" if asked_s else ""
