@@ -90,6 +90,8 @@ MAX_EXTRA_RESUMES = 6
 # The largest integer a double holds exactly: no token count may come near it.
 _TOKEN_CEILING = 2**53
 _EXIT_STOPPED = 3
+# A run that went to the end: 0, or 4 when items failed for good (their failures are stored, and reconciled).
+_FINISHED = (0, 4)
 # The least a final run is given, however little of the sweep's time is left (a resume that has nothing left to
 # do still starts Python and opens results.db).
 _MIN_FINAL_WAIT_S = 30.0
@@ -242,7 +244,7 @@ class ChaosReport:
         found += self.child_failures
         if len(self.kills) != self.kills_requested:
             found.append(f"{len(self.kills)} kills landed mid-sweep, {self.kills_requested} were asked for")
-        if self.final_exit_code != 0:
+        if self.final_exit_code not in _FINISHED:
             found.append(
                 f"the final resume exited with {self.final_exit_code}"
                 + (f" after {self.extra_resumes} extra resumes" if self.extra_resumes else "")
@@ -407,7 +409,7 @@ def _kill_phase(
         if child.returncode == _EXIT_STOPPED and report.extra_resumes < max_extra_resumes:
             report.extra_resumes += 1  # a backbone stopped before the kill landed: resume, kill that one
             continue
-        if child.returncode != 0:
+        if child.returncode not in _FINISHED:
             report.child_failures.append(
                 f"run {len(report.runs)} exited {child.returncode} before kill {len(kill_times) + 1}: "
                 + _tail(stderr)
@@ -449,7 +451,7 @@ def _final_phase(
         if child.returncode == _EXIT_STOPPED and report.extra_resumes < max_extra_resumes:
             report.extra_resumes += 1
             continue
-        if child.returncode not in (0, _EXIT_STOPPED):
+        if child.returncode not in (*_FINISHED, _EXIT_STOPPED):
             sys.stderr.write(stderr.decode(errors="replace")[-4000:])
             report.child_failures.append(f"run {len(report.runs)} exited {child.returncode}: {_tail(stderr)}")
         return

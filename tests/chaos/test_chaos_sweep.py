@@ -44,7 +44,10 @@ def test_chaos_sweep_loses_nothing_duplicates_nothing_and_pays_nothing_twice(tmp
     print(render_table(report))  # the numbers the lead's note quotes (pytest -s)
 
     assert report.problems() == []
-    assert len(report.kills) == 5 and report.final_exit_code == 0 and report.integrity == "ok"
+    assert len(report.kills) == 5 and report.integrity == "ok"
+    # The final run went to the end: 0, or 4 exactly when items failed for good (retries exhausted on faults).
+    failed = sum(backbone.items_failed for backbone in report.backbones)
+    assert report.final_exit_code == (4 if failed else 0)
     served_outcomes: set[str] = set()
     for backbone in report.backbones:
         served_outcomes |= set(backbone.served_by_outcome)
