@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.users import as_unprivileged
 from rcarun.cli import main
 from rcarun.data import bundled_sample_path
 
-_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-_SETPRIV = shutil.which("setpriv")
 _RCARUN = "import sys; from rcarun.cli import main; sys.exit(main())"
 
 
@@ -49,10 +48,8 @@ def _rcarun(
     args: list[str], *, other_user: bool = False, home: Path | None = None, **popen: object
 ) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-c", _RCARUN, *args]
-    if other_user and _ROOT:
-        if _SETPRIV is None:
-            pytest.skip("root without setpriv: no way to run as an unprivileged user")
-        argv = [_SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
+    if other_user:
+        argv = as_unprivileged(argv)
     env = dict(os.environ)
     if home is not None:  # somewhere the other user may write (matplotlib's cache)
         env.update(HOME=str(home), MPLCONFIGDIR=str(home / "mpl"))

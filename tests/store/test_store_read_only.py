@@ -7,7 +7,6 @@ bite), the reads run in a child process as the unprivileged user ``nobody``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.users import as_unprivileged
 from rcarun.errors import StoreError
 from rcarun.store import (
     MIGRATIONS,
@@ -172,8 +172,6 @@ def test_a_checkpoint_during_an_immutable_read_fails_the_read(tmp_path: Path) ->
 
 # -- real permissions ---------------------------------------------------------------------------------------
 
-_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-_SETPRIV = shutil.which("setpriv")
 _READER = (
     "import sys; from rcarun.store import open_store\n"
     "with open_store(sys.argv[1], read_only=True) as s: print(*[r.name for r in s.runs()], s.notice, sep='|')"
@@ -195,11 +193,7 @@ def shared_dir() -> Iterator[Path]:
 
 def _as_other_user(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` where file modes bite: as ``nobody`` when we are root, else as ourselves."""
-    if _ROOT:
-        if _SETPRIV is None:
-            pytest.skip("root without setpriv: no way to read as an unprivileged user")
-        argv = [_SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(as_unprivileged(argv), capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_read_only_file_in_a_read_only_directory_is_read(shared_dir: Path) -> None:
