@@ -34,6 +34,7 @@ from rcarun.data import Step, Trajectory
 
 __all__ = [
     "CONTEXT_MARGIN_TOKENS",
+    "TASK_CHAR_CAP",
     "TRUNCATION_POLICIES",
     "FittedPrompt",
     "TokenCounter",
@@ -44,6 +45,7 @@ __all__ = [
     "ground_truth_line",
     "prompt_token_budget",
     "render_steps",
+    "task_text",
     "truncation_summary",
 ]
 
@@ -181,6 +183,27 @@ def truncation_summary(policy: str, truncations: Sequence[Truncation]) -> dict[s
         summary["context_window"] = cut[0].context_window
         summary["all_fit"] = all(t.fits for t in cut)
     return summary
+
+
+TASK_CHAR_CAP = 12_000
+"""The most characters of the task instruction a prompt shows; a longer task is cut in the middle, and says so.
+
+LongRCA's tasks are short (a question, a travel request, a code issue); the cap only keeps a pathological record
+(a task step that holds a whole document) from crowding out the log.
+"""
+
+
+def task_text(trajectory: Trajectory, include: bool = True, cap: int = TASK_CHAR_CAP) -> str:
+    """The task instruction every call of every method shows, whole up to ``cap`` characters.
+
+    ``trajectory.task`` is the record's ``question`` when it has one, else the instruction the loader derived
+    from the opening steps of its history (`rcarun.data.derive_task`). ``include=False`` (a method's
+    ``include_task`` option) or a record with neither gives ``"(not recorded)"``.
+    """
+    if not include or not trajectory.task:
+        return "(not recorded)"
+    task = trajectory.task
+    return task if len(task) <= cap else cut_middle(task, cap)
 
 
 def ground_truth_line(trajectory: Trajectory, include: bool) -> str:
