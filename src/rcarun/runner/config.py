@@ -247,12 +247,24 @@ class BackboneConfig(_Strict):
 
 
 class StageConfig(_Strict):
-    """Output budget policy of one stage (e.g. ``attribution``), overriding what the method asks for."""
+    """Output budget policy of one stage (e.g. ``attribution``), overriding what the method asks for.
+
+    A method whose own settings fix a stage's budget (``stage_budgets``: RCTA's ``full`` and ``ablation``
+    presets, App. H) keeps it: the stage table's ``max_tokens`` then does not apply to that method
+    (`first_budget`), and the sweep says so when it starts, so a preset is never silently overridden.
+    """
 
     max_tokens: int | None = Field(None, gt=0, description="first attempt's budget; None keeps the method's")
     length_retries: int = Field(1, ge=0, description="retries with the budget doubled after a length stop")
     length_cap: int = Field(65_536, gt=0)
     shareable: bool = Field(False, description="calls may be served from the cache across method labels")
+
+    def first_budget(self, requested: int, *, method_sets_it: bool) -> int:
+        """The first attempt's output budget: the method's own when its settings fix this stage's, else the
+        stage table's ``max_tokens`` when set, else what the method asked for."""
+        if method_sets_it:
+            return requested
+        return self.max_tokens or requested
 
 
 class MethodConfig(_Strict):

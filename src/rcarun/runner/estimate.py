@@ -238,6 +238,7 @@ class EstimatingLLM:
         stages: Mapping[str, StageConfig],
         method_label: str,
         shareable_stages: frozenset[str],
+        budgeted_stages: frozenset[str] = frozenset(),
         shared: set[str],
         tally: _Tally,
         sample: int = 0,
@@ -249,6 +250,7 @@ class EstimatingLLM:
         self._stages = stages
         self._method_label = method_label
         self._shareable_stages = shareable_stages
+        self._budgeted_stages = budgeted_stages
         self._shared = shared
         self._tally = tally
         self._sample = sample
@@ -305,7 +307,7 @@ class EstimatingLLM:
         prompt = self._estimator.estimate(chars)  # with the runner's margin: budgets and the worst case
         prompt_expected = math.ceil(chars / backbone.chars_per_token)
         budget = clamp_to_context(
-            policy.max_tokens or max_tokens,
+            policy.first_budget(max_tokens, method_sets_it=stage in self._budgeted_stages),
             context_window=backbone.context_window,
             prompt_tokens_estimate=prompt,
             model_max_output=backbone.max_output_tokens,
@@ -568,6 +570,7 @@ async def _dry_run(
                 stages=config.stages,
                 method_label=method.label,
                 shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
+                budgeted_stages=frozenset(getattr(method, "stage_budgets", {})),
                 shared=shared.setdefault(backbone_name, set()),
                 tally=tallies.setdefault((backbone_name, method.label), _Tally()),
                 sample=sample,

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import time
 from pathlib import Path
@@ -78,7 +78,7 @@ from rcarun.store import (
 )
 from rcarun.text import repair_surrogates
 
-__all__ = ["SweepOutcome", "build_prices", "check_method_backbones", "run_sweep"]
+__all__ = ["SweepOutcome", "build_prices", "check_method_backbones", "run_sweep", "stage_budget_notes"]
 
 BackendFactory = Callable[[BackendSettings], Backend]
 
@@ -269,6 +269,8 @@ async def _run_sweep(
         raise ConfigError(f"method labels must be unique within a sweep, got {labels}")
 
     check_method_backbones(methods, config)
+    for note in stage_budget_notes(methods, config):
+        announce_line(note)
     if not Path(config.sweep.dataset).exists():
         raise ConfigError(f"sweep.dataset: {config.sweep.dataset}: no such file or directory")
     manifest = _load_sweep_manifest(config)
@@ -437,6 +439,23 @@ def _first_rcarun_error(group: BaseExceptionGroup[BaseException]) -> RcarunError
             if found is not None:
                 return found
     return None
+
+
+def stage_budget_notes(methods: Sequence[Method], config: SweepConfig) -> list[str]:
+    """One line per method whose own settings fix a stage's budget where the sweep's stage table sets another:
+    the method's wins (`StageConfig.first_budget`); the line says so, so the override is never silent."""
+    notes = []
+    for method in methods:
+        budgets: Mapping[str, int] = getattr(method, "stage_budgets", {})
+        for stage, budget in budgets.items():
+            table = config.stages.get(stage)
+            if table is not None and table.max_tokens is not None and table.max_tokens != budget:
+                notes.append(
+                    f"[stages.{stage}] max_tokens = {table.max_tokens} does not apply to method {method.label!r}, "
+                    f"whose own settings give {stage} {budget:,} tokens (they win; change the method's options "
+                    "to change it)"
+                )
+    return notes
 
 
 def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> None:
@@ -631,7 +650,11 @@ async def _run_item(
     context: RunContext, runtime: BackboneRuntime, item: WorkItem, method: Method, record: Record
 ) -> None:
     session = ItemSession(
-        context, runtime, item, shareable_stages=frozenset(getattr(method, "shareable_stages", ()))
+        context,
+        runtime,
+        item,
+        shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
+        budgeted_stages=frozenset(getattr(method, "stage_budgets", {})),
     )
     counters = runtime.counters
     writer = context.writer

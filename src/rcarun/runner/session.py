@@ -81,12 +81,15 @@ class ItemSession:
         runtime: BackboneRuntime,
         item: WorkItem,
         shareable_stages: frozenset[str] = frozenset(),
+        budgeted_stages: frozenset[str] = frozenset(),
     ) -> None:
         self._context = context
         self._runtime = runtime
         self._item = item
         # Stages the method declares identical across its conditions (e.g. RCTA's summary and outline).
         self._shareable_stages = shareable_stages
+        # Stages whose output budget the method's own settings fix (a preset): the stage table does not apply.
+        self._budgeted_stages = budgeted_stages
         self._own_attempts = 0
         # Sessions of the same item on other backbones (a judge panel's judges), made on first use.
         self._on_other_backbones: dict[str, ItemSession] = {}
@@ -111,7 +114,9 @@ class ItemSession:
                 raise ConfigError(
                     f"item {self._item.item_id} asks for backbone {name!r}, not in the sweep ({known})"
                 )
-            session = ItemSession(self._context, runtime, self._item, self._shareable_stages)
+            session = ItemSession(
+                self._context, runtime, self._item, self._shareable_stages, self._budgeted_stages
+            )
             self._on_other_backbones[name] = session
         return session
 
@@ -144,7 +149,7 @@ class ItemSession:
         request_chars = prompt_chars(wire_messages, wire_tools)
         estimated_prompt = runtime.gate.estimator.estimate(request_chars)
         budget = clamp_to_context(
-            stage_policy.max_tokens or max_tokens,
+            stage_policy.first_budget(max_tokens, method_sets_it=stage in self._budgeted_stages),
             context_window=config.context_window,
             prompt_tokens_estimate=estimated_prompt,
             model_max_output=config.max_output_tokens,
