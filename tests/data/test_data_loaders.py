@@ -63,7 +63,9 @@ def test_longrca_file_keeps_question_id_handoff_names_and_int_steps(write_record
     trajectory = record.trajectory
     assert trajectory.qid == "vitabench__007"
     assert trajectory.source == "vitabench"
-    assert trajectory.task == ""
+    # No question field: the task is the human's opening step, which stays step 0 of the log.
+    assert (trajectory.task, trajectory.task_source) == ("fix the bug", "history[0]")
+    assert trajectory.steps[0].content == "fix the bug" and trajectory.n_steps == 4
     assert trajectory.agents == (
         "human",
         "DiagnostAgent (-> ActionAgent)",

@@ -65,7 +65,13 @@ async def test_one_call_with_the_whole_log_and_a_valid_answer(scripted) -> None:
         ({"reason": "", "responsible_role": "Nobody", "root_step": 2}, False, True, 2),
         ({"reason": "", "responsible_role": "Coder", "root_step": 5}, True, False, 5),
         ({"reason": "", "responsible_role": "Coder", "root_step": -1}, True, False, -1),
-        ({"reason": "", "responsible_role": "Coder", "root_step": "2"}, True, False, None),
+        (
+            {"reason": "", "responsible_role": "Coder", "root_step": "2"},
+            True,
+            True,
+            2,
+        ),  # read as the scorer does
+        ({"reason": "", "responsible_role": "Coder", "root_step": "2.0"}, True, False, None),
         ({"reason": "", "responsible_role": "Coder", "root_step": True}, True, False, None),
         ({"reason": "", "responsible_role": "coder", "root_step": 2.0}, False, False, None),
         ({"reason": ""}, False, False, None),
@@ -263,8 +269,8 @@ def test_agentic_options_are_checked(options: dict[str, object], message: str) -
         ("The Coder broke it at step 1.", "Expecting value: line 1 column 1 (char 0)"),
         ("[1, 2]", "the answer is not a JSON object"),
         (
-            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "1"}),
-            'root_step is not an integer: "1"',
+            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "one"}),
+            'root_step is not an integer: "one"',
         ),
         (json.dumps({"reason": "r", "root_step": 1}), "responsible_role is missing"),
         (
@@ -285,6 +291,7 @@ async def test_an_answer_that_cannot_be_read_carries_its_error(scripted, text: s
     "answer",
     [
         {"reason": "r", "responsible_role": "Coder", "root_step": 1},
+        {"reason": "r", "responsible_role": "Coder", "root_step": " 1 "},  # a digit string is a step
         {
             "reason": "r",
             "responsible_role": "Nobody",

@@ -1,4 +1,5 @@
-"""Continual Search and Passive Continuation: the decision tree's prompts, the change rule, the turn records."""
+"""Continual Search and Passive Continuation: the decision tree's prompts, the change rule as a prompt sentence
+whose observance is recorded (never enforced), agentic reading by default, the task in every call."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from helpers.scripted import ScriptedLLM
 from rcarun.data import Step, Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods import Reply, ToolCall, create_method
+from rcarun.methods.context import task_text
 from rcarun.methods.continual_search import (
     SENTENCES,
     continuation_prompt,
@@ -26,17 +29,22 @@ _CONTENTS = [
     "FINAL ANSWER: 12",
 ]
 
+# 003 App. B.2.2: "The answer may then move only to an earlier cause that the judge supports with an exact quote."
+RULE = "Your answer may move only to an earlier cause that you support with an exact quote."
 
-def _trajectory() -> Trajectory:
+INLINE = {"reading": "inline"}
+
+
+def _trajectory(task: str = "Count the awnings.") -> Trajectory:
     agents = ["Planner", "Coder", "Computer_terminal"]
     steps = tuple(
         Step(index=i, agent=agents[i % 3], role="assistant", content=text) for i, text in enumerate(_CONTENTS)
     )
-    return Trajectory(qid="demo/1", source="demo", task="Count the awnings.", steps=steps, sha256="0" * 64)
+    return Trajectory(qid="demo/1", source="demo", task=task, steps=steps, sha256="0" * 64)
 
 
-def _answer(role: str, step: int, quote: str | None = None) -> str:
-    body: dict[str, Any] = {"reason": "r", "responsible_role": role, "root_step": step}
+def _answer(role: str, step: int, quote: str | None = None, reason: str = "r") -> str:
+    body: dict[str, Any] = {"reason": reason, "responsible_role": role, "root_step": step}
     if quote is not None:
         body["quote"] = quote
     return json.dumps(body)
@@ -46,8 +54,18 @@ def _answer(role: str, step: int, quote: str | None = None) -> str:
     ("turn", "layout", "kind", "expected"),
     [
         (2, "whole", "single", ("opening.2", "trust.2", "search.single", "format.single")),
-        (3, "whole", "single", ("opening.3", "trust.3", "search.single", "change.single", "format.single")),
-        (4, "whole", "single", ("opening.4", "trust.4", "search.single", "change.single", "format.single")),
+        (
+            3,
+            "whole",
+            "single",
+            ("opening.3", "trust.3", "search.single", "change.single", "format.quote", "format.single"),
+        ),
+        (
+            4,
+            "whole",
+            "single",
+            ("opening.4", "trust.4", "search.single", "change.single", "format.quote", "format.single"),
+        ),
         (2, "whole", "list", ("opening.2", "trust.2", "search.list", "format.list")),
         (3, "whole", "list", ("opening.3", "trust.3", "search.list", "format.list")),
         (4, "whole", "list", ("opening.4", "trust.4", "search.list", "format.list")),
@@ -56,7 +74,7 @@ def _answer(role: str, step: int, quote: str | None = None) -> str:
             3,
             "pieces",
             "single",
-            ("opening.3", "trust.3", "search.pieces.later", "change.single", "format.single"),
+            ("opening.3", "trust.3", "search.pieces.later", "change.single", "format.quote", "format.single"),
         ),
         (4, "pieces", "list", ("opening.4", "trust.4", "search.pieces.later", "format.list")),
     ],
@@ -70,11 +88,25 @@ def test_decision_tree_assembles_each_branch_and_turn(
     assert prompt.keys == expected
     # Sentences come verbatim from the fixed set, in the order of the five parts.
     for key, sentence in prompt.parts:
-        if key not in ("search.pieces.first", "search.pieces.later") and not key.startswith("format."):
+        if key not in ("search.pieces.first", "search.pieces.later", "format.single", "format.list"):
             assert sentence == SENTENCES[key]
     assert prompt.text.endswith("```json\n{S}\n```")
     if expected[2] == "search.pieces.later":
         assert "- steps 20-39" in prompt.text
+
+
+def test_the_change_rule_is_the_papers_one_sentence() -> None:
+    assert SENTENCES["change.single"] == RULE
+    with_field = continuation_prompt(3, turns=4, layout="whole", answer_kind="single", schema_text="{S}")
+    assert RULE in with_field.text.split("\n\n")
+    # Without the quote field, the rule sentence is all part 4 adds; the format is the benchmark's.
+    bare = continuation_prompt(
+        3, turns=4, layout="whole", answer_kind="single", schema_text="{S}", quote_field=False
+    )
+    assert bare.keys[-2:] == ("change.single", "format.single")
+    # Nothing in any prompt claims that a change is checked or rejected.
+    for text in (with_field.text, bare.text):
+        assert "reject" not in text.lower() and "stands" not in text.lower()
 
 
 def test_pinned_prompt_of_the_who_and_when_branch_at_turn_three() -> None:
@@ -86,9 +118,9 @@ def test_pinned_prompt_of_the_who_and_when_branch_at_turn_three() -> None:
         "List the candidate causes you can find, including ones you dismissed. Test each candidate against the "
         "record: keep the earliest one that was never fixed afterwards and that still leads to the failure; "
         "discard a candidate that a later step corrected or that the failure does not depend on.\n\n"
-        "You may change your answer only to an earlier cause, and only with an exact quote from the record that "
-        'shows it. Copy the quote verbatim into "quote": a quote that does not appear in the record rejects the '
-        'change and your previous answer stands. If you keep your answer, give "quote" as an empty string.\n\n'
+        f"{RULE}\n\n"
+        'Put the exact quote that supports a changed answer in "quote", copied verbatim from the record; if you '
+        'keep your answer, give "quote" as an empty string.\n\n'
         "Answer with one JSON object that matches this schema, and nothing else:\n```json\n{S}\n```"
     )
 
@@ -121,79 +153,141 @@ def test_quote_found_needs_fifteen_characters_in_the_text() -> None:
     assert not quote_found(None, text)
 
 
-async def test_change_rule_accepts_an_earlier_cause_with_a_quote_from_that_step(scripted) -> None:  # type: ignore[no-untyped-def]
+# --- the change rule: asked for in the prompt, observance recorded, the answer always kept ---------------------
+
+
+async def test_a_move_that_follows_the_rule_is_recorded_as_followed(scripted: type[ScriptedLLM]) -> None:
     trajectory = _trajectory()
     llm = scripted(
         [
             _answer("Planner", 3),  # turn 1 (all-at-once)
-            _answer("Planner", 3, ""),  # turn 2: keeps it
+            _answer("Planner", 3),  # turn 2: keeps it (no rule, the benchmark's schema)
             _answer("Coder", 1, "with the parameter year=2019 instead of 2021"),  # turn 3: earlier, quoted
             _answer("Coder", 1, ""),  # turn 4: keeps it
         ]
     )
-    method = create_method("continual-search")
-    result = await method.attribute(trajectory, llm)
+    result = await create_method("continual-search", options=INLINE).attribute(trajectory, llm)
     assert (result.pred_role, result.pred_step) == ("Coder", 1)
     turns = result.output["turns"]
-    assert [(t["pred_step"], t["changed_from_prev"]) for t in turns] == [
-        (3, False),
-        (3, False),
-        (1, True),
-        (1, False),
+    assert [(t["pred_step"], t["changed_from_prev"], t["changed_from_turn1"]) for t in turns] == [
+        (3, False, False),
+        (3, False, False),
+        (1, True, True),
+        (1, False, True),
     ]
-    assert "move_rejected" not in turns[2]
+    assert "change_rule" not in turns[1]  # turn 2 has no rule
+    assert turns[2]["change_rule"] == {
+        "changed": True,
+        "followed": True,
+        "earlier": True,
+        "quote_in_step": True,
+        "quote_in_log": True,
+    }
+    assert turns[3]["change_rule"] == {"changed": False, "followed": True}
+    assert result.output["change_rule"] == {"applies_at": [3, 4], "changed_at": [3], "broken_at": []}
+    assert result.error is None and result.fallback is None
     # One conversation: every turn resends the whole history and adds one prompt.
     assert [len(r["messages"]) for r in llm.requests] == [2, 4, 6, 8]
     assert [r["stage"] for r in llm.requests] == ["attribution"] + ["continuation"] * 3
     assert llm.requests[2]["messages"][-1].content.startswith(SENTENCES["opening.3"])
+    # "quote" joins the schema only where the prompt carries the rule; turn 2 keeps the benchmark's schema.
+    assert llm.requests[1]["schema"]["required"] == ["reason", "responsible_role", "root_step"]
     assert llm.requests[2]["schema"]["required"] == ["reason", "responsible_role", "root_step", "quote"]
 
 
 @pytest.mark.parametrize(
-    ("answer", "reason"),
+    ("answer", "given", "broken", "error"),
     [
-        (_answer("Coder", 1, "a sentence that is nowhere in the log"), "the quote is not found in step 1"),
         (
-            _answer("Coder", 1, "12 awnings found for 2019"),
-            "the quote is not found in step 1",
-        ),  # step 2's text
-        (
-            _answer("Computer_terminal", 5, "FINAL ANSWER: 12 and more"),
-            "not earlier than the standing step 3",
+            _answer("Coder", 1, "a sentence that is nowhere in the log"),
+            ("Coder", 1),
+            ["no quote of at least 15 characters is found in the chosen step"],
+            None,
         ),
-        ("not json at all", "invalid answer"),
+        (
+            _answer("Coder", 1, "12 awnings found for 2019"),  # step 2's text, not step 1's
+            ("Coder", 1),
+            ["no quote of at least 15 characters is found in the chosen step"],
+            None,
+        ),
+        (
+            _answer("Computer_terminal", 5, "FINAL ANSWER: 12"),
+            ("Computer_terminal", 5),
+            ["step 5 is later than the previous step 3, not earlier"],
+            None,
+        ),
+        (
+            _answer("Coder", 3, "The count is 12, based on the records."),  # a role-only change
+            ("Coder", 3),
+            ["step 3 is the same step as the previous step 3, not earlier"],
+            None,
+        ),
+        (
+            _answer("Coder", 40, ""),
+            ("Coder", 40),
+            [
+                "the new root_step is not a step of the log",
+                "no quote of at least 15 characters is found in the chosen step",
+            ],
+            None,
+        ),
+        (
+            "not json at all",
+            (None, None),
+            ["the answer could not be read: Expecting value: line 1 column 1 (char 0)"],
+            "Expecting value: line 1 column 1 (char 0)",
+        ),
     ],
 )
-async def test_change_rule_rejects_a_move_without_a_valid_quote(scripted, answer: str, reason: str) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
-    llm = scripted([_answer("Planner", 3), _answer("Planner", 3, ""), answer])
-    method = create_method("continual-search", options={"turns": 3})
-    result = await method.attribute(trajectory, llm)
-    assert (result.pred_role, result.pred_step) == ("Planner", 3)  # the standing answer stays
+async def test_an_answer_that_breaks_the_rule_is_kept_as_given_and_flagged(
+    scripted: type[ScriptedLLM], answer: str, given: tuple[Any, Any], broken: list[str], error: str | None
+) -> None:
+    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), answer])
+    method = create_method("continual-search", options={"turns": 3, **INLINE})
+    result = await method.attribute(_trajectory(), llm)
+    assert (result.pred_role, result.pred_step) == given  # never the earlier answer
     last = result.output["turns"][-1]
-    assert reason in last["move_rejected"] and last["changed_from_prev"] is False
+    assert (last["pred_role"], last["pred_step"]) == given and last["changed_from_prev"] is True
+    assert last["change_rule"]["followed"] is False and last["change_rule"]["broken"] == broken
+    assert result.output["change_rule"]["broken_at"] == [3]
+    assert result.error == error and result.fallback is None
 
 
-async def test_turn_two_has_no_change_rule_and_stores_the_answer_as_given(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
-    llm = scripted([_answer("Planner", 3), _answer("Computer_terminal", 5, "")])
-    result = await create_method("continual-search", options={"turns": 2}).attribute(trajectory, llm)
+async def test_quote_scope_decides_which_place_counts(scripted: type[ScriptedLLM]) -> None:
+    for scope, followed in (("step", False), ("log", True)):
+        llm = scripted(
+            [_answer("Planner", 3), _answer("Planner", 3), _answer("Coder", 1, "12 awnings found for 2019")]
+        )
+        options = {"turns": 3, "quote_scope": scope, **INLINE}
+        result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
+        rule = result.output["turns"][-1]["change_rule"]
+        assert result.pred_step == 1  # kept either way
+        assert (rule["followed"], rule["quote_in_step"], rule["quote_in_log"]) == (followed, False, True)
+
+
+async def test_without_the_quote_field_the_rule_reads_quotes_in_the_reason(
+    scripted: type[ScriptedLLM],
+) -> None:
+    reason = 'Step 1 says "the parameter year=2019 instead of 2021", against the task.'
+    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), _answer("Coder", 1, reason=reason)])
+    options = {"turns": 3, "quote_field": False, **INLINE}
+    result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
+    assert llm.requests[2]["schema"]["required"] == ["reason", "responsible_role", "root_step"]
+    assert SENTENCES["format.quote"] not in llm.requests[2]["user"]
+    assert result.output["turns"][-1]["change_rule"]["followed"] is True
+
+
+async def test_turn_two_has_no_change_rule_and_stores_the_answer_as_given(
+    scripted: type[ScriptedLLM],
+) -> None:
+    llm = scripted([_answer("Planner", 3), _answer("Computer_terminal", 5)])
+    result = await create_method("continual-search", options={"turns": 2}).attribute(_trajectory(), llm)
     assert (result.pred_role, result.pred_step) == ("Computer_terminal", 5)
     assert result.output["turns"][1]["changed_from_prev"] is True
+    assert "change_rule" not in result.output
 
 
-async def test_quote_scope_log_accepts_a_quote_from_anywhere(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
-    llm = scripted(
-        [_answer("Planner", 3), _answer("Planner", 3, ""), _answer("Coder", 1, "12 awnings found for 2019")]
-    )
-    options = {"turns": 3, "quote_scope": "log"}
-    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
-    assert result.pred_step == 1
-
-
-async def test_list_answers_predict_the_earliest_listed_failure(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
+async def test_list_answers_predict_the_earliest_listed_failure(scripted: type[ScriptedLLM]) -> None:
     listed = json.dumps(
         {
             "reason": "r",
@@ -204,28 +298,33 @@ async def test_list_answers_predict_the_earliest_listed_failure(scripted) -> Non
             ],
         }
     )
-    llm = scripted([_answer("Planner", 3), listed])
-    method = create_method("continual-search", options={"turns": 2, "answer_kind": "list"})
-    result = await method.attribute(trajectory, llm)
+    llm = scripted([_answer("Planner", 3), listed, listed])
+    method = create_method("continual-search", options={"turns": 3, "answer_kind": "list", **INLINE})
+    result = await method.attribute(_trajectory(), llm)
     assert (result.pred_role, result.pred_step) == ("Coder", 1)
     assert llm.requests[1]["messages"][-1].content.split("\n\n")[2] == SENTENCES["search.list"]
+    assert "change_rule" not in result.output  # no rule for list answers
 
 
-async def test_passive_continuation_sends_the_same_sentence_every_turn(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
+async def test_passive_continuation_sends_the_same_sentence_every_turn(scripted: type[ScriptedLLM]) -> None:
     llm = scripted([_answer("Planner", 3), _answer("Coder", 4), _answer("Coder", 1)])
-    result = await create_method("passive-continuation", options={"turns": 3}).attribute(trajectory, llm)
+    result = await create_method("passive-continuation", options={"turns": 3}).attribute(_trajectory(), llm)
     prompts = {r["messages"][-1].content for r in llm.requests[1:]}
     assert len(prompts) == 1 and next(iter(prompts)).startswith("Reconsider your answer and verify it again.")
-    # No change rule for the control: a later answer stands as given.
+    assert RULE not in next(iter(prompts))
+    assert all(r["schema"]["required"] == ["reason", "responsible_role", "root_step"] for r in llm.requests)
+    # No change rule for the control: every answer stands as given.
     assert (result.pred_role, result.pred_step) == ("Coder", 1)
     assert [t["changed_from_prev"] for t in result.output["turns"]] == [False, True, True]
+    assert "change_rule" not in result.output
 
 
-async def test_inline_evidence_is_read_at_turn_one_only(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
-    llm = scripted([_answer("Planner", 3), _answer("Planner", 3, ""), _answer("Planner", 3, "")])
-    result = await create_method("continual-search", options={"turns": 3}).attribute(trajectory, llm)
+async def test_inline_evidence_is_read_at_turn_one_only(scripted: type[ScriptedLLM]) -> None:
+    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), _answer("Planner", 3, "")])
+    result = await create_method("continual-search", options={"turns": 3, **INLINE}).attribute(
+        _trajectory(), llm
+    )
+    assert result.output["reading"] == "inline" and all(r["tools"] is None for r in llm.requests)
     evidence = [t["evidence_tokens"] for t in result.output["turns"]]
     assert evidence[0] > sum(len(text.split()) for text in _CONTENTS) and evidence[1:] == [0, 0]
 
@@ -237,8 +336,15 @@ def test_options_are_checked() -> None:
         create_method("continual-search", options={"base": "self-consistency"})
     with pytest.raises(ConfigError, match="passive has one sentence"):
         create_method("passive-continuation", options={"answer_kind": "list"})
+    with pytest.raises(ConfigError, match="passive has one sentence"):
+        create_method("passive-continuation", options={"quote_field": False})
+    with pytest.raises(ConfigError, match="quote_field must be true or false"):
+        create_method("continual-search", options={"quote_field": "yes"})
     with pytest.raises(ConfigError, match="unknown option"):
         create_method("continual-search", options={"turn": 3})
+
+
+# --- reading: agentic by default, inline as an option -----------------------------------------------------------
 
 
 def _tool_reply(name: str, arguments: str, call_id: str) -> Reply:
@@ -255,23 +361,46 @@ def _final_reply(text: str) -> Reply:
     return Reply(text=text, parsed=json.loads(text), parse_error=None, finish_reason="stop")
 
 
-async def test_agentic_reading_lists_unopened_pieces_and_counts_new_evidence(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
+@pytest.mark.parametrize("name", ["continual-search", "passive-continuation"])
+async def test_the_default_judge_reads_the_log_with_tools(scripted: type[ScriptedLLM], name: str) -> None:
+    llm = scripted(
+        [
+            _tool_reply("read_steps", '{"start": 0, "end": 2}', "c1"),  # turn 1: all-at-once, agentic
+            _final_reply(_answer("Planner", 3)),
+            _tool_reply("search", '{"pattern": "year=20\\\\d\\\\d"}', "c2"),  # turn 2
+            _final_reply(_answer("Coder", 1)),
+        ]
+    )
+    result = await create_method(name, options={"turns": 2}).attribute(_trajectory(), llm)
+    assert result.output["reading"] == "agentic" and result.output["turn1"]["reading"] == "agentic"
+    # The log is never inlined: the judge asked for steps 0-2 and searched; every call offered the tools.
+    assert all(r["tools"] for r in llm.requests)
+    assert _CONTENTS[4] not in llm.requests[0]["user"]
+    turns = result.output["turns"]
+    assert turns[0]["steps_read"] == 3 and turns[1]["tool_calls"] == 1
+    assert turns[1]["tool_log"][0]["name"] == "search" and turns[1]["tool_log"][0]["steps"] == [1]
+    assert (result.pred_role, result.pred_step) == ("Coder", 1)
+    # A single trajectory is one artifact (the paper's Who&When branch), also when read with tools.
+    assert result.output["layout"] == "whole"
+
+
+async def test_pieces_layout_lists_unopened_pieces_and_counts_new_evidence(
+    scripted: type[ScriptedLLM],
+) -> None:
     llm = scripted(
         [
             _tool_reply("read_steps", '{"start": 0, "end": 1}', "c1"),  # turn 1 (agentic all-at-once)
             _final_reply(_answer("Planner", 3)),
             _tool_reply("read_steps", '{"start": 4, "end": 5}', "c2"),  # turn 2
             _tool_reply("read_steps", '{"start": 0, "end": 1}', "c3"),  # re-read: no new evidence
-            _final_reply(_answer("Planner", 3, "")),
+            _final_reply(_answer("Planner", 3)),
             _final_reply(_answer("Planner", 3, "")),  # turn 3: no tools
         ]
     )
-    options = {"turns": 3, "reading": "agentic", "piece_steps": 2}
-    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
+    options = {"turns": 3, "layout": "pieces", "piece_steps": 2}
+    result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
     turns = result.output["turns"]
     assert result.output["layout"] == "pieces"
-    # Every call offered the reading tools; the conversation carries the tool exchanges forward.
     assert all(r["tools"] for r in llm.requests)
     turn2_prompt = llm.requests[2]["messages"][-1].content
     assert turn2_prompt.split("\n\n")[2].startswith("Derive the answer again from the start")
@@ -284,95 +413,124 @@ async def test_agentic_reading_lists_unopened_pieces_and_counts_new_evidence(scr
     assert turns[2]["evidence_total"] == turns[0]["evidence_tokens"] + turns[1]["evidence_tokens"]
 
 
-async def test_agentic_turn_stops_at_the_tool_cap_and_keeps_the_standing_answer(scripted) -> None:  # type: ignore[no-untyped-def]
-    trajectory = _trajectory()
+def test_layout_auto_follows_the_reading() -> None:
+    assert create_method("continual-search", options={"layout": "auto"})._layout() == "pieces"  # type: ignore[attr-defined]
+    inline = create_method("continual-search", options={"layout": "auto", **INLINE})
+    assert inline._layout() == "whole"  # type: ignore[attr-defined]
+
+
+async def test_a_capped_last_turn_is_the_prediction_with_its_error(scripted: type[ScriptedLLM]) -> None:
     runaway = [_tool_reply("read_steps", '{"start": 0, "end": 0}', f"c{i}") for i in range(4)]
     llm = scripted([_final_reply(_answer("Planner", 3)), *runaway])
-    options = {"turns": 3, "reading": "agentic", "max_tool_calls": 1}
-    llm.replies = [_final_reply(_answer("Planner", 3)), *runaway]
-    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
+    options = {"turns": 3, "max_tool_calls": 1}
+    result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
     turns = result.output["turns"]
     assert turns[1]["capped"] is True and "still called tools" in turns[1]["invalid_answer"]
     assert turns[2]["capped"] is True
-    # Turn 2 has no change rule: its invalid answer stands; turn 3's rule rejects the "move" and it stays invalid.
-    assert (turns[1]["pred_step"], turns[2]["pred_step"]) == (None, None)
+    # Unreadable answers stand as given: no earlier answer takes their place.
+    assert (turns[1]["pred_step"], turns[2]["pred_step"], result.pred_step) == (None, None, None)
+    assert turns[2]["change_rule"]["followed"] is False
     assert (
         result.error
         == "tool-call cap reached: the model still called tools after its 1 tool calls were spent"
     )
 
 
-# --- unreadable answers and the change rule: Attribution.error / fallback -------------------------------------
+# --- the task instruction in every call --------------------------------------------------------------------------
+
+TASK = (
+    "Find how many awnings the city of Springfield recorded in 2021. Use the official city records API; report "
+    "a single integer and nothing else."
+)
+
+
+@pytest.mark.parametrize("name", ["continual-search", "passive-continuation"])
+@pytest.mark.parametrize("reading", ["agentic", "inline"])
+async def test_every_request_shows_the_task(scripted: type[ScriptedLLM], name: str, reading: str) -> None:
+    # A LongRCA record has no `question`; the loader sets `task` from its history. Every call must show it.
+    trajectory = _trajectory(task=TASK)
+    llm = scripted(
+        [
+            _answer("Planner", 3),
+            _tool_reply("read_steps", '{"start": 0, "end": 5}', "c1"),
+            _answer("Planner", 3),
+            _answer("Coder", 1, ""),
+            _answer("Coder", 1, ""),
+        ]
+        if reading == "agentic"
+        else [_answer("Planner", 3)] * 4
+    )
+    result = await create_method(name, options={"reading": reading}).attribute(trajectory, llm)
+    assert len(result.output["turns"]) == 4 and len(llm.requests) >= 4
+    shown = task_text(trajectory)
+    assert shown == TASK
+    for request in llm.requests:
+        assert any(shown in m.content for m in request["messages"] if m.role == "user"), request["stage"]
+
+
+# --- unreadable answers and fallbacks: Attribution.error / fallback ---------------------------------------------
 
 PROSE = "I don't know the answer to that."
 NOT_JSON = "Expecting value: line 1 column 1 (char 0)"
 
 
-async def test_accepted_answers_have_no_error_and_no_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+async def test_an_unreadable_last_answer_is_the_prediction(scripted: type[ScriptedLLM]) -> None:
     llm = scripted(
-        [
-            _answer("Planner", 3),
-            _answer("Planner", 3, ""),
-            _answer("Coder", 1, "with the parameter year=2019 instead of 2021"),
-        ]
+        [_answer("Planner", 3), _answer("Planner", 3), PROSE, _answer("Coder", 1, "nowhere at all")]
     )
-    result = await create_method("continual-search", options={"turns": 3}).attribute(_trajectory(), llm)
-    assert result.pred_step == 1
+    result = await create_method("continual-search", options=INLINE).attribute(_trajectory(), llm)
+    # Turn 3 was unreadable and turn 4 broke the rule: the prediction is turn 4's answer as given.
+    assert (result.pred_role, result.pred_step) == ("Coder", 1)
     assert result.error is None and result.fallback is None
-
-
-async def test_a_rejected_move_keeps_the_standing_answer_by_rule(scripted) -> None:  # type: ignore[no-untyped-def]
-    llm = scripted(
-        [
-            _answer("Planner", 3),
-            _answer("Planner", 3, ""),
-            PROSE,
-            _answer("Coder", 1, "nowhere at all, really"),
-        ]
-    )
-    result = await create_method("continual-search").attribute(_trajectory(), llm)
-    assert (result.pred_role, result.pred_step) == ("Planner", 3)
-    assert result.error is None  # the standing answer (turn 2's) was read
-    assert result.fallback == (
-        "continual search: change rule rejected the model's new answer at the 2 turn(s) after turn 2, whose "
-        "answer stands (paper's rule)"
-    )
+    assert result.output["change_rule"] == {"applies_at": [3, 4], "changed_at": [3, 4], "broken_at": [3, 4]}
+    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), _answer("Planner", 3, ""), PROSE])
+    result = await create_method("continual-search", options=INLINE).attribute(_trajectory(), llm)
+    assert (result.pred_role, result.pred_step) == (None, None)
+    assert result.error == NOT_JSON and result.fallback is None
 
 
 @pytest.mark.parametrize(
     ("turn1", "turn2", "error"),
     [
-        (PROSE, _answer("Coder", 1, ""), None),  # a readable later answer replaces an unreadable turn 1
-        (_answer("Planner", 3), PROSE, NOT_JSON),  # turn 2 has no change rule: its unreadable answer stands
+        (PROSE, _answer("Coder", 1), None),  # a readable later answer replaces an unreadable turn 1
+        (_answer("Planner", 3), PROSE, NOT_JSON),
         (
             _answer("Planner", 3),
-            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "1"}),
-            'root_step is not an integer: "1"',
+            json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "one"}),
+            'root_step is not an integer: "one"',
         ),
     ],
 )
-async def test_the_error_is_that_of_the_answer_that_stands(
-    scripted, turn1: str, turn2: str, error: str | None
-) -> None:  # type: ignore[no-untyped-def]
+async def test_the_error_is_that_of_the_last_answer(
+    scripted: type[ScriptedLLM], turn1: str, turn2: str, error: str | None
+) -> None:
     for name in ("continual-search", "passive-continuation"):
         llm = scripted([turn1, turn2])
-        result = await create_method(name, options={"turns": 2}).attribute(_trajectory(), llm)
+        result = await create_method(name, options={"turns": 2, **INLINE}).attribute(_trajectory(), llm)
         assert result.error == error, name
         assert result.fallback is None
 
 
-async def test_a_standing_turn_one_keeps_the_base_methods_error(scripted) -> None:  # type: ignore[no-untyped-def]
-    result = await create_method("continual-search", options={"turns": 1}).attribute(
+async def test_a_digit_string_step_is_read_as_all_at_once_reads_it(scripted: type[ScriptedLLM]) -> None:
+    digits = json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": "1", "quote": ""})
+    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), digits])
+    result = await create_method("continual-search", options={"turns": 3, **INLINE}).attribute(
+        _trajectory(), llm
+    )
+    assert (result.pred_step, result.step_valid, result.error) == (1, True, None)
+    assert result.output["turns"][-1]["change_rule"]["earlier"] is True
+
+
+async def test_a_lone_turn_one_keeps_the_base_methods_error(scripted: type[ScriptedLLM]) -> None:
+    result = await create_method("continual-search", options={"turns": 1, **INLINE}).attribute(
         _trajectory(), scripted([PROSE])
     )
     assert result.error == NOT_JSON and result.fallback is None
-    # Unreadable again and again: turn 2's answer stands (no rule at turn 2), turn 3 proposes no move.
-    llm = scripted([PROSE, PROSE, PROSE])
-    result = await create_method("continual-search", options={"turns": 3}).attribute(_trajectory(), llm)
-    assert result.error == NOT_JSON and result.fallback is None
 
 
-async def test_a_base_method_without_a_continuable_call_passes_on_its_error_and_fallback(scripted) -> None:  # type: ignore[no-untyped-def]
+async def test_a_base_method_without_a_continuable_call_passes_on_its_error_and_fallback(
+    scripted: type[ScriptedLLM],
+) -> None:
     method = create_method("continual-search", options={"base": "binary-search", "turns": 2})
     result = await method.attribute(_trajectory(), scripted(lambda request: PROSE))
     assert "no_continuation" in result.output

@@ -425,7 +425,9 @@ async def test_view_is_shrunk_to_the_context_window() -> None:
         ({"type": "everyone"}, "type 'everyone'"),
         ({"mistake_step": 9}, "mistake_step 9 is outside [0, 9)"),
         ({"mistake_step": -1}, "mistake_step -1 is outside"),
-        ({"mistake_step": "4"}, "mistake_step '4' is not an integer"),
+        ({"mistake_step": "four"}, "mistake_step 'four' is not an integer"),
+        ({"mistake_step": "4.0"}, "mistake_step '4.0' is not an integer"),
+        ({"mistake_step": "9"}, "mistake_step 9 is outside [0, 9)"),  # read as a step, then out of range
         ({"mistake_step": True}, "mistake_step True is not an integer"),
         ({"mistake_step": 4.0}, "mistake_step 4.0 is not an integer"),
         ({"confidence": 1.5}, "confidence 1.5 is not a number"),
@@ -464,6 +466,26 @@ def test_well_formed_answer_and_skipped_evaluations() -> None:
         "agent_evaluations[2]",
         "agent_evaluations[3]",
     ]
+
+
+def test_digit_string_steps_are_read_as_integers_as_the_scorer_reads_them() -> None:
+    evaluations = [
+        {"agent": "Coder", "step_index": "4", "error_likelihood": 0.9, "reasoning": "", "evidence": ""},
+        {"agent": "Planner", "step_index": " 1 ", "error_likelihood": 0.2, "reasoning": "", "evidence": ""},
+        {"agent": "Planner", "step_index": "one", "error_likelihood": 0.2, "reasoning": "", "evidence": ""},
+    ]
+    reading = read_answer(json.loads(_answer(step="4", evaluations=evaluations)), AGENTS, 9)
+    assert reading.problems == ()
+    assert reading.conclusion is not None and reading.conclusion.mistake_step == 4
+    assert reading.evaluations == (Evaluation("Coder", 4, 0.9), Evaluation("Planner", 1, 0.2))
+    assert reading.skipped == ("agent_evaluations[2]: step_index 'one' is not a step of the log",)
+
+
+async def test_digit_string_steps_decide_the_vote(scripted) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted([_answer(step="3")] * 3)
+    attribution = await Echo("echo", EchoOptions()).attribute(_plain(9), llm)
+    assert (attribution.pred_step, attribution.step_valid, attribution.error) == (3, True, None)
+    assert attribution.output["vote_table"]["step_scores"][0]["step"] == 3
 
 
 def test_heaviest_type_wins_and_low_confidence_is_dropped() -> None:

@@ -91,6 +91,20 @@ async def test_self_consistency_draws_numbered_samples_at_its_temperature(script
     assert [s["pred_step"] for s in result.output["samples"]] == [4, 1, 1, 4]
 
 
+async def test_digit_string_steps_vote_as_integers(scripted) -> None:  # type: ignore[no-untyped-def]
+    # A JSON-mode provider may answer "4": every voter reads it as step 4, as the scorer would.
+    texts = iter(
+        json.dumps({"reason": "r", "responsible_role": "Coder", "root_step": step})
+        for step in ("4", 4, " 4", "1")
+    )
+    result = await create_method("self-consistency").attribute(
+        _trajectory(), scripted(lambda request: next(texts))
+    )
+    assert [s["pred_step"] for s in result.output["samples"]] == [4, 4, 4, 1]
+    assert (result.pred_step, result.step_valid, result.error) == (4, True, None)
+    assert result.output["vote"]["step_votes"] == {"4": 3, "1": 1}
+
+
 def test_self_consistency_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="samples must be an integer of at least 2"):
         create_method("self-consistency", options={"samples": 1})

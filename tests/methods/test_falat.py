@@ -395,29 +395,39 @@ async def test_search_stops_at_the_earliest_verified_source() -> None:
     assert decide(result.verdicts, 9, min_confidence=0.5).step == 5
 
 
-async def test_cleared_candidates_reinstate_their_carriers() -> None:
+async def test_pruned_carriers_are_never_verified_by_default() -> None:
     calls: list[int] = []
     result = await search_sources(_pruning(), _verifier({}, calls), max_calls=8, min_confidence=0.5)
+    assert calls == [2, 5, 6]
+    assert (result.stop, result.reinstated) == ("exhausted", ())
+    assert FalatOptions().reinstate_carriers is False  # not in FALAT's description; tuned on gold labels
+
+
+async def test_cleared_candidates_reinstate_their_carriers_when_asked() -> None:
+    calls: list[int] = []
+    result = await search_sources(
+        _pruning(), _verifier({}, calls), max_calls=8, min_confidence=0.5, reinstate=True
+    )
     assert calls == [2, 5, 6, 7, 8, 9]
     assert (result.stop, result.reinstated) == ("exhausted", (7, 8, 9))
 
     calls = []
-    result = await search_sources(_pruning(), _verifier({8: 0.7}, calls), max_calls=8, min_confidence=0.5)
+    result = await search_sources(
+        _pruning(), _verifier({8: 0.7}, calls), max_calls=8, min_confidence=0.5, reinstate=True
+    )
     assert calls == [2, 5, 6, 7, 8]
     assert decide(result.verdicts, 9, min_confidence=0.5).step == 8
-
-    calls = []
-    result = await search_sources(
-        _pruning(), _verifier({}, calls), max_calls=8, min_confidence=0.5, reinstate=False
-    )
-    assert calls == [2, 5, 6]
-    assert (result.stop, result.reinstated) == ("exhausted", ())
 
 
 async def test_search_budget_leaves_unverified_candidates() -> None:
     calls: list[int] = []
     result = await search_sources(_pruning(), _verifier({}, calls), max_calls=2, min_confidence=0.5)
     assert calls == [2, 5]
+    assert (result.stop, result.unverified) == ("budget", (6,))
+    calls = []
+    result = await search_sources(
+        _pruning(), _verifier({}, calls), max_calls=2, min_confidence=0.5, reinstate=True
+    )
     assert (result.stop, result.unverified) == ("budget", (6, 7))  # 7 came back when 5 was cleared
 
 
@@ -486,7 +496,9 @@ def test_a_verdict_that_is_not_json_keeps_its_text() -> None:
         ('{"reason": "total wrong", "failure_step": 2}', 2, False, None),
         ('{"reason": "r", "failure_step": 5}', 4, True, "failure_step 5 is outside [0, 4]"),
         ('{"reason": "r", "failure_step": -1}', 4, True, "failure_step -1 is outside [0, 4]"),
-        ('{"reason": "r", "failure_step": "2"}', 4, True, "failure_step is missing or not an integer"),
+        ('{"reason": "r", "failure_step": "2"}', 2, False, None),  # a digit string, read as the scorer does
+        ('{"reason": "r", "failure_step": "two"}', 4, True, "failure_step is missing or not an integer"),
+        ('{"reason": "r", "failure_step": "2.0"}', 4, True, "failure_step is missing or not an integer"),
         ('{"reason": "r", "failure_step": true}', 4, True, "failure_step is missing or not an integer"),
         ('{"reason": "r"}', 4, True, "failure_step is missing or not an integer"),
         ('"step 2"', 4, True, "the answer is not a JSON object"),
@@ -506,7 +518,7 @@ async def test_full_control_flow() -> None:
     trajectory = _orders()
     verdicts = {0: _verdict_json(False, 0.05), 1: _verdict_json(False, 0.2), 2: _verdict_json(True, 0.9)}
     llm = _routed(_router(json.dumps({"reason": "the total is reported", "failure_step": 4}), verdicts))
-    attribution = await Falat("falat", FalatOptions()).attribute(trajectory, llm)
+    attribution = await Falat("falat", FalatOptions(reinstate_carriers=True)).attribute(trajectory, llm)
 
     assert [r["stage"] for r in llm.requests] == ["locate", "verify", "verify", "verify"]
     locate = llm.requests[0]
@@ -557,12 +569,30 @@ async def test_full_control_flow() -> None:
     json.dumps(output)  # the output is stored as JSON
 
 
+async def test_default_control_flow_verifies_only_the_source_most_candidates() -> None:
+    verdicts = {0: _verdict_json(False, 0.05), 1: _verdict_json(False, 0.2), 2: _verdict_json(True, 0.9)}
+    llm = _routed(_router(json.dumps({"reason": "the total is reported", "failure_step": "4"}), verdicts))
+    attribution = await Falat("falat", FalatOptions()).attribute(_orders(), llm)
+    # Steps 2-4 carry step 1's error and are pruned for good: 0 and 1 are verified, neither is a source.
+    assert [_candidate_of(r["user"]) for r in llm.requests[1:]] == [0, 1]
+    assert attribution.output["failure"] == {
+        "step": 4,
+        "fallback": False,
+        "reason": "the total is reported",
+        "finish_reason": "stop",
+        "truncation": attribution.output["failure"]["truncation"],
+    }
+    assert attribution.output["search"] == {"stop": "exhausted", "reinstated": [], "unverified": []}
+    assert attribution.output["decision"]["rule"] == "highest-confidence"
+    assert (attribution.pred_step, attribution.error) == (1, None)
+
+
 async def test_no_verified_source_falls_back_to_the_highest_confidence() -> None:
     verdicts = {
         step: _verdict_json(False, c) for step, c in {0: 0.1, 1: 0.3, 2: 0.45, 3: 0.2, 4: 0.3}.items()
     }
     llm = _routed(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
-    attribution = await Falat("falat", FalatOptions()).attribute(_orders(), llm)
+    attribution = await Falat("falat", FalatOptions(reinstate_carriers=True)).attribute(_orders(), llm)
     assert [_candidate_of(r["user"]) for r in llm.requests[1:]] == [0, 1, 2, 3, 4]
     assert (attribution.pred_step, attribution.pred_role) == (2, "Coder")
     assert attribution.output["decision"]["rule"] == "highest-confidence"
@@ -576,7 +606,8 @@ async def test_malformed_answers_are_recorded_and_fall_back() -> None:
             json.dumps({"reason": "r", "failure_step": 99}) if stage == "locate" else "it is step 1"
         )
     )
-    attribution = await Falat("falat", FalatOptions(max_verify_calls=2)).attribute(_orders(), llm)
+    options = FalatOptions(max_verify_calls=2, reinstate_carriers=True)
+    attribution = await Falat("falat", options).attribute(_orders(), llm)
 
     output = attribution.output
     assert output["failure"]["fallback"] is True
@@ -775,7 +806,7 @@ async def test_the_highest_confidence_fallback_is_named() -> None:
         step: _verdict_json(False, c) for step, c in {0: 0.1, 1: 0.3, 2: 0.45, 3: 0.2, 4: 0.3}.items()
     }
     llm = _routed(_router(json.dumps({"reason": "r", "failure_step": 4}), verdicts))
-    attribution = await Falat("falat", FalatOptions()).attribute(_orders(), llm)
+    attribution = await Falat("falat", FalatOptions(reinstate_carriers=True)).attribute(_orders(), llm)
     assert attribution.error is None
     assert attribution.fallback == (
         "falat: no verified source (0 of 5 verdicts malformed), highest-confidence candidate chosen "

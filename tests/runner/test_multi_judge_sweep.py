@@ -110,7 +110,12 @@ async def test_continual_and_passive_share_turn_one_and_record_every_turn(tmp_pa
     async with MockServer(MockConfig(latency_s=0.01)) as server:
         config = make_config(
             {"sim": {"base_url": server.base_url, "limits": {"concurrency": 4}}},
-            methods=[{"name": "continual-search"}, {"name": "passive-continuation", "options": {"turns": 3}}],
+            # Inline reading: one call per turn, so the counts below are the turns (agentic reading, the
+            # default, adds the simulator's tool rounds).
+            methods=[
+                {"name": "continual-search", "options": {"reading": "inline"}},
+                {"name": "passive-continuation", "options": {"turns": 3, "reading": "inline"}},
+            ],
         )
         outcome = await run_sweep(config, db_path=db, run_name="turns", show_progress=False)
         served = server.stats().accepted

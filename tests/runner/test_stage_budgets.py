@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from helpers.sweeps import make_config
+import pytest
+
+from helpers.sweeps import make_config, rows
+from rcarun.mock import MockConfig, MockServer
+from rcarun.runner import run_sweep
 from rcarun.runner.config import StageConfig
 from rcarun.runner.scheduler import stage_budget_notes
 
@@ -41,3 +46,30 @@ def test_a_conflict_is_said_once_per_method_and_stage() -> None:
         "[stages.outline] max_tokens = 12000 does not apply to method 'rcta', whose own settings give outline "
         "6,000 tokens (they win; change the method's options to change it)",
     ]
+
+
+async def test_rcta_s_ablation_preset_keeps_its_32k_attribution_budget_under_a_stage_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "results.db"
+    async with MockServer(MockConfig(latency_s=0.0)) as server:
+        config = make_config(
+            {"sim": {"base_url": server.base_url}},
+            methods=[
+                {"name": "rcta/no-a1", "options": {"preset": "ablation"}},
+                {"name": "all-at-once", "options": {"max_tokens": 2_000}},
+            ],
+            stages={"attribution": {"max_tokens": 8_000}},
+        )
+        await run_sweep(config, db_path=db, run_name="presets", show_progress=False)
+    first = dict(
+        rows(
+            db,
+            "SELECT method, max(max_tokens) FROM calls WHERE stage = 'attribution' AND attempt = 1 GROUP BY method",
+        )
+    )
+    assert first == {
+        "rcta/no-a1": 32_000,
+        "all-at-once": 8_000,
+    }  # the preset wins; the table applies elsewhere
+    assert "does not apply to method 'rcta/no-a1'" in capsys.readouterr().err

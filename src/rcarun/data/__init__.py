@@ -1,8 +1,10 @@
 """Trajectories, their human labels and the loaders that read them: the only data the rest of rcarun sees.
 
-Methods receive a `Trajectory` (no labels); the runner and analysis pair it with its `Reference` through the
-`Record` the loaders yield. Role normalisation and handoff detection (`roles`), dataset checks (`check`) and
-manifests with the LongRCA-Mini sampler (`manifest`) live here too, so every layer applies the same rules.
+Methods receive a `Trajectory` (no labels, and the task instruction even where a record states it only in its
+history: `task`); the runner and analysis pair it with its `Reference` through the `Record` the loaders yield.
+Role normalisation and handoff detection (`roles`), the task a history states (`task`), the reading of step
+numbers (`parse_step`), dataset checks (`check`) and manifests with the LongRCA-Mini sampler (`manifest`) live
+here too, so every layer applies the same rules.
 This package imports nothing of rcarun's except `rcarun.errors`.
 """
 
@@ -32,12 +34,15 @@ from .manifest import (
     save_manifest,
 )
 from .roles import Handoff, normalize_role, parse_handoff, role_matches, strip_handoff_suffix
-from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, agent_of_step
+from .task import MAX_TASK_STEPS, TASK_PROFILES, TaskDerivation, TaskProfile, derive_task, task_profile
+from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, agent_of_step, parse_step
 
 __all__ = [
     "DEFAULT_MINI_SEED",
     "DEFAULT_MINI_SIZE",
     "LONGRCA_MINI",
+    "MAX_TASK_STEPS",
+    "TASK_PROFILES",
     "CheckReport",
     "Handoff",
     "Manifest",
@@ -48,6 +53,8 @@ __all__ = [
     "Reference",
     "SourceSummary",
     "Step",
+    "TaskDerivation",
+    "TaskProfile",
     "Trajectory",
     "agent_from_role",
     "agent_of_step",
@@ -57,6 +64,7 @@ __all__ = [
     "check_records",
     "count_entries",
     "dataset_sha256",
+    "derive_task",
     "iter_dataset",
     "load_jsonl",
     "load_manifest",
@@ -65,8 +73,10 @@ __all__ = [
     "natural_sort_key",
     "normalize_role",
     "parse_handoff",
+    "parse_step",
     "role_matches",
     "sample_mini",
     "save_manifest",
     "strip_handoff_suffix",
+    "task_profile",
 ]

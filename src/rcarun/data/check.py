@@ -15,18 +15,22 @@ Severity:
       Who&When has two), a record with no label (it can run but not be scored), and *repaired text*
       (``repaired_text``: free text — a step's content, question, ground_truth, mistake_reason — held unpaired
       UTF-16 surrogates, which the loader replaced by U+FFFD so that prompts can be encoded; the message names
-      the fields, the SHA-256 is still that of the file).
+      the fields, the SHA-256 is still that of the file), and a record with *no task* (``no_task``: no
+      non-blank ``question`` and an empty opening step, so no task can be derived from the history by
+      `rcarun.data.task.derive_task`; every method then shows ``Task: (not recorded)``).
     Records outside a manifest are only counted (``manifest_unlisted``): checking a full copy against the
     Mini list is normal.
 
-Summary per source: trajectories loaded, labelled, steps, history characters (sum of step contents), and the
+Summary per source: trajectories loaded, labelled, steps, history characters (sum of step contents), the
 median root-to-end distance ``n_steps - 1 - reference step`` (steps recorded after the root) over labelled
-trajectories.
+trajectories, and how many trajectories got their task by each rule (``task_sources``: ``question``,
+``history[0]``, ``history[0..1]``, ..., ``none``).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +55,7 @@ class Problem:
     Attributes:
         severity: ``"error"`` (record unusable or manifest mismatch) or ``"warning"``.
         kind: a stable label: ``unusable``, ``noisy_label``, ``empty_content``, ``unlabelled``,
-            ``repaired_text``, ``manifest_missing``, ``manifest_sha256``.
+            ``repaired_text``, ``no_task``, ``manifest_missing``, ``manifest_sha256``.
         message: what is wrong, in words.
         path / record / field: where, when known.
     """
@@ -79,6 +83,7 @@ class SourceSummary:
         steps: steps over all loaded records.
         history_chars: characters of step content over all loaded records.
         root_to_end: ``n_steps - 1 - reference step`` per labelled record.
+        task_sources: loaded records by the rule that gave their task (`Trajectory.task_source`).
     """
 
     source: str
@@ -87,6 +92,7 @@ class SourceSummary:
     steps: int = 0
     history_chars: int = 0
     root_to_end: list[int] = field(default_factory=list)
+    task_sources: Counter[str] = field(default_factory=Counter)
 
     @property
     def median_root_to_end(self) -> float | None:
@@ -148,6 +154,7 @@ def check_records(
         summary.trajectories += 1
         summary.steps += trajectory.n_steps
         summary.history_chars += sum(len(step.content) for step in trajectory.steps)
+        summary.task_sources[trajectory.task_source] += 1
         _check_record(record, report, summary)
         if expected is not None:
             _check_against_manifest(record, expected, report)
@@ -179,6 +186,18 @@ def _check_record(record: Record, report: CheckReport, summary: SourceSummary) -
                 f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}",
                 path=record.origin,
                 record=trajectory.qid,
+            )
+        )
+    if not trajectory.task:
+        report.problems.append(
+            Problem(
+                "warning",
+                "no_task",
+                "no task: no question and nothing in the opening step of the history "
+                "(every method will show 'Task: (not recorded)')",
+                path=record.origin,
+                record=trajectory.qid,
+                field="history[0].content",
             )
         )
     empty = [step.index for step in trajectory.steps if not step.content.strip()]

@@ -55,6 +55,12 @@ that has one (a valid pair included) has its strings checked, each in O(1) when 
 otherwise. Paths and labels in messages show a surrogate as its ``\\uXXXX`` escape, so that every message can
 be printed and stored.
 
+Task: `Trajectory.task` is the record's ``question`` when it is a non-blank string (``task_source="question"``),
+else the task instruction its history states in its opening step(s), by the per-source rule of
+`rcarun.data.task.derive_task` (LongRCA records have no ``question``: 000 Sec. 3.2 puts the task in the history);
+``task_source`` names the rule (``"history[0]"``, ``"history[0..1]"``, ... or ``"none"``). The steps stay exactly
+as recorded: the task step remains step 0 of the log, with its id.
+
 A record with neither ``mistake_agent`` nor ``mistake_step`` loads with ``reference=None`` (unlabelled data).
 Labels that point at a step spoken by another agent are noisy but valid and are loaded unchanged.
 """
@@ -73,14 +79,14 @@ from rcarun.errors import DataError
 from rcarun.text import first_lone_surrogate, repair_surrogates
 
 from .roles import normalize_role
-from .trajectory import Record, Reference, Step, Trajectory, agent_of_step
+from .task import derive_task
+from .trajectory import Record, Reference, Step, Trajectory, agent_of_step, parse_step
 
 __all__ = ["ProblemHandler", "iter_dataset", "load_jsonl", "load_trajectory_file", "natural_sort_key"]
 
 ProblemHandler = Callable[[DataError], None]
 
 _LONGRCA_QID = re.compile(r"^[A-Za-z0-9_]+__\d+$")
-_INTEGER_TEXT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only, as the scorer parses steps
 _DIGIT_RUNS = re.compile(r"(\d+)")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how JSON spells one: \ud800 to \uDFFF
 
@@ -400,14 +406,25 @@ def _parse_record(
 
     repaired = _screen_surrogates(obj, path=path, label=label) if screen else ()
     steps = _parse_history(obj, path=path, label=label)
-    task = obj.get("question")
-    if task is not None and not isinstance(task, str):
-        raise _not_a_string(task, path=path, label=label, field="question")
+    question = obj.get("question")
+    if question is not None and not isinstance(question, str):
+        raise _not_a_string(question, path=path, label=label, field="question")
     ground_truth = obj.get("ground_truth")
     if ground_truth is not None and not isinstance(ground_truth, str):
         raise _not_a_string(ground_truth, path=path, label=label, field="ground_truth")
+    if question is not None and question.strip():
+        task, task_source = question, "question"
+    else:
+        derived = derive_task(steps, source)
+        task, task_source = derived.text, derived.source
     trajectory = Trajectory(
-        qid=qid, source=source, task=task or "", steps=steps, sha256=sha256, ground_truth=ground_truth or ""
+        qid=qid,
+        source=source,
+        task=task,
+        steps=steps,
+        sha256=sha256,
+        ground_truth=ground_truth or "",
+        task_source=task_source,
     )
     reference = _parse_reference(obj, trajectory, path=path, label=label)
     origin = path if line is None else f"{path}:{line}"
@@ -512,10 +529,9 @@ def _not_a_string(value: object, *, path: str, label: str, field: str) -> DataEr
 
 
 def _parse_step_index(value: object, *, path: str, label: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INTEGER_TEXT.match(value.strip()):
-        return int(value.strip())
+    step = parse_step(value)
+    if step is not None:
+        return step
     raise DataError(
         f"expected a 0-based integer step (or a string holding one), got {value!r}",
         path=path,

@@ -19,6 +19,12 @@ Labels are never repaired: a reference whose step is spoken by another agent is 
 Handoffs: `Step.handoff` is the explicit handoff the step announces (rules in `rcarun.data.roles`): the name's
 ``(-> X)`` suffix when the name carries one (LongRCA), else the role's (Who&When Magentic-One).
 `Trajectory.handoffs` lists the steps that announce one.
+
+Step numbers in labels and answers (`parse_step`: the loaders and every method; the scorer's
+`rcarun.analysis.scoring.parse_step` applies the same rule): a JSON integer (never a boolean), or a string holding
+an optionally signed decimal integer of ASCII digits, surrounding whitespace stripped (``"12"``, ``" 12 "``,
+``"+3"``, ``"-1"``). Anything else (``3.0``, ``"3.5"``, ``"twelve"``, ``""``, ``None``, ``True``) holds no step.
+Range is not part of the rule: ``"-1"`` reads as -1, which no trajectory contains.
 """
 
 from __future__ import annotations
@@ -28,10 +34,29 @@ from dataclasses import dataclass
 
 from .roles import Handoff, parse_handoff
 
-__all__ = ["Record", "Reference", "Step", "Trajectory", "agent_from_role", "agent_of_step"]
+__all__ = ["Record", "Reference", "Step", "Trajectory", "agent_from_role", "agent_of_step", "parse_step"]
 
 # One trailing "(...)" group without nested parentheses, with the whitespace before it.
 _TRAILING_PARENTHETICAL = re.compile(r"\s*\([^()]*\)\s*$")
+# ASCII digits only, as the scorer: full-width "１２" or Arabic-Indic "٣" are not step numbers.
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_step(value: object) -> int | None:
+    """The step number ``value`` holds, or None when it holds none (rule in the module docstring).
+
+    Models asked for an integer sometimes answer ``"12"`` (JSON-mode providers among them); the scorer reads such
+    a string as the step, so every method reads it the same way rather than discard it.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if _INTEGER_TEXT.fullmatch(text):
+            return int(text)
+    return None
 
 
 def agent_from_role(role: str) -> str:
@@ -82,12 +107,17 @@ class Trajectory:
     Attributes:
         qid: the identifier, unique within a dataset and stable across loads (see `rcarun.data.loaders`).
         source: the sub-benchmark, e.g. ``"hand_crafted"`` or ``"vitabench"``.
-        task: the question text when the record has one, else ``""``.
-        steps: the history; ``steps[i].index == i``.
+        task: the task instruction: the record's ``question`` when it has a non-blank one, else the one its
+            history states in its opening step(s) (`rcarun.data.task.derive_task`), else ``""``.
+        steps: the history as recorded; ``steps[i].index == i``. A task derived from the history stays in it,
+            as step 0, with its id.
         sha256: hex SHA-256 of the file's bytes (or of the JSONL line without its line terminator).
         ground_truth: the task's correct final answer when the record has one (Who&When ``ground_truth``),
             else ``""``. Not the attribution label: the Who&When baselines may show it to the model, which
             LongRCA's protocol does not do by default (each method's ``include_ground_truth`` option).
+        task_source: the rule that gave ``task``: ``"question"``, ``"history[0]"``, ``"history[0..k]"`` (steps 0
+            to k) or ``"none"`` (no task: methods show ``(not recorded)``). The loaders always set it; a
+            trajectory built in memory without one gets ``"question"`` when it has a task, else ``"none"``.
     """
 
     qid: str
@@ -96,8 +126,11 @@ class Trajectory:
     steps: tuple[Step, ...]
     sha256: str
     ground_truth: str = ""
+    task_source: str = ""
 
     def __post_init__(self) -> None:
+        if not self.task_source:
+            object.__setattr__(self, "task_source", "question" if self.task else "none")
         for position, step in enumerate(self.steps):
             if step.index != position:
                 raise ValueError(f"{self.qid}: step at position {position} has index {step.index}")

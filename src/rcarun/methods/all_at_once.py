@@ -4,6 +4,9 @@ This is the baseline as the LongRCA paper runs it (Sec. 5, App. L.1), not the or
 object whose ``responsible_role`` and ``root_step`` are separate fields, scored independently; the answer schema
 carries the recorded agent names as an enum and the step range as integer bounds; no ground-truth final answer is
 shown (LongRCA methods see only the task and the history). Invalid fields are stored as invalid, never repaired.
+The task is shown whole (`rcarun.methods.context.task_text`): the record's ``question``, or on LongRCA records,
+which have none, the instruction the loader derived from the opening step(s) of the history
+(`rcarun.data.derive_task`); the task step also stays in the log, as step 0.
 
 Choices where the papers are silent (each is an option):
 - ``step_numbers=True``: steps are rendered ``[step k] agent: content`` with their stable 0-based index, as the
@@ -34,9 +37,11 @@ Choices where the papers are silent (each is an option):
 Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``): the one answer decides everything, so
 ``error`` is set when it could not be read as an answer — not a JSON object (the parse error, also kept as
 ``output["invalid_answer"]``), the agentic tool-call cap spent, or a JSON object whose ``responsible_role`` is
-missing or not a string or whose ``root_step`` is missing or not an integer (a schema violation: the field is
-stored as None, never repaired). A role or step that was read but is not a recorded agent or not inside the
-log is validity, not an error. The method has no fallback rule: ``fallback`` is always None.
+missing or not a string or whose ``root_step`` holds no step number (a schema violation: the field is stored as
+None, never repaired). A ``root_step`` given as a digit string (``"12"``, as JSON-mode providers sometimes
+answer) is read as that integer, by the rule the scorer applies (`rcarun.data.parse_step`). A role or step that
+was read but is not a recorded agent or not inside the log is validity, not an error. The method has no fallback
+rule: ``fallback`` is always None.
 """
 
 from __future__ import annotations
@@ -48,15 +53,16 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from rcarun.data import Trajectory
+from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TRUNCATION_POLICIES,
     TokenCounter,
     fit_prompt,
     ground_truth_line,
     render_steps,
+    task_text,
 )
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
@@ -157,7 +163,7 @@ class AllAtOnce:
 
         def user_prompt(cap: int | None, note: str) -> str:
             return self._user.substitute(
-                task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
+                task=task_text(trajectory, include=self.options.include_task),
                 ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
                 agents=agents,
                 n_steps=trajectory.n_steps,
@@ -184,7 +190,7 @@ class AllAtOnce:
         """The prompt of the agentic reading mode: everything but the log, which the judge reads with tools."""
         schema = schema if schema is not None else answer_schema(trajectory)
         user = self._agentic_user.substitute(
-            task=trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)",
+            task=task_text(trajectory, include=self.options.include_task),
             ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
             agents=", ".join(trajectory.agents),
             n_steps=trajectory.n_steps,
@@ -283,10 +289,10 @@ def _attribution(
     trajectory: Trajectory, answer: dict[str, Any] | None, output: dict[str, Any], invalid: str | None = None
 ) -> Attribution:
     role = answer.get("responsible_role") if answer else None
-    step = answer.get("root_step") if answer else None
+    step = parse_step(answer.get("root_step")) if answer else None
     return Attribution(
         pred_role=role if isinstance(role, str) else None,
-        pred_step=step if is_int(step) else None,
+        pred_step=step,
         role_valid=role_is_valid(role, trajectory),
         step_valid=step_is_valid(step, trajectory),
         abstained=False,
@@ -299,15 +305,16 @@ def answer_error(answer: Mapping[str, Any] | None, invalid: object = None) -> st
     """Why an answer of `answer_schema` could not be used, or None when both fields were read.
 
     ``invalid`` is the reason already known (parse error, tool-call cap); otherwise a missing or mistyped
-    ``responsible_role`` / ``root_step`` is a schema violation. Values that were read but are out of range or
-    not a recorded agent are validity, not errors.
+    ``responsible_role`` / ``root_step`` is a schema violation. A ``root_step`` given as a digit string
+    (``"12"``) is read as the integer (`rcarun.data.parse_step`, the scorer's rule), not a violation. Values that
+    were read but are out of range or not a recorded agent are validity, not errors.
     """
     if answer is None:
         return str(invalid) if invalid else "the answer is not a JSON object"
     problems = []
     if not isinstance(answer.get("responsible_role"), str):
         problems.append(_field_problem(answer, "responsible_role", "a string"))
-    if not is_int(answer.get("root_step")):
+    if parse_step(answer.get("root_step")) is None:
         problems.append(_field_problem(answer, "root_step", "an integer"))
     return "; ".join(problems) or None
 

@@ -3,9 +3,10 @@
 The LongRCA protocol (paper Sec. 3.1, 5.1) scores the responsible role and the root step independently, from
 explicit fields. A method therefore reports both fields, whether each is valid, and the raw answer — it never
 repairs an invalid field (an invalid answer is data that scoring counts as an error). Validity here is strict:
-a role is valid when it is exactly one of the trajectory's recorded agents; a step is valid when it is an integer
-(not a bool, float or numeric string) inside ``[0, n_steps)``. Scoring-time role normalisation is the analysis
-layer's business, not the method's.
+a role is valid when it is exactly one of the trajectory's recorded agents; a step answer is read as an integer
+when it is one or a string holding one (``"12"``, by `rcarun.data.parse_step`, exactly as the scorer reads it;
+never a bool, a float or ``"12.0"``) and is valid when it lies inside ``[0, n_steps)`` (`step_is_valid` takes
+the value so read). Scoring-time role normalisation is the analysis layer's business, not the method's.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """Binary search: halve the failed log, asking each time which half holds the decisive error, down to one step.
 
-The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.3) run under the LongRCA protocol (Sec. 5.1).
-It searches the inclusive range ``[start, end]``, from ``[0, n−1]``: with ``mid = start + (end − start) // 2`` the
+The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.3) run under the LongRCA protocol (Sec. 5.1). It
+searches the inclusive range ``[start, end]``, from ``[0, n−1]``: with ``mid = start + (end − start) // 2`` the
 earlier half is ``[start, mid]`` and the later half ``[mid + 1, end]``. Each call (stage ``"bisect"``) shows the
 task and ONLY the current segment, names the two halves by their step ranges, and asks for the JSON object
-``{"reason": str, "half": "earlier" | "later"}``. The search stops when ``start == end``: the predicted root step
-is that index, and the role field is emitted explicitly as the speaker of the selected step, as in the original
-(role and step are always consistent; the role is never judged on its own). A trajectory of ``n`` steps takes
-``⌈log2 n⌉`` calls or one fewer (none for a one-step log).
+``{"reason": str, "half": "earlier" | "later"}``. The original puts the question in every call; on LongRCA records,
+which have no ``question``, the task is the instruction the loader derived from the opening step(s) of the history,
+shown whole by `rcarun.methods.context.task_text`, so the calls whose segment lies past step 0 see it too. The
+search stops when ``start == end``: the predicted root step is that index, and the role field is emitted explicitly
+as the speaker of the selected step, as in the original (role and step are always consistent; the role is never
+judged on its own). A trajectory of ``n`` steps takes ``⌈log2 n⌉`` calls or one fewer (none for a one-step log).
 
 Where the protocol differs from the original:
 - JSON answers with a declared schema (``half`` an enum) instead of a substring test for "upper half" /
@@ -60,6 +62,7 @@ from rcarun.methods.context import (
     fit_prompt,
     ground_truth_line,
     render_steps,
+    task_text,
     truncation_summary,
 )
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
@@ -187,7 +190,7 @@ class BinarySearch:
         """The user prompt for the segment ``[start, end]`` (inclusive), fitted to ``llm``'s context."""
         shown = trajectory.steps[start : end + 1]
         mid = split(start, end)
-        task = trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+        task = task_text(trajectory, include=self.options.include_task)
         step_format = (
             'Each step is shown as "[step k] agent: content".'
             if self.options.step_numbers

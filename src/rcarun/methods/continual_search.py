@@ -18,55 +18,72 @@ say:
      listed), and, when it does not, is the answer one item or a list (``answer_kind``: a list gets another sweep
      of the least-covered parts; a single item gets "test each candidate and keep the earliest one that was never
      fixed and still leads to the failure");
-  4. the change rule, at turns 3 and later for a single-item answer: the answer may move only to an earlier cause
-     backed by an exact quote;
-  5. the answer format (the benchmark's: ``responsible_role`` and ``root_step``, plus ``quote``).
+  4. the change rule, at turns 3 and later for a single-item answer: the one sentence of 003 App. B.2.2 ("The
+     answer may then move only to an earlier cause that the judge supports with an exact quote."), addressed to
+     the judge: "Your answer may move only to an earlier cause that you support with an exact quote.";
+  5. the answer format (the benchmark's: ``responsible_role`` and ``root_step``; see ``quote_field``).
 - **Passive Continuation** (``passive-continuation``): one fixed sentence ("Reconsider your answer and verify it
-  again.") and the answer format, every turn.
+  again.") and the benchmark's answer format, every turn.
 
-The change rule is enforced, not only asked for: at a turn where it applies, an answer that differs from the
-standing one is accepted only when its step is valid and earlier than the standing step (any valid step when the
-standing answer has none) and its ``quote`` is found in the record. "Found" is `normalize_quote_text` equality
-as a substring (whitespace runs collapsed, lowercased; punctuation kept) of a quote of at least 15 characters, in
-the chosen step's content (``quote_scope="step"``, default) or anywhere in the log (``"log"``). A rejected move —
-including an answer that is not valid JSON — leaves the standing answer in place; the rejection and its reason are
-recorded. Where the rule does not apply (turn 2, Passive Continuation, list answers) the turn's answer stands as
-answered, invalid fields included (never repaired).
+Every turn's answer is taken as the model gives it, and the last turn's answer is the prediction: the change rule
+is a sentence of the prompt, as in the paper, never a check that keeps an earlier answer in place of a later one.
+Whether an answer followed the rule is recorded for analysis only (each rule turn's ``change_rule``, and the
+output's ``change_rule`` listing the turns where the answer changed and where it broke the rule). An answer that
+keeps the previous turn's role and step follows it; one that changes either follows it when its ``root_step`` is a
+step of the log earlier than the previous turn's (any step of the log when the previous answer had none, so a
+role-only change is not earlier) and its quote is found in the record. "Found" is `normalize_quote_text` equality
+as a substring (whitespace runs collapsed, lowercased; punctuation kept) of a quote of at least 15 characters;
+both places are checked and recorded, in the chosen step's content and anywhere in the log, and ``quote_scope``
+(``"step"``, default, or ``"log"``) says which one counts for ``followed``. An unreadable answer at a rule turn is
+recorded as not following it.
 
-Reading (``reading``): ``"inline"`` (default) continues a conversation whose turn 1 showed the log; ``"agentic"``
-gives every turn the trajectory tools of `rcarun.methods.reading` (read a step range, search by regex, list roles;
-at most ``max_tool_calls`` per turn) and, with All-at-once as the base, makes turn 1 read that way too (unless
-``base_options`` says otherwise). Every tool call and its result are recorded per turn (``tool_log``).
+Reading (``reading``): ``"agentic"`` (default) is the paper's judge (003 Sec. 3.2, App. B.1: tool-enabled judges
+with read-only access to the record that gather evidence through tool calls): every turn gets the trajectory tools
+of `rcarun.methods.reading` (read a step range, search by regex, list roles; at most ``max_tool_calls`` per turn)
+and, with All-at-once as the base, turn 1 reads that way too (unless ``base_options`` says otherwise). Every tool
+call and its result are recorded per turn (``tool_log``). ``"inline"`` continues a conversation whose turn 1
+showed the log, with no tools.
+
+The task instruction: every continuation request resends turn 1's conversation whole, so every call shows the
+task as the base method's turn-1 prompt shows it (under the base's own ``include_task``); the continuation
+prompts add only the new instruction, as the paper's later turns do.
 
 Choices where the paper is silent (each an option):
-- ``layout="auto"``: "pieces" when the judge reads the log through tools (pieces are blocks of ``piece_steps``
-  consecutive steps; a piece is unopened while none of its steps has been read), else "whole" — an inlined log is
-  one artifact the judge has already read.
+- ``layout="whole"``: the tree's first question is how the evidence is stored, and a trajectory record is one
+  history. The paper puts its single-trajectory benchmarks (Who&When, TRAIL, AgentRx) on that branch although its
+  judges read them with tools, so reading with tools does not by itself make pieces. ``"pieces"`` treats blocks of
+  ``piece_steps`` consecutive steps as pieces (a piece is unopened while none of its steps has been read);
+  ``"auto"`` picks "pieces" when the judge reads with tools, else "whole".
 - The opening and trust lines have three forms: turn 2, middle turns, and the last turn (with ``turns=4``:
   turns 2, 3 and 4, as in the paper).
 - ``answer_kind="list"`` asks, from turn 2, for every failure earliest first; the prediction is the listed
-  failure with the earliest valid step (the root cause is the earliest decisive error).
+  failure with the earliest valid step (the root cause is the earliest decisive error). No change rule applies.
+- ``quote_field=True``: a turn whose prompt carries the change rule adds a ``quote`` field to the benchmark's
+  answer schema, with one sentence saying what goes in it (``format.quote``), so the quote the rule asks for can
+  be checked; every other turn, and Passive Continuation, keeps the benchmark's schema unchanged (003 App. B.2.2:
+  "All turns retain the benchmark's original output schema"). ``False`` keeps it unchanged at every turn too; the
+  record then looks for the quote in ``reason``, among spans in double quotes.
 - Continuation turns use the turn-1 call's output budget, temperature and reasoning setting unless
   ``max_tokens`` is given. Their stage is ``stage`` (default ``"continuation"``).
 - Turn 1 is declared shareable (``shareable_stages``), so Continual Search and Passive Continuation over the same
   base and backbone pay for one turn 1 between them, as the paper branches one session.
 
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``) follow the answer that stands at the
-end, from the turn that gave it:
-- ``error``: that turn's answer could not be read (not a JSON object, the tool-call cap spent,
-  ``responsible_role`` / ``root_step`` missing or mistyped, no listed failure with a valid step); when the
-  standing answer is turn 1's, the base method's own ``error``. A later unreadable answer that the change rule
-  rejected leaves the standing answer, and so no error.
-- ``fallback``: the change rule kept the standing answer against the model's later answers (counted over the
-  turns after the standing answer was given), and, when turn 1's answer stands, the base method's own
-  fallback.
+Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``) follow the prediction, the last turn's
+answer:
+- ``error``: the last turn's answer could not be read (not a JSON object, the tool-call cap spent,
+  ``responsible_role`` / ``root_step`` missing or mistyped, no listed failure with a valid step; a digit-string
+  ``root_step`` is read as the step, by `rcarun.data.parse_step`, as All-at-once reads turn 1). An earlier
+  answer never stands in for an unreadable last one. With no continuation turn (``turns=1``, or a base method
+  that made no ``turn1_stage`` call), the base method's own ``error``.
+- ``fallback``: no rule of this method decides a prediction, so it is the base method's own fallback when turn
+  1's answer is the prediction (no continuation turn), and None otherwise.
 
 Evidence read per turn: deduplicated tokens (`EvidenceLedger`: whitespace tokens not inside a 13-gram seen before,
 as the paper dedupes observation tokens). With an inlined log, the judge has read at turn 1 everything its
 prompt showed (the turn-1 user messages, instructions included) and reads nothing new later; with tools, it is the
 text the tools returned each turn (turn 1's executed calls are replayed from the base method's ``tool_log`` to
-rebuild what it read). Every turn's prediction, ``changed_from_prev`` and evidence are in the output
-(``turns``), which `rcarun report` turns into per-turn accuracy.
+rebuild what it read). Every turn's prediction, ``changed_from_prev``, ``changed_from_turn1`` (the paper's
+records) and evidence are in the output (``turns``), which `rcarun report` turns into per-turn accuracy.
 """
 
 from __future__ import annotations
@@ -79,7 +96,7 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
-from rcarun.data import Trajectory
+from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
 from rcarun.methods._options import check_base_method, reject_unknown_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
@@ -95,6 +112,7 @@ __all__ = [
     "ContinualSearch",
     "ContinualSearchOptions",
     "ContinuationPrompt",
+    "change_rule_applies",
     "continuation_prompt",
     "passive_prompt",
     "quote_found",
@@ -154,6 +172,7 @@ def continuation_prompt(
     schema_text: str,
     pieces: str = "parts of the log",
     unread_block: str = "",
+    quote_field: bool = True,
 ) -> ContinuationPrompt:
     """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (module docstring)."""
     if not 2 <= turn <= turns:
@@ -171,11 +190,18 @@ def continuation_prompt(
         parts.append(("search.list", SENTENCES["search.list"]))
     else:
         parts.append(("search.single", SENTENCES["search.single"]))
-    if answer_kind == "single" and turn >= 3:
+    if change_rule_applies(turn, answer_kind):
         parts.append(("change.single", SENTENCES["change.single"]))
+        if quote_field:
+            parts.append(("format.quote", SENTENCES["format.quote"]))
     key = f"format.{answer_kind}"
     parts.append((key, Template(SENTENCES[key]).substitute(schema=schema_text)))
     return ContinuationPrompt(tuple(parts))
+
+
+def change_rule_applies(turn: int, answer_kind: AnswerKind) -> bool:
+    """The tree adds the change rule at turns 3 and later, for a single-item answer (003 App. B.2.2)."""
+    return answer_kind == "single" and turn >= 3
 
 
 def passive_prompt(*, schema_text: str) -> ContinuationPrompt:
@@ -189,7 +215,7 @@ def passive_prompt(*, schema_text: str) -> ContinuationPrompt:
 
 
 def quote_found(quote: object, text: str) -> bool:
-    """The change rule's check: a quote of at least 15 characters occurring in ``text`` (module docstring)."""
+    """Whether a quote of at least 15 characters occurs in ``text`` (the change rule's record; module docstring)."""
     if not isinstance(quote, str):
         return False
     wanted = normalize_quote_text(quote)
@@ -204,18 +230,21 @@ class ContinualSearchOptions:
     turn1_stage: str = "attribution"
     stage: str = "continuation"
     max_tokens: int | None = None
-    layout: Literal["auto", "whole", "pieces"] = "auto"
+    layout: Literal["auto", "whole", "pieces"] = "whole"
     answer_kind: AnswerKind = "single"
+    quote_field: bool = True
     quote_scope: Literal["step", "log"] = "step"
     piece_steps: int = 20
-    reading: Literal["inline", "agentic"] = "inline"
+    reading: Literal["inline", "agentic"] = "agentic"
     max_tool_calls: int = 24
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], *, name: str) -> ContinualSearchOptions:
         reject_unknown_options(name, cls, options)
         if name == "passive-continuation":
-            searching = sorted(set(options) & {"layout", "answer_kind", "quote_scope", "piece_steps"})
+            searching = sorted(
+                set(options) & {"layout", "answer_kind", "quote_field", "quote_scope", "piece_steps"}
+            )
             if searching:
                 raise ConfigError(
                     f"{name}: {searching} shape Continual Search's prompts; passive has one sentence"
@@ -229,6 +258,8 @@ class ContinualSearchOptions:
             raise ConfigError(f"{name}: layout must be 'auto', 'whole' or 'pieces'")
         if parsed.answer_kind not in ("single", "list"):
             raise ConfigError(f"{name}: answer_kind must be 'single' or 'list'")
+        if not isinstance(parsed.quote_field, bool):
+            raise ConfigError(f"{name}: quote_field must be true or false")
         if parsed.quote_scope not in ("step", "log"):
             raise ConfigError(f"{name}: quote_scope must be 'step' or 'log'")
         if not is_int(parsed.piece_steps) or parsed.piece_steps <= 0:
@@ -263,7 +294,7 @@ _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
-    """One turn's standing prediction."""
+    """One turn's prediction, as the model gave it."""
 
     role: str | None
     step: int | None
@@ -278,6 +309,9 @@ class _Answer:
 
     def same_as(self, other: _Answer) -> bool:
         return (self.role, self.step) == (other.role, other.step)
+
+
+_UNREAD = _Answer(None, None, False, False)
 
 
 def _list_schema(trajectory: Trajectory) -> dict[str, Any]:
@@ -303,7 +337,8 @@ def _list_schema(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def _search_schema(trajectory: Trajectory) -> dict[str, Any]:
+def _quote_schema(trajectory: Trajectory) -> dict[str, Any]:
+    """The benchmark's answer schema with the change rule's ``quote`` (``quote_field``; module docstring)."""
     schema = answer_schema(trajectory)
     properties = {**schema["properties"], "quote": {"type": "string"}}
     return {**schema, "properties": properties, "required": [*schema["required"], "quote"]}
@@ -314,6 +349,8 @@ def _pieces(n_steps: int, size: int) -> list[tuple[int, int]]:
 
 
 _STEP_IDS = re.compile(r"\[step (\d+)\]")
+# Quoted spans in a ``reason``, where the rule's quote is looked for when the schema has no ``quote`` field.
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
 
 
 class ContinualSearch:
@@ -332,16 +369,24 @@ class ContinualSearch:
             return self.options.layout
         return "pieces" if self.options.reading == "agentic" else "whole"
 
+    def _answer_kind(self) -> AnswerKind:
+        return self.options.answer_kind if self.mode == "search" else "single"
+
+    def _rule_applies(self, turn: int) -> bool:
+        return self.mode == "search" and change_rule_applies(turn, self.options.answer_kind)
+
     def _reader(self, trajectory: Trajectory, messages: list[Message], llm: LLM) -> TrajectoryReader:
         """The continuation's tools, with All-at-once's result cap for this context when it is the base."""
         if isinstance(self._base, AllAtOnce):
             return TrajectoryReader(trajectory, max_result_chars=self._base.result_chars(messages, llm))
         return TrajectoryReader(trajectory)
 
-    def _schema(self, trajectory: Trajectory) -> dict[str, Any]:
-        if self.mode == "passive":
-            return answer_schema(trajectory)
-        return _list_schema(trajectory) if self.options.answer_kind == "list" else _search_schema(trajectory)
+    def _schema(self, trajectory: Trajectory, turn: int) -> dict[str, Any]:
+        if self._answer_kind() == "list":
+            return _list_schema(trajectory)
+        if self._rule_applies(turn) and self.options.quote_field:
+            return _quote_schema(trajectory)
+        return answer_schema(trajectory)
 
     def _prompt(
         self, turn: int, trajectory: Trajectory, schema: Mapping[str, Any], read: set[int]
@@ -362,109 +407,142 @@ class ContinualSearch:
             schema_text=schema_text,
             pieces=f"parts of the log ({self.options.piece_steps} steps each)",
             unread_block="\n".join(unread),
+            quote_field=self.options.quote_field,
         )
 
-    def _parse(self, reply: Reply, trajectory: Trajectory) -> tuple[_Answer, str, str | None]:
-        """The turn's answer as given, its quote, and why it is invalid (None when it is a JSON object)."""
+    def _parse(
+        self, reply: Reply, trajectory: Trajectory, *, rule: bool
+    ) -> tuple[_Answer, list[str], str | None]:
+        """The turn's answer as given, its quotes, and why it is invalid (None when it is a JSON object)."""
         answer = reply.parsed if isinstance(reply.parsed, dict) else None
         if answer is None:
-            return (
-                _Answer(None, None, False, False),
-                "",
-                reply.parse_error or "the answer is not a JSON object",
-            )
-        if self.mode == "search" and self.options.answer_kind == "list":
+            return _UNREAD, [], reply.parse_error or "the answer is not a JSON object"
+        if self._answer_kind() == "list":
             failures = answer.get("failures")
             entries = [f for f in failures if isinstance(f, dict)] if isinstance(failures, list) else []
-            valid = [f for f in entries if step_is_valid(f.get("root_step"), trajectory)]
+            steps = [(parse_step(f.get("root_step")), f) for f in entries]
+            valid = [(step, f) for step, f in steps if step is not None and step_is_valid(step, trajectory)]
             if not valid:
-                return _Answer(None, None, False, False), "", "no listed failure has a valid root_step"
-            earliest = min(valid, key=lambda f: f["root_step"])
+                return _UNREAD, [], "no listed failure has a valid root_step"
+            first_step, earliest = min(valid, key=lambda pair: pair[0])
             role = earliest.get("responsible_role")
             quote = earliest.get("quote")
             return (
                 _Answer(
                     role if isinstance(role, str) else None,
-                    earliest["root_step"],
+                    first_step,
                     role_is_valid(role, trajectory),
                     True,
                 ),
-                quote if isinstance(quote, str) else "",
+                [quote] if isinstance(quote, str) and quote else [],
                 None,
             )
         role = answer.get("responsible_role")
-        step = answer.get("root_step")
-        quote = answer.get("quote")
+        step = parse_step(answer.get("root_step"))  # a digit string is the step, as All-at-once reads it
         return (
             _Answer(
                 role if isinstance(role, str) else None,
-                step if is_int(step) else None,
+                step,
                 role_is_valid(role, trajectory),
                 step_is_valid(step, trajectory),
             ),
-            quote if isinstance(quote, str) else "",
+            self._quotes(answer, rule=rule),
             None,
         )
 
-    def _change_rule_applies(self, turn: int) -> bool:
-        return self.mode == "search" and self.options.answer_kind == "single" and turn >= 3
+    def _quotes(self, answer: Mapping[str, Any], *, rule: bool) -> list[str]:
+        """The quotes a single answer gives: its ``quote`` field, or at a rule turn without that field
+        (``quote_field=False``) the quoted spans of its ``reason``."""
+        if rule and not self.options.quote_field:
+            reason = answer.get("reason")
+            return [a or b for a, b in _QUOTED.findall(reason)] if isinstance(reason, str) else []
+        quote = answer.get("quote")
+        return [quote] if isinstance(quote, str) and quote else []
 
-    def _judge_move(
-        self, standing: _Answer, proposed: _Answer, quote: str, invalid: str | None, trajectory: Trajectory
-    ) -> str | None:
-        """Why a move from ``standing`` to ``proposed`` is rejected under the change rule, or None if allowed."""
+    def _rule_record(
+        self,
+        previous: _Answer,
+        answer: _Answer,
+        quotes: list[str],
+        invalid: str | None,
+        trajectory: Trajectory,
+    ) -> dict[str, Any]:
+        """Whether the turn's answer followed the change rule, for analysis only (module docstring)."""
+        changed = not answer.same_as(previous)
         if invalid is not None:
-            return f"invalid answer: {invalid}"
-        if not proposed.step_valid or proposed.step is None:
-            return "the new root_step is not a step of the log"
-        if standing.step_valid and standing.step is not None and proposed.step >= standing.step:
-            return f"step {proposed.step} is not earlier than the standing step {standing.step}"
-        scope = (
-            trajectory.steps[proposed.step].content
-            if self.options.quote_scope == "step"
-            else "\n".join(s.content for s in trajectory.steps)
-        )
-        if not quote_found(quote, scope):
-            where = f"step {proposed.step}" if self.options.quote_scope == "step" else "the log"
-            return f"the quote is not found in {where}"
-        return None
+            return {
+                "changed": changed,
+                "followed": False,
+                "broken": [f"the answer could not be read: {invalid}"],
+            }
+        if not changed:
+            return {"changed": False, "followed": True}
+        broken: list[str] = []
+        step = answer.step if answer.step_valid else None
+        if step is None:
+            earlier = False
+            broken.append("the new root_step is not a step of the log")
+        else:
+            earlier = not previous.step_valid or previous.step is None or step < previous.step
+            if not earlier:
+                relation = "the same step as" if step == previous.step else "later than"
+                broken.append(f"step {step} is {relation} the previous step {previous.step}, not earlier")
+        in_step = step is not None and any(quote_found(q, trajectory.steps[step].content) for q in quotes)
+        log = "\n".join(s.content for s in trajectory.steps)
+        in_log = any(quote_found(q, log) for q in quotes)
+        if not (in_step if self.options.quote_scope == "step" else in_log):
+            where = "the chosen step" if self.options.quote_scope == "step" else "the log"
+            broken.append(f"no quote of at least {MIN_QUOTE_CHARS} characters is found in {where}")
+        record: dict[str, Any] = {
+            "changed": True,
+            "followed": not broken,
+            "earlier": earlier,
+            "quote_in_step": in_step,
+            "quote_in_log": in_log,
+        }
+        if broken:
+            record["broken"] = broken
+        return record
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
         options = self.options
         transcript = TranscriptLLM(llm)
         first = await self._base.attribute(trajectory, transcript)
-        standing = _Answer.of(first)
+        turn1 = _Answer.of(first)
         exchange = transcript.last(options.turn1_stage)
         output: dict[str, Any] = {
             "mode": self.mode,
             "base": options.base,
             "reading": options.reading,
             "layout": self._layout(),
-            "answer_kind": options.answer_kind if self.mode == "search" else "single",
+            "answer_kind": self._answer_kind(),
             "turn1": dict(first.output),
         }
         evidence = EvidenceLedger()
         if exchange is None:
             output["turns"] = [
-                _turn_record(1, standing, changed=False, evidence_new=0, evidence=evidence, calls=0)
+                _turn_record(1, turn1, turn1=turn1, changed=False, evidence_new=0, evidence=evidence, calls=0)
                 | {"base_calls": len(transcript.exchanges)}
             ]
             if options.turns > 1:
                 output["no_continuation"] = f"the base method made no {options.turn1_stage!r} call"
-            return _final(first, standing, output, error=first.error, fallback=first.fallback)
+            return _final(first, turn1, output, error=first.error, fallback=first.fallback)
 
         conversation: list[Message] = [*exchange.messages, Message("assistant", exchange.reply.text)]
         reader = self._reader(trajectory, conversation, llm) if options.reading == "agentic" else None
         read, turn1_evidence = self._turn1_reading(trajectory, first, exchange.messages, reader, evidence)
         turns: list[dict[str, Any]] = [
-            _turn_record(1, standing, changed=False, evidence_new=turn1_evidence, evidence=evidence, calls=0)
+            _turn_record(
+                1, turn1, turn1=turn1, changed=False, evidence_new=turn1_evidence, evidence=evidence, calls=0
+            )
             | {"base_calls": len(transcript.exchanges), "steps_read": len(read)}
         ]
         output["turns"] = turns
-        schema = self._schema(trajectory)
-        # The turn whose answer stands, why it could not be read, and the change rule's rejections since then.
-        source_turn, standing_error, rejected = 1, first.error, 0
+        rule_turns: dict[str, list[int]] = {"applies_at": [], "changed_at": [], "broken_at": []}
+        # The prediction so far (the last turn's answer as given) and why it could not be read.
+        answer, error = turn1, first.error
         for turn in range(2, options.turns + 1):
+            schema = self._schema(trajectory, turn)
             prompt = self._prompt(turn, trajectory, schema, read)
             conversation.append(Message("user", prompt.text))
             record: dict[str, Any] = {"prompt_parts": list(prompt.keys)}
@@ -499,54 +577,54 @@ class ContinualSearch:
                 conversation.append(Message("assistant", reply.text))
                 calls, evidence_new = 1, 0
             record["finish_reason"] = reply.finish_reason
-            proposed, quote, invalid = self._parse(reply, trajectory)
+            rule_turn = self._rule_applies(turn)
+            given, quotes, invalid = self._parse(reply, trajectory, rule=rule_turn)
             if record.get("capped"):
                 invalid = (
                     f"the model still called tools after its {options.max_tool_calls} tool calls were spent"
                 )
-                proposed = _Answer(None, None, False, False)
+                given, quotes = _UNREAD, []
             if invalid is not None:
                 record["invalid_answer"] = invalid
                 record["raw_text"] = reply.text[:2000]
-            if quote:
-                record["quote"] = quote[:500]
-            accepted = proposed
-            if self._change_rule_applies(turn) and not proposed.same_as(standing):
-                rejection = self._judge_move(standing, proposed, quote, invalid, trajectory)
-                record["proposed"] = {"role": proposed.role, "step": proposed.step}
-                if rejection is not None:
-                    record["move_rejected"] = rejection
-                    accepted = standing
-            if "move_rejected" in record:
-                rejected += 1
-            else:
-                source_turn, standing_error, rejected = turn, self._turn_error(reply, invalid, record), 0
-            changed = not accepted.same_as(standing)
-            standing = accepted
+            if quotes:
+                record["quote"] = quotes[0][:500]
+            if rule_turn:
+                rule = self._rule_record(answer, given, quotes, invalid, trajectory)
+                record["change_rule"] = rule
+                rule_turns["applies_at"].append(turn)
+                if rule["changed"]:
+                    rule_turns["changed_at"].append(turn)
+                if not rule["followed"]:
+                    rule_turns["broken_at"].append(turn)
+            changed = not given.same_as(answer)
+            answer, error = given, self._turn_error(reply, invalid, record)
             turns.append(
                 _turn_record(
-                    turn, standing, changed=changed, evidence_new=evidence_new, evidence=evidence, calls=calls
+                    turn,
+                    answer,
+                    turn1=turn1,
+                    changed=changed,
+                    evidence_new=evidence_new,
+                    evidence=evidence,
+                    calls=calls,
                 )
                 | {"steps_read": len(read)}
                 | record
             )
-        rules = []
-        if rejected:  # every turn after the standing answer's was a rejected move
-            rules.append(
-                f"continual search: change rule rejected the model's new answer at the {rejected} turn(s) "
-                f"after turn {source_turn}, whose answer stands (paper's rule)"
-            )
-        if source_turn == 1 and first.fallback is not None:
-            rules.append(f"turn 1: {first.fallback}")
-        return _final(first, standing, output, error=standing_error, fallback="; ".join(rules) or None)
+        if self._rule_applies(options.turns):
+            output["change_rule"] = rule_turns
+        # Fallback: only turn 1's, and only when turn 1's answer is the prediction (module docstring).
+        fallback = first.fallback if options.turns == 1 else None
+        return _final(first, answer, output, error=error, fallback=fallback)
 
     def _turn_error(self, reply: Reply, invalid: str | None, record: Mapping[str, Any]) -> str | None:
-        """Why a turn's accepted answer could not be read, or None (module docstring)."""
+        """Why a turn's answer could not be read, or None (module docstring)."""
         if record.get("capped"):
             return f"tool-call cap reached: {invalid}"
         if invalid is not None:
             return invalid
-        if self.mode == "search" and self.options.answer_kind == "list":
+        if self._answer_kind() == "list":
             return None
         return answer_error(reply.parsed if isinstance(reply.parsed, dict) else None)
 
@@ -582,7 +660,14 @@ class ContinualSearch:
 
 
 def _turn_record(
-    turn: int, answer: _Answer, *, changed: bool, evidence_new: int, evidence: EvidenceLedger, calls: int
+    turn: int,
+    answer: _Answer,
+    *,
+    turn1: _Answer,
+    changed: bool,
+    evidence_new: int,
+    evidence: EvidenceLedger,
+    calls: int,
 ) -> dict[str, Any]:
     return {
         "turn": turn,
@@ -591,6 +676,7 @@ def _turn_record(
         "role_valid": answer.role_valid,
         "step_valid": answer.step_valid,
         "changed_from_prev": changed,
+        "changed_from_turn1": not answer.same_as(turn1),
         "evidence_tokens": evidence_new,
         "evidence_total": evidence.total,
         "calls": calls,
@@ -598,14 +684,14 @@ def _turn_record(
 
 
 def _final(
-    first: Attribution, standing: _Answer, output: dict[str, Any], *, error: str | None, fallback: str | None
+    first: Attribution, answer: _Answer, output: dict[str, Any], *, error: str | None, fallback: str | None
 ) -> Attribution:
     return Attribution(
-        pred_role=standing.role,
-        pred_step=standing.step,
-        role_valid=standing.role_valid,
-        step_valid=standing.step_valid,
-        abstained=first.abstained and standing.same_as(_Answer.of(first)),
+        pred_role=answer.role,
+        pred_step=answer.step,
+        role_valid=answer.role_valid,
+        step_valid=answer.step_valid,
+        abstained=first.abstained and answer.same_as(_Answer.of(first)),
         output=output,
         error=error,
         fallback=fallback,

@@ -30,6 +30,11 @@ Choices where the notes are silent (each is documented here and, where cheap, an
   with evenly spaced steps when fewer match; ``"spread"`` = ``max_focal`` evenly spaced steps; or an explicit list
   of step indices (``[1]`` reproduces FA4MAS's example view; indices outside the log are ignored, and ``"spread"``
   is used when none remains).
+- **The task, whole, beside the view.** Every analyst prompt states the task instruction in full (up to
+  `rcarun.methods.context.TASK_CHAR_CAP`, `task_text`): the record's ``question``, or on LongRCA records, which
+  have none, the instruction the loader derived from the opening step(s) of the history
+  (`rcarun.data.derive_task`). The view is unchanged: the task step stays step 0 at the level its distance gives
+  it, usually an L4 milestone of 15 words, which alone would cut a constraint such as a budget.
 - **Character cap** (``context_chars=100_000``, about 25k tokens, instead of FA4MAS's 12k, for the reason above).
   When the view is longer, it is shrunk in this fixed order until it fits: (a) L1 contents are cut in the middle
   (head and tail kept, the cut marked) to the largest common cap, not below 1,000 characters; (b) reduced lines
@@ -55,8 +60,9 @@ Choices where the notes are silent (each is documented here and, where cheap, an
   whose attribution is a non-empty array of recorded agent names, whose mistake_step is an integer inside the log,
   whose confidence is a number in [0, 1] and whose reasoning is a string. Anything else is recorded with its
   problems and casts no vote. Agent evaluations are checked one by one (recorded agent, likelihood in [0, 1],
-  step_index inside the log); invalid entries are skipped and recorded. Valid evaluations count for the fallback
-  even when the answer's conclusion is malformed.
+  step_index inside the log); invalid entries are skipped and recorded. A step (mistake_step, step_index) given
+  as a digit string (``"12"``) is read as that integer, by the scorer's rule (`rcarun.data.parse_step`). Valid
+  evaluations count for the fallback even when the answer's conclusion is malformed.
 - **Vote.** Conclusions with confidence < ``min_confidence`` (0.3) are dropped. The type with the largest sum of
   confidences wins (a tie goes to single_agent, since the final answer is one agent). In the winning group every
   agent named by a vote gets the vote's confidence (an agent named twice in one attribution counts once);
@@ -109,9 +115,10 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal, TypeGuard, get_args
 
-from rcarun.data import Trajectory
+from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
+from rcarun.methods.context import task_text
 from rcarun.methods.llm import LLM, Message, Reasoning
 from rcarun.methods.registry import method
 
@@ -603,13 +610,11 @@ def read_answer(answer: object, agents: Sequence[str], n_steps: int) -> AnswerRe
         problems.append("agent_evaluations is missing or not an array")
         raw_evaluations = []
     for position, entry in enumerate(raw_evaluations):
-        reason = _evaluation_problem(entry, agents, n_steps)
-        if reason:
-            skipped.append(f"agent_evaluations[{position}]: {reason}")
+        read = _read_evaluation(entry, agents, n_steps)
+        if isinstance(read, Evaluation):
+            evaluations.append(read)
         else:
-            evaluations.append(
-                Evaluation(entry["agent"], entry["step_index"], float(entry["error_likelihood"]))
-            )
+            skipped.append(f"agent_evaluations[{position}]: {read}")
     conclusion_problems: list[str] = []
     conclusion = _read_conclusion(answer.get("primary_conclusion"), agents, n_steps, conclusion_problems)
     problems.extend(conclusion_problems)
@@ -628,17 +633,19 @@ def read_answer(answer: object, agents: Sequence[str], n_steps: int) -> AnswerRe
     )
 
 
-def _evaluation_problem(entry: object, agents: Sequence[str], n_steps: int) -> str:
+def _read_evaluation(entry: object, agents: Sequence[str], n_steps: int) -> Evaluation | str:
+    """One agent evaluation, or why it is skipped."""
     if not isinstance(entry, dict):
         return "not an object"
-    if entry.get("agent") not in agents or not isinstance(entry.get("agent"), str):
-        return f"unknown agent {entry.get('agent')!r}"
-    if not _is_unit(entry.get("error_likelihood")):
-        return f"error_likelihood {entry.get('error_likelihood')!r} is not a number in [0, 1]"
-    step = entry.get("step_index")
-    if not is_int(step) or not 0 <= step < n_steps:
-        return f"step_index {step!r} is not a step of the log"
-    return ""
+    agent, likelihood = entry.get("agent"), entry.get("error_likelihood")
+    if not isinstance(agent, str) or agent not in agents:
+        return f"unknown agent {agent!r}"
+    if not _is_unit(likelihood):
+        return f"error_likelihood {likelihood!r} is not a number in [0, 1]"
+    step = parse_step(entry.get("step_index"))
+    if step is None or not 0 <= step < n_steps:
+        return f"step_index {entry.get('step_index')!r} is not a step of the log"
+    return Evaluation(agent, step, float(likelihood))
 
 
 def _read_conclusion(
@@ -657,9 +664,9 @@ def _read_conclusion(
         unknown = [name for name in attribution if not isinstance(name, str) or name not in agents]
         if unknown:
             problems.append(f"primary_conclusion.attribution names unrecorded agents {unknown!r}")
-    step = raw.get("mistake_step")
-    if not is_int(step):
-        problems.append(f"primary_conclusion.mistake_step {step!r} is not an integer")
+    step = parse_step(raw.get("mistake_step"))
+    if step is None:
+        problems.append(f"primary_conclusion.mistake_step {raw.get('mistake_step')!r} is not an integer")
     elif not 0 <= step < n_steps:
         problems.append(f"primary_conclusion.mistake_step {step} is outside [0, {n_steps})")
     confidence = raw.get("confidence")
@@ -671,7 +678,7 @@ def _read_conclusion(
     if problems or not (  # once `problems` is empty, the second test only narrows the types for the checker
         isinstance(kind, str)
         and isinstance(attribution, list)
-        and is_int(step)
+        and step is not None
         and _is_unit(confidence)
         and isinstance(reasoning, str)
     ):
@@ -1072,7 +1079,7 @@ class Echo:
 
     def user_prompt(self, trajectory: Trajectory, view: str, focal: Sequence[int], focus: str) -> str:
         schema_text = _schema_text(trajectory)
-        task = trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+        task = task_text(trajectory, include=self.options.include_task)
         ground_truth = ""
         if self.options.include_ground_truth:
             ground_truth = (

@@ -48,7 +48,8 @@ Stages (LLM = one model call; everything else is deterministic):
 
 3. Failure point (LLM, stage ``"locate"``): one call over the typed log (fitted to the context window by the
    shared cap-steps policy of `rcarun.methods.context`) asks for the earliest step where the failure is
-   VISIBLE, as ``{reason, failure_step}`` with the step's bounds in the schema. A malformed, non-integer or
+   VISIBLE, as ``{reason, failure_step}`` with the step's bounds in the schema (a digit string such as ``"12"``
+   is read as that integer, by the scorer's rule, `rcarun.data.parse_step`). A malformed, non-integer or
    out-of-range answer falls back to the last step (the end of a failed run is where its failure is certainly
    visible); the fallback and its cause are recorded.
 
@@ -72,16 +73,18 @@ Stages (LLM = one model call; everything else is deterministic):
    min_confidence``. An answer that is not a JSON object, or whose ``is_source`` is not a boolean or whose
    ``confidence`` is not a number in [0, 1], is recorded as malformed and counts as not verified.
 
-   Improvement over pruning once and for all (``reinstate_carriers=True``): pruning a carrier is only
-   justified while the candidate it carries from may hold the error. When verification clears every candidate
-   a carrier carries from, the carrier is put back into the queue. Otherwise a step that merely shares a file
-   name or a number with an innocent earlier step would be lost for good (on Who&When, walking back from the
-   last step with the defaults and a verifier that only confirms the labelled step, the search reaches the
-   label in 117 of 146 trajectories with reinstatement and in 65 without). The queue stays ordered by step,
-   and a carrier always comes after what it carries from, so the steps are verified in increasing order and
-   the search stops at the first verified one: that IS the earliest verified source, with fewer calls than
-   verifying every candidate. At most ``max_verify_calls`` calls are made; candidates left in the queue when
-   the budget runs out are recorded as unverified.
+   The queue is ordered by step and the search stops at the first verified step: that IS the earliest verified
+   source, with fewer calls than verifying every candidate. At most ``max_verify_calls`` calls are made;
+   candidates left in the queue when the budget runs out are recorded as unverified. Pruned carriers are never
+   verified: that is the description's "prune candidates that only carry an earlier error".
+
+   Option ``reinstate_carriers`` (default ``False``; NOT part of FALAT as described, and tuned on gold labels,
+   so it is off in every reproduction run): when verification clears every candidate a carrier carries from,
+   the carrier is put back into the queue (a carrier always comes after what it carries from, so the queue
+   stays in step order). It was motivated by a run against Who&When's attribution labels — walking back from
+   the last step with a verifier that only confirms the labelled step, the search reaches the label in 117 of
+   146 trajectories with reinstatement and in 65 without — which makes it a choice fitted to the labels the
+   method is scored on (fidelity audit 2026-12, §1.6); it stays available for ablations that say so.
 
    Decision (`decide`): the earliest verified source (rule ``"earliest-verified"``). Fallbacks, recorded: with
    no verified step, the candidate with the highest confidence among well-formed verdicts (ties: the earlier
@@ -109,6 +112,12 @@ Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``; the outp
 
 A trajectory without steps is an abstention with no call. Calls per trajectory: 1 (locate) + at most
 ``min(max_verify_calls, max_candidates)`` (verify); 1 + 8 with the defaults.
+
+The task: the locate prompt and every verify prompt state the task instruction whole (up to
+`rcarun.methods.context.TASK_CHAR_CAP`, `task_text`): the record's ``question``, or on LongRCA records, which have
+none, the instruction the loader derived from the opening step(s) of the history (`rcarun.data.derive_task`).
+A verify prompt shows only the candidate, its nearest dependencies and the failure step, so without that line a
+verifier would judge a step against a task it never saw.
 """
 
 from __future__ import annotations
@@ -124,7 +133,7 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal, TypeGuard
 
-from rcarun.data import Step, Trajectory, role_matches
+from rcarun.data import Step, Trajectory, parse_step, role_matches
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
 from rcarun.methods.context import (
@@ -133,6 +142,7 @@ from rcarun.methods.context import (
     cut_middle,
     fit_prompt,
     ground_truth_line,
+    task_text,
     truncation_summary,
 )
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
@@ -242,7 +252,7 @@ class FalatOptions:
     max_context_parents: int = 4
     verify_context_chars: int = 16_000
     min_confidence: float = 0.5
-    reinstate_carriers: bool = True
+    reinstate_carriers: bool = False
     locate_stage: str = "locate"
     verify_stage: str = "verify"
 
@@ -577,8 +587,8 @@ def parse_failure_point(reply: Reply, n_steps: int) -> FailurePoint:
         return FailurePoint(last, True, error=reply.parse_error or "the answer is not a JSON object")
     reason = answer.get("reason")
     reason_text = reason[:_REASON_CHARS] if isinstance(reason, str) else ""
-    step = answer.get("failure_step")
-    if not is_int(step):
+    step = parse_step(answer.get("failure_step"))
+    if step is None:
         return FailurePoint(last, True, reason_text, answer, "failure_step is missing or not an integer")
     if not 0 <= step < n_steps:
         return FailurePoint(last, True, reason_text, answer, f"failure_step {step} is outside [0, {last}]")
@@ -792,7 +802,7 @@ async def search_sources(
     *,
     max_calls: int,
     min_confidence: float,
-    reinstate: bool = True,
+    reinstate: bool = False,
 ) -> SearchResult:
     """Verify source-most candidates earliest first, stopping at the first verified one (module docstring).
 
@@ -801,7 +811,8 @@ async def search_sources(
         verify: one verification (one model call) of a step.
         max_calls: the most verifications made.
         min_confidence: the confidence a positive verdict needs.
-        reinstate: put a carrier back into the queue once every candidate it carries from was cleared.
+        reinstate: put a carrier back into the queue once every candidate it carries from was cleared (the
+            ``reinstate_carriers`` option, off by default: not in the description, see the module docstring).
     """
     queue = list(pruning.kept)
     heapq.heapify(queue)
@@ -903,7 +914,7 @@ class Falat:
         self._verify = _load_prompt("falat_verify_user.txt")
 
     def _task(self, trajectory: Trajectory) -> str:
-        return trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+        return task_text(trajectory, include=self.options.include_task)
 
     def locate_messages(
         self, trajectory: Trajectory, types: Sequence[TypedStep], llm: LLM
@@ -1091,7 +1102,9 @@ class Falat:
 def _locate_unreadable(failure: FailurePoint) -> bool:
     """The locate answer was not read (not a JSON object, or no integer ``failure_step``), as opposed to a
     step that was read but lies outside the log."""
-    return failure.fallback and (failure.answer is None or not is_int(failure.answer.get("failure_step")))
+    return failure.fallback and (
+        failure.answer is None or parse_step(failure.answer.get("failure_step")) is None
+    )
 
 
 def _unusable(failure: FailurePoint, verdicts: Sequence[Verdict]) -> str | None:

@@ -1,14 +1,15 @@
 """Step-by-step: walk the failed log from step 0 and stop at the first step judged to be the decisive error.
 
-The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.2) run under the LongRCA protocol (Sec. 5.1):
-at step ``i`` one call shows the task and the log prefix ``0..i`` (``[step k] agent: content`` lines), says that
-step ``i`` was taken by agent X, and asks whether step ``i`` introduces the decisive error. The answer is a JSON
-object ``{"reason": str, "decisive_error": bool}`` (stage ``"step_check"``). The walk stops at the first ``true``:
-the predicted root step is ``i`` and the predicted responsible role is the agent of step ``i`` — the role is the
-speaker of the flagged step, as in the original, so role and step are always consistent and the role is never
-judged on its own. Both are still emitted as separate fields and validated like any method's. If no step is
-flagged, the method abstains (no role, no step), which scoring counts as an error on both targets, as the
-original's missing prediction was.
+The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.2) run under the LongRCA protocol (Sec. 5.1): at
+step ``i`` one call shows the task (whole, `rcarun.methods.context.task_text`: the record's ``question``, or on
+LongRCA records the instruction the loader derived from the opening step(s) of the history) and the log prefix
+``0..i`` (``[step k] agent: content`` lines), says that step ``i`` was taken by agent X, and asks whether step
+``i`` introduces the decisive error. The answer is a JSON object ``{"reason": str, "decisive_error": bool}`` (stage
+``"step_check"``). The walk stops at the first ``true``: the predicted root step is ``i`` and the predicted
+responsible role is the agent of step ``i`` — the role is the speaker of the flagged step, as in the original, so
+role and step are always consistent and the role is never judged on its own. Both are still emitted as separate
+fields and validated like any method's. If no step is flagged, the method abstains (no role, no step), which
+scoring counts as an error on both targets, as the original's missing prediction was.
 
 Where the protocol differs from the original:
 - JSON answers with a declared schema instead of a ``1. Yes/No`` line matched by prefix.
@@ -24,8 +25,11 @@ Choices where the papers are silent (each an option where cheap):
 - ``max_tokens=1024``: the original's output budget; the answer is one sentence and a boolean. A length stop is
   retried with a doubled budget by the run's stage policy (the session), not here.
 - ``temperature=0``, as for every LongRCA attribution call (the original used the provider default).
-- ``max_steps=None`` walks the whole log; a positive value stops the walk after that many steps (an abstention
-  recorded as ``stopped="max_steps"``) to bound the quadratic cost on long logs.
+- ``max_steps=None`` (default) walks the whole log, as the original does (baselines.md §2.2: it walks until the
+  first "yes" or the end) and as the LongRCA runs must: LongRCA logs reach 728 steps, and a walk stopped early
+  abstains on every trajectory whose root lies beyond the bound. A positive value stops the walk after that many
+  steps (an abstention recorded as ``stopped="max_steps"``) to bound the quadratic cost in screening runs that
+  say so; it is not the paper's setting.
 - Long logs: each prefix goes through the same context policy as All-at-once (`rcarun.methods.context`): when a
   prefix does not fit, every shown step keeps its id and agent and contents above a common character cap are cut
   in the middle. The newest step is capped like the others (one rule for every step). The original never
@@ -67,6 +71,7 @@ from rcarun.methods.context import (
     fit_prompt,
     ground_truth_line,
     render_steps,
+    task_text,
     truncation_summary,
 )
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
@@ -185,7 +190,7 @@ class StepByStep:
     def build_prompt(self, trajectory: Trajectory, step: int, llm: TokenCounter) -> FittedPrompt:
         """The user prompt that asks about ``step``, showing steps ``0..step``, fitted to ``llm``'s context."""
         shown = trajectory.steps[: step + 1]
-        task = trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
+        task = task_text(trajectory, include=self.options.include_task)
 
         def render(cap: int | None) -> str:
             return self._user.substitute(

@@ -14,7 +14,7 @@ import pytest
 from rcarun.data import Step, Trajectory, iter_dataset
 from rcarun.errors import ConfigError
 from rcarun.methods import Message, Reply, create_method
-from rcarun.methods.rcta.method import PRESETS, RCTA, RctaOptions, uniform_ids
+from rcarun.methods.rcta.method import PRESET_REASONING, PRESETS, RCTA, RctaOptions, uniform_ids
 
 # --- a routed scripted LLM --------------------------------------------------------------------------------
 
@@ -147,11 +147,28 @@ def summary_for(proposals: Callable[[list[int]], list[dict[str, Any]]] | None = 
     return route
 
 
-def outline_route(request: Request) -> Any:
-    assert request.schema is not None
-    value = instance(request.schema)
-    value["phases"] = value["phases"] * 3
-    return value
+def outline_with(signals: Sequence[int] = (), supporting: Sequence[int] = (), *, phases: int = 3) -> Route:
+    """An outline of ``phases`` phases; the first carries a failure signal on ``signals`` and ``supporting``."""
+
+    def route(request: Request) -> Any:
+        assert request.schema is not None
+        value = instance(request.schema)
+        phase = value["phases"][0]
+        value["phases"] = [
+            {**phase, "phase_id": i + 1, "failure_signals": [], "supporting_step_ids": []}
+            for i in range(phases)
+        ]
+        if signals:
+            value["phases"][0]["failure_signals"] = [
+                {"description": "late failure", "step_ids": list(signals), "severity": "high"}
+            ]
+        value["phases"][0]["supporting_step_ids"] = list(supporting)
+        return value
+
+    return route
+
+
+outline_route = outline_with()  # no step hints: the candidates are the summaries' proposals
 
 
 # --- a hand-made Magentic-One style trajectory ---------------------------------------------------------------
@@ -456,9 +473,14 @@ async def test_candidate_pool_feeds_the_excerpts_with_handoffs_and_hints() -> No
     assert "Backward instruction-execution reasoning" in llm.requests[-1].system
     assert out["diagnostics"] == {
         "base_candidate_ids": [2, 5, 11],
+        "summary_candidate_ids": [2, 5, 11],
+        "outline_candidate_ids": [],
         "excerpt_ids": [1, 2, 4, 5, 10, 11],
         "evidence_ids": [5],
         "used_handoff": False,
+        "outline_phases": 3,
+        "outline_phases_in_range": True,
+        "outline_fallback": False,
         "fallbacks": [],
     }
 
@@ -610,6 +632,19 @@ async def test_stage1_requests_are_identical_across_all_conditions() -> None:
 
 # --- Who&When hand-crafted and the bundled sample --------------------------------------------------------
 
+DIAGNOSTICS_KEYS = {
+    "base_candidate_ids",
+    "summary_candidate_ids",
+    "outline_candidate_ids",
+    "excerpt_ids",
+    "evidence_ids",
+    "used_handoff",
+    "outline_phases",
+    "outline_phases_in_range",
+    "outline_fallback",
+    "fallbacks",
+}
+
 
 def _valid_attribution(trajectory: Trajectory) -> Route:
     def route(request: Request) -> dict[str, Any]:
@@ -642,13 +677,7 @@ async def test_full_pipeline_on_every_who_and_when_hand_crafted_file(who_and_whe
             m = len(result.output["segments"])
             assert llm.stages() == ["summary"] * m + ["outline", "attribution"], (trajectory.qid, name)
             assert result.role_valid and result.step_valid and not result.abstained, (trajectory.qid, name)
-            assert set(result.output["diagnostics"]) == {
-                "base_candidate_ids",
-                "excerpt_ids",
-                "evidence_ids",
-                "used_handoff",
-                "fallbacks",
-            }
+            assert set(result.output["diagnostics"]) == DIAGNOSTICS_KEYS
 
 
 async def test_long_steps_are_capped_to_fit_the_context_window() -> None:
@@ -744,3 +773,291 @@ async def test_a_step_never_given_is_an_error_and_a4_voids_the_valid_role() -> N
     assert result.fallback == (
         "rcta A4: step missing while the other field is valid, the output abstains (published rule)"
     )
+
+
+# --- issue 16: the task in every call ---------------------------------------------------------------------------
+
+LONG_TASK = (
+    "Plan a 3-day trip from Seattle to Denver for 2 people with a total budget of $1,200; "
+    "lodging must allow pets. " * 40
+).strip()  # ~4,300 characters, far over any shown step cap
+
+
+def longrca_like(n_steps: int = 60) -> Trajectory:
+    """A LongRCA-format record: step 0 is the human task, the task is the one the loader derives from it."""
+    rows = [("human", LONG_TASK)]
+    rows += [
+        ("manager_agent" if i % 3 == 0 else "stay_agent", f"step {i}: looked at listing {i}")
+        for i in range(1, n_steps)
+    ]
+    steps = tuple(Step(i, agent, "assistant", content) for i, (agent, content) in enumerate(rows))
+    return Trajectory(
+        qid="travelplanner__001", source="travelplanner", task=LONG_TASK, steps=steps, sha256="0" * 64
+    )
+
+
+async def test_every_call_shows_the_task_whole_including_the_a4_retry() -> None:
+    replies = iter([answer("stay_agent", 999), answer("stay_agent", 5)])
+    llm = RoutedLLM(
+        {
+            "summary": summary_for(propose((5, "possible_root"))),
+            "outline": outline_route,
+            "attribution": lambda r: next(replies),
+        }
+    )
+    result = await rcta().attribute(longrca_like(), llm)
+    m = len(result.output["segments"])
+    assert m == 15  # 60 steps, 4 per segment: only segment 0 holds step 0
+    assert llm.stages() == ["summary"] * m + ["outline", "attribution", "attribution"]
+    for request in llm.requests:
+        assert f"Task:\n{LONG_TASK}\n" in request.user, request.stage
+        assert "(not recorded)" not in request.user
+    assert result.pred_step == 5
+
+
+async def test_without_the_task_every_call_says_it_is_not_recorded() -> None:
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    await rcta(include_task=False).attribute(magentic(), llm)
+    assert all("Task:\n(not recorded)\n" in r.user for r in llm.requests)
+    unrecorded = Trajectory("hand/2", "hand_crafted", None, magentic().steps, "0" * 64)
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    await rcta().attribute(unrecorded, llm)
+    assert all("Task:\n(not recorded)\n" in r.user for r in llm.requests)
+
+
+async def test_a_task_over_the_shared_cap_is_cut_in_the_middle_in_every_call() -> None:
+    huge = "A" * 7_000 + "MIDDLE" + "Z" * 7_000
+    trajectory = Trajectory("hand/3", "hand_crafted", huge, magentic().steps, "0" * 64)
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    await rcta().attribute(trajectory, llm)
+    for request in llm.requests:
+        shown = request.user.split("Task:\n", 1)[1]
+        assert shown.startswith("A" * 1_000) and "MIDDLE" not in shown and "Z" * 1_000 in shown
+
+
+# --- issue 16: candidates from the summaries and the outline ---------------------------------------------------
+
+
+async def test_outline_phase_steps_join_the_candidates_with_their_source() -> None:
+    routes: dict[str, Route] = {
+        "summary": summary_for(propose((5, "possible_root"), (11, "possible_manifestation"))),
+        "outline": outline_with(signals=[8, 5], supporting=[9, 10, 2, 3]),
+        "attribution": lambda r: answer("Coder", 5),
+    }
+    llm = RoutedLLM(routes)
+    result = await rcta().attribute(magentic(), llm)
+    out = result.output
+    # summaries: 5, 11; outline: signals 8, 5 and the first three supporting ids 9, 10, 2 (never 3)
+    assert out["candidates"]["base_ids"] == [2, 5, 8, 9, 10, 11]
+    assert out["candidates"]["proposals"] == 2 and out["candidates"]["outline_hints"] == 5
+    pooled = {c["step"]: c for c in out["candidates"]["pooled"]}
+    assert {step: c["source"] for step, c in pooled.items()} == {
+        2: "outline",
+        5: "both",
+        8: "outline",
+        9: "outline",
+        10: "outline",
+        11: "summary",
+    }
+    assert pooled[5]["tags"] == ["possible_root"] and pooled[8]["tags"] == [] and pooled[8]["priority"] == 3
+    # retrieval order: manifestation 11, root 5, then the untagged outline ids by ascending id
+    assert [c["step"] for c in out["candidates"]["pooled"]] == [11, 5, 2, 8, 9, 10]
+    diagnostics = out["diagnostics"]
+    assert diagnostics["summary_candidate_ids"] == [5, 11]
+    assert diagnostics["outline_candidate_ids"] == [2, 5, 8, 9, 10]
+    assert diagnostics["base_candidate_ids"] == [2, 5, 8, 9, 10, 11]
+    prompt = attribution_user(llm)
+    assert {2, 5, 8, 9, 10, 11} <= set(excerpt_ids_in(prompt))
+    assert "candidate: tags possible_root; proposed by local:1, outline:1; notes: note 5; " in prompt
+    assert "candidate: tags -; proposed by outline:1; notes: outline phase 1 failure signal (high)" in prompt
+
+
+async def test_the_outline_fallback_leaves_the_summaries_as_the_only_source() -> None:
+    routes: dict[str, Route] = {
+        "summary": summary_for(propose((5, "possible_root"))),
+        "outline": lambda r: "not json",
+        "attribution": lambda r: answer("Coder", 5),
+    }
+    result = await rcta().attribute(magentic(), RoutedLLM(routes))
+    diagnostics = result.output["diagnostics"]
+    assert diagnostics["outline_fallback"] is True and diagnostics["outline_candidate_ids"] == []
+    assert diagnostics["summary_candidate_ids"] == diagnostics["base_candidate_ids"] == [5]
+
+
+async def test_no_a1_draws_as_many_uniform_steps_as_both_sources_pooled_and_credits_no_source() -> None:
+    routes: dict[str, Route] = {
+        "summary": summary_for(propose((5, "possible_root"))),
+        "outline": outline_with(signals=[8], supporting=[9]),
+        "attribution": lambda r: answer("Coder", 5),
+    }
+    llm = RoutedLLM(routes)
+    result = await rcta("rcta/no-a1").attribute(magentic(), llm)
+    out = result.output
+    assert out["candidates"]["pooled_ids"] == [5, 8, 9]
+    assert out["candidates"]["base_ids"] == list(uniform_ids(12, 3))
+    assert out["diagnostics"]["summary_candidate_ids"] == out["diagnostics"]["outline_candidate_ids"] == []
+    assert "outline:1" not in attribution_user(llm)
+
+
+# --- issue 16: validity and coverage as the paper defines them ----------------------------------------------------
+
+
+async def test_role_and_step_are_independent_no_retry_and_covered() -> None:
+    # A planner role with an executor's step and an execution category: the release's consistency rules would
+    # retry it; the paper has no such rule.
+    llm = llm_with(lambda r: answer("Orchestrator", 5, category="D1"), propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages().count("attribution") == 1
+    assert (result.pred_role, result.pred_step, result.role_valid, result.step_valid) == (
+        "Orchestrator",
+        5,
+        True,
+        True,
+    )
+    out = result.output
+    assert out["covered"] is True and not out["needs_review"]
+    assert out["coverage_checks"] == {
+        "recorded_role": True,
+        "root_step": True,
+        "chain_structure": True,
+        "handoff_evidence": True,
+    }
+
+
+async def test_release_consistency_rules_are_an_option_that_retries_but_never_decides_coverage() -> None:
+    llm = llm_with(lambda r: answer("Orchestrator", 5, category="D1"), propose((5, "possible_root")))
+    result = await rcta(release_consistency_rules=True).attribute(magentic(), llm)
+    assert llm.stages().count("attribution") == 2
+    assert "consistency: the planner-class agent 'Orchestrator' must point at a planner-class step" in (
+        attribution_user(llm, 1)
+    )
+    out = result.output
+    assert (result.pred_role, result.pred_step) == ("Orchestrator", 5)
+    assert out["covered"] is True and out["needs_review"] is True
+    assert any(e.startswith("consistency: ") for e in out["final_errors"])
+
+
+async def test_covered_follows_the_four_checks_after_the_merge() -> None:
+    broken = answer("Coder", 5)
+    broken["analysis"]["failure_chain"] = broken["analysis"]["failure_chain"][:1]  # no terminal node
+    llm = llm_with(lambda r: broken, propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    out = result.output
+    assert llm.stages().count("attribution") == 2
+    assert out["covered"] is False and not result.abstained
+    assert out["coverage_checks"]["chain_structure"] is False
+    assert [name for name, ok in out["coverage_checks"].items() if not ok] == ["chain_structure"]
+    # the A4 control measures the same four checks on its first answer
+    no_a4 = await rcta("rcta/no-a4").attribute(
+        magentic(), llm_with(lambda r: broken, propose((5, "possible_root")))
+    )
+    assert no_a4.output["covered"] is False and no_a4.output["coverage_checks"]["chain_structure"] is False
+
+
+def test_release_consistency_rules_option_defaults_off_and_must_be_a_bool() -> None:
+    assert RctaOptions.from_mapping({}).release_consistency_rules is False
+    with pytest.raises(ConfigError):
+        create_method("rcta", options={"release_consistency_rules": "yes"})
+
+
+# --- issue 16: abstentions keep their role and step ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["rcta", "rcta/no-a4"])
+async def test_an_abstaining_answer_keeps_the_role_and_step_it_gives(name: str) -> None:
+    llm = llm_with(lambda r: answer("Coder", 5, evidence=[], abstain=True), propose((5, "possible_root")))
+    result = await rcta(name).attribute(magentic(), llm)
+    assert result.abstained is True
+    assert (result.pred_role, result.pred_step, result.role_valid, result.step_valid) == (
+        "Coder",
+        5,
+        True,
+        True,
+    )
+    assert result.output["model_abstained"] is True and result.output["covered"] is False
+    assert result.error is None and result.fallback is None
+
+
+# --- issue 16: smaller items ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("phases", "in_range"), [(2, False), (3, True), (9, False)])
+async def test_an_outline_outside_three_to_eight_phases_is_used_and_recorded(
+    phases: int, in_range: bool
+) -> None:
+    routes: dict[str, Route] = {
+        "summary": summary_for(propose((5, "possible_root"))),
+        "outline": outline_with(phases=phases),
+        "attribution": lambda r: answer("Coder", 5),
+    }
+    llm = RoutedLLM(routes)
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages().count("outline") == 1  # no retry for the phase count
+    outline_request = next(r for r in llm.requests if r.stage == "outline")
+    assert outline_request.schema is not None
+    assert "maxItems" not in outline_request.schema["properties"]["phases"]
+    assert "3 to 8 phases" in outline_request.user  # still asked for
+    out = result.output
+    assert (
+        out["stages"]["outline"]["phases"] == phases
+        and out["stages"]["outline"]["phases_in_range"] is in_range
+    )
+    assert out["diagnostics"]["outline_phases"] == phases
+    assert out["diagnostics"]["outline_phases_in_range"] is in_range
+    assert out["diagnostics"]["outline_fallback"] is False
+    assert "outline" not in out["diagnostics"]["fallbacks"]
+    assert attribution_user(llm).count('"phase_id"') == phases
+
+
+async def test_a_summary_may_propose_more_than_twelve_steps() -> None:
+    trajectory = longrca_like(40)
+    every = propose(*[(i, "other") for i in range(40)])
+    llm = RoutedLLM(
+        {
+            "summary": summary_for(every),
+            "outline": outline_route,
+            "attribution": lambda r: answer("stay_agent", 5),
+        }
+    )
+    result = await rcta(segmentation={"max_steps": 20}).attribute(trajectory, llm)
+    first = llm.requests[0]
+    assert first.schema is not None and "maxItems" not in first.schema["properties"]["proposed_steps"]
+    assert "at most 12" not in first.user
+    assert result.output["stages"]["summary"][0]["errors"] == 0
+    assert result.output["candidates"]["base_ids"] == list(range(40))
+
+
+async def test_a_digit_string_step_is_read_as_an_integer() -> None:
+    def stringly(request: Request) -> dict[str, Any]:
+        value = answer("Coder", 5)
+        value["root_cause"]["step"] = "5"
+        return value
+
+    llm = llm_with(stringly, propose((5, "possible_root")))
+    result = await rcta().attribute(magentic(), llm)
+    assert llm.stages().count("attribution") == 1
+    assert result.pred_step == 5 and isinstance(result.pred_step, int) and result.step_valid
+    assert result.output["covered"] is True
+
+
+def test_presets_state_full_and_ablation_reasoning_separately() -> None:
+    assert set(PRESET_REASONING) == set(PRESETS) == {"full", "ablation"}
+    ablation = PRESET_REASONING["ablation"]
+    assert (ablation.summary, ablation.outline, ablation.attribution) == ("off", "high", "high")  # App. H
+    assert RctaOptions.from_mapping({"preset": "full"}).reasoning is PRESET_REASONING["full"]
+    assert RctaOptions.from_mapping({"preset": "ablation"}).reasoning is PRESET_REASONING["ablation"]
+
+
+@pytest.mark.parametrize("preset", ["full", "ablation"])
+async def test_each_stage_sends_its_presets_reasoning_and_budget(preset: str) -> None:
+    llm = llm_with(lambda r: answer("Coder", 5), propose((5, "possible_root")))
+    made = rcta(preset=preset)
+    await made.attribute(magentic(), llm)
+    reasoning, budgets = PRESET_REASONING[preset], PRESETS[preset]
+    expected = {
+        "summary": (reasoning.summary, budgets.summary),
+        "outline": (reasoning.outline, budgets.outline),
+        "attribution": (reasoning.attribution, budgets.attribution),
+    }
+    assert {r.stage: (r.reasoning, r.max_tokens) for r in llm.requests} == expected
+    assert made.stage_budgets == {stage: budget for stage, (_, budget) in expected.items()}

@@ -1,4 +1,6 @@
-"""RCTA A4: each validation rule both ways, the single-retry feedback, the field-preserving merge and coverage."""
+"""RCTA A4: each validation rule both ways, the single-retry feedback, the field-preserving merge, coverage (App.
+L.1's four checks) and the release-only cross-field rules (off by default: the paper keeps role and step
+independent)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import pytest
 
 from rcarun.data import Step, Trajectory
 from rcarun.methods.rcta.schemas import parse_attribution
-from rcarun.methods.rcta.validate import Validation, feedback_text, merge_fields, validate_attribution
+from rcarun.methods.rcta.validate import (
+    COVERAGE_CHECKS,
+    Validation,
+    feedback_text,
+    merge_fields,
+    validate_attribution,
+)
 
 INSTRUCTION = "Edit parse_config so that it reads the timeout from TIMEOUT_SECONDS, in minutes."
 STEPS = (
@@ -77,9 +85,13 @@ def _trace(**changes: Any) -> dict[str, Any]:
     return trace
 
 
-def _validate(answer: object) -> Validation:
+def _validate(answer: object, *, release: bool = False) -> Validation:
     return validate_attribution(
-        parse_attribution(answer), TRAJECTORY, handoff_texts_by_step=HANDOFFS, quote_grounded=_grounded
+        parse_attribution(answer),
+        TRAJECTORY,
+        handoff_texts_by_step=HANDOFFS,
+        quote_grounded=_grounded,
+        release_consistency_rules=release,
     )
 
 
@@ -99,6 +111,12 @@ def test_the_reference_answer_is_valid_and_covered() -> None:
         True,
     )
     assert set(final.sources.values()) == {"first"}
+    assert final.coverage_checks == {
+        "recorded_role": True,
+        "root_step": True,
+        "chain_structure": True,
+        "handoff_evidence": True,
+    }
 
 
 # --- role ---------------------------------------------------------------------------------------------------
@@ -126,12 +144,14 @@ def test_environment_is_never_a_role_even_when_recorded(agent: str) -> None:
 # --- step ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", [0, 2, 6])
-def test_existing_steps_are_valid(step: int) -> None:
-    assert _validate(_answer(step=step, agent="human" if step == 0 else "ActionAgent")).is_valid("step")
+@pytest.mark.parametrize("step", [0, 2, 6, "2", "6"])
+def test_existing_steps_are_valid(step: object) -> None:
+    validation = _validate(_answer(step=step, agent="human" if step == 0 else "ActionAgent"))
+    assert validation.is_valid("step")
+    assert validation.answer.step == int(str(step))  # a digit string is read as its integer
 
 
-@pytest.mark.parametrize("step", [-1, 7, 100, "2", "system_evaluation", None, 2.0])
+@pytest.mark.parametrize("step", [-1, 7, 100, "7", "2a", "system_evaluation", None, 2.0])
 def test_steps_outside_the_trajectory_or_not_integers_are_invalid(step: object) -> None:
     validation = _validate(_answer(step=step))
     assert not validation.is_valid("step")
@@ -195,8 +215,19 @@ def test_a_faithful_claim_may_name_the_sender_of_the_handoff() -> None:
     assert _validate(_answer(**{**FAITHFUL, "agent": "DiagnostAgent"})).valid
 
 
-def test_a_faithful_claim_must_put_the_root_at_the_prescribing_step() -> None:
-    validation = _validate(_answer(**{**FAITHFUL, "step": 2, "agent": "ActionAgent"}))
+def test_a_faithful_claim_elsewhere_than_its_prescribing_step_is_valid_by_default() -> None:
+    # The paper keeps role and step independent: no cross-field rule, so no retry and the output is covered.
+    validation = _validate(
+        _answer(**{**FAITHFUL, "step": 2, "agent": "ActionAgent", "primary_category": "D1"})
+    )
+    assert validation.valid, validation.errors
+    assert validation.check("consistency").errors == ()
+    final = merge_fields(validation)
+    assert final.covered and not final.needs_review
+
+
+def test_release_rules_a_faithful_claim_must_put_the_root_at_the_prescribing_step() -> None:
+    validation = _validate(_answer(**{**FAITHFUL, "step": 2, "agent": "ActionAgent"}), release=True)
     assert _invalid_fields(validation) == {"consistency"}
     errors = " ".join(validation.check("consistency").errors)
     assert "prescribing handoff step 1, but root_cause.step is 2" in errors
@@ -226,10 +257,11 @@ def test_a_faithful_claim_needs_a_cited_step_and_a_quote(trace_changes: dict[str
     assert any(message in error for error in validation.check("delegation_trace").errors)
 
 
-def test_a_faithful_claim_needs_category_c1_or_a2() -> None:
-    assert _validate(_answer(**{**FAITHFUL, "primary_category": "A2"})).valid
-    validation = _validate(_answer(**{**FAITHFUL, "primary_category": "B1"}))
+def test_release_rules_a_faithful_claim_needs_category_c1_or_a2() -> None:
+    assert _validate(_answer(**{**FAITHFUL, "primary_category": "A2"}), release=True).valid
+    validation = _validate(_answer(**{**FAITHFUL, "primary_category": "B1"}), release=True)
     assert _invalid_fields(validation) == {"consistency"}
+    assert _validate(_answer(**{**FAITHFUL, "primary_category": "B1"})).valid  # not a rule of the paper
 
 
 # --- planner-class agents -----------------------------------------------------------------------------------
@@ -242,25 +274,36 @@ def test_a_planner_agent_on_a_planner_step_is_valid() -> None:
     assert validation.valid, validation.errors
 
 
-def test_a_planner_agent_on_an_executor_step_is_inconsistent() -> None:
-    validation = _validate(_answer(agent="DiagnostAgent", step=2, primary_category="C2"))
+def test_a_planner_agent_on_an_executor_step_is_valid_and_covered_by_default() -> None:
+    validation = _validate(_answer(agent="DiagnostAgent", step=2, primary_category="D1"))
+    assert validation.valid, validation.errors
+    final = merge_fields(validation)
+    assert (final.agent, final.step, final.covered, final.needs_review) == ("DiagnostAgent", 2, True, False)
+
+
+def test_release_rules_a_planner_agent_on_an_executor_step_is_inconsistent() -> None:
+    validation = _validate(_answer(agent="DiagnostAgent", step=2, primary_category="C2"), release=True)
     assert _invalid_fields(validation) == {"consistency"}
     assert "step 2 is spoken by 'ActionAgent' (executor)" in validation.check("consistency").errors[0]
     # Neither field is invalid on its own.
     assert validation.is_valid("agent") and validation.is_valid("step")
 
 
-def test_a_handoff_form_agent_is_planner_class_by_its_sender() -> None:
-    validation = _validate(_answer(agent="DiagnostAgent (-> ActionAgent)", step=3, primary_category="C2"))
+def test_release_rules_a_handoff_form_agent_is_planner_class_by_its_sender() -> None:
+    validation = _validate(
+        _answer(agent="DiagnostAgent (-> ActionAgent)", step=3, primary_category="C2"), release=True
+    )
     assert "planner-class step" in validation.check("consistency").errors[0]
 
 
 def test_an_executor_agent_may_point_at_a_planner_step() -> None:
     assert _validate(_answer(agent="ActionAgent", step=4)).valid
+    assert _validate(_answer(agent="ActionAgent", step=4), release=True).valid
 
 
-def test_a_planner_agent_cannot_have_an_execution_category() -> None:
-    validation = _validate(_answer(agent="DiagnostAgent", step=4, primary_category="D1"))
+def test_release_rules_a_planner_agent_cannot_have_an_execution_category() -> None:
+    assert _validate(_answer(agent="DiagnostAgent", step=4, primary_category="D1")).valid
+    validation = _validate(_answer(agent="DiagnostAgent", step=4, primary_category="D1"), release=True)
     assert _invalid_fields(validation) == {"consistency"}
     assert "D*/E*/X*" in validation.check("consistency").errors[0]
 
@@ -355,7 +398,7 @@ def test_a_valid_first_role_survives_an_invalid_retry_role() -> None:
 
 def test_an_invalid_retry_step_never_overwrites_a_valid_first_step() -> None:
     first = _validate(_answer(agent="Nobody", step=2))
-    retry = _validate(_answer(agent="JudgeAgent", step="5"))
+    retry = _validate(_answer(agent="JudgeAgent", step="five"))
     final = merge_fields(first, retry)
     assert (final.agent, final.step) == ("JudgeAgent", 2)
     assert (final.sources["agent"], final.sources["step"]) == ("retry", "first")
@@ -399,6 +442,7 @@ def test_a_model_abstention_keeps_its_fields_but_is_not_covered() -> None:
     final = merge_fields(_validate(_answer(abstain=True, confidence="low")))
     assert (final.agent, final.step) == ("ActionAgent", 2)
     assert final.abstain and final.model_abstained and not final.covered and not final.needs_review
+    assert all(final.coverage_checks.values())  # the four checks pass; abstaining alone loses coverage
 
 
 def test_an_invalid_secondary_field_flags_review_but_keeps_coverage() -> None:
@@ -422,18 +466,76 @@ def test_a_retry_that_fixes_the_chain_restores_coverage() -> None:
     assert final.covered and final.sources["failure_chain"] == "retry"
 
 
-def test_fields_merged_from_different_attempts_are_rechecked_for_consistency() -> None:
+def test_release_rules_recheck_fields_merged_from_different_attempts_but_never_touch_coverage() -> None:
     # First: valid executor step 2, invalid role. Retry: valid planner role, invalid step. The merged pair
-    # (planner role, executor step) breaks the planner rule: kept as is, flagged, not covered.
+    # (planner role, executor step) breaks the release's planner rule: kept as is, flagged; coverage is App.
+    # L.1's four checks, which it passes.
+    first = _validate(_answer(agent="Nobody", step=2, primary_category="C2"), release=True)
+    retry = _validate(_answer(agent="DiagnostAgent", step=999, primary_category="C2"), release=True)
+    final = merge_fields(first, retry)
+    assert (final.agent, final.step) == ("DiagnostAgent", 2)
+    assert final.needs_review and final.covered and not final.abstain
+    assert any(error.startswith("consistency: ") for error in final.errors)
+
+
+def test_without_release_rules_merged_fields_are_not_checked_across() -> None:
     first = _validate(_answer(agent="Nobody", step=2, primary_category="C2"))
     retry = _validate(_answer(agent="DiagnostAgent", step=999, primary_category="C2"))
     final = merge_fields(first, retry)
     assert (final.agent, final.step) == ("DiagnostAgent", 2)
-    assert final.needs_review and not final.covered and not final.abstain
-    assert any(error.startswith("consistency: ") for error in final.errors)
+    assert final.covered and not any(error.startswith("consistency: ") for error in final.errors)
+    assert not final.needs_review  # each field is valid in the attempt it was kept from
 
 
-def test_an_inconsistent_single_attempt_is_not_covered() -> None:
-    final = merge_fields(_validate(_answer(agent="DiagnostAgent", step=2, primary_category="C2")))
+def test_release_rules_an_inconsistent_single_attempt_is_flagged_and_still_covered() -> None:
+    validation = _validate(_answer(agent="DiagnostAgent", step=2, primary_category="C2"), release=True)
+    assert not validation.valid  # so the method retries
+    final = merge_fields(validation)
     assert (final.agent, final.step) == ("DiagnostAgent", 2)
-    assert not final.covered and final.needs_review
+    assert final.covered and final.needs_review
+
+
+# --- coverage: exactly App. L.1's four checks ----------------------------------------------------------------
+
+
+def test_coverage_checks_are_the_papers_four() -> None:
+    assert dict(COVERAGE_CHECKS) == {
+        "recorded_role": "agent",
+        "root_step": "step",
+        "chain_structure": "failure_chain",
+        "handoff_evidence": "delegation_trace",
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "failed"),
+    [
+        ({"agent": "Nobody"}, "recorded_role"),
+        ({"step": 70}, "root_step"),
+        (
+            {"failure_chain": [{"step": 2, "agent": "a", "role": "root_cause", "description": ""}]},
+            "chain_structure",
+        ),
+        ({"delegation_trace": _trace(quote="never said")}, "handoff_evidence"),
+    ],
+)
+def test_each_of_the_four_checks_alone_decides_coverage(changes: dict[str, Any], failed: str) -> None:
+    final = merge_fields(_validate(_answer(**changes)))
+    assert not final.covered
+    assert {name for name, passed in final.coverage_checks.items() if not passed} == {failed}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"primary_category": "Z9"},
+        {"contributing_factors": ["D1"]},
+        {"evidence_step_ids": [2, 99]},
+        {"confidence": "sure"},
+        {"reason": 7},
+        {"counterfactual": None},
+    ],
+)
+def test_fields_outside_the_four_checks_never_decide_coverage(changes: dict[str, Any]) -> None:
+    final = merge_fields(_validate(_answer(**changes)))
+    assert final.covered and final.needs_review

@@ -1,51 +1,64 @@
 """Candidate pooling: which proposed steps become RCTA's base candidates, in which order (A1, LongRCA App. H).
 
-The local summaries propose failure-relevant steps with tags. Before handoff augmentation (A2) RCTA pools these
-proposals into at most 80 base candidates whose original text the attribution call will read. The order matters
-only for which proposals survive the cap; it says nothing about the final root decision.
+Segment summaries and the trajectory outline guide candidate retrieval (paper abstract, Sec. 4.1; summary App. F:
+RCTA "retrieves source steps from summaries and phases"). Before handoff augmentation (A2) RCTA pools their step
+hints into at most 80 base candidates whose original text the attribution call will read. The order matters only
+for which hints survive the cap; it says nothing about the final root decision.
+
+Where the hints come from:
+
+- Local summaries: every ``proposed_steps`` entry, with its tags and note (source ``"summary"``).
+- The outline: for every phase, the step ids of each of its ``failure_signals`` (note: the signal's severity and
+  description) and the first three of its ``supporting_step_ids`` (note: the phase it supports) — source
+  ``"outline"``. Which outline ids count is the release's rule (release notes 3.6: "every ID in every phase's
+  failure_signals; the first 3 supporting_step_ids of each phase"); the paper says only that the phases supply
+  source steps. Outline hints carry no candidate tag: the outline does not classify steps, so on their own they
+  are "other candidates" (priority 3, rule 2), and a step a summary also proposed keeps the summary's tags. The
+  one-phase-per-summary fallback outline has no failure signals or supporting ids and adds nothing.
 
 Rules (paper App. H "Candidate ordering and role matching"; the release pipeline has none of them — it takes the
-sorted union of all proposed ids with no priority and no cap, release notes 3.6 / 3.13 item 1 — so the paper is
+sorted union of all hinted ids with no priority and no cap, release notes 3.6 / 3.13 item 1 — so the paper is
 followed throughout):
 
 1. Hints are deduplicated by integer step id. Merging keeps every distinct value of the hint fields the paper
-   names, in order of first appearance over the summaries (segment order, then answer order): the *role* of a hint
-   is its tag (the part it plays in the failure chain: manifestation, root, terminal context, other), its *source*
-   is the proposing summary (``"local:<segment id>"``), its *note* the model's reason (empty notes dropped).
+   names, in order of first appearance (the summaries in segment order and answer order, then the outline's
+   phases in order): the *role* of a hint is its tag (the part it plays in the failure chain: manifestation,
+   root, terminal context, other), its *source* where it came from — ``Candidate.source`` is ``"summary"``,
+   ``"outline"`` or ``"both"``, and ``Candidate.proposed_by`` names each proposer (``"local:<segment id>"``,
+   ``"outline:<phase id>"``) — and its *note* the reason given (empty notes dropped).
 2. Base priority: possible_manifestation 0, possible_root 1, terminal_context 2, other 3. The tags are matched in
    exactly that order and the first one the merged hint carries sets the base priority (so it is the smallest
-   number among its tags). A hint whose tags include none of the four (only ``recovered_noise``, or unknown tags
-   the reader kept and flagged) counts as "other candidates": 3.
+   number among its tags). A hint whose tags include none of the four (only ``recovered_noise``, unknown tags
+   the reader kept and flagged, or an outline hint with no tag) counts as "other candidates": 3.
 3. A hint tagged ``recovered_noise`` adds 3 — once, however many of the merged hints carry the tag.
 4. Ties are broken by ascending step id.
 5. The first ``cap`` (80) candidates are kept.
 6. Only ids present in the trajectory become base candidates. The paper applies this when excerpts are built,
    after the cap ("the first 80 candidates are retained ... actual excerpts contain only IDs present in the
    trajectory"), and so do we: an id outside the trajectory can take a slot and is then dropped (recorded in
-   ``dropped``). The local-summary schema restricts ids to the segment's own steps, so this happens only when a
-   model ignores its schema.
-
-Choices where the sources are silent: only the local summaries' ``proposed_steps`` are pooled (the paper says
-summaries propose steps and the outline aggregates subgoals and conflicts; the release's extra pooling of the
-outline's failure signals and first three supporting ids belongs to its unprioritised union and is not used).
+   ``dropped``). The stage schemas restrict ids to the trajectory (a summary's to its segment's own steps), so
+   this happens only when a model ignores its schema.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from rcarun.data import Trajectory
 
-from .schemas import LocalSummary
+from .schemas import LocalSummary, Outline
 
 __all__ = [
     "BASE_PRIORITY",
     "DEFAULT_CAP",
+    "OUTLINE_SUPPORTING_IDS",
     "RECOVERED_NOISE",
     "RECOVERED_NOISE_PENALTY",
     "Candidate",
     "CandidatePool",
+    "HintSource",
     "base_priority",
     "pool_candidates",
 ]
@@ -61,6 +74,11 @@ _OTHER_PRIORITY = 3
 RECOVERED_NOISE = "recovered_noise"
 RECOVERED_NOISE_PENALTY = 3
 DEFAULT_CAP = 80
+OUTLINE_SUPPORTING_IDS = 3  # the release pools the first 3 supporting ids of each phase (release notes 3.6)
+_SUMMARY_PREFIX = "local:"
+_OUTLINE_PREFIX = "outline:"
+
+HintSource = Literal["summary", "outline", "both"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +87,9 @@ class Candidate:
 
     Attributes:
         step_id: the proposed step.
-        tags: the distinct tags (the hints' roles) in order of first appearance.
-        sources: the distinct proposing summaries, ``"local:<segment id>"``, in order of first appearance.
+        tags: the distinct tags (the hints' roles) in order of first appearance; empty for an outline-only hint.
+        proposed_by: the distinct proposers in order of first appearance: ``"local:<segment id>"`` for a local
+            summary, ``"outline:<phase id>"`` for a phase of the outline.
         notes: the distinct non-empty notes, in order of first appearance.
         base_priority: from the first matching tag (rule 2 of the module docstring).
         priority: ``base_priority`` plus 3 for recovered noise; lower is retrieved first.
@@ -78,7 +97,7 @@ class Candidate:
 
     step_id: int
     tags: tuple[str, ...]
-    sources: tuple[str, ...]
+    proposed_by: tuple[str, ...]
     notes: tuple[str, ...]
     base_priority: int
     priority: int
@@ -86,6 +105,15 @@ class Candidate:
     @property
     def recovered_noise(self) -> bool:
         return RECOVERED_NOISE in self.tags
+
+    @property
+    def source(self) -> HintSource:
+        """Where the merged hints came from: the local summaries, the outline, or both."""
+        summary = any(p.startswith(_SUMMARY_PREFIX) for p in self.proposed_by)
+        outline = any(p.startswith(_OUTLINE_PREFIX) for p in self.proposed_by)
+        if summary and outline:
+            return "both"
+        return "outline" if outline else "summary"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +125,14 @@ class CandidatePool:
         overflow: candidates ranked beyond the cap, in retrieval order.
         dropped: ids within the cap that are not steps of the trajectory, in retrieval order.
         n_proposals: hints read from the summaries before deduplication.
+        n_outline_hints: hints read from the outline before deduplication.
     """
 
     candidates: tuple[Candidate, ...]
     overflow: tuple[Candidate, ...]
     dropped: tuple[int, ...]
     n_proposals: int
+    n_outline_hints: int = 0
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -114,6 +144,10 @@ class CandidatePool:
         """The base-candidate set (before handoff augmentation), ascending."""
         return tuple(sorted(self.ids))
 
+    def base_ids_from(self, source: Literal["summary", "outline"]) -> tuple[int, ...]:
+        """The base candidates with at least one hint from ``source`` (a ``"both"`` id is in each), ascending."""
+        return tuple(sorted(c.step_id for c in self.candidates if c.source in (source, "both")))
+
 
 def base_priority(tags: Sequence[str]) -> int:
     """The base priority of a hint's tags: the first category of `BASE_PRIORITY` it carries, else 3."""
@@ -124,44 +158,54 @@ def base_priority(tags: Sequence[str]) -> int:
 
 
 class _Merged:
-    __slots__ = ("notes", "sources", "tags")
+    __slots__ = ("notes", "proposed_by", "tags")
 
     def __init__(self) -> None:
         self.tags: dict[str, None] = {}
-        self.sources: dict[str, None] = {}
+        self.proposed_by: dict[str, None] = {}
         self.notes: dict[str, None] = {}
+
+    def add(self, tags: Sequence[str], proposer: str, note: str) -> None:
+        self.tags.update(dict.fromkeys(tags))
+        self.proposed_by[proposer] = None
+        if note.strip():
+            self.notes[note] = None
 
 
 def pool_candidates(
-    local_summaries: Sequence[LocalSummary], trajectory: Trajectory, *, cap: int = DEFAULT_CAP
+    local_summaries: Sequence[LocalSummary],
+    trajectory: Trajectory,
+    *,
+    outline: Outline | None = None,
+    cap: int = DEFAULT_CAP,
 ) -> CandidatePool:
-    """Pool, prioritise and cap the steps the local summaries propose (rules in the module docstring).
+    """Pool, prioritise and cap the steps the local summaries and the outline hint at (module docstring).
 
     Args:
         local_summaries: the read summaries, in segment order.
         trajectory: decides which ids exist.
+        outline: the outline used for attribution (a fallback outline adds nothing); None pools summaries only.
         cap: how many candidates are kept (80 in the paper).
     """
     if cap < 0:
         raise ValueError("cap must not be negative")
     merged: dict[int, _Merged] = {}
-    n_proposals = 0
+    n_proposals = n_outline_hints = 0
     for summary in local_summaries:
-        source = f"local:{summary.segment_id}"
+        proposer = f"{_SUMMARY_PREFIX}{summary.segment_id}"
         for proposal in summary.proposals:
             n_proposals += 1
-            entry = merged.setdefault(proposal.step_id, _Merged())
-            entry.tags.update(dict.fromkeys(proposal.tags))
-            entry.sources[source] = None
-            if proposal.note.strip():
-                entry.notes[proposal.note] = None
+            merged.setdefault(proposal.step_id, _Merged()).add(proposal.tags, proposer, proposal.note)
+    for step_id, proposer, note in _outline_hints(outline):
+        n_outline_hints += 1
+        merged.setdefault(step_id, _Merged()).add((), proposer, note)
     ranked: list[Candidate] = []
     for step_id, entry in merged.items():
         tags = tuple(entry.tags)
         base = base_priority(tags)
         penalty = RECOVERED_NOISE_PENALTY if RECOVERED_NOISE in tags else 0
         ranked.append(
-            Candidate(step_id, tags, tuple(entry.sources), tuple(entry.notes), base, base + penalty)
+            Candidate(step_id, tags, tuple(entry.proposed_by), tuple(entry.notes), base, base + penalty)
         )
     ranked.sort(key=lambda c: (c.priority, c.step_id))
     within, overflow = ranked[:cap], ranked[cap:]
@@ -171,4 +215,26 @@ def pool_candidates(
         overflow=tuple(overflow),
         dropped=tuple(c.step_id for c in within if c.step_id not in steps),
         n_proposals=n_proposals,
+        n_outline_hints=n_outline_hints,
     )
+
+
+def _outline_hints(outline: Outline | None) -> list[tuple[int, str, str]]:
+    """The outline's step hints as ``(step id, proposer, note)``, phase by phase (module docstring)."""
+    if outline is None:
+        return []
+    hints: list[tuple[int, str, str]] = []
+    for position, phase in enumerate(outline.phases, start=1):
+        phase_id = phase.phase_id if phase.phase_id is not None else position
+        proposer = f"{_OUTLINE_PREFIX}{phase_id}"
+        for signal in phase.failure_signals:
+            severity = f" ({signal.severity})" if signal.severity else ""
+            note = _note(f"outline phase {phase_id} failure signal{severity}", signal.description)
+            hints += [(step_id, proposer, note) for step_id in signal.step_ids]
+        goal = _note(f"supports outline phase {phase_id}", phase.phase_goal)
+        hints += [(step_id, proposer, goal) for step_id in phase.supporting_step_ids[:OUTLINE_SUPPORTING_IDS]]
+    return hints
+
+
+def _note(label: str, text: str) -> str:
+    return f"{label}: {text.strip()}" if text.strip() else label

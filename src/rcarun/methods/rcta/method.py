@@ -3,24 +3,48 @@
 LongRCA paper Sec. 4, App. H, L.3; its summary Sec. 5.1–5.3, App. D–F; release notes 3.1–3.13. Per trajectory:
 
 1. `enrich` and `segment` the steps (no LLM).
-2. Stage I (A1), one ``"summary"`` call per segment (task-conditioned, reasoning off) proposing tagged step ids
-   from the segment's own steps (overlap steps are shown as read-only context), then one ``"outline"`` call
-   (reasoning high) aggregating the summaries into 3–8 phases and conflicts. An outline that cannot be read is
-   replaced by `fallback_outline` (one phase per summary), and the fallback is recorded.
-3. `pool_candidates` (priority by tag, cap 80) gives the base candidates; A2 `augment_with_handoffs` adds the
-   nearest earlier handoff of each; the excerpts are the augmented ids present in the trajectory, with their
-   original text and step ids, plus the release's linkage hints.
-4. Stage II (A3), one ``"attribution"`` call (temperature 0, reasoning high) with the root-cause decision rules
-   and the backward instruction–execution rules; A4 validates it field by field, sends at most one retry with
+2. Stage I (A1), one ``"summary"`` call per segment (task-conditioned) proposing tagged step ids from the
+   segment's own steps (overlap steps are shown as read-only context), then one ``"outline"`` call aggregating
+   the summaries into phases and conflicts. The prompt asks for 3–8 phases (summary App. E); an outline of
+   another length is used as answered and recorded (``diagnostics.outline_phases_in_range``), since the paper's
+   implementation left 308 of 1,140 outside the range. An outline that cannot be read is replaced by
+   `fallback_outline` (one phase per summary), and the fallback is recorded.
+3. `pool_candidates` pools the summaries' proposals *and* the outline's phase steps (abstract, Sec. 4.1,
+   summary App. F; each candidate's ``source`` is ``summary``, ``outline`` or ``both``), prioritised by tag and
+   capped at 80, giving the base candidates; A2 `augment_with_handoffs` adds the nearest earlier handoff of
+   each; the excerpts are the augmented ids present in the trajectory, with their original text and step ids,
+   plus the release's linkage hints.
+4. Stage II (A3), one ``"attribution"`` call (temperature 0) with the root-cause decision rules and the
+   backward instruction–execution rules; A4 validates it field by field, sends at most one retry with
    `feedback_text`, and `merge_fields` keeps each field from the attempt where it is valid.
 
-The prediction's role is the answer's ``root_cause.agent`` field (never the speaker of the root step), its step
-``root_cause.step``; validity is `role_is_valid` / `step_is_valid`; ``abstained`` is `FinalFields.abstain`.
+Every call — each segment summary, the outline, the attribution and its A4 retry — shows the task instruction
+whole (up to 12,000 characters, `rcarun.methods.context.task_text`; option ``include_task``): methods receive the
+task instruction (paper Sec. 3.2) and the summaries are task-conditioned (Sec. 4.1).
 
-Budgets (method option ``preset``): ``full`` 4,000 / 6,000 / 8,000 output tokens for summary / outline /
-attribution (the Full benchmark), ``ablation`` 4,000 / 12,000 / 32,000 (the component study). The single
-length-triggered retry that doubles the budget up to 65,536 is the run's stage policy, applied by the session
-behind ``llm.chat``; this module never sees a length stop except in the final `Reply`.
+The prediction's role is the answer's ``root_cause.agent`` field (never the speaker of the root step), its step
+``root_cause.step``; validity is `role_is_valid` / `step_is_valid`; ``abstained`` is `FinalFields.abstain`. An
+abstaining prediction keeps the valid role and step the model gave with it (release notes 3.12: "abstaining
+outputs still carry whatever agent and step they have"): the paper scores the fields given in its main
+comparisons and counts abstentions as errors only in the component conditions (App. L.1), so the report can
+apply either rule.
+
+Validity and coverage (`rcarun.methods.rcta.validate`): A4's checks are field checks (paper Sec. 4.2: "field
+validity and the provenance of cited handoff evidence"); the release's cross-field rules (planner agent =>
+planner step, faithful claim => C1/A2, ...) are off, and available only as the release-only option
+``release_consistency_rules``. ``output["covered"]`` is App. L.1's coverage: a non-abstaining output passing the
+four checks of recorded role, root-step validity, chain structure and cited handoff evidence
+(``output["coverage_checks"]`` says which passed), after the merge (the first answer's under ``no-a4``; without
+the handoff-evidence check under ``no-a3``).
+
+Presets (method option ``preset``), stated separately in `PRESETS` and `PRESET_REASONING`: ``full`` 4,000 /
+6,000 / 8,000 output tokens for summary / outline / attribution (the Full benchmark, App. H), ``ablation``
+4,000 / 12,000 / 32,000 (the component study, App. H). Reasoning: the ablation preset's summary off, outline
+and attribution high are App. H's; the paper gives no values for Full (only "different reasoning settings",
+summary App. E), so Full's, the same, are our choice. The single length-triggered retry that doubles the
+budget up to 65,536 is the run's stage policy, applied by the session behind ``llm.chat``; this module never
+sees a length stop except in the final `Reply`. The preset's budgets are exposed as ``stage_budgets`` so that a
+sweep's stage table never silently overrides them.
 
 Stage I is shareable (`RCTA.shareable_stages`): every condition with the same options except ``ablation`` sends
 byte-identical summary and outline requests (retries included, since they depend only on Stage I answers), so the
@@ -50,7 +74,7 @@ Choices where paper and release are silent or differ (each documented where it i
   only for attribution and is silent on Stage I, so the release's behaviour is taken. A summary is retried when
   its reader found errors; the retry's summary is used unless it has more errors than the first. Ids a used
   summary proposes outside its segment's own steps are then dropped (the release's coercion) and recorded. The
-  outline is retried when readable with errors other than its phase count (the release never enforces 3–8); an
+  outline is retried when readable with errors (its phase count is none: the release never enforces 3–8); an
   unreadable outline gets the fallback and no retry (the release's fallback passes validation).
 - Retries (Stage I and attribution) resend the first request with the feedback appended to the user message, as
   the release does, rather than replaying the previous answer.
@@ -90,7 +114,7 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
-from rcarun.methods.context import TRUNCATION_POLICIES, cut_middle, fit_prompt, ground_truth_line
+from rcarun.methods.context import TRUNCATION_POLICIES, cut_middle, fit_prompt, ground_truth_line, task_text
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.registry import method
 
@@ -117,11 +141,13 @@ from .validate import FieldCheck, FinalFields, Validation, feedback_text, merge_
 __all__ = [
     "ABLATIONS",
     "PRESETS",
+    "PRESET_REASONING",
     "RCTA",
     "SHAREABLE_STAGES",
     "STAGES",
     "RctaOptions",
     "StageBudgets",
+    "StageReasoning",
     "uniform_ids",
 ]
 
@@ -133,11 +159,7 @@ SHAREABLE_STAGES: frozenset[str] = frozenset({"summary", "outline"})
 _SUMMARY_TEMPERATURE = 0.1
 _OUTLINE_TEMPERATURE = 0.1
 _ATTRIBUTION_TEMPERATURE = 0.0
-_SUMMARY_REASONING: Reasoning = "off"
-_OUTLINE_REASONING: Reasoning = "high"
-_ATTRIBUTION_REASONING: Reasoning = "high"
 _STAGE1_FEEDBACK_ERRORS = 20  # the release appends the first 20 errors to a local/phase retry
-_PHASE_COUNT_ERROR = "phases: expected 3–8 phases"  # the reader's message; the release does not enforce it
 _STEP_CHAR_LIMIT = 200_000
 _NOTE_CHARS = 300  # a candidate note longer than this is cut in the excerpt header
 _CUT_NOTE = (
@@ -154,9 +176,28 @@ class StageBudgets:
     attribution: int
 
 
+@dataclass(frozen=True, slots=True)
+class StageReasoning:
+    """The reasoning setting sent with each of the three stages."""
+
+    summary: Reasoning
+    outline: Reasoning
+    attribution: Reasoning
+
+
+# Output budgets: Full 4,000 / 6,000 / 8,000 (paper App. H, summary App. E); ablation 4,000 / 12,000 / 32,000
+# (App. H "Ablation inference settings").
 PRESETS: Mapping[str, StageBudgets] = {
     "full": StageBudgets(summary=4_000, outline=6_000, attribution=8_000),
     "ablation": StageBudgets(summary=4_000, outline=12_000, attribution=32_000),
+}
+# Reasoning: the ablation's values are App. H's ("local summaries (reasoning off)", "aggregation and attribution
+# use reasoning at high effort"). For Full the paper says only that the stages use "different reasoning settings"
+# (summary App. E) and gives no values; Full's are our choice, the same per-stage values (which do differ by
+# stage), stated here on their own so that either can change without the other.
+PRESET_REASONING: Mapping[str, StageReasoning] = {
+    "full": StageReasoning(summary="off", outline="high", attribution="high"),
+    "ablation": StageReasoning(summary="off", outline="high", attribution="high"),
 }
 
 
@@ -165,9 +206,12 @@ class RctaOptions:
     """RCTA's options table (a sweep's ``options`` for the method; unknown keys are a `ConfigError`).
 
     Attributes:
-        preset: ``"full"`` or ``"ablation"`` output budgets (`PRESETS`).
+        preset: ``"full"`` or ``"ablation"``: the stages' output budgets (`PRESETS`) and reasoning settings
+            (`PRESET_REASONING`).
         ablation: None (all components) or one of `ABLATIONS`.
-        include_task: show the task text to every stage (the paper's task-conditioned summaries).
+        include_task: show the task instruction, whole up to 12,000 characters, in every call: each segment
+            summary, the outline, the attribution and its A4 retry (paper Sec. 3.2, 4.1: methods receive the task
+            instruction; the summaries are task-conditioned).
         include_ground_truth: add the task's correct final answer to every stage (off: the LongRCA protocol).
         truncation: the shared context policy, ``"cap-steps"`` or ``"none"`` (`rcarun.methods.context`).
         candidate_cap: base candidates kept before handoff augmentation (80 in the paper).
@@ -176,6 +220,10 @@ class RctaOptions:
         stage1_retry: one validation retry for a summary or outline with errors (the release's behaviour).
         step_char_limit: step contents longer than this are cut in the middle before prompting (the release's
             200,000-character safety cap).
+        release_consistency_rules: release-only, off by default: also apply the release's cross-field rules
+            (planner agent => planner step and no D/E/X category; faithful claim => root at the prescribing
+            step, its sender or a handoff form as agent, category C1 or A2) to A4's validity and retry. The
+            paper has no such rule and keeps role and step independent; coverage never uses them.
     """
 
     preset: str = "full"
@@ -187,6 +235,7 @@ class RctaOptions:
     segmentation: Mapping[str, int] | None = None
     stage1_retry: bool = True
     step_char_limit: int = _STEP_CHAR_LIMIT
+    release_consistency_rules: bool = False
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], *, name: str = "rcta") -> RctaOptions:
@@ -204,7 +253,7 @@ class RctaOptions:
             )
         if parsed.truncation not in TRUNCATION_POLICIES:
             raise ConfigError(f"{name}: truncation must be 'cap-steps' or 'none'")
-        for flag in ("include_task", "include_ground_truth", "stage1_retry"):
+        for flag in ("include_task", "include_ground_truth", "stage1_retry", "release_consistency_rules"):
             if not isinstance(getattr(parsed, flag), bool):
                 raise ConfigError(f"{name}: {flag} must be true or false")
         for count in ("candidate_cap", "step_char_limit"):
@@ -235,6 +284,10 @@ class RctaOptions:
     @property
     def budgets(self) -> StageBudgets:
         return PRESETS[self.preset]
+
+    @property
+    def reasoning(self) -> StageReasoning:
+        return PRESET_REASONING[self.preset]
 
 
 def uniform_ids(n_steps: int, count: int) -> tuple[int, ...]:
@@ -364,10 +417,6 @@ def _parsed(reply: Reply) -> Any:
     return reply.parsed if reply.parse_error is None else None
 
 
-def _outline_retry_errors(outline: Outline) -> list[str]:
-    return [e.message for e in outline.errors if not e.message.startswith(_PHASE_COUNT_ERROR)]
-
-
 @dataclass(slots=True)
 class _Run:
     """What one trajectory's run accumulates for the output JSON: calls made and fallbacks taken."""
@@ -385,6 +434,13 @@ class RCTA:
         self.label = label
         self.options = options
         self.budgets = options.budgets
+        self.reasoning = options.reasoning
+        # The preset fixes every stage's first budget: the runner lets no stage table override it.
+        self.stage_budgets: Mapping[str, int] = {
+            "summary": self.budgets.summary,
+            "outline": self.budgets.outline,
+            "attribution": self.budgets.attribution,
+        }
         self.ablation: Ablation | None = options.ablation  # type: ignore[assignment]  # checked by from_mapping
         self._segmentation = options.segmentation_config()
         self._summary_system = _load("rcta_summary_system.txt").template.strip()
@@ -400,9 +456,6 @@ class RCTA:
         self._attribution_user = _load("rcta_attribution_user.txt")
 
     # --- shared prompt pieces ------------------------------------------------------------------------------
-
-    def _task(self, trajectory: Trajectory) -> str:
-        return trajectory.task if (self.options.include_task and trajectory.task) else "(not recorded)"
 
     def _content(self, step: EnrichedStep) -> str:
         return _capped(step.content, self.options.step_char_limit)
@@ -452,7 +505,7 @@ class RCTA:
                     + "\n=== END OF CONTEXT ===\n"
                 )
             return self._summary_user.substitute(
-                task=self._task(trajectory),
+                task=task_text(trajectory, include=self.options.include_task),
                 ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
                 segment_id=seg.segment_id,
                 first=seg.step_ids[0],
@@ -484,7 +537,7 @@ class RCTA:
                 max_tokens=self.budgets.summary,
                 schema=schema,
                 temperature=_SUMMARY_TEMPERATURE,
-                reasoning=_SUMMARY_REASONING,
+                reasoning=self.reasoning.summary,
             )
             summary = parse_local_summary(_parsed(reply), segment_id=seg.segment_id, valid_ids=seg.step_ids)
             return summary, reply
@@ -529,7 +582,7 @@ class RCTA:
     ) -> list[Message]:
         """The trajectory-outline request (summaries are short; no truncation is applied)."""
         user = self._outline_user.substitute(
-            task=self._task(trajectory),
+            task=task_text(trajectory, include=self.options.include_task),
             ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
             n_steps=trajectory.n_steps,
             valid_ids=_id_ranges(range(trajectory.n_steps)),
@@ -562,7 +615,7 @@ class RCTA:
                 max_tokens=self.budgets.outline,
                 schema=schema,
                 temperature=_OUTLINE_TEMPERATURE,
-                reasoning=_OUTLINE_REASONING,
+                reasoning=self.reasoning.outline,
             )
             return parse_outline(_parsed(reply), trajectory=trajectory, segment_ids=segment_ids), reply
 
@@ -575,17 +628,18 @@ class RCTA:
             "used": "first",
             "fallback": False,
         }
-        if outline.readable and _outline_retry_errors(outline) and self.options.stage1_retry:
+        if outline.readable and outline.errors and self.options.stage1_retry:
             feedback = _stage1_feedback([e.message for e in outline.errors])
             retry, _ = await attempt(_with_feedback(messages, feedback))
             record.update(retried=True, retry_parsed=retry.readable, retry_errors=len(retry.errors))
-            if retry.readable and len(_outline_retry_errors(retry)) <= len(_outline_retry_errors(outline)):
+            if retry.readable and len(retry.errors) <= len(outline.errors):
                 outline, record["used"] = retry, "retry"
         if not outline.readable:
             outline = fallback_outline(summaries)
             record["fallback"] = True
             run.fallbacks.append("outline")
         record["phases"] = len(outline.phases)
+        record["phases_in_range"] = outline.phase_count_in_range
         return outline, record
 
     # --- Stage II ------------------------------------------------------------------------------------------
@@ -604,8 +658,8 @@ class RCTA:
             if candidate is not None:
                 notes = "; ".join(n[:_NOTE_CHARS] for n in candidate.notes) or "-"
                 lines.append(
-                    f"candidate: tags {', '.join(candidate.tags)}; proposed by {', '.join(candidate.sources)}; "
-                    f"notes: {notes}"
+                    f"candidate: tags {', '.join(candidate.tags) or '-'}; "
+                    f"proposed by {', '.join(candidate.proposed_by)}; notes: {notes}"
                 )
         receivers = [link.candidate for link in links if link.handoff == step_id]
         if receivers:
@@ -621,20 +675,17 @@ class RCTA:
     def _excerpt_guide(self) -> str:
         if self.ablation == "no-a1":
             return "Each excerpt is one step's original text with its id."
+        proposed = (
+            "Each excerpt is one step's original text with its id. Steps proposed by the summaries (local:<segment>) "
+            "or the outline (outline:<phase>) carry their tags, who proposed them and their notes."
+        )
         if self.ablation == "no-a3":
-            return (
-                "Each excerpt is one step's original text with its id. Steps proposed by the summaries carry "
-                "their tags and notes; steps marked CONTEXT are shown as further context."
-            )
+            return f"{proposed} Steps marked CONTEXT are shown as further context."
         if self.ablation == "no-a2":
-            return (
-                "Each excerpt is one step's original text with its id. Steps proposed by the summaries carry "
-                "their tags, the summaries that proposed them and their notes."
-            )
+            return proposed
         return (
-            "Each excerpt is one step's original text with its id. Steps proposed by the summaries carry their "
-            "tags, the summaries that proposed them and their notes. A HANDOFF INSTRUCTION is the logged "
-            "instruction that preceded the candidates it names; compare them with it."
+            f"{proposed} A HANDOFF INSTRUCTION is the logged instruction that preceded the candidates it names; "
+            "compare them with it."
         )
 
     @staticmethod
@@ -698,7 +749,7 @@ class RCTA:
                 for s, c, label in zip(shown, contents, labels, strict=True)
             ]
             return self._attribution_user.substitute(
-                task=self._task(trajectory),
+                task=task_text(trajectory, include=self.options.include_task),
                 ground_truth=ground_truth_line(trajectory, self.options.include_ground_truth),
                 agents=", ".join(scorable_agents(trajectory)),
                 n_steps=trajectory.n_steps,
@@ -751,6 +802,7 @@ class RCTA:
             trajectory,
             handoff_texts_by_step={h.step: h.text for h in handoffs},
             quote_grounded=quote_is_grounded,
+            release_consistency_rules=self.options.release_consistency_rules,
         )
         if self.ablation != "no-a3":
             return validation
@@ -780,7 +832,7 @@ class RCTA:
                 run.fallbacks.append(f"summary:{seg.segment_id}")
         outline, outline_record = await self._outline(run, trajectory, enriched, summaries, llm)
 
-        pool = pool_candidates(summaries, trajectory, cap=self.options.candidate_cap)
+        pool = pool_candidates(summaries, trajectory, outline=outline, cap=self.options.candidate_cap)
         base_ids = pool.base_ids
         if self.ablation == "no-a1":
             base_ids = uniform_ids(trajectory.n_steps, len(pool.base_ids))
@@ -819,7 +871,7 @@ class RCTA:
                 max_tokens=self.budgets.attribution,
                 schema=schema,
                 temperature=_ATTRIBUTION_TEMPERATURE,
-                reasoning=_ATTRIBUTION_REASONING,
+                reasoning=self.reasoning.attribution,
             )
             return self._validate(reply, trajectory, handoffs), reply
 
@@ -844,6 +896,12 @@ class RCTA:
             run.fallbacks.append("abstain_missing_fields")
         handoff_steps = {link.handoff for link in links}
         used_handoff = step is not None and step in handoff_steps
+        # Recall by source (Fig. 6a): the base candidates each source proposed; none under the A1 control,
+        # whose base candidates are uniformly placed steps, not proposals.
+        by_source: dict[str, tuple[int, ...]] = {
+            source: () if self.ablation == "no-a1" else pool.base_ids_from(source)
+            for source in ("summary", "outline")
+        }
         output.update(
             calls=run.calls,
             segments=[
@@ -860,7 +918,12 @@ class RCTA:
                 "base_ids": list(base_ids),
                 "count": len(base_ids),
                 "pooled_ids": list(pool.base_ids),
+                "pooled": [
+                    {"step": c.step_id, "source": c.source, "tags": list(c.tags), "priority": c.priority}
+                    for c in pool.candidates
+                ],
                 "proposals": pool.n_proposals,
+                "outline_hints": pool.n_outline_hints,
                 "overflow": len(pool.overflow),
                 "dropped": list(pool.dropped),
             },
@@ -878,11 +941,17 @@ class RCTA:
             model_abstained=final.model_abstained,
             needs_review=final.needs_review,
             covered=final.covered,
+            coverage_checks=dict(final.coverage_checks),
             diagnostics={
                 "base_candidate_ids": list(base_ids),
+                "summary_candidate_ids": list(by_source["summary"]),
+                "outline_candidate_ids": list(by_source["outline"]),
                 "excerpt_ids": list(excerpt_ids),
                 "evidence_ids": list(evidence),
                 "used_handoff": used_handoff,
+                "outline_phases": len(outline.phases),
+                "outline_phases_in_range": outline.phase_count_in_range,
+                "outline_fallback": outline.fallback,
                 "fallbacks": list(run.fallbacks),
             },
         )

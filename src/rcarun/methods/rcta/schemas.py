@@ -15,34 +15,43 @@ last own id), ``segment_goal``, ``key_events`` (3–8, each ``{event, step_ids}`
 ``proposed_steps`` is a list of ``{step_id, tags, note}`` where ``tags`` is a non-empty set drawn from
 ``possible_manifestation, possible_root, terminal_context, other, recovered_noise``. Every step id in the answer
 is constrained to the segment's own ids (overlap ids are context, not answerable; release 3.2). Choices where
-the sources are silent: one proposal per step id, at most 12 proposals per segment (enough for an 80-step
-segment; the cap of 80 pooled candidates then binds from seven segments on), ``recovered_noise`` is one more tag
-(the paper calls it a hint that adds 3 to the priority), and ``note`` is the "why" the release asks for.
+the sources are silent: one proposal per step id, ``recovered_noise`` is one more tag (the paper calls it a hint
+that adds 3 to the priority), and ``note`` is the "why" the release asks for. Neither source caps how many steps
+one summary may propose, and neither do we: only the pooled base candidates are capped (80, App. H).
 
-Outline (paper Sec. 4.1; release 3.5): ``phases`` (3–8, enforced by minItems/maxItems — the release's prompt asks
-for 3–8 but never checks) of ``{phase_id, step_range, phase_goal, involved_agents, sub_phases, failure_signals,
-supporting_step_ids (3–10)}`` and ``conflicts`` (``{description, segment_ids, step_ids}``). When the answer cannot
-be read (not a JSON object, or no list of phase objects), `fallback_outline` gives one phase per local summary
-with ``fallback=True`` — the paper's summary says the fallback is recorded, which the release does not do
-(release 3.5, 3.13 item 7; we record it). A readable answer with a wrong phase count is kept and flagged
-(``errors``), not replaced.
+Outline (paper Sec. 4.1; release 3.5): ``phases`` of ``{phase_id, step_range, phase_goal, involved_agents,
+sub_phases, failure_signals, supporting_step_ids (3–10)}`` and ``conflicts`` (``{description, segment_ids,
+step_ids}``). The prompt asks for 3 to 8 phases, as the release's does, but neither the schema nor the reader
+enforces the count: the release never checked it and the paper's implementation left 308 of 1,140 outlines
+outside that range (summary App. E). A readable outline of any length is used as answered and
+`Outline.phase_count_in_range` records whether it has 3–8 phases (the method stores it in its diagnostics).
+When the answer cannot be read (not a JSON object, or no list of phase objects), `fallback_outline` gives one
+phase per local summary with ``fallback=True`` — the paper's summary says the fallback is recorded, which the
+release does not do (release 3.5, 3.13 item 7; we record it).
 
 Attribution (paper Sec. 4.2, App. D–F; release 3.9), field names as the rcarun issue fixes them: ``root_cause``
 ``{agent, step}``, ``reason``, ``evidence_step_ids`` (0–10), ``abstain``, ``primary_category`` (one code of the
 15-code failure taxonomy), ``contributing_factors`` (codes), ``analysis`` ``{delegation_trace {checked,
 faithful_implementation, prescribing_step, quote, defect_in_quote}, failure_chain, counterfactual, confidence}``.
 Paper vs release: the release lets ``agent`` be SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED and
-``step`` be a digit string or ``"system_evaluation"``; the paper allows only recorded roles (never ENVIRONMENT) and
-existing steps, and keeps the system evaluation only as an unscored terminal node of the failure chain. We follow
-the paper: ``agent`` is an enum of the recorded agents (minus any literally named ENVIRONMENT), ``step`` an integer
-in ``[0, n_steps)``, and a failure-chain node with ``step: null`` stands for the system evaluation. The failure
+``step`` be ``"system_evaluation"`` (or a digit string); the paper allows only recorded roles (never ENVIRONMENT)
+and existing steps, and keeps the system evaluation only as an unscored terminal node of the failure chain. We
+follow the paper: ``agent`` is an enum of the recorded agents (minus any literally named ENVIRONMENT), ``step`` an
+integer in ``[0, n_steps)`` (a digit string is read as one, below), and a failure-chain node with ``step: null`` stands for the system evaluation. The failure
 chain is the release's list of nodes ``{step, agent, role, description}`` with ``role`` in ``root_cause,
-propagation, exposure, terminal``. ``prescribing_step`` is ``integer | null`` as released. A digit string where
-an integer is required is invalid (no casting).
+propagation, exposure, terminal``. ``prescribing_step`` is ``integer | null`` as released.
+
+Step ids are read as numbers: wherever an answer gives a step id (``root_cause.step``, evidence ids, chain nodes,
+``prescribing_step``, proposals, events, findings, phases, conflicts, step ranges), a string of decimal digits
+with an optional sign (``"12"``, ``" 7 "``) is read as that integer — the paper fails only "missing, nonnumeric, or
+out-of-range steps" (Sec. 5.1) and the release parses its step strings as integers (release 3.12), while JSON-mode
+providers answer without the schema's types. Anything else (``true``, ``12.0``, ``"12a"``, ``"step 12"``) is not a
+step id: it is left out and recorded. Counts and other ids (``segment_id``, ``phase_id``) must be JSON integers.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +64,7 @@ __all__ = [
     "CHAIN_ROLES",
     "CONFIDENCE_LEVELS",
     "FAILURE_CATEGORIES",
+    "PHASE_RANGE",
     "SEVERITIES",
     "VERIFIER_RESULTS",
     "AttributionAnswer",
@@ -113,8 +123,9 @@ FAILURE_CATEGORIES: Mapping[str, str] = {
 }
 
 _ENVIRONMENT = "environment"
-_MAX_PROPOSALS = 12
 _MAX_EVIDENCE = 10
+PHASE_RANGE: tuple[int, int] = (3, 8)  # the phase count the outline prompt asks for (never enforced)
+_STEP_STRING = re.compile(r"\s*[+-]?[0-9]+\s*")
 _MISSING: Any = object()  # a key absent from an answer, as opposed to a JSON null
 _ANALYSIS_FIELDS = ("delegation_trace", "failure_chain", "counterfactual", "confidence")
 
@@ -205,7 +216,6 @@ def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str,
                     }
                 ),
                 "minItems": 0,
-                "maxItems": _MAX_PROPOSALS,
             },
             "verifier_findings": {
                 "type": "array",
@@ -224,7 +234,9 @@ def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str,
 
 
 def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
-    """The schema of the trajectory outline: 3–8 phases over the whole trajectory, and conflicts.
+    """The schema of the trajectory outline: phases over the whole trajectory, and conflicts.
+
+    The prompt asks for 3–8 phases; the schema asks for at least one and caps nothing (module docstring).
 
     Args:
         trajectory: gives the step bounds and the recorded agents (``involved_agents``).
@@ -239,7 +251,7 @@ def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[s
                 "type": "array",
                 "items": _object(
                     {
-                        "phase_id": {"type": "integer", "minimum": 1, "maximum": 8},
+                        "phase_id": {"type": "integer", "minimum": 1},
                         "step_range": _range(0, last),
                         "phase_goal": {"type": "string"},
                         "involved_agents": {
@@ -269,8 +281,7 @@ def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[s
                         "supporting_step_ids": {**steps, "minItems": 3, "maxItems": 10},
                     }
                 ),
-                "minItems": 3,
-                "maxItems": 8,
+                "minItems": 1,
             },
             "conflicts": {
                 "type": "array",
@@ -431,7 +442,7 @@ class Outline:
         readable: the answer was a JSON object with a non-empty list of phase objects. When False the caller
             replaces it with `fallback_outline`.
         fallback: this outline is the one-phase-per-summary fallback, not a model answer.
-        errors: every problem found (a phase count outside 3–8 included).
+        errors: every problem found (a phase count outside 3–8 is not one: see `phase_count_in_range`).
     """
 
     phases: tuple[Phase, ...]
@@ -443,6 +454,12 @@ class Outline:
     @property
     def valid(self) -> bool:
         return self.readable and not self.errors
+
+    @property
+    def phase_count_in_range(self) -> bool:
+        """The outline has the 3–8 phases its prompt asks for (recorded, never enforced)."""
+        low, high = PHASE_RANGE
+        return low <= len(self.phases) <= high
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +516,15 @@ class AttributionAnswer:
 # --- readers ------------------------------------------------------------------------------------------------
 
 
+def _step_id(value: object) -> int | None:
+    """``value`` as a step id: a JSON integer, or a string of decimal digits (optional sign); else None."""
+    if is_int(value):
+        return value
+    if isinstance(value, str) and _STEP_STRING.fullmatch(value):
+        return int(value)
+    return None
+
+
 class _Reader:
     """Reads typed values out of decoded JSON, recording a `FieldError` for everything it cannot use."""
 
@@ -544,6 +570,16 @@ class _Reader:
             return None
         return int(value)
 
+    def step(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> int | None:
+        """A step id: a JSON integer, or a string of decimal digits read as one (module docstring)."""
+        value = self.get(obj, key, field, path)
+        if value is _MISSING:
+            return None
+        step = _step_id(value)
+        if step is None:
+            self.error(field, f"{path}: expected a step id (an integer), got {value!r}")
+        return step
+
     def array(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> list[Any] | None:
         value = self.get(obj, key, field, path)
         if value is _MISSING:
@@ -583,14 +619,26 @@ class _Reader:
             self.error(field, f"{path}: non-string items {bad[:5]!r} left out")
         return tuple(item for item in items if isinstance(item, str))
 
+    def step_ids(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, ...] | None:
+        """A list of step ids (digit strings read as integers); items that are no step id are left out."""
+        items = self.array(obj, key, field, path)
+        if items is None:
+            return None
+        read = [_step_id(item) for item in items]
+        bad = [item for item, step in zip(items, read, strict=True) if step is None]
+        if bad:
+            self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
+        return tuple(step for step in read if step is not None)
+
     def step_range(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, int] | None:
         items = self.array(obj, key, field, path)
         if items is None:
             return None
-        if len(items) != 2 or not all(is_int(item) for item in items):
+        read = [_step_id(item) for item in items]
+        if len(read) != 2 or read[0] is None or read[1] is None:
             self.error(field, f"{path}: expected [first, last] integers, got {items!r}")
             return None
-        first, last = int(items[0]), int(items[1])
+        first, last = read[0], read[1]
         if first > last:
             self.error(field, f"{path}: first {first} is after last {last}")
         return (first, last)
@@ -629,7 +677,7 @@ def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[
 
     events: list[KeyEvent] = []
     for path, item in reader.objects(answer, "key_events", "key_events", "key_events"):
-        ids = reader.ints(item, "step_ids", "key_events", f"{path}.step_ids") or ()
+        ids = reader.step_ids(item, "step_ids", "key_events", f"{path}.step_ids") or ()
         reader.id_range(ids, own, "key_events", f"{path}.step_ids")
         events.append(KeyEvent(reader.string(item, "event", "key_events", f"{path}.event") or "", ids))
     if "key_events" in answer and not 3 <= len(events) <= 8:
@@ -637,7 +685,7 @@ def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[
 
     proposals: list[StepProposal] = []
     for path, item in reader.objects(answer, "proposed_steps", "proposed_steps", "proposed_steps"):
-        step_id = reader.integer(item, "step_id", "proposed_steps", f"{path}.step_id")
+        step_id = reader.step(item, "step_id", "proposed_steps", f"{path}.step_id")
         tags = reader.strings(item, "tags", "proposed_steps", f"{path}.tags") or ()
         note = reader.string(item, "note", "proposed_steps", f"{path}.note") or ""
         if step_id is None:
@@ -650,12 +698,10 @@ def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[
         if not tags:
             reader.error("proposed_steps", f"{path}.tags: no tag")
         proposals.append(StepProposal(step_id, tuple(dict.fromkeys(tags)), note))
-    if len(proposals) > _MAX_PROPOSALS:
-        reader.error("proposed_steps", f"proposed_steps: at most {_MAX_PROPOSALS}, got {len(proposals)}")
 
     findings: list[VerifierFinding] = []
     for path, item in reader.objects(answer, "verifier_findings", "verifier_findings", "verifier_findings"):
-        ids = reader.ints(item, "step_ids", "verifier_findings", f"{path}.step_ids") or ()
+        ids = reader.step_ids(item, "step_ids", "verifier_findings", f"{path}.step_ids") or ()
         reader.id_range(ids, own, "verifier_findings", f"{path}.step_ids")
         result = reader.string(item, "result", "verifier_findings", f"{path}.result")
         reader.enum(result, VERIFIER_RESULTS, "verifier_findings", f"{path}.result")
@@ -700,13 +746,15 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
             sub_phases.append(SubPhase(sub_range, text))
         signals: list[FailureSignal] = []
         for sig_path, sig in reader.objects(item, "failure_signals", "phases", f"{path}.failure_signals"):
-            ids = reader.ints(sig, "step_ids", "phases", f"{sig_path}.step_ids") or ()
+            ids = reader.step_ids(sig, "step_ids", "phases", f"{sig_path}.step_ids") or ()
             reader.id_range(ids, steps, "phases", f"{sig_path}.step_ids")
             severity = reader.string(sig, "severity", "phases", f"{sig_path}.severity")
             reader.enum(severity, SEVERITIES, "phases", f"{sig_path}.severity")
             text = reader.string(sig, "description", "phases", f"{sig_path}.description") or ""
             signals.append(FailureSignal(text, ids, severity or ""))
-        supporting = reader.ints(item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids") or ()
+        supporting = (
+            reader.step_ids(item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids") or ()
+        )
         reader.id_range(supporting, steps, "phases", f"{path}.supporting_step_ids")
         phases.append(
             Phase(
@@ -719,8 +767,6 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
                 supporting_step_ids=supporting,
             )
         )
-    if phases and not 3 <= len(phases) <= 8:
-        reader.error("phases", f"phases: expected 3–8 phases, got {len(phases)}")
     known_segments = frozenset(segment_ids)
     conflicts: list[Conflict] = []
     for path, item in reader.objects(answer, "conflicts", "conflicts", "conflicts"):
@@ -728,7 +774,7 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
         unknown = sorted({s for s in segs if s not in known_segments})
         if unknown:
             reader.error("conflicts", f"{path}.segment_ids: {unknown} are not segment ids")
-        ids = reader.ints(item, "step_ids", "conflicts", f"{path}.step_ids") or ()
+        ids = reader.step_ids(item, "step_ids", "conflicts", f"{path}.step_ids") or ()
         reader.id_range(ids, steps, "conflicts", f"{path}.step_ids")
         text = reader.string(item, "description", "conflicts", f"{path}.description") or ""
         conflicts.append(Conflict(text, segs, ids))
@@ -774,7 +820,7 @@ def _read_trace(reader: _Reader, analysis: Mapping[str, Any]) -> DelegationTrace
     if "prescribing_step" not in raw:
         reader.error("delegation_trace", f"{path}.prescribing_step: missing")
     elif raw["prescribing_step"] is not None:
-        prescribing = reader.integer(raw, "prescribing_step", "delegation_trace", f"{path}.prescribing_step")
+        prescribing = reader.step(raw, "prescribing_step", "delegation_trace", f"{path}.prescribing_step")
     quote = reader.string(raw, "quote", "delegation_trace", f"{path}.quote")
     defect = reader.string(raw, "defect_in_quote", "delegation_trace", f"{path}.defect_in_quote")
     if len(reader.errors) > before or checked is None or faithful is None or quote is None or defect is None:
@@ -797,7 +843,7 @@ def _read_chain(reader: _Reader, analysis: Mapping[str, Any]) -> tuple[ChainNode
         if "step" not in item:
             reader.error("failure_chain", f"{path}.step: missing")
         elif item["step"] is not None:
-            step = reader.integer(item, "step", "failure_chain", f"{path}.step")
+            step = reader.step(item, "step", "failure_chain", f"{path}.step")
         agent = reader.string(item, "agent", "failure_chain", f"{path}.agent")
         role = reader.string(item, "role", "failure_chain", f"{path}.role")
         description = reader.string(item, "description", "failure_chain", f"{path}.description")
@@ -806,7 +852,7 @@ def _read_chain(reader: _Reader, analysis: Mapping[str, Any]) -> tuple[ChainNode
 
 
 def parse_attribution(answer: object) -> AttributionAnswer:
-    """Read the final attribution answer; nothing is cast or repaired (a digit string step is an error)."""
+    """Read the final attribution answer; nothing is repaired (a digit-string step id is read as its integer)."""
     reader = _Reader()
     if not isinstance(answer, dict):
         for name in ("agent", "step"):
@@ -824,8 +870,8 @@ def parse_attribution(answer: object) -> AttributionAnswer:
         reader.error("step", "root_cause: expected an object")
     else:
         agent = reader.string(root, "agent", "agent", "root_cause.agent")
-        step = reader.integer(root, "step", "step", "root_cause.step")
-    evidence = reader.ints(answer, "evidence_step_ids", "evidence_step_ids", "evidence_step_ids")
+        step = reader.step(root, "step", "step", "root_cause.step")
+    evidence = reader.step_ids(answer, "evidence_step_ids", "evidence_step_ids", "evidence_step_ids")
     factors = reader.strings(answer, "contributing_factors", "contributing_factors", "contributing_factors")
     trace: DelegationTrace | None = None
     chain: tuple[ChainNode, ...] | None = None

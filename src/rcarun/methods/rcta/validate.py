@@ -6,49 +6,61 @@ release notes 3.10) checks each field on its own so that one bad field costs onl
 one retry carrying the validation feedback, valid fields are kept independently, and when the essential fields
 stay missing the output abstains and is flagged. No LLM call happens here; the method module sends the retry.
 
-Field checks (`validate_attribution`); every error names its field:
+Field checks (`validate_attribution`); every error names its field. Each check looks at its own field only (the
+paper keeps role and step independent: Sec. 3.1, summary App. D "the selected step's emitter does not determine
+the predicted role"), except where a rule below names the other field it reads:
 
 - ``agent``: a string that is one of the trajectory's recorded agents, and never ENVIRONMENT (compared after
-  trimming, case-insensitively, so a recorded agent literally called "environment" is not scorable either). The
-  release also accepts SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED; the paper does not, and wins.
-- ``step``: an integer (not a bool or digit string) that is a step of the trajectory. The release also accepts
+  trimming, case-insensitively, so a recorded agent literally called "environment" is not scorable either)
+  (paper: summary App. E). The release also accepts SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED;
+  the paper does not, and wins.
+- ``step``: an integer that is a step of the trajectory (paper: summary App. E). The reader reads a digit string
+  as its integer and leaves out anything else (`rcarun.methods.rcta.schemas`). The release also accepts
   ``"system_evaluation"``; the paper allows the system evaluation only as an unscored terminal chain node.
 - ``reason``, ``counterfactual``: strings.
-- ``evidence_step_ids``: steps of the trajectory, at most 10, non-empty unless abstaining (release).
+- ``evidence_step_ids``: steps of the trajectory, at most 10, non-empty unless the answer abstains (release).
 - ``abstain``: a boolean.
 - ``primary_category``: one code of the failure taxonomy. ``contributing_factors``: valid codes, unique, not
   repeating the primary (release).
 - ``delegation_trace`` (cited handoff evidence, textual provenance only): a cited ``prescribing_step`` must be a
   step of the trajectory that is a handoff step (a key of ``handoff_texts_by_step``), and a non-empty ``quote``
   cited from it must be grounded in that step's logged instruction text (``quote_grounded(quote, text)``). The
-  paper checks the provenance of cited handoff evidence; the release checks the quote only under a faithful
-  claim — we check any quote that cites a handoff step (paper). A faithful-implementation claim must cite a
-  prescribing handoff step and a non-empty grounded quote.
-- ``failure_chain`` (explanatory-chain structure, release): at least one ``root_cause`` and one ``terminal``
-  node, roles from the enum, node steps inside the trajectory; a node without a step (the system evaluation)
-  only in the ``terminal`` role (paper).
+  paper checks "the provenance of cited handoff evidence" (Sec. 4.2; summary App. F); the release checks the
+  quote only under a faithful claim — we check any quote that cites a handoff step. A faithful-implementation
+  claim must cite a prescribing handoff step and a non-empty quote (release).
+- ``failure_chain`` (explanatory-chain structure; the rules are the release's): at least one ``root_cause`` and
+  one ``terminal`` node, roles from the enum, node steps inside the trajectory; a node without a step (the
+  system evaluation) only in the ``terminal`` role (paper: summary App. E).
 - ``confidence``: high/medium/low, and ``low`` when abstaining (release).
-- ``consistency`` (across fields, so it never invalidates a single field on its own):
-  a faithful-implementation claim puts the root at the prescribing step (``step == prescribing_step``, paper),
-  names as agent a handoff form or the prescribing step's sender, and has primary category C1 or A2 (release);
-  a planner-class agent (`role_class`, handoff forms by their sender) points at a step whose speaker is
-  planner-class (paper) and has no D*/E*/X* primary category (release). Only fields that passed their own check
-  take part.
+- ``consistency``: empty by default. The paper has no cross-field rule. The release's ones are available as a
+  release-only option (``release_consistency_rules=True``, method option ``release_consistency_rules``), and
+  then take part in validity (so in the retry) and in ``needs_review``, never in coverage: a
+  faithful-implementation claim puts the root at the prescribing step (``step == prescribing_step``), names as
+  agent a handoff form or the prescribing step's sender, and has primary category C1 or A2; a planner-class
+  agent (`role_class`, handoff forms by their sender) points at a step whose speaker is planner-class and has no
+  D*/E*/X* primary category (all release notes 3.10). Only fields that passed their own check take part.
 
-Merging the two attempts (`merge_fields`), field-preserving (paper App. E–F, Algorithm 1): for every field the
-retry's value is used when it is valid, otherwise the first attempt's when that is valid, otherwise the field is
-missing. When both are valid the retry wins: the release replaces the first answer by the retry as a whole
-(release 3.10) and the paper only adds that an invalid field never overwrites a valid one. So an invalid step in
-the retry never replaces a valid first step, and a valid first role survives an invalid retry role. The
-consistency rules are checked again on the merged values (they may come from different attempts); a violation is
-flagged for review but, as in the release's coercion ("the step is left as it is"), changes no value. If
-``agent`` or ``step`` is still missing the output abstains and is flagged (``needs_review``). Abstention is also
-whatever the model answered in the field kept for ``abstain``. The release's coercion (unknown agent → SYSTEM,
-clearing categories) is not used: the paper keeps invalid fields invalid (release 3.13 item 8).
+Merging the two attempts (`merge_fields`), field-preserving (paper: summary App. E–F, "an invalid field does not
+overwrite a valid one"): for every field the retry's value is used when it is valid, otherwise the first
+attempt's when that is valid, otherwise the field is missing. When both are valid the retry wins: the release
+replaces the first answer by the retry as a whole (release 3.10) and the paper only adds that an invalid field
+never overwrites a valid one. So an invalid step in the retry never replaces a valid first step, and a valid
+first role survives an invalid retry role. Under the release-only option the consistency rules are checked again
+on the merged values (they may come from different attempts); a violation is flagged for review but, as in the
+release's coercion ("the step is left as it is"), changes no value. If ``agent`` or ``step`` is still missing
+the output abstains and is flagged (``needs_review``). Abstention is also whatever the model answered in the
+field kept for ``abstain``; a model that abstains keeps the valid role and step it gave (release 3.12:
+"abstaining outputs still carry whatever agent and step they have"), so scoring can count them or not. The
+release's coercion (unknown agent → SYSTEM, clearing categories) is not used: the paper keeps invalid fields
+invalid (release 3.13 item 8).
 
-Coverage (paper App. L.1, L.3): a valid, non-abstaining output — after the merge, not abstaining, with valid
-role, step, failure chain and cited handoff evidence (the four checks the paper lists) and no consistency
-violation. For the A4 control (no retry) call ``merge_fields(first)``.
+Coverage (paper App. L.1, L.3: "non-abstaining outputs that pass the validation checks for their condition.
+These checks cover recorded role names, root-step validity, explanatory-chain structure, and cited handoff
+evidence"): ``covered`` is exactly those four checks on the merged output — not abstaining, and ``agent``,
+``step``, ``failure_chain`` and ``delegation_trace`` each valid in the attempt it was kept from
+(`COVERAGE_CHECKS`; the method drops the ``delegation_trace`` check for the A3 control, as App. H says). The
+other fields and the release-only consistency rules do not enter it. For the A4 control (no retry) call
+``merge_fields(first)``.
 """
 
 from __future__ import annotations
@@ -71,6 +83,7 @@ from .schemas import (
 
 __all__ = [
     "CONSISTENCY",
+    "COVERAGE_CHECKS",
     "COVERAGE_FIELDS",
     "ESSENTIAL_FIELDS",
     "FIELDS",
@@ -97,7 +110,14 @@ FIELDS: tuple[str, ...] = (
 )
 CONSISTENCY = "consistency"
 ESSENTIAL_FIELDS: tuple[str, ...] = ("agent", "step")
-COVERAGE_FIELDS: tuple[str, ...] = ("agent", "step", "failure_chain", "delegation_trace")
+# App. L.1's four coverage checks, by name, and the field each reads.
+COVERAGE_CHECKS: Mapping[str, str] = {
+    "recorded_role": "agent",
+    "root_step": "step",
+    "chain_structure": "failure_chain",
+    "handoff_evidence": "delegation_trace",
+}
+COVERAGE_FIELDS: tuple[str, ...] = tuple(COVERAGE_CHECKS.values())
 _MAX_EVIDENCE = 10
 _MAX_FEEDBACK = 30  # the release appends the first 30 errors to the root-cause retry
 _FAITHFUL_CATEGORIES = ("C1", "A2")
@@ -126,11 +146,13 @@ class Validation:
         answer: the answer as read.
         trajectory: the trajectory it was checked against (the merge re-checks consistency on it).
         checks: one `FieldCheck` per name in `FIELDS`, then one for ``consistency``.
+        release_consistency_rules: the release-only cross-field rules were applied (module docstring).
     """
 
     answer: AttributionAnswer
     trajectory: Trajectory
     checks: tuple[FieldCheck, ...]
+    release_consistency_rules: bool = False
 
     def check(self, name: str) -> FieldCheck:
         for item in self.checks:
@@ -143,7 +165,7 @@ class Validation:
 
     @property
     def valid(self) -> bool:
-        """Every field and the consistency rules pass: no retry is needed."""
+        """Every field passes (and the consistency rules, when applied): no retry is needed."""
         return all(item.valid for item in self.checks)
 
     @property
@@ -165,9 +187,10 @@ class FinalFields:
             no attempt had it valid (then the value is None).
         model_abstained: the kept ``abstain`` field said so.
         abstain: the model abstained or an essential field (agent, step) is missing.
-        needs_review: an essential field is missing, a field stayed invalid, or the merged fields are
-            inconsistent.
-        covered: counts toward coverage (module docstring).
+        needs_review: an essential field is missing, a field stayed invalid, or (release-only rules) the merged
+            fields are inconsistent.
+        coverage_checks: each of App. L.1's four checks (`COVERAGE_CHECKS`) by name: whether it passed.
+        covered: counts toward coverage: not abstaining and every check in ``coverage_checks`` passed.
         errors: what is still wrong: the missing fields' last errors and the merged consistency errors.
     """
 
@@ -185,6 +208,7 @@ class FinalFields:
     model_abstained: bool
     abstain: bool
     needs_review: bool
+    coverage_checks: Mapping[str, bool]
     covered: bool
     errors: tuple[str, ...]
 
@@ -317,7 +341,7 @@ def _consistency_errors(
     trace: DelegationTrace | None,
     trajectory: Trajectory,
 ) -> list[str]:
-    """Cross-field rules over values that each passed their own check (None = not available)."""
+    """The release's cross-field rules over values that each passed their own check (None = not available)."""
     errors = []
     planner_agent = agent is not None and role_class(agent) == "planner"
     if planner_agent and step is not None:
@@ -356,6 +380,7 @@ def validate_attribution(
     *,
     handoff_texts_by_step: Mapping[int, str],
     quote_grounded: QuoteGrounded,
+    release_consistency_rules: bool = False,
 ) -> Validation:
     """Check every field of one attribution answer (rules in the module docstring).
 
@@ -364,6 +389,7 @@ def validate_attribution(
         trajectory: the trajectory attributed.
         handoff_texts_by_step: the logged instruction text of every handoff step, by step id.
         quote_grounded: ``quote_grounded(quote, source)`` decides whether a quote is grounded in a text.
+        release_consistency_rules: also apply the release's cross-field rules (off: the paper has none).
     """
     found: dict[str, list[str]] = {name: [] for name in (*FIELDS, CONSISTENCY)}
     for error in answer.errors:
@@ -383,18 +409,24 @@ def validate_attribution(
     def usable(name: str) -> bool:
         return not found[name]
 
-    found[CONSISTENCY] += _consistency_errors(
-        agent=answer.agent if usable("agent") else None,
-        step=answer.step if usable("step") else None,
-        category=answer.primary_category if usable("primary_category") else None,
-        trace=answer.delegation_trace if usable("delegation_trace") else None,
-        trajectory=trajectory,
-    )
+    if release_consistency_rules:
+        found[CONSISTENCY] += _consistency_errors(
+            agent=answer.agent if usable("agent") else None,
+            step=answer.step if usable("step") else None,
+            category=answer.primary_category if usable("primary_category") else None,
+            trace=answer.delegation_trace if usable("delegation_trace") else None,
+            trajectory=trajectory,
+        )
     # Reader errors filed under a name outside FIELDS (none today) still block validity, as consistency.
     extra = [m for name, messages in found.items() if name not in (*FIELDS, CONSISTENCY) for m in messages]
     found[CONSISTENCY] += extra
     checks = tuple(FieldCheck(name, tuple(found[name])) for name in (*FIELDS, CONSISTENCY))
-    return Validation(answer=answer, trajectory=trajectory, checks=checks)
+    return Validation(
+        answer=answer,
+        trajectory=trajectory,
+        checks=checks,
+        release_consistency_rules=release_consistency_rules,
+    )
 
 
 def feedback_text(validation: Validation) -> str:
@@ -431,17 +463,22 @@ def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFie
             values[name], sources[name] = None, None
             last = retry if retry is not None else first
             missing_errors += [f"{name}: {message}" for message in last.check(name).errors]
-    consistency = _consistency_errors(
-        agent=values["agent"],
-        step=values["step"],
-        category=values["primary_category"],
-        trace=values["delegation_trace"],
-        trajectory=first.trajectory,
+    consistency = (
+        _consistency_errors(
+            agent=values["agent"],
+            step=values["step"],
+            category=values["primary_category"],
+            trace=values["delegation_trace"],
+            trajectory=first.trajectory,
+        )
+        if first.release_consistency_rules
+        else []
     )
     essentials_missing = any(values[name] is None for name in ESSENTIAL_FIELDS)
     model_abstained = values["abstain"] is True
     abstain = model_abstained or essentials_missing
-    covered = not abstain and not consistency and all(sources[name] is not None for name in COVERAGE_FIELDS)
+    coverage_checks = {check: sources[name] is not None for check, name in COVERAGE_CHECKS.items()}
+    covered = not abstain and all(coverage_checks.values())
     return FinalFields(
         agent=values["agent"],
         step=values["step"],
@@ -457,6 +494,7 @@ def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFie
         model_abstained=model_abstained,
         abstain=abstain,
         needs_review=essentials_missing or bool(missing_errors) or bool(consistency),
+        coverage_checks=coverage_checks,
         covered=covered,
         errors=(*missing_errors, *(f"{CONSISTENCY}: {message}" for message in consistency)),
     )
