@@ -56,6 +56,11 @@ def test_report_json_agrees_with_the_tables(methods_db: Path, capsys: pytest.Cap
     qids = [row["qid"] for row in _table(methods_db, "SELECT qid FROM trajectories")]
     cells = _outcomes(methods_db)
     assert report["simulated"] is True and report["expected"] == len(qids) == 10
+    # No RCTA component study, natural source proportions: the main protocol, pooled, 500 resamples as asked.
+    protocol = report["protocol"]
+    assert (protocol["name"], report["aggregate"], protocol["resamples"]) == ("main", "pooled", 500)
+    assert protocol["aggregate_reason"].startswith("auto: natural source proportions")
+    assert (protocol["abstentions"], protocol["keep_handoff"]) == ("fields", False)
     assert len(report["metrics"]) == 2 * 3 * 2  # backbones x methods x realizations
 
     for entry in report["metrics"]:
@@ -86,7 +91,10 @@ def test_report_json_agrees_with_the_tables(methods_db: Path, capsys: pytest.Cap
         assert entry["losses"] == sum(b[q][key] and not a[q][key] for q in qids)
         assert entry["ci_low"] <= entry["delta"] <= entry["ci_high"]
         assert entry["p_mcnemar"] <= entry["p_holm"] <= 1.0
-    # Holm over each metric's family of four comparisons: the smallest p is multiplied by 4.
+    # Holm over each metric's family of four comparisons: the smallest p is multiplied by 4. The reference is an
+    # all-at-once label, not full RCTA, so App. B's family is empty and every comparison is in "other".
+    assert {p["family"] for p in paired.values()} == {"other/agent_acc", "other/step_acc"}
+    assert all(p["p_holm_joint"] is None for p in paired.values())
     for metric in ("agent_acc", "step_acc"):
         family = sorted((p["p_mcnemar"], p["p_holm"]) for (_, _, m), p in paired.items() if m == metric)
         assert len(family) == 4 and family[0][1] == pytest.approx(min(1.0, 4 * family[0][0]))
@@ -114,7 +122,7 @@ def test_report_json_agrees_with_the_tables(methods_db: Path, capsys: pytest.Cap
         assert entry["agreement"][0]["agree"] == agree
         assert entry["mean_agreement"] == pytest.approx(agree / len(qids))
         values = [
-            m["macro"]["step_acc"]
+            m["step_acc"]  # the headline aggregate: pooled, as the sample's sources differ in size
             for m in report["metrics"]
             if (m["backbone"], m["method"]) == (entry["backbone"], entry["method"])
         ]

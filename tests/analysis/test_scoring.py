@@ -10,6 +10,7 @@ import pytest
 
 from rcarun.analysis.scoring import (
     LONGRCA_FULL_POPULATIONS,
+    AbstentionRule,
     Expected,
     ItemScore,
     LengthPartition,
@@ -41,9 +42,15 @@ def _exp(
     )
 
 
-def _one(expected: Expected, prediction: Prediction | None, *, keep_handoff: bool = False) -> ItemScore:
+def _one(
+    expected: Expected,
+    prediction: Prediction | None,
+    *,
+    keep_handoff: bool = False,
+    abstentions: AbstentionRule = "fields",
+) -> ItemScore:
     predictions = {} if prediction is None else {expected.qid: prediction}
-    [score] = score_items([expected], predictions, keep_handoff=keep_handoff)
+    [score] = score_items([expected], predictions, keep_handoff=keep_handoff, abstentions=abstentions)
     return score
 
 
@@ -181,10 +188,11 @@ def test_coverage_without_a_role_set_only_needs_a_nonempty_role() -> None:
     assert score.role_valid and score.covered and not score.role_correct
 
 
-def test_abstained_prediction_scores_as_all_errors() -> None:
-    # role and step would both be right; the abstention makes every target an error
-    score = _one(_exp("q"), Prediction(role="X", step=50, abstained=True))
-    assert score.predicted
+def test_abstained_prediction_is_all_errors_under_the_component_rule() -> None:
+    # App. L.1, component conditions: role and step would both be right; the abstention makes every target an
+    # error, and the step is no valid output (nothing for the MAE).
+    score = _one(_exp("q"), Prediction(role="X", step=50, abstained=True), abstentions="error")
+    assert score.predicted and score.abstained
     assert not any(
         (
             score.role_correct,
@@ -195,7 +203,49 @@ def test_abstained_prediction_scores_as_all_errors() -> None:
             score.joint_pm5,
         )
     )
-    assert score.abs_err is None
+    assert score.abs_err is None and score.step is None
+
+
+def test_abstained_prediction_keeps_its_fields_under_the_main_rule() -> None:
+    # Sec. 5.1 / App. L.1, main comparisons: the role and step an abstaining output gives are scored, each
+    # field on its own (here the step is out of range: an error for both step targets, not for the role);
+    # an abstaining output is never covered.
+    right = _one(_exp("q"), Prediction(role="X", step=50, abstained=True))
+    assert (right.role_correct, right.step_exact, right.joint_exact, right.abs_err) == (True, True, True, 0)
+    assert right.abstained and right.step == 50 and not right.covered
+    half = _one(_exp("q"), Prediction(role="X", step=500, abstained=True))
+    assert (half.role_correct, half.step_valid, half.step_pm5, half.abs_err) == (True, False, False, None)
+    missing = _one(_exp("q"), Prediction(role=None, step=None, abstained=True))
+    assert not (missing.role_correct or missing.step_valid or missing.covered)
+    # and the aggregate follows: one abstention with right fields among two trajectories
+    expected = [_exp("q1"), _exp("q2")]
+    predictions = {"q1": Prediction("X", 50, abstained=True), "q2": Prediction("X", 50)}
+    assert pooled(score_items(expected, predictions)).step_acc == 1.0
+    assert pooled(score_items(expected, predictions, abstentions="error")).step_acc == 0.5
+    with pytest.raises(ValueError, match="abstentions must be one of"):
+        score_items(expected, predictions, abstentions="drop")  # type: ignore[arg-type]
+
+
+def test_coverage_takes_the_methods_own_verdict_where_it_stores_one() -> None:
+    # App. L.1: coverage is the condition's validation checks (RCTA's stored `covered`: recorded role, step
+    # validity, chain structure, cited handoff evidence); the scorer's two checks stand in only without one.
+    expected = _exp("q", roles=frozenset({"X"}))
+    failed_chain = _one(expected, Prediction(role="X", step=50, covered=False))
+    assert (failed_chain.covered, failed_chain.covered_by_method, failed_chain.step_exact) == (
+        False,
+        True,
+        True,
+    )
+    vouched = _one(expected, Prediction(role="X", step=50, covered=True))
+    assert vouched.covered and vouched.covered_by_method
+    scorer = _one(expected, Prediction(role="X", step=50))
+    assert scorer.covered and not scorer.covered_by_method
+    # a method's verdict never covers an abstention, under either rule
+    for rule in ("fields", "error"):
+        abstained = _one(
+            expected, Prediction(role="X", step=50, abstained=True, covered=True), abstentions=rule
+        )
+        assert not abstained.covered and abstained.covered_by_method
 
 
 def test_missing_prediction_stays_in_every_denominator() -> None:

@@ -386,7 +386,7 @@ def test_write_predictions_round_trips_the_scores(tmp_path: Path) -> None:
     predictions = {
         "t__10": Prediction("Planner", 4),
         "t__2": Prediction("Planner", " 4 "),  # integer text: written as an int
-        "t__11": Prediction("Planner", 4, abstained=True),  # would be right; the abstention makes it wrong
+        "t__11": Prediction("Planner", 4, abstained=True),  # right: scored on its fields (main rule)
         "t__1": Prediction(None, 3.5),
         "t__12": Prediction("Coder", 25),  # out of range, but an int: written as is
     }
@@ -398,7 +398,7 @@ def test_write_predictions_round_trips_the_scores(tmp_path: Path) -> None:
         {"question_ID": "t__1", "predicted_role": "", "predicted_step": -1},
         {"question_ID": "t__2", "predicted_role": "Planner", "predicted_step": 4},
         {"question_ID": "t__10", "predicted_role": "Planner", "predicted_step": 4},
-        {"question_ID": "t__11", "predicted_role": "", "predicted_step": -1},
+        {"question_ID": "t__11", "predicted_role": "Planner", "predicted_step": 4},
         {"question_ID": "t__12", "predicted_role": "Coder", "predicted_step": 25},
     ]
     reread = load_predictions_jsonl(path)
@@ -409,4 +409,13 @@ def test_write_predictions_round_trips_the_scores(tmp_path: Path) -> None:
 
     original = score_items(expected, predictions)
     assert outcomes(score_items(expected, reread.predictions)) == outcomes(original)
-    assert [s.step_exact for s in original] == [False, True, True, False, False]
+    assert [s.step_exact for s in original] == [False, True, True, True, False]
+
+    # Under the component rule the abstention is an error for every target, and the file says so.
+    errors = tmp_path / "out" / "errors.jsonl"
+    write_predictions_jsonl(errors, predictions, abstentions="error")
+    rows = [json.loads(line) for line in errors.read_text(encoding="utf-8").splitlines()]
+    assert rows[3] == {"question_ID": "t__11", "predicted_role": "", "predicted_step": -1}
+    strict = score_items(expected, predictions, abstentions="error")
+    assert outcomes(score_items(expected, load_predictions_jsonl(errors).predictions)) == outcomes(strict)
+    assert [s.step_exact for s in strict] == [False, True, True, False, False]

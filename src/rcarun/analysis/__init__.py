@@ -3,18 +3,24 @@
 Reads the store (read side) and the data layer; never calls a model and never writes results. The modules:
 `scoring` (the benchmark's metrics and aggregates), `stats` (McNemar, Holm, paired bootstrap, agreement),
 `submission` (the leaderboard's file formats), `results` (a run as scoring inputs), `cost` (the calls table
-summed), `report` (all of it as one dict) and `render` (that dict as text or one HTML page).
+summed), `protocol` (the paper's main and ablation protocols, resolved per report), `fidelity` (LongRCA-Mini
+against Full, App. A), `sensitivity` (root-step label sensitivity, App. K.1), `report` (all of it as one dict)
+and `render` (that dict as text or one HTML page).
 """
 
 from __future__ import annotations
 
 from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
+from .fidelity import CALIBRATION_SIZES, mini_fidelity, sample_size_calibration
+from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, scoring_rule
 from .render import render_html, render_text
 from .report import METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions, build_report, cell_status, metrics_json
 from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
 from .scoring import (
+    ABSTENTION_RULES,
     LONGRCA_FULL_POPULATIONS,
     STEP_TOLERANCE,
+    AbstentionRule,
     Expected,
     ItemScore,
     LengthGroup,
@@ -32,6 +38,7 @@ from .scoring import (
     score_items,
     summarize,
 )
+from .sensitivity import label_sensitivity, load_annotations
 from .stats import (
     BootstrapInterval,
     Complementarity,
@@ -58,10 +65,13 @@ from .submission import (
 )
 
 __all__ = [
+    "ABSTENTION_RULES",
+    "CALIBRATION_SIZES",
     "LONGRCA_FULL_POPULATIONS",
     "METRIC_NAMES",
     "MIN_READABLE_SHARE",
     "STEP_TOLERANCE",
+    "AbstentionRule",
     "BootstrapInterval",
     "Cell",
     "ChargedCost",
@@ -72,11 +82,13 @@ __all__ = [
     "LeaderboardEntry",
     "LengthGroup",
     "LengthPartition",
+    "MethodKind",
     "Metrics",
     "Outcome",
     "PairedComparison",
     "Prediction",
     "PredictionsFile",
+    "Protocol",
     "ReportOptions",
     "RunScores",
     "SubmissionScore",
@@ -90,14 +102,18 @@ __all__ = [
     "complementarity",
     "cost_rows",
     "holm",
+    "label_sensitivity",
     "leaderboard_entry",
     "length_groups",
+    "load_annotations",
     "load_labels",
     "load_predictions_jsonl",
     "load_run_scores",
     "macro",
     "mcnemar_exact",
+    "method_kinds",
     "metrics_json",
+    "mini_fidelity",
     "nearest_rank",
     "paired_comparison",
     "pairwise_agreement",
@@ -107,9 +123,12 @@ __all__ = [
     "references_from_dataset",
     "render_html",
     "render_text",
+    "resolve_protocol",
     "resolve_run",
+    "sample_size_calibration",
     "score_items",
     "score_submission",
+    "scoring_rule",
     "spread",
     "stratified_paired_bootstrap",
     "summarize",

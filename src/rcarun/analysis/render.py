@@ -218,6 +218,30 @@ def _aggregate_label(report: Mapping[str, Any]) -> str:
     return f"{name}: each source's mean, then the unweighted mean over sources"
 
 
+def _protocol(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = report.get("protocol")
+    return found if isinstance(found, Mapping) else {}
+
+
+def _rule_note(report: Mapping[str, Any], *, full: bool = False) -> tuple[str, ...]:
+    """The scoring rule a table used, as a footnote: in full, or in short (none for a dict from before
+    protocols)."""
+    protocol = _protocol(report)
+    rule = _text(protocol, "scoring_rule")
+    if not rule:
+        return ()
+    name = _text(protocol, "name")
+    if full:
+        return (f"Scoring rule{f' ({name} protocol)' if name else ''}: {rule}.",)
+    abstentions = (
+        "abstentions scored on their fields"
+        if protocol.get("abstentions") == "fields"
+        else "abstentions as errors"
+    )
+    suffixes = "handoff suffixes kept" if protocol.get("keep_handoff") is True else "handoff suffixes dropped"
+    return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
+
+
 def _usd_per_trajectory(report: Mapping[str, Any]) -> dict[tuple[str, str], float]:
     """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped)."""
     totals: dict[tuple[str, str], float] = {}
@@ -403,8 +427,9 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
         caption=f"Agent and Step Acc (%, {_aggregate_label(report)}).",
     )
     notes = [
+        *_rule_note(report, full=True),
         "First realization of each backbone × method; see Repeatability. "
-        "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric."
+        "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric.",
     ]
     if _rows(report, "outcomes"):
         share = _min_share(report)
@@ -518,13 +543,47 @@ def _full_metrics_section(report: Mapping[str, Any]) -> _Section:
         label_columns=len(labels),
         caption=f"All metrics (%; Root MAE in steps), {_aggregate_label(report)}; first realization.",
     )
-    if not with_status:
-        return _Section("full-metrics", title, (table,))
-    notes = (
-        "Status and the rule behind it: see Outcomes. A cell with no prediction at all is not scored (n 0, "
-        "no metric); every other number counts failed, skipped, unrun and unreadable items as errors.",
-    )
-    return _Section("full-metrics", title, (table,), notes)
+    notes = [*_rule_note(report), *_coverage_notes(first.values())]
+    if with_status:
+        notes.append(
+            "Status and the rule behind it: see Outcomes. A cell with no prediction at all is not scored (n 0, "
+            "no metric); every other number counts failed, skipped, unrun and unreadable items as errors."
+        )
+    return _Section("full-metrics", title, (table,), tuple(notes))
+
+
+_COVERAGE_CHECKS = (
+    "the method's own validation checks (App. L.1: recorded role, root-step validity, explanatory-chain "
+    "structure, cited handoff evidence)"
+)
+
+
+def _coverage_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Which coverage rule each method's Coverage used (``coverage_rule`` of its metrics rows)."""
+    rules: dict[str, set[str]] = {}
+    for row in rows:
+        rule = row.get("coverage_rule")
+        if isinstance(rule, str):
+            rules.setdefault(rule, set()).add(_text(row, "method"))
+    if not rules:
+        return []
+    parts = []
+    if "method" in rules:
+        parts.append(f"{_COVERAGE_CHECKS} for {', '.join(sorted(rules['method']))}")
+    if "mixed" in rules:
+        parts.append(
+            f"those checks where the method stored them, else role and step validity, for "
+            f"{', '.join(sorted(rules['mixed']))}"
+        )
+    if "validity" in rules:
+        every = "every method" if len(rules) == 1 else "the others"
+        parts.append(
+            f"the scorer's checks (a role of the recorded role set and an in-range step) for {every}"
+        )
+    return [
+        "Coverage: non-abstaining outputs that pass " + "; ".join(parts) + " (all expected trajectories in "
+        "the denominator)."
+    ]
 
 
 def _per_source_section(report: Mapping[str, Any]) -> _Section:
@@ -552,14 +611,15 @@ def _per_source_section(report: Mapping[str, Any]) -> _Section:
                 caption=f"{backbone}: Agent and Step Acc (%) per source, first realization.",
             )
         )
-    return _Section("per-source", title, tuple(tables))
+    return _Section("per-source", title, tuple(tables), _rule_note(report))
 
 
 _PAIRED_STATS = ("Metric", "Δ (pp)", "95% CI (pp)", "W/L", "p (McNemar)", "p (Holm)", "n")
 
 
-def _paired_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
-    """Metric, Δ, interval, W/L, p-values and n of one paired comparison (pp; steps for the MAE)."""
+def _paired_cells(row: Mapping[str, Any], joint: bool = False, family: bool = False) -> tuple[str, ...]:
+    """Metric, Δ, interval, W/L, p-values and n of one paired comparison (pp; steps for the MAE), then the
+    joint Holm p-value and the family when asked for."""
     metric = _text(row, "metric")
     delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
     scale = 100 if _is_fraction(metric) else 1
@@ -568,7 +628,42 @@ def _paired_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     wins, losses = _num(row, "wins"), _num(row, "losses")
     wl = DASH if wins is None or losses is None else f"{round(wins)}/{round(losses)}"
     p_values = (_p(_num(row, "p_mcnemar")), _p(_num(row, "p_holm")))
-    return (_metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")))
+    extra = (
+        *((_p(_num(row, "p_holm_joint")),) if joint else ()),
+        *((_text(row, "family"),) if family else ()),
+    )
+    return (_metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")), *extra)
+
+
+def _family_notes(report: Mapping[str, Any]) -> list[str]:
+    """The paired statistics' settings and every Holm family of the report, in words."""
+    protocol = _protocol(report)
+    notes = []
+    resamples = _num(protocol, "resamples")
+    if resamples is not None:
+        why = _text(protocol, "resamples_reason")
+        seed = _text(protocol, "seed")
+        notes.append(
+            f"Intervals from {_count(resamples)} resamples{f' ({why})' if why else ''}"
+            f"{f', seed {seed}' if seed else ''}."
+        )
+    families = _rows(protocol, "families")
+    if families:
+        listed = "; ".join(
+            f"{_text(f, 'family')} ({_count(_num(f, 'tests'))} tests): {_text(f, 'description')}"
+            for f in families
+        )
+        notes.append(f"Holm families: {listed}.")
+    return notes
+
+
+def _not_compared_notes(report: Mapping[str, Any]) -> list[str]:
+    """The methods the protocol leaves out of the paired comparisons, and why."""
+    not_compared = _rows(_protocol(report), "not_compared")
+    if not not_compared:
+        return []
+    listed = "; ".join(f"{_text(r, 'method')}: {_text(r, 'why')}" for r in not_compared)
+    return [f"Not in these comparisons: {listed}."]
 
 
 def _paired_section(report: Mapping[str, Any]) -> _Section:
@@ -581,36 +676,122 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
     ]
     left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
     if not paired and not across:
-        notes_only = ("No paired comparisons in this report.", *((left_out,) if left_out else ()))
+        notes_only = (
+            "No paired comparisons in this report.",
+            *((left_out,) if left_out else ()),
+            *_not_compared_notes(report),
+        )
         return _Section("paired", title, notes=notes_only)
+    family = any("family" in r for r in (*paired, *across))
+    tail = ("Family",) if family else ()
     tables = []
     if paired:
         reference = report.get("reference_method")
         against = f" against {reference}" if reference else ""
+        joint = any(_num(r, "p_holm_joint") is not None for r in paired)
         rows = tuple(
-            _row(_text(r, "backbone"), f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}", *_paired_cells(r))
+            _row(
+                _text(r, "backbone"),
+                f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}",
+                *_paired_cells(r, joint, family),
+            )
             for r in paired
         )
         caption = f"Paired differences A − B between methods{against}, first realization."
-        tables.append(_Table(("Backbone", "A vs B", *_PAIRED_STATS), rows, label_columns=3, caption=caption))
+        heads = ("Backbone", "A vs B", *_PAIRED_STATS, *(("p (Holm, both)",) if joint else ()), *tail)
+        tables.append(_Table(heads, rows, label_columns=3, caption=caption))
     if across:
         rows = tuple(
             _row(
-                _text(r, "method"), f"{_text(r, 'backbone_a')} vs {_text(r, 'backbone_b')}", *_paired_cells(r)
+                _text(r, "method"),
+                f"{_text(r, 'backbone_a')} vs {_text(r, 'backbone_b')}",
+                *_paired_cells(r, False, family),
             )
             for r in across
         )
         caption = "Paired differences A − B between backbones, same method, first realization."
-        tables.append(_Table(("Method", "A vs B", *_PAIRED_STATS), rows, label_columns=3, caption=caption))
+        tables.append(
+            _Table(("Method", "A vs B", *_PAIRED_STATS, *tail), rows, label_columns=3, caption=caption)
+        )
     notes = [
+        *_rule_note(report),
         "Δ and its pointwise 95% source-stratified paired-bootstrap interval are in percentage points; W/L counts "
-        "trajectories only A / only B gets right; p from the two-sided exact McNemar test, then Holm-adjusted."
+        "trajectories only A / only B gets right; p from the two-sided exact McNemar test, then Holm-adjusted "
+        "within its family"
+        + (
+            "; p (Holm, both) adjusts App. B's family over both metrics together (the paper's Holm-40)."
+            if any(_num(r, "p_holm_joint") is not None for r in paired)
+            else "."
+        ),
+        *_family_notes(report),
+        *_not_compared_notes(report),
     ]
     if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across)):
         notes.append("Root MAE differences and intervals are in steps, not percentage points.")
     if left_out:
         notes.append(left_out)
     return _Section("paired", title, tuple(tables), tuple(notes))
+
+
+def _components_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("components")
+    if not isinstance(found, Mapping):
+        return None
+    rows_in = _rows(found, "rows")
+    title = "Component study"
+    if not rows_in:
+        return _Section(
+            "components", title, notes=("No backbone holds full RCTA beside a component condition.",)
+        )
+    rows = []
+    for row in rows_in:
+        ablation = _text(row, "ablation")
+        setting = f"w/o {ablation.removeprefix('no-').upper()}" if ablation else "all components"
+        if row.get("shown") is False:
+            values = [_Cell(_text(row, "status") or "n/a", muted=True)] * 5
+        else:
+            values = [
+                _Cell(_pct(_num(row, "agent_acc"))),
+                _Cell(_pct(_num(row, "step_acc"))),
+                _Cell(_pct(_num(row, "step_pm5"))),
+                _Cell(_steps(_num(row, "root_mae"))),
+                _Cell(_pct(_num(row, "coverage"))),
+            ]
+        delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+        interval = DASH if low is None or high is None else f"[{low * 100:+.1f}, {high * 100:+.1f}]"
+        wins, losses = _num(row, "wins"), _num(row, "losses")
+        stats = (
+            DASH if delta is None else f"{delta * 100:+.1f}",
+            interval,
+            DASH if wins is None or losses is None else f"{round(wins)}/{round(losses)}",
+            _p(_num(row, "p_mcnemar")),
+            _p(_num(row, "p_holm")),
+        )
+        labels = (_Cell(_text(row, "backbone")), _Cell(f"{_text(row, 'method')} ({setting})"))
+        rows.append(
+            _Row((*labels, *values, _Cell(_count(_num(row, "valid_step_n"))), *(_Cell(t) for t in stats)))
+        )
+    aggregate = "source-macro" if _text(found, "aggregate") == "macro" else "pooled"
+    table = _Table(
+        columns=(
+            *("Backbone", "Setting", "Agent", "Step", "Step ±5", "MAE", "Cov.", "MAE n"),
+            *("Δ Step (pp)", "95% CI (pp)", "W/L", "p (McNemar)", "p (Holm)"),
+        ),
+        rows=tuple(rows),
+        label_columns=2,
+        caption=f"RCTA's components (Table 25 layout; %, {aggregate}; MAE in steps), first realization.",
+    )
+    rule = _text(found, "scoring_rule")
+    notes = [
+        *((f"Scoring rule (component study): {rule}.",) if rule else ()),
+        *_coverage_notes(rows_in),
+        "MAE n: non-abstaining outputs with a parseable in-range step (the MAE's outputs). Δ: the condition's "
+        "Step Acc minus full RCTA's, with its pointwise source-stratified paired-bootstrap interval "
+        f"({_count(_num(found, 'resamples'))} resamples, seed {_text(found, 'seed')}); W/L: trajectories only the "
+        f"condition / only full RCTA gets right; exact McNemar p, Holm over the conditions of the backbone "
+        f"({_text(found, 'family')}).",
+    ]
+    return _Section("components", title, (table,), tuple(notes))
 
 
 def _complementarity_section(report: Mapping[str, Any]) -> _Section:
@@ -633,7 +814,7 @@ def _complementarity_section(report: Mapping[str, Any]) -> _Section:
         label_columns=3,
         caption="Trajectories each method gets right (first realization), by which of the two gets them.",
     )
-    return _Section("complementarity", title, (table,))
+    return _Section("complementarity", title, (table,), _rule_note(report))
 
 
 def _repeatability_section(report: Mapping[str, Any]) -> _Section:
@@ -685,7 +866,7 @@ def _repeatability_section(report: Mapping[str, Any]) -> _Section:
         label_columns=4,
         caption="Agreement of root-step predictions between realizations.",
     )
-    return _Section("repeatability", title, (spread, agreement))
+    return _Section("repeatability", title, (spread, agreement), _rule_note(report))
 
 
 def _recall_section(report: Mapping[str, Any]) -> _Section | None:
@@ -745,7 +926,7 @@ def _turns_section(report: Mapping[str, Any]) -> _Section | None:
         "trajectories whose answer changed at that turn, and the deduplicated evidence read (13-gram dedupe; "
         "mean per trajectory), first realization (every realization is in --json).",
     )
-    return _Section("turns", "Turns", (table,))
+    return _Section("turns", "Turns", (table,), _rule_note(report))
 
 
 def _length_section(report: Mapping[str, Any]) -> _Section | None:
@@ -770,7 +951,7 @@ def _length_section(report: Mapping[str, Any]) -> _Section | None:
         label_columns=2,
         caption="Accuracy (%) by recorded trajectory length (shared partition, bounds inclusive), first realization.",
     )
-    return _Section("length-groups", "Length groups", (table,))
+    return _Section("length-groups", "Length groups", (table,), _rule_note(report))
 
 
 _COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
@@ -842,6 +1023,229 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
     return _Section("cost", title, (usage_table, money_table), notes)
 
 
+def _pp(value: float | None) -> str:
+    """A difference of fractions in percentage points, two decimals (App. A reports 1.665, 3.771)."""
+    return DASH if value is None else f"{value * 100:.2f}"
+
+
+def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("fidelity")
+    if not isinstance(found, Mapping):
+        return None
+    title = "Mini against Full (App. A)"
+    rows_in = _rows(found, "rows")
+    full_run, mini_run = _text(found, "full_run"), _text(found, "mini_run")
+    notes = [
+        f"Full run: {full_run} ({_text(found, 'full_db')}); Mini run: {mini_run}.",
+        *_rule_note(report),
+    ]
+    excluded = _rows(found, "excluded")
+    if excluded:
+        notes.append(
+            "Left out: "
+            + "; ".join(
+                f"{_text(r, 'backbone')} · {_text(r, 'method')} ({_text(r, 'why')})" for r in excluded
+            )
+            + "."
+        )
+    if not rows_in:
+        return _Section(
+            "fidelity", title, notes=("No backbone × method has a shown number in both runs.", *notes)
+        )
+    cached = found.get("cached") is True
+    rows = []
+    for row in rows_in:
+        mixture = row.get("post_stratified")
+        mix: Mapping[str, Any] = mixture if isinstance(mixture, Mapping) else {}
+        rows.append(
+            _row(
+                _text(row, "backbone"),
+                _text(row, "method"),
+                _metric_label(_text(row, "metric")),
+                _pct(_num(row, "full")),
+                *((_pct(_num(row, "mini_cached")), _pp(_num(row, "abs_dev_cached"))) if cached else ()),
+                _pct(_num(row, "mini")),
+                _pp(_num(row, "abs_dev")),
+                _pct(_num(mix, "full")),
+                _pct(_num(mix, "mini_cached" if cached else "mini")),
+                _pp(_num(mix, "abs_dev_cached" if cached else "abs_dev")),
+            )
+        )
+    macro_heads = ("Full", *(("Mini (Full preds)", "|Δ| pp") if cached else ()), "Mini run", "|Δ| pp")
+    macro = _Table(
+        columns=("Backbone", "Method", "Metric", *macro_heads, "Full", "Mini", "|Δ| pp"),
+        rows=tuple(rows),
+        label_columns=3,
+        groups=(("Macro over sources (Table 6)", len(macro_heads)), ("Original mixture (Table 10)", 3)),
+        caption="Fidelity of the Mini run to the Full run: accuracy (%) and absolute difference (pp).",
+    )
+    sources = [str(s) for s in found.get("sources", {})] if isinstance(found.get("sources"), Mapping) else []
+    key = "mini_cached" if cached else "mini"
+    per_source_rows = []
+    for row in rows_in:
+        per_source = row.get("per_source")
+        cells: Mapping[str, Any] = per_source if isinstance(per_source, Mapping) else {}
+        values = []
+        for source in sources:
+            entry = cells.get(source)
+            entry = entry if isinstance(entry, Mapping) else {}
+            values.append(f"{_pct(_num(entry, 'full'))}/{_pct(_num(entry, key))}")
+        per_source_rows.append(
+            _row(_text(row, "backbone"), _text(row, "method"), _metric_label(_text(row, "metric")), *values)
+        )
+    per_source_table = _Table(
+        columns=("Backbone", "Method", "Metric", *sources),
+        rows=tuple(per_source_rows),
+        label_columns=3,
+        caption=f"Per source, Full/Mini accuracy (%; Mini from {'the Full run’s predictions' if cached else 'the Mini run'}"
+        "), Table 9 layout.",
+    )
+    for entry in _rows(found, "summary"):
+        text = (
+            f"{_text(entry, 'backbone')}: over {_count(_num(entry, 'pairs'))} method–metric pairs, mean |Δ| "
+            f"{_pp(_num(entry, 'mean_abs_dev'))} pp and max {_pp(_num(entry, 'max_abs_dev'))} pp for the Mini run"
+        )
+        if cached:
+            text += (
+                f"; {_pp(_num(entry, 'mean_abs_dev_cached'))} and {_pp(_num(entry, 'max_abs_dev_cached'))} pp with "
+                "the Full run's own predictions on the Mini trajectories (the paper's fidelity: subset selection "
+                "alone)"
+            )
+        notes.append(text + ".")
+    if not cached:
+        notes.append(
+            "Some Mini trajectories are not in the Full run, so the Full run's predictions cannot stand in for "
+            "the Mini side: the Mini run's own predictions add run-to-run variance to subset selection."
+        )
+    notes.append(
+        "Both sides of the Macro comparison weight sources equally (Sec. 5.1); the original-mixture columns "
+        "compare Full pooled with Mini post-stratified to the Full run's source sizes, a separate estimand."
+    )
+    return _Section("fidelity", title, (macro, per_source_table), tuple(notes))
+
+
+def _pp3(value: float | None) -> str:
+    return DASH if value is None else f"{value * 100:.3f}"
+
+
+def _pair_name(pair: object) -> str:
+    """``method metric`` of a calibration pair."""
+    if not isinstance(pair, Mapping):
+        return DASH
+    return f"{_text(pair, 'method')} {_metric_label(_text(pair, 'metric'))}"
+
+
+def _calibration_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("calibration")
+    if not isinstance(found, Mapping):
+        return None
+    title = "Sample-size calibration (App. A, Table 5)"
+    rows = []
+    for row in _rows(found, "rows"):
+        quotas = row.get("quotas")
+        shares = "/".join(str(v) for v in quotas.values()) if isinstance(quotas, Mapping) else DASH
+        rows.append(
+            _row(
+                _text(row, "backbone"),
+                _count(_num(row, "size")),
+                shares,
+                _pp3(_num(row, "max_median")),
+                _pair_name(row.get("max_median_pair")),
+                _pp3(_num(row, "max_p95")),
+                _pair_name(row.get("max_p95_pair")),
+                "Yes" if row.get("passes") is True else "No",
+            )
+        )
+    criteria = found.get("criteria")
+    limits: Mapping[str, Any] = criteria if isinstance(criteria, Mapping) else {}
+    notes = [
+        *_rule_note(report),
+        f"{_count(_num(found, 'draws'))} equal-quota simple random samples per size (seed {_text(found, 'seed')}), "
+        "shared by every method; each sample scored by the Macro over sources, against the Full Macro. Max. median "
+        "and max. p95 (nearest rank): the largest per method–metric median and 95th-percentile absolute error "
+        f"(pp). Pass: max. median ≤ {_pp(_num(limits, 'max_median'))} pp and max. p95 ≤ "
+        f"{_pp(_num(limits, 'max_p95'))} pp. The draws follow the protocol, not the authors' generator.",
+    ]
+    skipped = found.get("skipped")
+    if isinstance(skipped, Sequence) and skipped:
+        notes.append(
+            f"Sizes above the run's trajectory count, skipped: {', '.join(str(s) for s in skipped)}."
+        )
+    if not rows:
+        return _Section("calibration", title, notes=("No size could be drawn from this run.", *notes))
+    sources = ""
+    first = _rows(found, "rows")[0].get("quotas")
+    if isinstance(first, Mapping):
+        sources = " (" + "/".join(str(s) for s in first) + ")"
+    table = _Table(
+        columns=("Backbone", "Size", f"Quotas{sources}", "Max. median", "pair", "Max. p95", "pair", "Pass"),
+        rows=tuple(rows),
+        label_columns=1,
+        caption="Absolute score errors of equal-quota samples against Full, summarised over draws (pp).",
+    )
+    return _Section("calibration", title, (table,), tuple(notes))
+
+
+def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("label_sensitivity")
+    if not isinstance(found, Mapping):
+        return None
+    title = "Label sensitivity (App. K.1, Table 22)"
+    confidence = _num(found, "confidence") or 0.95
+    low, high = (1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100
+    notes = [
+        *_rule_note(report),
+        f"{_count(_num(found, 'n'))} trajectories with two or more observed annotations "
+        f"({_count(_num(found, 'annotated'))} annotated qids in the file, {_count(_num(found, 'unknown'))} not in "
+        f"this run, {_count(_num(found, 'single'))} with a single annotation). Each of "
+        f"{_count(_num(found, 'draws'))} draws (seed {_text(found, 'seed')}) takes one observed annotation per "
+        "trajectory uniformly and uses its root step for every method; predictions stay fixed and trajectories "
+        "weigh equally. Cells: final-label score → mean over draws "
+        f"[{low:g}th, {high:g}th percentiles] (%). Rank 1: the share of draws in which the method strictly "
+        "leads every other (ties are no wins). Intervals describe label sensitivity on fixed samples, not "
+        "population confidence intervals.",
+    ]
+
+    def cell(row: Mapping[str, Any], scale: float = 100) -> str:
+        final, mean = _num(row, "final"), _num(row, "mean")
+        lo, hi = _num(row, "low"), _num(row, "high")
+        if final is None or mean is None or lo is None or hi is None:
+            return DASH
+        return f"{final * scale:.1f} → {mean * scale:.1f} [{lo * scale:.1f}, {hi * scale:.1f}]"
+
+    rows = [
+        _row(
+            _text(row, "backbone"),
+            _text(row, "method"),
+            _metric_label(_text(row, "metric")),
+            cell(row),
+            _pct(_num(row, "rank1")),
+        )
+        for row in _rows(found, "rows")
+    ]
+    rows += [
+        _row(
+            _text(row, "backbone"),
+            f"gap: {_text(row, 'method')} − strongest other",
+            _metric_label(_text(row, "metric")),
+            cell(row) + " pp",
+            "",
+        )
+        for row in _rows(found, "gaps")
+    ]
+    if not rows:
+        return _Section(
+            "label-sensitivity", title, notes=("No multiply annotated trajectory to draw from.", *notes)
+        )
+    table = _Table(
+        columns=("Backbone", "Method", "Metric", "Final → mean [interval]", "Rank 1 (%)"),
+        rows=tuple(rows),
+        label_columns=3,
+        caption="Root-step scores under observed human labels (%; gap rows in pp), first realization.",
+    )
+    return _Section("label-sensitivity", title, (table,), tuple(notes))
+
+
 def _sections(report: Mapping[str, Any]) -> list[_Section]:
     sections = [
         _accuracy_section(report),
@@ -849,14 +1253,27 @@ def _sections(report: Mapping[str, Any]) -> list[_Section]:
         _full_metrics_section(report),
         _per_source_section(report),
         _paired_section(report),
+        _components_section(report),
         _complementarity_section(report),
         _repeatability_section(report),
         _recall_section(report),
         _turns_section(report),
         _length_section(report),
+        _fidelity_section(report),
+        _calibration_section(report),
+        _sensitivity_section(report),
         _cost_section(report),
     ]
     return [s for s in sections if s is not None]
+
+
+_HOLM_WORDS = {
+    "main": "App. B's: full RCTA against the paper's baselines, per metric (Holm-20) and over both metrics "
+    "(Holm-40); any other comparison in a family of its own per metric",
+    "ablation": "App. H's: the component conditions against full RCTA, per backbone",
+    "metric": "every comparison of a metric together (--holm-family metric)",
+    "all": "every comparison of the report together (--holm-family all)",
+}
 
 
 def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -867,8 +1284,25 @@ def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
         f"run {_text(run, 'run_id') or DASH}, status {_text(run, 'status') or DASH}, "
         f"created {_text(run, 'created_at') or DASH}",
         f"database: {_text(report, 'db') or DASH}",
-        f"aggregate: {_aggregate_label(report)}",
     ]
+    protocol = _protocol(report)
+    if protocol.get("name"):
+        reason = _text(protocol, "reason")
+        details.append(f"protocol: {_text(protocol, 'name')}{f' ({reason})' if reason else ''}")
+        details.append(f"scoring: {_text(protocol, 'scoring_rule')}")
+    aggregate_reason = _text(protocol, "aggregate_reason")
+    details.append(
+        f"aggregate: {_aggregate_label(report)}{f' ({aggregate_reason})' if aggregate_reason else ''}"
+    )
+    resamples = _num(protocol, "resamples")
+    if protocol.get("name") and resamples is not None:
+        why = _text(protocol, "resamples_reason")
+        family = _text(protocol, "holm_family")
+        details.append(
+            f"paired statistics: {_count(resamples)} bootstrap resamples{f' ({why})' if why else ''}, seed "
+            f"{_text(protocol, 'seed')}; Holm families: "
+            f"{_HOLM_WORDS.get(_text(protocol, 'name') if family == 'paper' else family, family)}"
+        )
     totals = _totals(report)
     if totals:
         details.append(totals)
@@ -923,8 +1357,8 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
     Args:
         report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
         sections: only these section keys (``accuracy``, ``outcomes``, ``full-metrics``, ``per-source``, ``paired``,
-            ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``, ``cost``); all when
-            None.
+            ``components``, ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``,
+            ``fidelity``, ``calibration``, ``label-sensitivity``, ``cost``); all when None.
 
     Returns:
         The text, ending with a newline.

@@ -3,21 +3,40 @@
 `rcarun report` prints it (text), dumps it (``--json``) or renders it (``--html``); all three read the same
 dict built here, so the page, the terminal and a script see identical numbers. Accuracies are fractions.
 
-Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOptions`:
-    - Headline aggregate: Macro over sources (``aggregate="macro"``, the paper's Mini protocol; with one source
-      it equals pooled) or pooled.
+Protocol choices (LongRCA Sec. 5.1, App. A, B, H, K.1, L.1), each an option of `ReportOptions`; what a flag
+leaves open the protocol decides (`rcarun.analysis.protocol`: ``main`` or ``ablation``, ``auto`` by the run's
+methods), and ``protocol`` in the dict says what was chosen and why:
+    - Scoring rule: abstentions scored on their fields (main) or as errors (ablation); handoff suffixes dropped
+      (main) or kept (ablation). Every table states the rule it used.
+    - Headline aggregate: pooled on a run of natural source proportions (Full), Macro over sources on a sample
+      (a manifest or equal quotas: Mini) and in the component study.
     - Paired comparisons use one retained prediction per method and backbone: realization 0 (as the paper's
-      "one retained prediction"; the other realizations feed the repeatability section). Each method is
-      compared with ``reference_method`` (default: ``rcta`` when present, else the first method by name) on
-      every backbone, for Agent Acc and Step Acc: difference in the headline aggregate, wins/losses, two-sided
-      exact McNemar on the discordant pairs, and a source-stratified paired bootstrap interval
-      (``resamples``, ``seed``, ``confidence``).
-    - Holm families (``holm_family``): ``"metric"`` adjusts each metric's comparisons together (the paper's
-      Holm-20 over Step Acc); ``"all"`` adjusts every comparison of the report together (Holm-40).
+      "one retained prediction"; the other realizations feed the repeatability section). Main: each method is
+      compared with ``reference_method`` (default: ``rcta`` when present, else full RCTA under another label,
+      else the first method by name) on every backbone, for Agent Acc and Step Acc. Ablation: each component
+      condition against full RCTA, for Step Acc. Each comparison: difference in the headline aggregate,
+      wins/losses, two-sided exact McNemar on the discordant pairs, and a source-stratified paired bootstrap
+      interval (``resamples``, ``seed``, ``confidence``).
+    - Holm families (``holm_family``): ``"paper"`` (default) is the protocol's own family: main, RCTA against the
+      paper's five baselines on the backbones of ``holm_backbones`` (default all), per metric (App. B's
+      Holm-20), plus ``p_holm_joint`` over both metrics (Holm-40), while every other comparison is adjusted per
+      metric in a family of its own; ablation, the (up to) four component conditions against full RCTA, per
+      backbone (App. H). ``"metric"`` adjusts each metric's comparisons together; ``"all"`` adjusts every
+      comparison of the report together. Each paired entry names its ``family``.
     - Backbone comparisons (``compare_backbones``): for every method, each backbone against the first one
       named, with the same statistics, under ``paired_backbones``. When none are named and the run has a
       single method on several backbones, every backbone is compared with the first by name (there is no
       method comparison to make then).
+    - Component study (``components``, Table 25 layout): whenever the run holds full RCTA and a component
+      condition, per backbone, under the ablation rules whatever the report's protocol: Agent, Step, Step ±5,
+      MAE, coverage, and Step Acc Δ, interval and Holm over the conditions. In a main report the conditions
+      are compared there and nowhere else.
+    - Mini calibration (App. A, ``fidelity``): with ``calibrate_against`` (a Full run), each method's Mini and
+      Full scores side by side (`rcarun.analysis.fidelity`); with ``calibration_sizes``, the sample-size
+      calibration of Table 5 over this (Full) run.
+    - Label sensitivity (App. K.1, ``label_sensitivity``): with ``annotations`` (observed human root steps per
+      trajectory), Step Acc and Step ±5 under ``draws`` random choices of one annotation per trajectory
+      (`rcarun.analysis.sensitivity`).
     - Complementarity (Step Acc): the reference against each other method and, when there are two or more,
       against their union (a trajectory counts for the union when any other method found its root; the
       paper's Figure 8).
@@ -42,15 +61,18 @@ Protocol choices (LongRCA Sec. 5.1, App. B, H, L.1), each an option of `ReportOp
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from rcarun.errors import ConfigError, StoreError
-from rcarun.store import Store
+from rcarun.store import RunRow, Store
 
 from .cost import cost_rows
-from .results import Cell, Outcome, RunScores, load_run_scores
+from .fidelity import mini_fidelity, sample_size_calibration
+from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
+from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
     Metrics,
@@ -61,8 +83,8 @@ from .scoring import (
     score_items,
     summarize,
 )
+from .sensitivity import ANNOTATION_SEED, label_sensitivity
 from .stats import (
-    DEFAULT_RESAMPLES,
     DEFAULT_SEED,
     Complementarity,
     PairedComparison,
@@ -75,6 +97,8 @@ from .stats import (
 )
 
 __all__ = [
+    "CALIBRATION_SEED",
+    "DEFAULT_DRAWS",
     "METRIC_NAMES",
     "MIN_READABLE_SHARE",
     "RECALL_SETS",
@@ -85,13 +109,14 @@ __all__ = [
 ]
 
 METRIC_NAMES = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
-PAIRED_METRICS = ("agent_acc", "step_acc")
 # Step-id lists a method may store under output["diagnostics"], in pipeline order.
 RECALL_SETS = ("base_candidate_ids", "excerpt_ids", "evidence_ids")
 _CORRECT = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
 MIN_READABLE_SHARE = 0.5
 """The share of a cell's expected trajectories that readable predictions must cover for its number to be shown,
 marked best and compared (module docstring)."""
+DEFAULT_DRAWS = 10_000  # App. A's calibration draws per size and App. K.1's label draws
+CALIBRATION_SEED = 20260820  # App. A, "Sampling protocol": the calibration's master seed
 # Why a cell's number would rest on nothing: the outcome count and the word shown for it (equal counts: "n/a").
 _CAUSES = (
     ("failed", "failed"),
@@ -104,19 +129,52 @@ _CAUSES = (
 
 @dataclass(frozen=True, slots=True)
 class ReportOptions:
-    """How the report is computed (module docstring)."""
+    """How the report is computed (module docstring). None leaves a choice to the protocol.
+
+    Attributes:
+        reference_method: the method the others are compared with.
+        protocol: ``"auto"``, ``"main"`` or ``"ablation"`` (`rcarun.analysis.protocol`).
+        aggregate: ``"macro"``, ``"pooled"``, or None / ``"auto"`` for the protocol's.
+        resamples: bootstrap resamples (None: 20,000 main, 10,000 ablation).
+        seed: bootstrap seed.
+        confidence: interval level.
+        holm_family: ``"paper"``, ``"metric"`` or ``"all"`` (None: ``"paper"``).
+        holm_backbones: the backbones of App. B's family (empty: every backbone of the run).
+        compare_backbones: backbones compared per method, the first against each other.
+        populations: post-stratification sizes per source.
+        length_groups: groups of the shared length partition.
+        keep_handoff: keep handoff suffixes in role matching (None: the protocol's rule).
+        abstentions: ``"fields"`` or ``"error"`` (None: the protocol's rule).
+        paired_metrics: the metrics compared (None: the protocol's).
+        calibrate_against: a Full run to set this (Mini) run's scores beside (App. A); read from ``full_store``
+            given to `build_report`, or this run's database.
+        calibration_sizes: sample sizes for App. A's sample-size calibration over this run (empty: none).
+        calibration_seed: its master seed.
+        annotations: observed human root steps per qid, for App. K.1's label sensitivity (None: none).
+        annotation_seed: its seed.
+        draws: draws of the calibration and of the label sensitivity.
+    """
 
     reference_method: str | None = None
-    aggregate: str = "macro"
-    resamples: int = DEFAULT_RESAMPLES
+    protocol: str = "auto"
+    aggregate: str | None = None
+    resamples: int | None = None
     seed: int = DEFAULT_SEED
     confidence: float = 0.95
-    holm_family: str = "metric"
+    holm_family: str | None = None
+    holm_backbones: tuple[str, ...] = ()
     compare_backbones: tuple[str, ...] = ()
     populations: Mapping[str, int] | None = None
     length_groups: int = 5
-    keep_handoff: bool = False
-    paired_metrics: tuple[str, ...] = PAIRED_METRICS
+    keep_handoff: bool | None = None
+    abstentions: str | None = None
+    paired_metrics: tuple[str, ...] | None = None
+    calibrate_against: str | None = None
+    calibration_sizes: tuple[int, ...] = ()
+    calibration_seed: int = CALIBRATION_SEED
+    annotations: Mapping[str, Sequence[int]] | None = None
+    annotation_seed: int = ANNOTATION_SEED
+    draws: int = DEFAULT_DRAWS
 
 
 def cell_status(outcome: Outcome) -> tuple[str, bool]:
@@ -172,63 +230,181 @@ def metrics_json(metrics: Metrics) -> dict[str, Any]:
     return {"n": metrics.n, **{name: getattr(metrics, name) for name in METRIC_NAMES}}
 
 
-def build_report(store: Store, run_id: int, options: ReportOptions | None = None) -> dict[str, Any]:
-    """The report dict of one run (schema: docs/analysis.md)."""
+@dataclass(frozen=True, slots=True)
+class _Study:
+    """The run's RCTA component study: full RCTA's label and its component conditions' labels."""
+
+    full: str
+    conditions: tuple[str, ...]
+
+
+def _study(kinds: Mapping[str, MethodKind], reference: str | None) -> _Study | None:
+    full = sorted(label for label, kind in kinds.items() if kind.full_rcta)
+    conditions = sorted(
+        (label for label, kind in kinds.items() if kind.component_condition),
+        key=lambda label: (kinds[label].ablation or "", label),
+    )
+    if not full or not conditions:
+        return None
+    chosen = reference if reference in full else ("rcta" if "rcta" in full else full[0])
+    return _Study(full=chosen, conditions=tuple(conditions))
+
+
+def _protocol(store: Store, run: RunRow, kinds: Mapping[str, MethodKind], options: ReportOptions) -> Protocol:
+    sizes = Counter(
+        row.source
+        for row in store.trajectories(run.run_id)
+        if row.ref_role is not None and row.ref_step is not None
+    )
+    return resolve_protocol(
+        kinds,
+        sizes,
+        manifest=uses_manifest(run.config_json),
+        protocol=options.protocol,
+        aggregate=None if options.aggregate in (None, "auto") else options.aggregate,
+        resamples=options.resamples,
+        seed=options.seed,
+        keep_handoff=options.keep_handoff,
+        abstentions=options.abstentions,
+        holm_family=options.holm_family,
+        paired_metrics=options.paired_metrics,
+    )
+
+
+def build_report(
+    store: Store, run_id: int, options: ReportOptions | None = None, *, full_store: Store | None = None
+) -> dict[str, Any]:
+    """The report dict of one run (schema: docs/analysis.md).
+
+    Args:
+        store: the results database holding the run.
+        run_id: the run.
+        options: how to compute it (defaults: the protocol's, `ReportOptions`).
+        full_store: where ``options.calibrate_against`` lives, when not in ``store``.
+
+    Raises:
+        StoreError: no such run (or no such Full run to calibrate against).
+        ConfigError: a choice the run cannot honour (an unknown reference method, ``ablation`` without full
+            RCTA and a component condition, a Full run whose sources differ, annotations out of range).
+    """
     options = options or ReportOptions()
     run = next((r for r in store.runs() if r.run_id == run_id), None)
     if run is None:
         raise StoreError(f"{store.path}: no run with id {run_id}")
-    scores = load_run_scores(store, run, keep_handoff=options.keep_handoff)
-    reference = _reference_method(scores, options.reference_method)
-    paired = _paired_methods(scores, reference, options)
+    kinds = method_kinds(run.config_json, store.work_names(run_id).methods)
+    protocol = _protocol(store, run, kinds, options)
+    scores = load_run_scores(store, run, keep_handoff=protocol.keep_handoff, abstentions=protocol.abstentions)
+    kinds = {**kinds, **method_kinds(run.config_json, [m for m in scores.methods if m not in kinds])}
+    reference = _reference_method(scores, kinds, options.reference_method, protocol)
+    study = _study(kinds, reference)
+    compared = _compared(scores, kinds, reference, protocol, study)
+    paired = _paired_methods(scores, reference, compared, kinds, protocol, options)
     if not options.compare_backbones and len(scores.methods) == 1 and len(scores.backbones) > 1:
         options = replace(options, compare_backbones=tuple(scores.backbones))
-    paired_backbones = _paired_backbones(scores, options)
-    if options.holm_family == "all":
-        paired, paired_backbones = _holm_all(paired, paired_backbones)
+    paired_backbones = _paired_backbones(scores, protocol, options)
+    paired, paired_backbones = _adjust(paired, paired_backbones)
+    components = _components(store, run, scores, kinds, protocol, options, study)
+    left_out = sorted(m for m in scores.methods if m != reference and m not in compared)
+    # The methods of the protocol's comparison: App. A and K.1 set these side by side, as the paper its six.
+    members = [m for m in scores.methods if m == reference or m in compared]
     return {
         "run": {"name": run.name, "run_id": run.run_id, "status": run.status, "created_at": run.created_at},
         "db": str(store.path),
         "simulated": scores.simulated,
-        "aggregate": options.aggregate,
+        "aggregate": protocol.aggregate,
         "reference_method": reference,
         "expected": len(scores.expected),
         "unlabelled": scores.unlabelled,
         "protocol": {
-            "resamples": options.resamples,
-            "seed": options.seed,
+            "name": protocol.name,
+            "requested": options.protocol,
+            "reason": protocol.reason,
+            "scoring_rule": protocol.rule,
+            "abstentions": protocol.abstentions,
+            "keep_handoff": protocol.keep_handoff,
+            "aggregate_reason": protocol.aggregate_reason,
+            "resamples": protocol.resamples,
+            "resamples_reason": protocol.resamples_reason,
+            "seed": protocol.seed,
             "confidence": options.confidence,
-            "holm_family": options.holm_family,
+            "holm_family": protocol.holm_family,
+            "holm_backbones": list(options.holm_backbones),
+            "families": _families(paired + paired_backbones, options),
+            "paired_metrics": list(protocol.paired_metrics),
+            "not_compared": [
+                {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
+            ],
             "compare_backbones": list(options.compare_backbones),
-            "keep_handoff": options.keep_handoff,
             "populations": dict(options.populations) if options.populations else None,
             "min_readable_share": MIN_READABLE_SHARE,
+            "methods": {
+                label: {"name": kind.name, "ablation": kind.ablation} for label, kind in sorted(kinds.items())
+            },
         },
         "outcomes": [_outcome_json(cell, outcome) for cell, outcome in sorted(scores.outcomes.items())],
         "excluded": _excluded(scores),
-        "metrics": _metrics(scores, options),
+        "metrics": _metrics(scores, protocol, options),
         "paired": [entry for entry, _ in paired],
         "paired_backbones": [entry for entry, _ in paired_backbones],
-        "complementarity": _complementarity(scores, reference),
-        "repeatability": _repeatability(scores, options),
+        "complementarity": _complementarity(scores, reference, compared),
+        "components": components,
+        "repeatability": _repeatability(scores, protocol),
         "recall": _recall(scores),
-        "turns": _turns(scores, options),
+        "turns": _turns(scores, protocol, options),
         "length_groups": _length_groups(scores, options),
+        "fidelity": _fidelity(store, run, scores, members, protocol, options, full_store),
+        "calibration": _calibration(scores, members, options),
+        "label_sensitivity": _label_sensitivity(scores, reference, members, options),
         "cost": [row.to_json() for row in cost_rows(store, run_id)],
     }
 
 
-def _reference_method(scores: RunScores, wanted: str | None) -> str | None:
+def _reference_method(
+    scores: RunScores, kinds: Mapping[str, MethodKind], wanted: str | None, protocol: Protocol
+) -> str | None:
     methods = scores.methods
     if wanted is not None:
         if wanted not in methods:
             raise ConfigError(
                 f"reference method {wanted!r} is not in run {scores.run.name!r} (methods: {methods})"
             )
+        if protocol.name == "ablation" and not kinds[wanted].full_rcta:
+            raise ConfigError(
+                f"--reference: the ablation protocol compares the component conditions with full RCTA, and "
+                f"{wanted!r} is {kinds[wanted].name!r}"
+            )
         return wanted
-    if "rcta" in methods:
+    full = [m for m in methods if kinds[m].full_rcta]
+    if "rcta" in full:
         return "rcta"
+    if full:
+        return full[0]
     return methods[0] if methods else None
+
+
+def _compared(
+    scores: RunScores,
+    kinds: Mapping[str, MethodKind],
+    reference: str | None,
+    protocol: Protocol,
+    study: _Study | None,
+) -> tuple[str, ...]:
+    """The methods compared with the reference: every other one (main; the component conditions go to the
+    component table when the run holds the study), or the component conditions (ablation)."""
+    if reference is None:
+        return ()
+    if protocol.name == "ablation":
+        return study.conditions if study is not None else ()
+    held_back = set(study.conditions) if study is not None else set()
+    return tuple(m for m in scores.methods if m != reference and m not in held_back)
+
+
+def _why_not_compared(kind: MethodKind, protocol: Protocol, study: _Study | None) -> str:
+    if protocol.name == "ablation":
+        return "not part of the component study (the ablation protocol compares conditions with full RCTA)"
+    if study is not None and kind.component_condition:
+        return "a component condition: compared with full RCTA in the component study, under its rules"
+    return "not compared"
 
 
 def _excluded(scores: RunScores) -> list[dict[str, Any]]:
@@ -249,7 +425,16 @@ def _scored(scores: RunScores, cell: Cell) -> bool:
 _BLANK = {"n": 0, **dict.fromkeys(METRIC_NAMES)}
 
 
-def _metrics(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+def _coverage_rule(items: Sequence[ItemScore]) -> str | None:
+    """Whose checks decided coverage: the method's stored verdict, the scorer's validity rule, or both."""
+    predicted = [item for item in items if item.predicted]
+    if not predicted:
+        return None
+    by_method = sum(item.covered_by_method for item in predicted)
+    return "method" if by_method == len(predicted) else "validity" if by_method == 0 else "mixed"
+
+
+def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> list[dict[str, Any]]:
     entries = []
     for cell, items in scores.scores.items():
         if not items:
@@ -265,7 +450,14 @@ def _metrics(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
         }
         if not _scored(scores, cell):  # nothing answered: not 0.0 as if it had
             entries.append(
-                {**entry, **_BLANK, "macro": dict(_BLANK), "per_source": {}, "post_stratified": None}
+                {
+                    **entry,
+                    **_BLANK,
+                    "macro": dict(_BLANK),
+                    "per_source": {},
+                    "post_stratified": None,
+                    "coverage_rule": None,
+                }
             )
             continue
         summary = summarize(items, populations=options.populations)
@@ -276,6 +468,7 @@ def _metrics(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
                 "macro": metrics_json(summary.macro),
                 "per_source": {source: metrics_json(m) for source, m in sorted(summary.per_source.items())},
                 "post_stratified": metrics_json(summary.post_stratified) if summary.post_stratified else None,
+                "coverage_rule": _coverage_rule(items),
             }
         )
     return entries
@@ -287,16 +480,16 @@ def _outcomes(items: Sequence[ItemScore], metric: str) -> list[bool]:
 
 
 def _compare(
-    a: Sequence[ItemScore], b: Sequence[ItemScore], metric: str, options: ReportOptions
+    a: Sequence[ItemScore], b: Sequence[ItemScore], metric: str, protocol: Protocol, confidence: float
 ) -> PairedComparison:
     return paired_comparison(
         _outcomes(a, metric),
         _outcomes(b, metric),
         [item.source for item in a],
-        aggregate="macro" if options.aggregate == "macro" else "pooled",
-        resamples=options.resamples,
-        seed=options.seed,
-        confidence=options.confidence,
+        aggregate="macro" if protocol.aggregate == "macro" else "pooled",
+        resamples=protocol.resamples,
+        seed=protocol.seed,
+        confidence=confidence,
     )
 
 
@@ -318,46 +511,125 @@ def _comparison_json(comparison: PairedComparison) -> dict[str, Any]:
 Paired = list[tuple[dict[str, Any], PairedComparison]]
 
 
-def _with_holm(entries: Paired, group_key: str | None) -> Paired:
-    """Holm-adjust ``entries`` within groups of equal ``entry[group_key]`` (all together when None)."""
-    groups: dict[Any, list[int]] = {}
-    for index, (entry, _) in enumerate(entries):
-        groups.setdefault(entry[group_key] if group_key else None, []).append(index)
-    adjusted = list(entries)
+def _holm_within(entries: Paired, family: Mapping[int, str]) -> dict[int, float | None]:
+    """Holm-adjusted p-values of the entries at the indices of ``family``, adjusted within equal family ids."""
+    groups: dict[str, list[int]] = {}
+    for index, name in family.items():
+        groups.setdefault(name, []).append(index)
+    adjusted: dict[int, float | None] = {}
     for indices in groups.values():
         for index, comparison in zip(indices, adjust_family([entries[i][1] for i in indices]), strict=True):
-            entry = {**entries[index][0], **_comparison_json(comparison)}
-            adjusted[index] = (entry, comparison)
+            adjusted[index] = comparison.p_holm
     return adjusted
 
 
+def _adjust(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]:
+    """Holm within each entry's ``family``; ``p_holm_joint`` over App. B's family across both metrics."""
+    entries = paired + paired_backbones
+    p_holm = _holm_within(entries, {i: entry["family"] for i, (entry, _) in enumerate(entries)})
+    joint = _holm_within(
+        entries, {i: "app-b" for i, (entry, _) in enumerate(entries) if entry["family"].startswith("app-b/")}
+    )
+    adjusted: Paired = []
+    for index, (entry, comparison) in enumerate(entries):
+        comparison = replace(comparison, p_holm=p_holm[index])
+        adjusted.append(
+            ({**entry, **_comparison_json(comparison), "p_holm_joint": joint.get(index)}, comparison)
+        )
+    return adjusted[: len(paired)], adjusted[len(paired) :]
+
+
+_METRIC_WORDS = {"agent_acc": "Agent Acc", "step_acc": "Step Acc", "step_pm5": "Step ±5"}
+
+
+def _method_family(
+    protocol: Protocol,
+    kinds: Mapping[str, MethodKind],
+    reference: str,
+    method: str,
+    backbone: str,
+    metric: str,
+    holm_backbones: Sequence[str],
+) -> str:
+    """The id of the Holm family a comparison of ``method`` with the reference belongs to (module docstring)."""
+    if protocol.holm_family == "all":
+        return "all"
+    if protocol.holm_family == "metric":
+        return f"metric/{metric}"
+    if protocol.name == "ablation":
+        return f"app-h/{backbone}/{metric}"
+    in_b = (
+        kinds[reference].full_rcta
+        and kinds[method].paper_baseline
+        and (not holm_backbones or backbone in holm_backbones)
+    )
+    return f"app-b/{metric}" if in_b else f"other/{metric}"
+
+
+def _families(entries: Paired, options: ReportOptions) -> list[dict[str, Any]]:
+    """Every Holm family of the report: its id, how many tests it holds and what it is."""
+    counts = Counter(entry["family"] for entry, _ in entries)
+    backbones = ", ".join(options.holm_backbones) or "every backbone of the run"
+    found = []
+    for family, tests in counts.items():
+        kind, _, rest = family.partition("/")
+        metric = _METRIC_WORDS.get(rest.rpartition("/")[2], rest)
+        description = {
+            "app-b": f"App. B: full RCTA against the paper's baselines, {metric}, on {backbones}",
+            "other": f"comparisons outside App. B's family, {metric} (exploratory)",
+            "app-h": f"App. H: the component conditions against full RCTA on {rest.rpartition('/')[0]}, {metric}",
+            "metric": f"every comparison of {metric} between methods (--holm-family metric)",
+            "backbones": f"every comparison of {metric} between backbones",
+            "all": "every comparison of the report (--holm-family all)",
+        }.get(kind, family)
+        found.append({"family": family, "tests": tests, "description": description})
+    return found
+
+
 def _method_pairs(
-    scores: RunScores, reference: str | None
+    scores: RunScores, reference: str | None, compared: Sequence[str]
 ) -> Iterator[tuple[str, str, list[ItemScore], list[ItemScore]]]:
-    """(backbone, method, reference's scores, method's scores) for every other method, realization 0."""
+    """(backbone, method, reference's scores, method's scores) for every compared method, realization 0."""
     if reference is None:
         return
     for backbone in scores.backbones:
         base = scores.scores.get(Cell(backbone, reference, 0))
         if not base or not _shown(scores, Cell(backbone, reference, 0)):
             continue
-        for method in scores.methods:
+        for method in compared:
             other = scores.scores.get(Cell(backbone, method, 0))
             if method != reference and other and _shown(scores, Cell(backbone, method, 0)):
                 yield backbone, method, base, other
 
 
-def _paired_methods(scores: RunScores, reference: str | None, options: ReportOptions) -> Paired:
+def _paired_methods(
+    scores: RunScores,
+    reference: str | None,
+    compared: Sequence[str],
+    kinds: Mapping[str, MethodKind],
+    protocol: Protocol,
+    options: ReportOptions,
+) -> Paired:
     entries: Paired = []
-    for backbone, method, base, other in _method_pairs(scores, reference):
-        for metric in options.paired_metrics:
-            comparison = _compare(base, other, metric, options)
-            entry = {"backbone": backbone, "method_a": reference, "method_b": method, "metric": metric}
+    for backbone, method, base, other in _method_pairs(scores, reference, compared):
+        assert reference is not None  # _method_pairs yields nothing without one
+        for metric in protocol.paired_metrics:
+            comparison = _compare(base, other, metric, protocol, options.confidence)
+            family = _method_family(
+                protocol, kinds, reference, method, backbone, metric, options.holm_backbones
+            )
+            entry = {
+                "backbone": backbone,
+                "method_a": reference,
+                "method_b": method,
+                "metric": metric,
+                "family": family,
+            }
             entries.append(({**entry, **_comparison_json(comparison)}, comparison))
-    return _with_holm(entries, "metric")
+    return entries
 
 
-def _paired_backbones(scores: RunScores, options: ReportOptions) -> Paired:
+def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOptions) -> Paired:
     if len(options.compare_backbones) < 2:
         return []
     first, *others = options.compare_backbones
@@ -370,23 +642,27 @@ def _paired_backbones(scores: RunScores, options: ReportOptions) -> Paired:
             other = scores.scores.get(Cell(backbone, method, 0))
             if not other or not _shown(scores, Cell(backbone, method, 0)):
                 continue
-            for metric in options.paired_metrics:
-                comparison = _compare(base, other, metric, options)
-                entry = {"method": method, "backbone_a": first, "backbone_b": backbone, "metric": metric}
+            for metric in protocol.paired_metrics:
+                comparison = _compare(base, other, metric, protocol, options.confidence)
+                family = "all" if protocol.holm_family == "all" else f"backbones/{metric}"
+                entry = {
+                    "method": method,
+                    "backbone_a": first,
+                    "backbone_b": backbone,
+                    "metric": metric,
+                    "family": family,
+                }
                 entries.append(({**entry, **_comparison_json(comparison)}, comparison))
-    return _with_holm(entries, "metric")
+    return entries
 
 
-def _holm_all(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]:
-    combined = _with_holm(paired + paired_backbones, None)
-    return combined[: len(paired)], combined[len(paired) :]
-
-
-def _complementarity(scores: RunScores, reference: str | None) -> list[dict[str, Any]]:
-    """Step Acc overlap of the reference with each other method and, with two or more, with their union."""
+def _complementarity(
+    scores: RunScores, reference: str | None, compared: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Step Acc overlap of the reference with each compared method and, with two or more, with their union."""
     entries = []
     others_by_backbone: dict[str, list[tuple[list[ItemScore], list[ItemScore]]]] = {}
-    for backbone, method, base, other in _method_pairs(scores, reference):
+    for backbone, method, base, other in _method_pairs(scores, reference, compared):
         others_by_backbone.setdefault(backbone, []).append((base, other))
         counts = complementarity(_outcomes(base, "step_acc"), _outcomes(other, "step_acc"))
         entries.append(_overlap(backbone, reference, method, counts))
@@ -413,7 +689,7 @@ def _overlap(backbone: str, method_a: str | None, method_b: str, counts: Complem
     }
 
 
-def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+def _repeatability(scores: RunScores, protocol: Protocol) -> list[dict[str, Any]]:
     entries = []
     for backbone in scores.backbones:
         for method in scores.methods:
@@ -428,7 +704,7 @@ def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, 
                 values = {
                     r: value
                     for r, summary in per_realization.items()
-                    if (value := getattr(_headline(summary, options), name)) is not None
+                    if (value := getattr(_headline(summary, protocol), name)) is not None
                 }
                 if values:
                     s = spread(values)
@@ -469,8 +745,8 @@ def _repeatability(scores: RunScores, options: ReportOptions) -> list[dict[str, 
     return entries
 
 
-def _headline(summary: Summary, options: ReportOptions) -> Metrics:
-    return summary.macro if options.aggregate == "macro" else summary.pooled
+def _headline(summary: Summary, protocol: Protocol) -> Metrics:
+    return summary.macro if protocol.aggregate == "macro" else summary.pooled
 
 
 def _recall(scores: RunScores) -> list[dict[str, Any]]:
@@ -491,7 +767,7 @@ def _recall(scores: RunScores) -> list[dict[str, Any]]:
     return entries
 
 
-def _turns(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+def _turns(scores: RunScores, protocol: Protocol, options: ReportOptions) -> list[dict[str, Any]]:
     """Per-turn accuracy of multi-turn methods (Continual Search, Passive Continuation), every realization.
 
     Turn t's prediction of a trajectory is the answer standing after turn t; a trajectory whose record stops
@@ -520,8 +796,15 @@ def _turns(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
                     changed += bool(record.get("changed_from_prev"))
                     evidence_new += _number(record.get("evidence_tokens"))
                 evidence_total += _number(record.get("evidence_total"))
-            items = score_items(scores.expected, predictions, keep_handoff=options.keep_handoff)
-            metrics = _headline(summarize(items, populations=options.populations), options) if items else None
+            items = score_items(
+                scores.expected,
+                predictions,
+                keep_handoff=protocol.keep_handoff,
+                abstentions=protocol.abstentions,
+            )
+            metrics = (
+                _headline(summarize(items, populations=options.populations), protocol) if items else None
+            )
             entries.append(
                 {
                     "backbone": cell.backbone,
@@ -567,3 +850,204 @@ def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, 
                 }
             )
     return entries
+
+
+def _component_row(
+    scores: RunScores, cell: Cell, kinds: Mapping[str, MethodKind], rules: Protocol
+) -> dict[str, Any]:
+    outcome = scores.outcomes.get(cell)
+    status, shown = cell_status(outcome) if outcome is not None else ("complete", True)
+    row: dict[str, Any] = {
+        "backbone": cell.backbone,
+        "method": cell.method,
+        "ablation": kinds[cell.method].ablation,
+        "status": status,
+        "shown": shown,
+        **dict.fromkeys(("delta", "ci_low", "ci_high", "wins", "losses", "p_mcnemar", "p_holm")),
+    }
+    items = scores.scores[cell]
+    fields = ("agent_acc", "step_acc", "step_pm5", "root_mae", "coverage")
+    if not items or not _scored(scores, cell):
+        return {**row, "n": 0, **dict.fromkeys(fields), "valid_step_n": 0, "coverage_rule": None}
+    headline = _headline(summarize(items), rules)
+    return {
+        **row,
+        "n": headline.n,
+        **{name: getattr(headline, name) for name in fields},
+        "valid_step_n": headline.valid_step_n,
+        "coverage_rule": _coverage_rule(items),
+    }
+
+
+def _components(
+    store: Store,
+    run: RunRow,
+    scores: RunScores,
+    kinds: Mapping[str, MethodKind],
+    protocol: Protocol,
+    options: ReportOptions,
+    study: _Study | None,
+) -> dict[str, Any] | None:
+    """The component study in Table 25's layout, under the ablation rules (module docstring); None without one."""
+    if study is None:
+        return None
+    if protocol.name == "ablation":
+        rules, study_scores = protocol, scores
+    else:
+        rules = resolve_protocol(
+            kinds, {}, manifest=False, protocol="ablation", resamples=options.resamples, seed=options.seed
+        )
+        study_scores = load_run_scores(
+            store, run, keep_handoff=rules.keep_handoff, abstentions=rules.abstentions
+        )
+    rows: list[dict[str, Any]] = []
+    for backbone in study_scores.backbones:
+        base_cell = Cell(backbone, study.full, 0)
+        present = [c for c in study.conditions if Cell(backbone, c, 0) in study_scores.scores]
+        if base_cell not in study_scores.scores or not present:
+            continue
+        block = [_component_row(study_scores, base_cell, kinds, rules)]
+        tested: list[tuple[dict[str, Any], PairedComparison]] = []
+        for condition in present:
+            cell = Cell(backbone, condition, 0)
+            row = _component_row(study_scores, cell, kinds, rules)
+            block.append(row)
+            if _shown(study_scores, base_cell) and _shown(study_scores, cell):
+                # Δ is the condition minus full RCTA, as Table 25 prints it.
+                comparison = _compare(
+                    study_scores.scores[cell],
+                    study_scores.scores[base_cell],
+                    "step_acc",
+                    rules,
+                    options.confidence,
+                )
+                tested.append((row, comparison))
+        for (row, _), comparison in zip(tested, adjust_family([c for _, c in tested]), strict=True):
+            found = _comparison_json(comparison)
+            row.update({key: found[key] for key in ("delta", "ci_low", "ci_high", "wins", "losses")})
+            row.update({"p_mcnemar": comparison.p_mcnemar, "p_holm": comparison.p_holm})
+        rows += block
+    return {
+        "reference": study.full,
+        "conditions": list(study.conditions),
+        "scoring_rule": rules.rule,
+        "abstentions": rules.abstentions,
+        "keep_handoff": rules.keep_handoff,
+        "aggregate": rules.aggregate,
+        "resamples": rules.resamples,
+        "seed": rules.seed,
+        "metric": "step_acc",
+        "family": "App. H: Holm over the component conditions against full RCTA, per backbone",
+        "rows": rows,
+    }
+
+
+def _shown_cells(scores: RunScores, methods: Sequence[str]) -> dict[tuple[str, str], list[ItemScore]]:
+    """Realization-0 scores of the cells of ``methods`` whose number is shown, by (backbone, method)."""
+    return {
+        (cell.backbone, cell.method): items
+        for cell, items in sorted(scores.scores.items())
+        if cell.realization == 0 and cell.method in methods and items and _shown(scores, cell)
+    }
+
+
+def _fidelity(
+    store: Store,
+    run: RunRow,
+    scores: RunScores,
+    methods: Sequence[str],
+    protocol: Protocol,
+    options: ReportOptions,
+    full_store: Store | None,
+) -> dict[str, Any] | None:
+    """App. A's Mini-against-Full fidelity of ``methods`` with ``options.calibrate_against`` as the Full run;
+    None without."""
+    if options.calibrate_against is None:
+        return None
+    source = full_store if full_store is not None else store
+    full_run = resolve_run(source, options.calibrate_against)
+    if source is store and full_run.run_id == run.run_id:
+        raise ConfigError(f"--calibrate-against names the report's own run {run.name!r}")
+    full_scores = load_run_scores(
+        source, full_run, keep_handoff=protocol.keep_handoff, abstentions=protocol.abstentions
+    )
+    mini_cells, full_cells = _shown_cells(scores, methods), _shown_cells(full_scores, methods)
+    result = mini_fidelity(scores.expected, mini_cells, full_scores.expected, full_cells)
+    excluded = sorted(
+        {(c.backbone, c.method) for c in scores.scores if c.realization == 0 and c.method in methods}
+        | {(c.backbone, c.method) for c in full_scores.scores if c.realization == 0 and c.method in methods}
+    )
+    return {
+        "full_run": full_run.name,
+        "full_db": str(source.path),
+        "mini_run": run.name,
+        "aggregate": "macro",
+        "scoring_rule": protocol.rule,
+        **result,
+        "excluded": [
+            {
+                "backbone": backbone,
+                "method": method,
+                "why": "not shown in the Mini run"
+                if (backbone, method) not in mini_cells and (backbone, method) in full_cells
+                else "not shown in the Full run"
+                if (backbone, method) in mini_cells
+                else "not in both runs with a shown number",
+            }
+            for backbone, method in excluded
+            if (backbone, method) not in mini_cells or (backbone, method) not in full_cells
+        ],
+    }
+
+
+def _calibration(scores: RunScores, methods: Sequence[str], options: ReportOptions) -> dict[str, Any] | None:
+    """App. A's sample-size calibration of ``methods`` over this (Full) run; None unless sizes were asked for."""
+    if not options.calibration_sizes:
+        return None
+    result = sample_size_calibration(
+        scores.expected,
+        _shown_cells(scores, methods),
+        options.calibration_sizes,
+        draws=options.draws,
+        seed=options.calibration_seed,
+    )
+    return {"run": scores.run.name, "aggregate": "macro", **result}
+
+
+def _label_sensitivity(
+    scores: RunScores, reference: str | None, methods: Sequence[str], options: ReportOptions
+) -> dict[str, Any] | None:
+    """App. K.1's label sensitivity of ``methods`` per backbone; None without annotations."""
+    if options.annotations is None:
+        return None
+    annotations = options.annotations
+    expected_qids = {item.qid for item in scores.expected}
+    rows: list[dict[str, Any]] = []
+    gaps: list[dict[str, Any]] = []
+    cells = _shown_cells(scores, methods)
+    for backbone in sorted({backbone for backbone, _ in cells}):
+        found = label_sensitivity(
+            scores.expected,
+            {method: items for (b, method), items in cells.items() if b == backbone},
+            annotations,
+            reference=reference,
+            draws=options.draws,
+            seed=options.annotation_seed,
+            confidence=options.confidence,
+        )
+        rows += [{"backbone": backbone, **row} for row in found["rows"]]
+        gaps += [{"backbone": backbone, **row} for row in found["gaps"]]
+    n = sum(1 for item in scores.expected if len(annotations.get(item.qid, ())) >= 2)
+    return {
+        "draws": options.draws,
+        "seed": options.annotation_seed,
+        "confidence": options.confidence,
+        "annotated": len(annotations),
+        "unknown": sum(1 for qid in annotations if qid not in expected_qids),
+        "single": sum(1 for qid, steps in annotations.items() if qid in expected_qids and len(steps) < 2),
+        "n": n,
+        "reference": reference,
+        "aggregate": "pooled",
+        "rows": rows,
+        "gaps": gaps,
+    }

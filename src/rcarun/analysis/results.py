@@ -13,7 +13,9 @@ others have none (the item failed, was skipped for budget, was interrupted, or n
 Unlabelled trajectories cannot be scored; they are counted (``unlabelled``) and left out of every
 denominator. A cell's predictions are re-scored from ``pred_role`` / ``pred_step`` (the stored validity flags
 are the method's own view, kept for audit): roles by the scorer's rule against the trajectory's recorded role
-set, steps as 0-based integers within range.
+set, steps as 0-based integers within range, an abstained prediction by the `AbstentionRule` the caller names.
+Coverage takes a method's own verdict where it stores one: a boolean ``covered`` in the prediction's output
+(RCTA's App. L.1 checks); elsewhere the scorer's role and step validity decide.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from rcarun.errors import StoreError
 from rcarun.store import RunRow, Store
 
-from .scoring import Expected, ItemScore, Prediction, score_items
+from .scoring import AbstentionRule, Expected, ItemScore, Prediction, score_items
 
 __all__ = ["Cell", "Outcome", "RunScores", "load_run_scores", "resolve_run"]
 
@@ -138,8 +140,17 @@ def resolve_run(store: Store, name: str | None) -> RunRow:
     return max(runs, key=lambda r: (r.updated_at, r.run_id))
 
 
-def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) -> RunScores:
-    """Score every cell of ``run`` against its expected trajectories (rules in the module docstring)."""
+def load_run_scores(
+    store: Store, run: RunRow, *, keep_handoff: bool = False, abstentions: AbstentionRule = "fields"
+) -> RunScores:
+    """Score every cell of ``run`` against its expected trajectories (rules in the module docstring).
+
+    Args:
+        store: the results database.
+        run: the run to score.
+        keep_handoff: the component conditions' role rule (handoff suffixes kept).
+        abstentions: how abstained predictions are scored (`rcarun.analysis.scoring.AbstentionRule`).
+    """
     expected: list[Expected] = []
     unlabelled = 0
     for row in store.trajectories(run.run_id):
@@ -167,14 +178,16 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
     errors: dict[Cell, dict[str, str]] = defaultdict(dict)
     for prediction in store.predictions(run.run_id):
         cell = Cell(prediction.backbone, prediction.method, prediction.realization)
+        output = _output(prediction.output_json)
+        covered = output.get("covered")
         predictions[cell][prediction.qid] = Prediction(
             role=prediction.pred_role,
             step=prediction.pred_step,
             abstained=bool(prediction.abstained),
+            covered=covered if isinstance(covered, bool) else None,
         )
         if prediction.error is not None:
             errors[cell][prediction.qid] = prediction.error
-        output = _output(prediction.output_json)
         found = output.get("diagnostics")
         if isinstance(found, dict):
             diagnostics[cell][prediction.qid] = found
@@ -191,7 +204,9 @@ def load_run_scores(store: Store, run: RunRow, *, keep_handoff: bool = False) ->
     )
     fallbacks = _fallbacks(store, run.run_id)
     for cell in sorted(predictions):
-        result.scores[cell] = score_items(expected, predictions[cell], keep_handoff=keep_handoff)
+        result.scores[cell] = score_items(
+            expected, predictions[cell], keep_handoff=keep_handoff, abstentions=abstentions
+        )
         result.outcomes[cell] = _outcome(
             [e.qid for e in expected],
             predictions[cell],

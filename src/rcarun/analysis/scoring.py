@@ -7,8 +7,12 @@ fields, source weighting) that two implementations would drift. The rules are Lo
 Per expected trajectory (`score_items`):
 
 - Every expected trajectory stays in every denominator. A missing prediction is an error for every target.
-- An abstained prediction is scored exactly like a missing one (App. L.1, "abstentions count as errors"): role
-  and step are wrong, the step is not a valid output (so it adds nothing to the MAE) and it is not covered.
+- An abstained prediction is scored by one of two rules (`AbstentionRule`, chosen per protocol by the report):
+  ``"fields"``, the main comparisons' rule (Sec. 5.1 and App. L.1, "invalid fields count as errors for their
+  respective targets"): the role and step the output gives are scored like any others (an abstaining RCTA
+  output still carries them), and a field it does not give is an error for its own target; ``"error"``, the
+  component conditions' rule (App. L.1, "abstentions count as errors"): role and step are wrong, the step is
+  not a valid output (so it adds nothing to the MAE). Under both rules an abstained prediction is not covered.
 - Role and step are scored independently; an invalid field is an error for its own target only.
 - Role: `rcarun.data.roles.role_matches` (trim, drop one trailing ``(-> X)``/``(→ X)`` handoff suffix, NFKC,
   casefold, collapse whitespace; the normalised prediction must be non-empty and equal the reference's).
@@ -18,9 +22,12 @@ Per expected trajectory (`score_items`):
   ``"abc"``; ``""``; ``None``; ``True``) is invalid. A parsed step is valid when ``0 <= step < n_steps``.
   A valid step is exact when it equals the 0-based reference step and within ±5 when ``|error| <= 5``;
   invalid steps fail both.
-- Coverage: a prediction is covered (a valid output) when it exists, does not abstain, has a valid step and a
-  valid role. A role is valid when its normal form is non-empty and, if the recorded role set of the trajectory
-  is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring). As in the
+- Coverage (App. L.1 "Cov."): a prediction is covered when it exists, does not abstain and passes the
+  validation checks of its condition. A method that stores its own verdict (RCTA's ``covered``: recorded role,
+  root-step validity, explanatory-chain structure, cited handoff evidence) is taken at its word
+  (`Prediction.covered`); for any other prediction the checks are the two this module can make: a valid step
+  and a valid role. A role is valid when its normal form is non-empty and, if the recorded role set of the
+  trajectory is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring). As in the
   paper, fields a method's published fallback filled in (binary search's random half on an unclear verdict) are
   scored and covered like any others; the report's Outcomes section counts how many predictions an unreadable
   answer or a fallback decided, beside the metrics.
@@ -46,13 +53,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from rcarun.data.roles import normalize_role, role_matches
 
 __all__ = [
+    "ABSTENTION_RULES",
     "LONGRCA_FULL_POPULATIONS",
     "STEP_TOLERANCE",
+    "AbstentionRule",
     "Expected",
     "GroupMetrics",
     "ItemScore",
@@ -86,6 +95,11 @@ LONGRCA_FULL_POPULATIONS: Mapping[str, int] = {
 STEP_TOLERANCE = 5
 
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+AbstentionRule = Literal["fields", "error"]
+"""How an abstained prediction is scored: ``"fields"`` scores the role and step it gives (the main comparisons,
+Sec. 5.1), ``"error"`` makes it an error for every target (the component conditions, App. L.1)."""
+ABSTENTION_RULES: tuple[AbstentionRule, ...] = ("fields", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +136,15 @@ class Prediction:
     Attributes:
         role: the explicit responsible-role output, or None when there is none.
         step: the root-step output as given: an int, a string, a float, None, ... (see `parse_step`).
-        abstained: the method declined to answer; scored as an error for every target.
+        abstained: the method declined to answer; scored by the `AbstentionRule` in force, never covered.
+        covered: the method's own coverage verdict (App. L.1's validation checks of its condition), when it
+            stores one; None: the scorer's role and step validity decide.
     """
 
     role: str | None
     step: object
     abstained: bool = False
+    covered: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +164,11 @@ class ItemScore:
         abs_err: the absolute step error, only when the step is valid.
         joint_exact: role correct and step exact.
         joint_pm5: role correct and step within ±5.
-        covered: a valid output: predicted, not abstained, valid step and valid role.
-        step: the predicted step when valid, else None (what repeatability compares across realizations).
+        covered: a valid output: predicted, not abstained, and passing the checks (module docstring).
+        step: the predicted step when valid and scored, else None (what repeatability compares across
+            realizations).
+        abstained: the prediction abstained (whichever rule scored it).
+        covered_by_method: ``covered`` is the method's own stored verdict, not the scorer's validity rule.
     """
 
     qid: str
@@ -165,6 +185,8 @@ class ItemScore:
     joint_pm5: bool
     covered: bool
     step: int | None = None
+    abstained: bool = False
+    covered_by_method: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +314,10 @@ def _role_valid(role: str | None, roles: frozenset[str] | None, *, keep_handoff:
     return normal in {normalize_role(known, keep_handoff=keep_handoff) for known in roles}
 
 
-def _score_one(expected: Expected, prediction: Prediction | None, *, keep_handoff: bool) -> ItemScore:
-    if prediction is None or prediction.abstained:
+def _score_one(
+    expected: Expected, prediction: Prediction | None, *, keep_handoff: bool, abstentions: AbstentionRule
+) -> ItemScore:
+    if prediction is None or (prediction.abstained and abstentions == "error"):
         return ItemScore(
             qid=expected.qid,
             source=expected.source,
@@ -308,6 +332,8 @@ def _score_one(expected: Expected, prediction: Prediction | None, *, keep_handof
             joint_exact=False,
             joint_pm5=False,
             covered=False,
+            abstained=prediction is not None,
+            covered_by_method=prediction is not None and prediction.covered is not None,
         )
     role_valid = _role_valid(prediction.role, expected.roles, keep_handoff=keep_handoff)
     role_correct = role_matches(prediction.role, expected.ref_role, keep_handoff=keep_handoff)
@@ -316,6 +342,7 @@ def _score_one(expected: Expected, prediction: Prediction | None, *, keep_handof
     abs_err = abs(step - expected.ref_step) if step is not None and step_valid else None
     step_exact = abs_err == 0
     step_pm5 = abs_err is not None and abs_err <= STEP_TOLERANCE
+    checks = prediction.covered if prediction.covered is not None else role_valid and step_valid
     return ItemScore(
         qid=expected.qid,
         source=expected.source,
@@ -329,13 +356,19 @@ def _score_one(expected: Expected, prediction: Prediction | None, *, keep_handof
         abs_err=abs_err,
         joint_exact=role_correct and step_exact,
         joint_pm5=role_correct and step_pm5,
-        covered=role_valid and step_valid,
+        covered=checks and not prediction.abstained,
         step=step if step_valid else None,
+        abstained=prediction.abstained,
+        covered_by_method=prediction.covered is not None,
     )
 
 
 def score_items(
-    expected: Iterable[Expected], predictions: Mapping[str, Prediction], *, keep_handoff: bool = False
+    expected: Iterable[Expected],
+    predictions: Mapping[str, Prediction],
+    *,
+    keep_handoff: bool = False,
+    abstentions: AbstentionRule = "fields",
 ) -> list[ItemScore]:
     """Score every expected trajectory against its prediction, in the order of ``expected``.
 
@@ -345,17 +378,23 @@ def score_items(
         expected: the trajectories that count; each stays in every denominator.
         predictions: predictions by qid; a missing qid is an error for every target.
         keep_handoff: the ablation role rule (keep handoff suffixes).
+        abstentions: how an abstained prediction is scored (`AbstentionRule`; the default is the main
+            comparisons' rule).
 
     Raises:
-        ValueError: a qid appears twice in ``expected``.
+        ValueError: a qid appears twice in ``expected``, or ``abstentions`` is not a rule.
     """
+    if abstentions not in ABSTENTION_RULES:
+        raise ValueError(f"abstentions must be one of {ABSTENTION_RULES}, got {abstentions!r}")
     seen: set[str] = set()
     scores: list[ItemScore] = []
     for item in expected:
         if item.qid in seen:
             raise ValueError(f"qid {item.qid!r} is expected twice")
         seen.add(item.qid)
-        scores.append(_score_one(item, predictions.get(item.qid), keep_handoff=keep_handoff))
+        scores.append(
+            _score_one(item, predictions.get(item.qid), keep_handoff=keep_handoff, abstentions=abstentions)
+        )
     return scores
 
 

@@ -1,9 +1,9 @@
 """Paired statistics for comparing attribution methods, with the conventions of the LongRCA paper.
 
 A difference of a few points in Step Acc between two methods on 200 trajectories is noise unless it comes with
-an interval and a test, and the paper (Appendix B, "Paired Step Acc comparisons" and "Ablation statistical
-protocol") reports them in one fixed way. This module reproduces that way, so that rcarun's numbers can be set
-beside the paper's:
+an interval and a test, and the paper (Appendix B, "Paired Step Acc comparisons", and Appendix H, "Ablation
+statistical protocol") reports them in one fixed way. This module reproduces that way, so that rcarun's numbers
+can be set beside the paper's:
 
 * Outcomes are per trajectory and paired: both methods are scored on the same trajectories, and an abstained,
   missing or unparseable prediction is an error (``False``/``0``) that stays in the fixed denominator. The
@@ -15,7 +15,7 @@ beside the paper's:
   "Macro-5"). The endpoints are ``numpy.quantile`` (default ``method="linear"``, Hyndman-Fan type 7) of the
   replicate differences at ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``. The paper uses 20,000
   resamples for the backbone comparisons and 10,000 with seed 20260820 for the ablations; the defaults here are
-  the latter.
+  the latter (the report chooses per protocol: `rcarun.analysis.protocol`).
 * Tests are two-sided *exact* McNemar tests: a binomial test of the discordant pairs against p = 1/2,
   ``p = min(1, 2 * P(X <= min(b, c)))`` with ``X ~ Bin(b + c, 1/2)``, computed in exact integer arithmetic.
   The test always counts trajectories, whatever the aggregate of the interval.
@@ -63,7 +63,7 @@ __all__ = [
 Aggregate = Literal["pooled", "macro"]
 
 DEFAULT_RESAMPLES = 10_000
-DEFAULT_SEED = 20260820  # the paper's ablation seed (Appendix B, "Ablation statistical protocol")
+DEFAULT_SEED = 20260820  # the paper's ablation seed (Appendix H, "Ablation statistical protocol")
 
 # Resample indices are drawn in blocks of about this many elements (8 bytes each), so that 20,000 resamples of
 # 1,140 trajectories need ~10 MB at a time instead of ~180 MB. The block size depends only on the number of

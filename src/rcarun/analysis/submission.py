@@ -35,7 +35,7 @@ from rcarun.data import iter_dataset, natural_sort_key
 from rcarun.data.roles import normalize_role
 from rcarun.errors import DataError
 
-from .scoring import Expected, ItemScore, Prediction, parse_step, score_items
+from .scoring import AbstentionRule, Expected, ItemScore, Prediction, parse_step, score_items
 
 __all__ = [
     "LABEL_COLUMNS",
@@ -444,18 +444,22 @@ def score_submission(
     )
 
 
-def write_predictions_jsonl(path: str | Path, predictions: Mapping[str, Prediction]) -> int:
+def write_predictions_jsonl(
+    path: str | Path, predictions: Mapping[str, Prediction], *, abstentions: AbstentionRule = "fields"
+) -> int:
     """Write predictions in the submission format, one line per qid in natural qid order.
 
     The format has no abstention flag and a step must be an int, so: a step that does not parse
     (`rcarun.analysis.scoring.parse_step`) is written as -1, a missing role as ``""``, and an abstained
-    prediction as role ``""`` and step -1. Each of those scores as an error for its target, exactly as
-    `rcarun.analysis.scoring.score_items` scores the prediction itself, so reading the file back gives the same
-    scores.
+    prediction by ``abstentions``: its own role and step under ``"fields"`` (the main comparisons' rule, the
+    leaderboard's), role ``""`` and step -1 under ``"error"``. Each of those scores as an error for its target
+    exactly as `rcarun.analysis.scoring.score_items` scores the prediction itself under the same rule, so reading
+    the file back gives the same scores.
 
     Args:
         path: the file to (over)write.
         predictions: predictions by qid.
+        abstentions: the `AbstentionRule` the file must reproduce.
 
     Returns:
         The number of lines written.
@@ -465,7 +469,7 @@ def write_predictions_jsonl(path: str | Path, predictions: Mapping[str, Predicti
             prediction = predictions[qid]
             step = parse_step(prediction.step)
             role = prediction.role
-            if prediction.abstained:
+            if prediction.abstained and abstentions == "error":
                 role, step = None, None
             row = {
                 "question_ID": qid,

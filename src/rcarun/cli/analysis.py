@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rcarun.analysis import (
+    CALIBRATION_SIZES,
     LONGRCA_FULL_POPULATIONS,
     Cell,
     Expected,
@@ -28,6 +29,7 @@ from rcarun.analysis import (
     build_report,
     cost_rows,
     leaderboard_entry,
+    load_annotations,
     load_labels,
     load_predictions_jsonl,
     load_run_scores,
@@ -90,14 +92,36 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     report.add_argument(
         "--reference", help="method the others are compared with (default: rcta, else the first)"
     )
-    report.add_argument("--aggregate", choices=["macro", "pooled"], default="macro", help="default: macro")
-    report.add_argument("--resamples", type=int, default=10_000, help="paired bootstrap resamples (10,000)")
+    report.add_argument(
+        "--protocol",
+        choices=["auto", "main", "ablation"],
+        default="auto",
+        help="the paper's main-comparison rules (Sec. 5.1, App. B) or its component-ablation rules (App. H, L.1); "
+        "auto: ablation when the run holds only full RCTA and rcta/no-a* conditions (default: auto)",
+    )
+    report.add_argument(
+        "--aggregate",
+        choices=["auto", "macro", "pooled"],
+        default="auto",
+        help="headline aggregate; auto: pooled on a run of natural source proportions (Full), macro on a "
+        "manifest or equal-quota sample (Mini) and under the ablation protocol",
+    )
+    report.add_argument(
+        "--resamples",
+        type=int,
+        help="paired bootstrap resamples (default: 20,000 main, App. B; 10,000 ablation, App. H)",
+    )
     report.add_argument("--seed", type=int, default=20260820, help="bootstrap seed (20260820)")
     report.add_argument(
         "--holm-family",
-        choices=["metric", "all"],
-        default="metric",
-        help="Holm per metric, or over everything",
+        choices=["paper", "metric", "all"],
+        help="paper (default): the protocol's family (App. B: RCTA vs the paper's baselines, per metric; "
+        "App. H: the four component tests); metric: each metric's comparisons; all: everything",
+    )
+    report.add_argument(
+        "--holm-backbones",
+        help="comma-separated backbones of App. B's Holm family (default: every backbone of the run; the "
+        "paper's family left out Qwen3.5-35B-A3B)",
     )
     report.add_argument(
         "--compare-backbones",
@@ -109,7 +133,43 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
         help="post-stratify to source sizes: 'longrca' (Full: 128/42/685/108/177) or source=N,source=N",
     )
     report.add_argument(
-        "--keep-handoff", action="store_true", help="ablation role rule: keep (-> X) suffixes"
+        "--keep-handoff",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep (-> X) handoff suffixes in role matching (default: kept under the ablation protocol only)",
+    )
+    report.add_argument(
+        "--abstentions",
+        choices=["fields", "error"],
+        help="score an abstaining output on its fields (main protocol) or as an error (ablation protocol)",
+    )
+    report.add_argument(
+        "--calibrate-against",
+        metavar="FULL_RUN",
+        help="App. A: set this (Mini) run's scores beside those of a Full run, per method, metric and source",
+    )
+    report.add_argument(
+        "--calibrate-db", help="the database of --calibrate-against (default: this run's database)"
+    )
+    report.add_argument(
+        "--calibration-sizes",
+        help="App. A's sample-size calibration over this (Full) run: 'paper' (75..600) or N,N,...",
+    )
+    report.add_argument(
+        "--calibration-seed", type=int, default=20260820, help="its master seed (20260820, App. A)"
+    )
+    report.add_argument(
+        "--annotations",
+        metavar="FILE",
+        help="App. K.1: observed human root steps (.csv/.jsonl with question_ID, step; one row per annotation) "
+        "for the label-sensitivity analysis",
+    )
+    report.add_argument("--annotation-seed", type=int, default=20260918, help="its seed (20260918, App. K.1)")
+    report.add_argument(
+        "--draws",
+        type=int,
+        default=10_000,
+        help="draws of the sample-size calibration and of the label sensitivity (10,000, App. A and K.1)",
     )
 
 
@@ -350,33 +410,70 @@ def _populations(text: str | None) -> dict[str, int] | None:
     return populations
 
 
-def _compare_backbones(text: str | None) -> tuple[str, ...]:
-    backbones = tuple(b.strip() for b in (text or "").split(",") if b.strip())
-    if text is not None and len(backbones) < 2:
-        raise ConfigError(
-            f"--compare-backbones needs two or more backbones (each is compared with the first), got {text!r}"
-        )
-    twice = sorted({b for b in backbones if backbones.count(b) > 1})
+def _names(flag: str, text: str | None, *, at_least: int = 1) -> tuple[str, ...]:
+    names = tuple(b.strip() for b in (text or "").split(",") if b.strip())
+    if text is not None and len(names) < at_least:
+        if at_least > 1:
+            raise ConfigError(
+                f"{flag} needs two or more backbones (each is compared with the first), got {text!r}"
+            )
+        raise ConfigError(f"{flag} needs at least one name, got {text!r}")
+    twice = sorted({b for b in names if names.count(b) > 1})
     if twice:
-        raise ConfigError(f"--compare-backbones names {', '.join(repr(b) for b in twice)} more than once")
-    return backbones
+        raise ConfigError(f"{flag} names {', '.join(repr(b) for b in twice)} more than once")
+    return names
+
+
+def _compare_backbones(text: str | None) -> tuple[str, ...]:
+    return _names("--compare-backbones", text, at_least=2)
+
+
+def _sizes(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    if text.strip().lower() == "paper":
+        return CALIBRATION_SIZES
+    sizes = []
+    for part in text.split(","):
+        if not part.strip().isdigit() or int(part) < 1:
+            raise ConfigError(f"--calibration-sizes: expected 'paper' or positive integers, got {part!r}")
+        sizes.append(int(part))
+    return tuple(dict.fromkeys(sizes))
 
 
 def report_options(args: argparse.Namespace) -> ReportOptions:
     """The `ReportOptions` the flags of `rcarun report` ask for (names are checked against a run by
-    `check_report_names`)."""
-    if args.resamples < 1:
+    `check_report_names`).
+
+    Raises:
+        ConfigError: a count below 1, a malformed list, or an annotations file that cannot be read.
+    """
+    if args.resamples is not None and args.resamples < 1:
         raise ConfigError(f"--resamples must be >= 1, got {args.resamples}")
-    backbones = _compare_backbones(args.compare_backbones)
+    if args.draws < 1:
+        raise ConfigError(f"--draws must be >= 1, got {args.draws}")
+    if args.calibrate_db is not None and args.calibrate_against is None:
+        raise ConfigError(
+            "--calibrate-db names where --calibrate-against's run is; give --calibrate-against too"
+        )
     return ReportOptions(
         reference_method=args.reference,
-        aggregate=args.aggregate,
+        protocol=args.protocol,
+        aggregate=None if args.aggregate == "auto" else args.aggregate,
         resamples=args.resamples,
         seed=args.seed,
         holm_family=args.holm_family,
-        compare_backbones=backbones,
+        holm_backbones=_names("--holm-backbones", args.holm_backbones),
+        compare_backbones=_compare_backbones(args.compare_backbones),
         populations=_populations(args.populations),
         keep_handoff=args.keep_handoff,
+        abstentions=args.abstentions,
+        calibrate_against=args.calibrate_against,
+        calibration_sizes=_sizes(args.calibration_sizes),
+        calibration_seed=args.calibration_seed,
+        annotations=load_annotations(args.annotations) if args.annotations else None,
+        annotation_seed=args.annotation_seed,
+        draws=args.draws,
     )
 
 
@@ -390,6 +487,7 @@ def check_report_names(store: Store, run: RunRow, options: ReportOptions) -> Non
     check_names(
         "--compare-backbones", "backbone", options.compare_backbones, names.backbones, f"run {run.name!r}"
     )
+    check_names("--holm-backbones", "backbone", options.holm_backbones, names.backbones, f"run {run.name!r}")
     if options.reference_method is not None:
         check_names("--reference", "method", [options.reference_method], names.methods, f"run {run.name!r}")
     if options.populations is not None:
@@ -418,7 +516,14 @@ def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
     with open_results(db) as store:
         run = resolve_run(store, run_name)
         check_report_names(store, run, options)
-        report = build_report(store, run.run_id, options)
+        if args.calibrate_db is not None:
+            full_db = Path(args.calibrate_db)
+            if not full_db.is_file():
+                raise ConfigError(f"--calibrate-db: {full_db}: no such results database")
+            with open_results(full_db) as full_store:
+                report = build_report(store, run.run_id, options, full_store=full_store)
+        else:
+            report = build_report(store, run.run_id, options)
     if args.html:
         Path(args.html).write_text(render_html(report), encoding="utf-8")
         print(f"rcarun: wrote {args.html}", file=sys.stderr)

@@ -1,0 +1,243 @@
+"""Sensitivity of root-step scores to which human label is the reference (LongRCA App. K.1, Table 22).
+
+Why a module of its own: annotators disagree on the root step (40.3% exact agreement in the paper), so a lead in
+Step Acc could depend on which annotation became the final label. App. K.1 checks that by re-scoring fixed
+predictions against observed human annotations drawn at random, and this project had no code for it.
+
+The protocol ("Sensitivity to observed root-step labels"), per backbone:
+
+- The subset: the run's expected trajectories with at least two observed annotations (the paper's 294
+  multiply annotated full-scale trajectories). Predictions stay fixed (realization 0 of each method; a missing
+  or invalid step is an error, as everywhere), and scores weight trajectories equally.
+- ``final``: Step Acc and Step ±5 against the run's final reference roots on the subset.
+- ``draws`` draws (10,000; seed 20260918): each draw picks, per trajectory and uniformly, one observed
+  annotation and uses its root step as the reference for every method. Per method and metric: the mean over
+  draws and the ``(1 − confidence)/2`` and ``(1 + confidence)/2`` quantiles (``numpy.quantile``, linear: the
+  2.5th and 97.5th percentiles at 95%); ``rank1``: the share of draws in which the method strictly leads every
+  other method (ties are not wins).
+- Gap rows: the reference method minus the strongest other method *in each draw*, with the same summaries.
+
+Only root steps are resampled: roles, and so Agent Acc, do not enter. The intervals describe label
+sensitivity on fixed samples, not population confidence intervals.
+
+Annotations file (`load_annotations`): ``.csv`` or ``.jsonl`` with one row per observed annotation and at least
+the columns ``question_ID`` and ``step`` (0-based; an integer or a string holding one); other columns (an
+annotator id, a role) are ignored. Rows of one qid are its observed annotations, repeats included.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rcarun.errors import DataError
+
+from .scoring import STEP_TOLERANCE, Expected, ItemScore, parse_step
+
+__all__ = ["ANNOTATION_SEED", "label_sensitivity", "load_annotations"]
+
+ANNOTATION_SEED = 20260918  # App. K.1
+_METRICS = ("step_acc", "step_pm5")
+
+
+def _rows(file: Path) -> list[tuple[str, Mapping[str, object]]]:
+    where = str(file)
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".csv":
+            with file.open(encoding="utf-8-sig", newline="") as handle:
+                reader = csv.DictReader(handle)
+                header = reader.fieldnames or []
+                for column in ("question_ID", "step"):
+                    if column not in header:
+                        raise DataError("missing column", path=where, record="header", field=column)
+                return [(f"line {reader.line_num}", row) for row in reader]
+        if suffix == ".jsonl":
+            rows: list[tuple[str, Mapping[str, object]]] = []
+            with file.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        value = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DataError(f"not JSON: {exc.msg}", path=where, record=f"line {number}") from exc
+                    if not isinstance(value, dict):
+                        raise DataError("not a JSON object", path=where, record=f"line {number}")
+                    rows.append((f"line {number}", value))
+            return rows
+    except OSError as exc:
+        raise DataError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text: {exc.reason}", path=where) from exc
+    except csv.Error as exc:
+        raise DataError(f"not valid CSV: {exc}", path=where) from exc
+    raise DataError(f"unknown annotations format {file.suffix!r}: expected .csv or .jsonl", path=where)
+
+
+def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Observed root steps per qid, in file order (module docstring).
+
+    Raises:
+        DataError: an unreadable file, an unknown extension, a missing column, a row without a ``question_ID``
+            or with a step that is not an integer, or no rows at all.
+    """
+    file = Path(path)
+    found: dict[str, list[int]] = {}
+    for label, row in _rows(file):
+        qid = row.get("question_ID")
+        if not isinstance(qid, str) or not qid.strip():
+            raise DataError(
+                f"expected a non-empty string, got {qid!r}", path=str(file), record=label, field="question_ID"
+            )
+        step = parse_step(row.get("step"))
+        if step is None:
+            raise DataError(
+                f"expected an integer step, got {row.get('step')!r}",
+                path=str(file),
+                record=label,
+                field="step",
+            )
+        found.setdefault(qid.strip(), []).append(step)
+    if not found:
+        raise DataError("no annotations found", path=str(file))
+    return {qid: tuple(steps) for qid, steps in found.items()}
+
+
+def _subset(
+    expected: Sequence[Expected], annotations: Mapping[str, Sequence[int]]
+) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Positions in ``expected`` of the multiply annotated trajectories, and their annotations.
+
+    Raises:
+        DataError: an annotation's step is outside its trajectory.
+    """
+    positions, labels = [], []
+    for position, item in enumerate(expected):
+        steps = tuple(annotations.get(item.qid, ()))
+        for step in steps:
+            if not 0 <= step < item.n_steps:
+                raise DataError(
+                    f"annotated step {step} is outside the trajectory's {item.n_steps} steps (0-based)",
+                    record=item.qid,
+                    field="step",
+                )
+        if len(steps) >= 2:
+            positions.append(position)
+            labels.append(steps)
+    return positions, labels
+
+
+def _draw_labels(
+    labels: Sequence[tuple[int, ...]], draws: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """(draws × trajectories) root steps, one observed annotation chosen uniformly per trajectory and draw."""
+    counts = np.array([len(steps) for steps in labels])
+    choice = np.minimum((rng.random((draws, len(labels))) * counts).astype(np.int64), counts - 1)
+    table = np.full((len(labels), int(counts.max())), -1, dtype=np.int64)
+    for i, steps in enumerate(labels):
+        table[i, : len(steps)] = steps
+    drawn: npt.NDArray[np.int64] = table[np.arange(len(labels)), choice]
+    return drawn
+
+
+def _hits(
+    predicted: npt.NDArray[np.int64], reference: npt.NDArray[np.int64], metric: str
+) -> npt.NDArray[np.bool_]:
+    """Correctness against ``reference`` (any shape ending in trajectories); -1 is an invalid prediction."""
+    valid = predicted >= 0
+    close = (
+        predicted == reference if metric == "step_acc" else np.abs(predicted - reference) <= STEP_TOLERANCE
+    )
+    hits: npt.NDArray[np.bool_] = valid & close
+    return hits
+
+
+def _summary(final: float, values: npt.NDArray[np.float64], confidence: float) -> dict[str, float]:
+    low, high = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return {"final": final, "mean": float(values.mean()), "low": float(low), "high": float(high)}
+
+
+def label_sensitivity(
+    expected: Sequence[Expected],
+    cells: Mapping[str, Sequence[ItemScore]],
+    annotations: Mapping[str, Sequence[int]],
+    *,
+    reference: str | None,
+    draws: int,
+    seed: int = ANNOTATION_SEED,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """App. K.1's root-step label sensitivity for one backbone's methods (module docstring).
+
+    Args:
+        expected: the run's expected trajectories; every list of ``cells`` is over them, in their order.
+        cells: item scores per method (realization 0 of one backbone).
+        annotations: observed root steps per qid (`load_annotations`); qids the run lacks are ignored.
+        reference: the method whose gap to the strongest other method is summarised (skipped when None or
+            absent).
+        draws: label draws.
+        seed: ``numpy.random.default_rng(seed)``.
+        confidence: the central share of the draws the interval covers.
+
+    Returns:
+        ``{"n", "rows": [{"method", "metric", "final", "mean", "low", "high", "rank1"}], "gaps": [{"method",
+        "metric", "final", "mean", "low", "high"}]}``; ``n`` 0 and empty lists without a multiply annotated
+        trajectory.
+
+    Raises:
+        DataError: an annotated step is outside its trajectory.
+        ValueError: ``draws`` below 1, or a cell's scores are not over ``expected``.
+    """
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    qids = [item.qid for item in expected]
+    for method, items in cells.items():
+        if [item.qid for item in items] != qids:
+            raise ValueError(f"{method}: scores are not over the run's expected trajectories")
+    positions, labels = _subset(expected, annotations)
+    methods = sorted(cells)
+    if not positions or not methods:
+        return {"n": len(positions), "rows": [], "gaps": []}
+    final_roots = np.array([expected[p].ref_step for p in positions], dtype=np.int64)
+    drawn = _draw_labels(labels, draws, np.random.default_rng(seed))
+    predicted = {
+        method: np.array(
+            [-1 if (step := cells[method][p].step) is None else step for p in positions], dtype=np.int64
+        )
+        for method in methods
+    }
+    rows, gaps = [], []
+    for metric in _METRICS:
+        final = {m: float(_hits(predicted[m], final_roots, metric).mean()) for m in methods}
+        scores = {m: _hits(predicted[m], drawn, metric).mean(axis=1) for m in methods}
+        stacked = np.stack([scores[m] for m in methods])  # (methods × draws)
+        for i, method in enumerate(methods):
+            others = np.delete(stacked, i, axis=0)
+            leads = stacked[i] > others.max(axis=0) if len(methods) > 1 else np.ones(draws, dtype=bool)
+            rows.append(
+                {
+                    "method": method,
+                    "metric": metric,
+                    **_summary(final[method], scores[method], confidence),
+                    "rank1": float(leads.mean()),
+                }
+            )
+        if reference is not None and reference in cells and len(methods) > 1:
+            rivals = [m for m in methods if m != reference]
+            strongest = np.stack([scores[m] for m in rivals]).max(axis=0)
+            final_gap = final[reference] - max(final[m] for m in rivals)
+            gaps.append(
+                {
+                    "method": reference,
+                    "metric": metric,
+                    **_summary(final_gap, scores[reference] - strongest, confidence),
+                }
+            )
+    return {"n": len(positions), "rows": rows, "gaps": gaps}
