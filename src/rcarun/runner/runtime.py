@@ -38,8 +38,13 @@ __all__ = [
 
 
 def announce_line(line: str) -> None:
-    """Say one line to the user now, on stderr, without breaking the progress bars (``rcarun: ...``)."""
-    tqdm.write(f"rcarun: {line}", file=sys.stderr)
+    """Say one line to the user now, on stderr, without breaking the progress bars (``rcarun: ...``).
+
+    Never raises: a stderr whose reader went away (a ``| tee`` killed by Ctrl-C) must not turn what the line
+    reports into a failed item; the same facts are in results.db's events.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        tqdm.write(f"rcarun: {line}", file=sys.stderr)
 
 
 class StopRequested(RcarunError):
