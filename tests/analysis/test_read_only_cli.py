@@ -13,13 +13,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers.users import as_unprivileged
+from helpers.users import as_unprivileged, reachable_directory
 from rcarun.cli import main
 from rcarun.data import bundled_sample_path
 
@@ -34,14 +33,8 @@ def _state(db: Path) -> tuple[bytes, int, list[str]]:
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory any user can reach (pytest's tmp_path is private to its owner)."""
-    folder = Path(tempfile.mkdtemp(prefix="rcarun-cli-ro-"))
-    folder.chmod(0o755)
-    try:
+    with reachable_directory("rcarun-cli-ro-") as folder:
         yield folder
-    finally:
-        for path in [folder, *folder.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        shutil.rmtree(folder)
 
 
 def _rcarun(

@@ -7,15 +7,19 @@ permissions skip, saying why, rather than fail for a reason that is not rcarun's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-__all__ = ["as_unprivileged"]
+__all__ = ["as_unprivileged", "reachable_directory"]
 
 _NOBODY = ("--reuid=65534", "--regid=65534", "--clear-groups", "--")
 
@@ -48,3 +52,17 @@ def as_unprivileged(argv: list[str]) -> list[str]:
     setpriv = shutil.which("setpriv")
     assert setpriv is not None
     return [setpriv, *_NOBODY, *argv]
+
+
+@contextlib.contextmanager
+def reachable_directory(prefix: str) -> Iterator[Path]:
+    """A fresh directory any user can reach (pytest's tmp_path is private to its owner), removed afterwards
+    whatever modes a test left on it."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        shutil.rmtree(folder)

@@ -11,13 +11,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers.users import as_unprivileged
+from helpers.users import as_unprivileged, reachable_directory
 from rcarun.errors import StoreError
 from rcarun.store import (
     MIGRATIONS,
@@ -181,14 +180,8 @@ _READER = (
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory any user can reach (pytest's tmp_path is private to its owner)."""
-    folder = Path(tempfile.mkdtemp(prefix="rcarun-ro-"))
-    folder.chmod(0o755)
-    try:
+    with reachable_directory("rcarun-ro-") as folder:
         yield folder
-    finally:
-        for path in [folder, *folder.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        shutil.rmtree(folder)
 
 
 def _as_other_user(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,8 @@ and `render` (that dict as text or one HTML page).
 
 from __future__ import annotations
 
+from rcarun.data import parse_step
+
 from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
 from .fidelity import CALIBRATION_SIZES, mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, scoring_rule
@@ -32,7 +34,6 @@ from .scoring import (
     by_source,
     length_groups,
     macro,
-    parse_step,
     pooled,
     post_stratified,
     score_items,

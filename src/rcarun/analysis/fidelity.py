@@ -206,12 +206,7 @@ def sample_size_calibration(
     Raises:
         ValueError: ``draws`` below 1, or a cell's scores are not over ``expected``.
     """
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws}")
-    qids = [item.qid for item in expected]
-    for key, items in cells.items():
-        if [item.qid for item in items] != qids:
-            raise ValueError(f"{key}: scores are not over the run's expected trajectories")
+    require_draws_over(draws, expected, cells)
     populations = _sources(expected)
     members = {
         source: np.array([i for i, item in enumerate(expected) if item.source == source])
@@ -313,3 +308,19 @@ def _draw_errors(
             macro += (mask @ correct[:, index].T) / quota
         errors[start : start + count] = np.abs(macro / len(sampled) - full_scores)
     return errors
+
+
+def require_draws_over(
+    draws: int, expected: Sequence[Expected], cells: Mapping[Any, Sequence[ItemScore]]
+) -> None:
+    """A resampling analysis needs at least one draw and every cell's scores over the run's expected trajectories.
+
+    Raises:
+        ValueError: naming the first cell that is not, or the bad number of draws.
+    """
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    qids = [item.qid for item in expected]
+    for key, items in cells.items():
+        if [item.qid for item in items] != qids:
+            raise ValueError(f"{key}: scores are not over the run's expected trajectories")

@@ -50,11 +50,11 @@ Length groups (`length_groups`, App. K "Shared length partition"): see that func
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from rcarun.data import parse_step
 from rcarun.data.roles import normalize_role, role_matches
 
 __all__ = [
@@ -74,7 +74,6 @@ __all__ = [
     "by_source",
     "length_groups",
     "macro",
-    "parse_step",
     "pooled",
     "post_stratified",
     "score_items",
@@ -94,7 +93,6 @@ LONGRCA_FULL_POPULATIONS: Mapping[str, int] = {
 # The ±5 tolerance of "Step ±5" (absolute step error at most five).
 STEP_TOLERANCE = 5
 
-_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
 
 AbstentionRule = Literal["fields", "error"]
 """How an abstained prediction is scored: ``"fields"`` scores the role and step it gives (the main comparisons,
@@ -285,22 +283,6 @@ class GroupMetrics(NamedTuple):
 
     group: LengthGroup
     metrics: Metrics | None
-
-
-def parse_step(value: object) -> int | None:
-    """The integer a step output holds, or None when it holds none (rule in the module docstring).
-
-    Range is not checked here: ``"-1"`` parses to -1 and is then invalid for every trajectory.
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        text = value.strip()
-        if _INTEGER_TEXT.fullmatch(text):
-            return int(text)
-    return None
 
 
 def _role_valid(role: str | None, roles: frozenset[str] | None, *, keep_handoff: bool) -> bool:

@@ -27,8 +27,6 @@ annotator id, a role) are ignored. Rows of one qid are its observed annotations,
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,49 +34,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rcarun.data import parse_step
 from rcarun.errors import DataError
 
-from .scoring import STEP_TOLERANCE, Expected, ItemScore, parse_step
+from .fidelity import require_draws_over
+from .scoring import STEP_TOLERANCE, Expected, ItemScore
+from .submission import table_rows
 
 __all__ = ["ANNOTATION_SEED", "label_sensitivity", "load_annotations"]
 
 ANNOTATION_SEED = 20260918  # App. K.1
 _METRICS = ("step_acc", "step_pm5")
-
-
-def _rows(file: Path) -> list[tuple[str, Mapping[str, object]]]:
-    where = str(file)
-    suffix = file.suffix.lower()
-    try:
-        if suffix == ".csv":
-            with file.open(encoding="utf-8-sig", newline="") as handle:
-                reader = csv.DictReader(handle)
-                header = reader.fieldnames or []
-                for column in ("question_ID", "step"):
-                    if column not in header:
-                        raise DataError("missing column", path=where, record="header", field=column)
-                return [(f"line {reader.line_num}", row) for row in reader]
-        if suffix == ".jsonl":
-            rows: list[tuple[str, Mapping[str, object]]] = []
-            with file.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        value = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"not JSON: {exc.msg}", path=where, record=f"line {number}") from exc
-                    if not isinstance(value, dict):
-                        raise DataError("not a JSON object", path=where, record=f"line {number}")
-                    rows.append((f"line {number}", value))
-            return rows
-    except OSError as exc:
-        raise DataError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text: {exc.reason}", path=where) from exc
-    except csv.Error as exc:
-        raise DataError(f"not valid CSV: {exc}", path=where) from exc
-    raise DataError(f"unknown annotations format {file.suffix!r}: expected .csv or .jsonl", path=where)
 
 
 def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -90,7 +56,7 @@ def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:
     """
     file = Path(path)
     found: dict[str, list[int]] = {}
-    for label, row in _rows(file):
+    for label, row in table_rows(file, ("question_ID", "step"), "annotations"):
         qid = row.get("question_ID")
         if not isinstance(qid, str) or not qid.strip():
             raise DataError(
@@ -195,12 +161,7 @@ def label_sensitivity(
         DataError: an annotated step is outside its trajectory.
         ValueError: ``draws`` below 1, or a cell's scores are not over ``expected``.
     """
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws}")
-    qids = [item.qid for item in expected]
-    for method, items in cells.items():
-        if [item.qid for item in items] != qids:
-            raise ValueError(f"{method}: scores are not over the run's expected trajectories")
+    require_draws_over(draws, expected, cells)
     positions, labels = _subset(expected, annotations)
     methods = sorted(cells)
     if not positions or not methods:

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
-from rcarun.data import iter_dataset, natural_sort_key
+from rcarun.data import iter_dataset, natural_sort_key, parse_step
 from rcarun.data.roles import normalize_role
 from rcarun.errors import DataError
 
-from .scoring import AbstentionRule, Expected, ItemScore, Prediction, parse_step, score_items
+from .scoring import AbstentionRule, Expected, ItemScore, Prediction, score_items
 
 __all__ = [
     "LABEL_COLUMNS",
@@ -289,13 +289,13 @@ def _parse_label(row: Mapping[str, object], *, path: str, label: str) -> Expecte
     return Expected(qid=qid, source=source, n_steps=n_steps, ref_role=role, ref_step=step)
 
 
-def _csv_rows(file: Path) -> Iterator[tuple[str, Mapping[str, object]]]:
+def _csv_rows(file: Path, columns: Sequence[str]) -> Iterator[tuple[str, Mapping[str, object]]]:
     where = str(file)
     try:
         with file.open(encoding="utf-8-sig", newline="") as handle:
             reader = csv.DictReader(handle)
             header = reader.fieldnames or []
-            for column in LABEL_COLUMNS:
+            for column in columns:
                 if column not in header:
                     raise DataError("missing column", path=where, record="header", field=column)
             for row in reader:
@@ -317,6 +317,21 @@ def _jsonl_rows(file: Path) -> Iterator[tuple[str, Mapping[str, object]]]:
         yield label, _decode_object(line, path=str(file), label=label)
 
 
+def table_rows(file: Path, columns: Sequence[str], what: str) -> Iterator[tuple[str, Mapping[str, object]]]:
+    """The rows of a ``.csv`` (with ``columns`` in its header) or ``.jsonl`` table, each with its line label.
+
+    Raises:
+        DataError: an unknown extension (naming ``what`` the file should hold), an unreadable file, a missing
+            column, a row that is not an object.
+    """
+    suffix = file.suffix.lower()
+    if suffix == ".csv":
+        return _csv_rows(file, columns)
+    if suffix == ".jsonl":
+        return _jsonl_rows(file)
+    raise DataError(f"unknown {what} format {file.suffix!r}: expected .csv or .jsonl", path=str(file))
+
+
 def load_labels(path: str | Path) -> list[Expected]:
     """Read reference labels from a ``.csv`` or ``.jsonl`` file with the columns of `LABEL_COLUMNS`.
 
@@ -333,15 +348,8 @@ def load_labels(path: str | Path) -> list[Expected]:
         DataError: on the first bad row (file, record and field named), a repeated ``question_ID``, an unknown
             extension, an unreadable or empty file.
     """
-    file = Path(path)
     where = str(path)
-    suffix = file.suffix.lower()
-    if suffix == ".csv":
-        rows = _csv_rows(file)
-    elif suffix == ".jsonl":
-        rows = _jsonl_rows(file)
-    else:
-        raise DataError(f"unknown labels format {file.suffix!r}: expected .csv or .jsonl", path=where)
+    rows = table_rows(Path(path), LABEL_COLUMNS, "labels")
     expected: list[Expected] = []
     first_seen: dict[str, str] = {}
     for label, row in rows:
@@ -450,7 +458,7 @@ def write_predictions_jsonl(
     """Write predictions in the submission format, one line per qid in natural qid order.
 
     The format has no abstention flag and a step must be an int, so: a step that does not parse
-    (`rcarun.analysis.scoring.parse_step`) is written as -1, a missing role as ``""``, and an abstained
+    (`rcarun.data.parse_step`) is written as -1, a missing role as ``""``, and an abstained
     prediction by ``abstentions``: its own role and step under ``"fields"`` (the main comparisons' rule, the
     leaderboard's), role ``""`` and step -1 under ``"error"``. Each of those scores as an error for its target
     exactly as `rcarun.analysis.scoring.score_items` scores the prediction itself under the same rule, so reading

@@ -247,7 +247,7 @@ def _exit_status(db: Path, outcome: SweepOutcome) -> int:
     if outcome.status != "finished":
         return EXIT_STOPPED
     with open_store(db) as store:
-        failed = any(item.status == "failed" for item in store.items(outcome.run_id))
+        failed = any(row.items_failed for row in store.backbone_summary(outcome.run_id))
     return EXIT_ITEMS_FAILED if failed else EXIT_FINISHED
 
 

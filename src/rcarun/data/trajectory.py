@@ -20,8 +20,8 @@ Handoffs: `Step.handoff` is the explicit handoff the step announces (rules in `r
 ``(-> X)`` suffix when the name carries one (LongRCA), else the role's (Who&When Magentic-One).
 `Trajectory.handoffs` lists the steps that announce one.
 
-Step numbers in labels and answers (`parse_step`: the loaders and every method; the scorer's
-`rcarun.analysis.scoring.parse_step` applies the same rule): a JSON integer (never a boolean), or a string holding
+Step numbers in labels and answers (`parse_step`: the loaders, every method and the scorer read them with it): a
+JSON integer (never a boolean), or a string holding
 an optionally signed decimal integer of ASCII digits, surrounding whitespace stripped (``"12"``, ``" 12 "``,
 ``"+3"``, ``"-1"``). Anything else (``3.0``, ``"3.5"``, ``"twelve"``, ``""``, ``None``, ``True``) holds no step.
 Range is not part of the rule: ``"-1"`` reads as -1, which no trajectory contains.
