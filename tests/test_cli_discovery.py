@@ -1,13 +1,12 @@
 """`rcarun methods`: every registered method, its stages and its options with the defaults the code uses.
 
-The expected values come from the methods' own options dataclasses and registry, never from a copy here, so a
+The expected values come from the methods' own options models and registry, never from a copy here, so a
 new method or option must show up without editing this file.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.errors import ConfigError
 from rcarun.methods import create_method, registered_methods
+from rcarun.methods._options import MethodOptions
 from rcarun.methods.all_at_once import AllAtOnceOptions
 from rcarun.methods.rcta.method import ABLATIONS, STAGES
 
@@ -46,8 +46,8 @@ def test_every_registered_method_is_listed_with_what_its_code_declares(
             # The defaults listed are the ones the method runs with when its options table is empty.
             built = create_method(name)
             options = getattr(built, "options", None)
-            assert dataclasses.is_dataclass(options)
-            assert [o["name"] for o in entry["options"]] == [f.name for f in dataclasses.fields(options)]
+            assert isinstance(options, MethodOptions), f"{name}: options are not a MethodOptions model"
+            assert [o["name"] for o in entry["options"]] == list(type(options).model_fields)
             for option in entry["options"]:
                 value = getattr(options, option["name"])
                 assert option["default"] == (list(value) if isinstance(value, tuple) else value), (

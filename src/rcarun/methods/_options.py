@@ -1,22 +1,86 @@
-"""Checks shared by methods' options tables: the Who&When search baselines (Step-by-step, Binary search), and
-the methods that run another method inside them (Continual Search, self-consistency, the judge panel).
+"""What every method's options table is built on, and checks shared by the methods that run another method.
 
 A sweep config is typed by hand, so a misspelt key or a wrong type must stop the run before any call is made
-(`ConfigError` naming the method and the option) rather than silently fall back to a default.
+(`ConfigError` naming the method and the option) rather than silently fall back to a default. Each method's
+options are a `MethodOptions` model: pydantic in strict mode (no ``"3"`` for 3, no ``true`` for 1, no
+``inf``), unknown keys refused, frozen. Rules that tie several options together are ``model_validator``s that
+raise ``ValueError`` with the sentence to show; `parse_options` turns every failure into one `ConfigError` line
+that names the method.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from rcarun.errors import ConfigError
 from rcarun.methods.base import is_int
 from rcarun.methods.context import TRUNCATION_POLICIES
 from rcarun.methods.registry import create_method
 
-__all__ = ["check_base_method", "check_common_options", "reject_unknown_options"]
+__all__ = [
+    "MethodOptions",
+    "ReasoningOption",
+    "TupleOf",
+    "as_tuple",
+    "check_base_method",
+    "check_common_options",
+    "parse_options",
+    "reject_unknown_options",
+]
+
+_Item = TypeVar("_Item")
+_OptionsT = TypeVar("_OptionsT", bound="MethodOptions")
+
+
+def as_tuple(value: object) -> object:
+    """TOML and JSON give arrays as lists; the frozen options keep them as tuples (validated item by item)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+TupleOf = Annotated[tuple[_Item, ...], BeforeValidator(as_tuple)]
+"""``TupleOf[str]``: an array option, given as a list, kept as a tuple."""
+
+ReasoningOption = Literal["off", "low", "medium", "high"] | None
+"""The reasoning effort a method asks of its backbone (None: the backbone's own setting)."""
+
+
+class MethodOptions(BaseModel):
+    """Base of every method's options: strict types, no unknown key, no infinity or NaN, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def parse_options(method_name: str, model: type[_OptionsT], options: Mapping[str, Any]) -> _OptionsT:
+    """``options`` read as ``model``; every problem in one `ConfigError` that starts with ``method_name``."""
+    known = list(model.model_fields)
+    unknown = sorted(str(key) for key in options if key not in model.model_fields)
+    if unknown:
+        raise ConfigError(f"{method_name}: unknown option(s) {unknown}; known: {sorted(known)}")
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as error:
+        raise ConfigError(f"{method_name}: {_explain(error)}") from None
+
+
+def _explain(error: ValidationError) -> str:
+    problems = []
+    for entry in error.errors(include_url=False):
+        location = ".".join(str(part) for part in entry["loc"])
+        if entry["type"] == "value_error":
+            # A model validator's own sentence, without pydantic's "Value error, " prefix.
+            problems.append(str(entry.get("ctx", {}).get("error", entry["msg"])))
+        elif location:
+            given = repr(entry["input"])
+            given = given if len(given) <= 60 else given[:57] + "..."
+            problems.append(f"{location}: {entry['msg']} (got {given})")
+        else:
+            problems.append(entry["msg"])
+    return "; ".join(problems)
+
 
 _REASONING = (None, "off", "low", "medium", "high")
 

@@ -48,65 +48,51 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from importlib import resources
 from string import Template
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PositiveInt, model_validator
 
 from rcarun.data import Trajectory, parse_step
-from rcarun.errors import ConfigError
+from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
 from rcarun.methods.context import (
-    TRUNCATION_POLICIES,
     TokenCounter,
+    TruncationPolicy,
     fit_prompt,
     ground_truth_line,
     render_steps,
     task_text,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reply
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import method
 
 __all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_error", "answer_schema", "render_log"]
 
 
-@dataclass(frozen=True, slots=True)
-class AllAtOnceOptions:
-    max_tokens: int = 8000
+class AllAtOnceOptions(MethodOptions):
+    max_tokens: PositiveInt = 8000
     temperature: float | None = 0.0
-    reasoning: Reasoning | None = None
+    reasoning: ReasoningOption = None
     step_numbers: bool = True
     include_task: bool = True
     include_ground_truth: bool = False
-    truncation: Literal["cap-steps", "none"] = "cap-steps"
-    stage: str = "attribution"
+    truncation: TruncationPolicy = "cap-steps"
+    stage: Annotated[str, Field(min_length=1)] = "attribution"
     reading: Literal["inline", "agentic"] = "inline"
-    max_tool_calls: int = 24
+    max_tool_calls: PositiveInt = 24
+
+    @model_validator(mode="after")
+    def _tools_show_step_numbers(self) -> AllAtOnceOptions:
+        if self.reading == "agentic" and not self.step_numbers:
+            raise ValueError("reading='agentic' needs step_numbers=true (the tools show step numbers)")
+        return self
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> AllAtOnceOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"all-at-once: unknown option(s) {unknown}; known: {sorted(known)}")
-        parsed = cls(**options)
-        if not isinstance(parsed.max_tokens, int) or parsed.max_tokens <= 0:
-            raise ConfigError("all-at-once: max_tokens must be a positive integer")
-        if parsed.truncation not in TRUNCATION_POLICIES:
-            raise ConfigError("all-at-once: truncation must be 'cap-steps' or 'none'")
-        if parsed.reasoning not in (None, "off", "low", "medium", "high"):
-            raise ConfigError("all-at-once: reasoning must be one of off, low, medium, high")
-        if parsed.reading not in ("inline", "agentic"):
-            raise ConfigError("all-at-once: reading must be 'inline' or 'agentic'")
-        max_tool_calls = parsed.max_tool_calls
-        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 1:
-            raise ConfigError("all-at-once: max_tool_calls must be a positive integer")
-        if parsed.reading == "agentic" and not parsed.step_numbers:
-            raise ConfigError(
-                "all-at-once: reading='agentic' needs step_numbers=true (the tools show step numbers)"
-            )
-        return parsed
+        return parse_options("all-at-once", cls, options)
 
 
 def answer_schema(trajectory: Trajectory) -> dict[str, Any]:

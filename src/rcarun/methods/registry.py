@@ -1,7 +1,7 @@
 """Methods are found by their registered kebab-case name, so a sweep config can name them without code changes.
 
 `describe_method` reads back what a registered method is (its class's docstring), the options table it takes (its
-options dataclass: names, annotated types, defaults) and the stages it records calls under, for `rcarun methods`.
+options model: names, annotated types, defaults) and the stages it records calls under, for `rcarun methods`.
 It only looks: nothing is registered or changed, and the methods need declare nothing beyond what they already
 have (a factory annotated with the class it returns, whose ``__init__`` takes ``options: SomeOptions``).
 """
@@ -136,8 +136,8 @@ def _describe(name: str, seen: frozenset[str]) -> MethodDescription:
         cls = type(instance) if instance is not None else None
     options_cls = _annotated(cls.__init__, "options") if cls is not None else None
     current = getattr(instance, "options", None)
-    if not (isinstance(options_cls, type) and dataclasses.is_dataclass(options_cls)):
-        options_cls = type(current) if dataclasses.is_dataclass(current) else None
+    if not _is_options_class(options_cls):
+        options_cls = type(current) if _is_options_class(type(current)) else None
     if current is not None and not isinstance(current, options_cls or ()):
         current = None
     options = None if options_cls is None else _options(options_cls, current)
@@ -162,6 +162,34 @@ def _annotated(function: Any, name: str) -> Any:
         return None
 
 
+def _is_options_class(candidate: object) -> bool:
+    """An options table's class: a pydantic model (`rcarun.methods._options.MethodOptions`) or a dataclass."""
+    if not isinstance(candidate, type):
+        return False
+    return dataclasses.is_dataclass(candidate) or isinstance(getattr(candidate, "model_fields", None), dict)
+
+
+def _declared_options(options_cls: type[Any]) -> list[tuple[str, Any, Any]]:
+    """(name, default or MISSING, annotation) of each option, in declaration order."""
+    model_fields = getattr(options_cls, "model_fields", None)
+    if isinstance(model_fields, dict):
+        declared = []
+        for name, info in model_fields.items():
+            value = info.get_default(call_default_factory=True)
+            declared.append((name, dataclasses.MISSING if info.is_required() else value, info.annotation))
+        return declared
+    out = []
+    for option in dataclasses.fields(options_cls):
+        if option.default is not dataclasses.MISSING:
+            default: Any = option.default
+        elif option.default_factory is not dataclasses.MISSING:
+            default = option.default_factory()
+        else:
+            default = dataclasses.MISSING
+        out.append((option.name, default, option.type))
+    return out
+
+
 def _options(options_cls: type[Any], current: Any) -> tuple[MethodOption, ...]:
     docs = _attribute_docs(inspect.getdoc(options_cls))
     try:
@@ -169,22 +197,16 @@ def _options(options_cls: type[Any], current: Any) -> tuple[MethodOption, ...]:
     except Exception:  # as in `_annotated`: fall back to the annotations as written
         hints = {}
     described = []
-    for option in dataclasses.fields(options_cls):
-        if option.default is not dataclasses.MISSING:
-            declared: Any = option.default
-        elif option.default_factory is not dataclasses.MISSING:
-            declared = option.default_factory()
-        else:
-            declared = dataclasses.MISSING
-        value = getattr(current, option.name) if current is not None else declared
+    for name, declared, annotation in _declared_options(options_cls):
+        value = getattr(current, name) if current is not None else declared
         described.append(
             MethodOption(
-                name=option.name,
-                type=_type_text(hints[option.name]) if option.name in hints else str(option.type),
+                name=name,
+                type=_type_text(hints[name]) if name in hints else _type_text(annotation),
                 default=None if value is dataclasses.MISSING else value,
                 required=value is dataclasses.MISSING,
                 fixed=declared is not dataclasses.MISSING and value != declared,
-                doc=docs.get(option.name),
+                doc=docs.get(name),
             )
         )
     return tuple(described)
@@ -192,6 +214,8 @@ def _options(options_cls: type[Any], current: Any) -> tuple[MethodOption, ...]:
 
 def _type_text(annotation: Any) -> str:
     """An annotation with its aliases resolved, a Literal as its values: ``'off' | 'low' | None``."""
+    if isinstance(annotation, str):  # as written, when it cannot be resolved
+        return annotation
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " | ".join(repr(value) for value in typing.get_args(annotation))
