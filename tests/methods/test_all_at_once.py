@@ -249,12 +249,18 @@ def test_agentic_result_size_follows_the_context_window(scripted) -> None:  # ty
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"reading": "skim"}, r"^all-at-once: reading: Input should be 'inline' or 'agentic' \(got 'skim'\)$"),
+        (
+            {"reading": "skim"},
+            r"^all-at-once: reading: Input should be 'inline' or 'agentic' \(got 'skim'\)$",
+        ),
         ({"reading": "agentic", "max_tool_calls": 0}, "max_tool_calls: Input should be greater than 0"),
         ({"max_tool_calls": True}, "max_tool_calls: Input should be a valid integer"),
         ({"max_tokens": "8000"}, "max_tokens: Input should be a valid integer"),
         ({"temperature": float("nan")}, "temperature: Input should be a finite number"),
-        ({"reading": "agentic", "step_numbers": False}, r"^all-at-once: reading='agentic' needs step_numbers=true"),
+        (
+            {"reading": "agentic", "step_numbers": False},
+            r"^all-at-once: reading='agentic' needs step_numbers=true",
+        ),
     ],
 )
 def test_agentic_options_are_checked(options: dict[str, object], message: str) -> None:

@@ -11,9 +11,9 @@ import pytest
 from rcarun.data import Step, Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods import create_method, registered_methods
+from rcarun.methods.base import CostBound
 from rcarun.methods.step_by_step import (
     ANSWER_SCHEMA,
-    CostEstimate,
     StepByStep,
     StepByStepOptions,
     estimate_calls_and_prompt_tokens,
@@ -223,7 +223,7 @@ async def test_cost_estimate_matches_a_walk_without_early_stop(scripted) -> None
     llm = scripted([NO] * 7)
     await StepByStep("sbs", StepByStepOptions()).attribute(trajectory, llm)
     sent = sum(llm.estimate_tokens(m.content) for r in llm.requests for m in r["messages"])
-    assert estimate_calls_and_prompt_tokens(trajectory, llm) == CostEstimate(calls=7, prompt_tokens=sent)
+    assert estimate_calls_and_prompt_tokens(trajectory, llm) == CostBound(calls=7, prompt_tokens=sent)
     assert estimate_calls_and_prompt_tokens(trajectory, 4, StepByStepOptions(max_steps=2)).calls == 2
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.sweeps import make_config, rows
 from rcarun.data import Trajectory
-from rcarun.methods import LLM, Attribution, Message, method, registered_methods, registry
+from rcarun.methods import LLM, Attribution, Message, Method, method, registered_methods, registry
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 
@@ -22,7 +22,7 @@ _SCHEMA = {
 }
 
 
-class _TwoStage:
+class _TwoStage(Method):
     """A stand-in for RCTA: a shared preparation stage, then a condition-specific final stage."""
 
     shareable_stages = frozenset({"prep"})

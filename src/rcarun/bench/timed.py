@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rcarun.data import Trajectory
-from rcarun.methods import LLM, Attribution, Message, Reply, create_method, method, registered_methods
+from rcarun.methods import LLM, Attribution, Message, Method, Reply, create_method, method, registered_methods
 from rcarun.methods.proxies import DelegatingLLM
 
 __all__ = ["TIMED_METHOD", "asked_at", "register_timed_method"]
@@ -38,7 +38,7 @@ class _TimedLLM(DelegatingLLM):
         return await super().chat(messages, **options)
 
 
-class _TimedAllAtOnce:
+class _TimedAllAtOnce(Method):
     """All-at-once, unchanged, except that it notes when each item first asks for its call."""
 
     def __init__(self, label: str, options: Mapping[str, Any]) -> None:

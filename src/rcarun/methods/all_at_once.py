@@ -56,7 +56,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from rcarun.data import Trajectory, parse_step
 from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TokenCounter,
     TruncationPolicy,
@@ -124,7 +124,7 @@ def _load_prompt(name: str) -> Template:
     return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
 
-class AllAtOnce:
+class AllAtOnce(Method):
     """One attribution call over the whole (possibly truncated) log."""
 
     def __init__(self, label: str, options: AllAtOnceOptions) -> None:

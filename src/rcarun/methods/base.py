@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeGuard
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from rcarun.data import Trajectory
+from rcarun.methods.context import TokenCounter
 from rcarun.methods.llm import LLM
 
 __all__ = [
     "Attribution",
+    "CostBound",
     "Method",
     "abstention",
     "home_backbone",
@@ -62,26 +65,42 @@ class Attribution:
     fallback: str | None = None
 
 
+class CostBound(NamedTuple):
+    """The most a method can spend on one trajectory: calls and prompt tokens."""
+
+    calls: int
+    prompt_tokens: int
+
+
 class Method(Protocol):
     """A root-cause attribution method: pure orchestration over the `LLM` it is given.
 
-    A method may also declare ``shareable_stages: frozenset[str]``: stages whose requests are identical across
-    its conditions (RCTA's summary and outline under every ablation). The runner then pays for such a request
-    once per trajectory and realization and serves the other conditions the same answer, recorded as cached.
+    Besides ``label`` and ``attribute``, the runner reads four traits. They are declared here with the values a
+    method that needs none of them has, so a method class subclasses `Method` and overrides only what it uses:
 
-    A method whose answers decide how many calls it makes may declare ``worst_case(trajectory, counter)``
-    returning an object with ``calls`` and ``prompt_tokens``: the most it can spend on that trajectory, which
-    `rcarun estimate` reports as the maximum (dry runs with synthetic answers only see typical walks).
-
-    A method that names the backbones it asks itself (a judge panel) declares ``backbones: tuple[str, ...]``.
-    The runner then runs it once per trajectory and realization, as an item of the first of them (its home, where
-    its prediction is stored), and it reaches the others through ``llm.for_backbone``; each call is recorded and
-    priced under the backbone it went to.
+    - ``shareable_stages``: stages whose requests are identical across the method's conditions (RCTA's summary
+      and outline under every ablation). The runner pays for such a request once per trajectory and realization
+      and serves the other conditions the same answer, recorded as cached.
+    - ``stage_budgets``: the output budget the method's own design gives a stage (RCTA's presets). It wins over a
+      sweep's ``[stages.X] max_tokens``, which the runner reports instead of applying.
+    - ``backbones``: the backbones a method asks itself (a judge panel). The runner then runs it once per
+      trajectory and realization, as an item of the first of them (its home, where its prediction is stored),
+      and it reaches the others through ``llm.for_backbone``; each call is recorded and priced under the
+      backbone it went to.
+    - ``worst_case(trajectory, counter)``: for a method whose answers decide how many calls it makes, the most
+      it can spend on that trajectory, which `rcarun estimate` reports as the maximum (dry runs with synthetic
+      answers only see typical walks); None when the dry runs' largest walk is the bound.
     """
 
     label: str
+    shareable_stages: frozenset[str] = frozenset()
+    stage_budgets: Mapping[str, int] = MappingProxyType({})
+    backbones: tuple[str, ...] = ()
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution: ...
+
+    def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostBound | None:
+        return None
 
 
 def role_is_valid(role: object, trajectory: Trajectory) -> bool:
@@ -137,5 +156,4 @@ def speaker_attribution(
 
 def home_backbone(method: Method) -> str | None:
     """The backbone a method that names its own backbones runs under (the first it names), else None."""
-    backbones: tuple[str, ...] = getattr(method, "backbones", ())
-    return backbones[0] if backbones else None
+    return method.backbones[0] if method.backbones else None

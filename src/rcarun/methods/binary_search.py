@@ -54,7 +54,7 @@ from typing import Any, Literal
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods._options import check_common_options, reject_unknown_options
-from rcarun.methods.base import Attribution, abstention, speaker_attribution
+from rcarun.methods.base import Attribution, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
@@ -172,7 +172,7 @@ def _load_prompt(name: str) -> Template:
     return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
 
-class BinarySearch:
+class BinarySearch(Method):
     """Recursive halving of the log with one ``bisect`` call per level, down to a single step."""
 
     def __init__(self, label: str, options: BinarySearchOptions) -> None:

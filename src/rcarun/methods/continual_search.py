@@ -100,7 +100,7 @@ from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
 from rcarun.methods._options import check_base_method, reject_unknown_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
-from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, is_int, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
 from rcarun.methods.proxies import TranscriptLLM
 from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
@@ -353,7 +353,7 @@ _STEP_IDS = re.compile(r"\[step (\d+)\]")
 _QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
 
 
-class ContinualSearch:
+class ContinualSearch(Method):
     """Turn 1 by the base method, then turns of the same conversation (Continual Search or Passive Continuation)."""
 
     def __init__(self, label: str, options: ContinualSearchOptions, mode: Mode) -> None:
@@ -362,7 +362,7 @@ class ContinualSearch:
         self.mode = mode
         self._base = create_method(options.base, options=options.turn1_options())
         # Turn 1 is the same request under both conditions: paid once (module docstring).
-        self.shareable_stages = frozenset(getattr(self._base, "shareable_stages", ())) | {options.turn1_stage}
+        self.shareable_stages = self._base.shareable_stages | {options.turn1_stage}
 
     def _layout(self) -> Layout:
         if self.options.layout != "auto":

@@ -117,7 +117,7 @@ from typing import Any, Literal, TypeGuard, get_args
 
 from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, is_int, role_is_valid, step_is_valid
 from rcarun.methods.context import task_text
 from rcarun.methods.llm import LLM, Message, Reasoning
 from rcarun.methods.registry import method
@@ -1052,7 +1052,7 @@ def _named_lines(name: str) -> dict[str, str]:
     return entries
 
 
-class Echo:
+class Echo(Method):
     """Hierarchical context → k (or 2k) independent analyst calls → confidence-weighted consensus."""
 
     def __init__(self, label: str, options: EchoOptions) -> None:

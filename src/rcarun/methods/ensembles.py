@@ -186,7 +186,7 @@ def _rules(answers: Sequence[Attribution], ballot: Vote, tie_break: TieBreak, vo
     return "; ".join(rules) or None
 
 
-class SelfConsistency:
+class SelfConsistency(Method):
     """``samples`` independent draws of the base method on one backbone, majority vote per field."""
 
     def __init__(self, label: str, options: SelfConsistencyOptions) -> None:
@@ -206,7 +206,7 @@ class SelfConsistency:
         return _voted(trajectory, results, options.tie_break, output, "sample")
 
 
-class JudgePanel:
+class JudgePanel(Method):
     """The base method once on each judge backbone, majority vote per field in the judges' order."""
 
     def __init__(self, label: str, options: JudgePanelOptions) -> None:

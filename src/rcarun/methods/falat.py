@@ -135,7 +135,7 @@ from typing import Any, Literal, TypeGuard
 
 from rcarun.data import Step, Trajectory, parse_step, role_matches
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, is_int, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, is_int, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TRUNCATION_POLICIES,
     Truncation,
@@ -903,7 +903,7 @@ def _min_cap(first: int | None, second: int | None) -> int | None:
     return first if second is None else min(first, second)
 
 
-class Falat:
+class Falat(Method):
     """FALAT reconstructed: typing, linking, locate (LLM), backward walk, pruning, verify (LLM), decision."""
 
     def __init__(self, label: str, options: FalatOptions) -> None:

@@ -59,11 +59,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from rcarun.data import Trajectory
 from rcarun.methods._options import check_common_options, reject_unknown_options
-from rcarun.methods.base import Attribution, abstention, speaker_attribution
+from rcarun.methods.base import Attribution, CostBound, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
@@ -79,7 +79,6 @@ from rcarun.methods.registry import method
 
 __all__ = [
     "ANSWER_SCHEMA",
-    "CostEstimate",
     "StepByStep",
     "StepByStepOptions",
     "StepVerdict",
@@ -127,13 +126,6 @@ class StepByStepOptions:
         return parsed
 
 
-class CostEstimate(NamedTuple):
-    """Worst-case cost of one trajectory: every step checked, none flagged."""
-
-    calls: int
-    prompt_tokens: int
-
-
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """One ``step_check`` answer as read.
@@ -166,7 +158,7 @@ def _load_prompt(name: str) -> Template:
     return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
 
-class StepByStep:
+class StepByStep(Method):
     """One ``step_check`` call per step, from step 0, until a step is judged to introduce the decisive error."""
 
     def __init__(self, label: str, options: StepByStepOptions) -> None:
@@ -176,7 +168,7 @@ class StepByStep:
         self._user = _load_prompt("step_by_step_user.txt")
         self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
 
-    def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostEstimate:
+    def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostBound:
         """The most calls and prompt tokens this method can spend on ``trajectory`` (no step flagged), for
         `rcarun estimate`: its answers decide when it stops, so dry runs alone would understate the bound."""
         return estimate_calls_and_prompt_tokens(trajectory, counter, self.options)
@@ -298,7 +290,7 @@ def estimate_calls_and_prompt_tokens(
     trajectory: Trajectory,
     llm: TokenCounter | float,
     options: StepByStepOptions | None = None,
-) -> CostEstimate:
+) -> CostBound:
     """Worst-case calls and prompt tokens of Step-by-step on ``trajectory``: no step is flagged.
 
     Every prompt (system + user, as sent, after the context policy) is estimated with ``llm``'s estimator; a
@@ -312,7 +304,7 @@ def estimate_calls_and_prompt_tokens(
     tokens = 0
     for step in range(calls):
         tokens += system_tokens + counter.estimate_tokens(walker.build_prompt(trajectory, step, counter).text)
-    return CostEstimate(calls=calls, prompt_tokens=tokens)
+    return CostBound(calls=calls, prompt_tokens=tokens)
 
 
 @method(_NAME)

@@ -569,8 +569,8 @@ async def _dry_run(
                 name=backbone_name,
                 stages=config.stages,
                 method_label=method.label,
-                shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
-                budgeted_stages=frozenset(getattr(method, "stage_budgets", {})),
+                shareable_stages=method.shareable_stages,
+                budgeted_stages=frozenset(method.stage_budgets),
                 shared=shared.setdefault(backbone_name, set()),
                 tally=tallies.setdefault((backbone_name, method.label), _Tally()),
                 sample=sample,
@@ -606,11 +606,10 @@ def _fold(
         worst.prompt_worst,
         worst.output_worst,
     )
-    worst_case = getattr(method, "worst_case", None)
-    if callable(worst_case):
+    bound = method.worst_case(trajectory, _Counter(backbone))
+    if bound is not None:
         # Answers decide when the method stops (Step-by-step: the first flagged step); its declared bound is
         # the maximum, each call at its worst length-retry chain.
-        bound = worst_case(trajectory, _Counter(backbone))
         attempts = max(t.chain_attempts for t in tallies) or 1
         chain_output = max(t.chain_output for t in tallies)
         calls_max = max(calls_max, bound.calls)

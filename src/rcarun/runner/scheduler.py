@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import time
 from pathlib import Path
@@ -446,7 +446,7 @@ def stage_budget_notes(methods: Sequence[Method], config: SweepConfig) -> list[s
     the method's wins (`StageConfig.first_budget`); the line says so, so the override is never silent."""
     notes = []
     for method in methods:
-        budgets: Mapping[str, int] = getattr(method, "stage_budgets", {})
+        budgets = method.stage_budgets
         for stage, budget in budgets.items():
             table = config.stages.get(stage)
             if table is not None and table.max_tokens is not None and table.max_tokens != budget:
@@ -465,7 +465,7 @@ def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> No
         ConfigError: naming the method and the unknown backbones.
     """
     for method in methods:
-        unknown = [name for name in getattr(method, "backbones", ()) if name not in config.backbones]
+        unknown = [name for name in method.backbones if name not in config.backbones]
         if unknown:
             raise ConfigError(
                 f"method {method.label!r} names backbones the sweep does not define: {unknown} "
@@ -653,8 +653,8 @@ async def _run_item(
         context,
         runtime,
         item,
-        shareable_stages=frozenset(getattr(method, "shareable_stages", ())),
-        budgeted_stages=frozenset(getattr(method, "stage_budgets", {})),
+        shareable_stages=method.shareable_stages,
+        budgeted_stages=frozenset(method.stage_budgets),
     )
     counters = runtime.counters
     writer = context.writer

@@ -113,7 +113,7 @@ from typing import Any, Literal
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import TRUNCATION_POLICIES, cut_middle, fit_prompt, ground_truth_line, task_text
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.registry import method
@@ -425,7 +425,7 @@ class _Run:
     fallbacks: list[str] = field(default_factory=list)
 
 
-class RCTA:
+class RCTA(Method):
     """Root-Cause Trajectory Attribution: m + 2 calls per trajectory plus validation retries."""
 
     shareable_stages: frozenset[str] = SHAREABLE_STAGES
