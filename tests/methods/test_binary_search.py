@@ -85,6 +85,25 @@ def test_registered_and_options_validated() -> None:
             create_method("binary-search", options=bad)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_tokens", "1024"),
+        ("max_tokens", True),
+        ("max_tokens", 1024.0),
+        ("seed", 7.0),
+        ("temperature", float("inf")),
+        ("temperature", float("nan")),
+        ("stage", ""),
+        ("max_step", 3),
+    ],
+)
+def test_mistyped_options_are_refused_naming_the_option(option: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^binary-search: .*{option}") as refused:
+        create_method("binary-search", options={option: value})
+    assert "\n" not in str(refused.value)
+
+
 def test_defaults_and_split_rule() -> None:
     options = BinarySearchOptions()
     assert (options.max_tokens, options.temperature, options.unclear, options.seed) == (

@@ -15,6 +15,7 @@ from rcarun.methods import Reply, ToolCall, create_method
 from rcarun.methods.context import task_text
 from rcarun.methods.continual_search import (
     SENTENCES,
+    ContinualSearchOptions,
     continuation_prompt,
     passive_prompt,
     quote_found,
@@ -330,18 +331,49 @@ async def test_inline_evidence_is_read_at_turn_one_only(scripted: type[ScriptedL
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match="turns must be an integer from 1 to 16"):
+    with pytest.raises(
+        ConfigError, match=r"^continual-search: turns: .*greater than or equal to 1 \(got 0\)"
+    ):
         create_method("continual-search", options={"turns": 0})
+    with pytest.raises(ConfigError, match=r"^continual-search: turns: .*less than or equal to 16 \(got 17\)"):
+        create_method("continual-search", options={"turns": 17})
     with pytest.raises(ConfigError, match="one-shot method"):
         create_method("continual-search", options={"base": "self-consistency"})
     with pytest.raises(ConfigError, match="passive has one sentence"):
         create_method("passive-continuation", options={"answer_kind": "list"})
     with pytest.raises(ConfigError, match="passive has one sentence"):
         create_method("passive-continuation", options={"quote_field": False})
-    with pytest.raises(ConfigError, match="quote_field must be true or false"):
+    with pytest.raises(ConfigError, match=r"^passive-continuation: base: all-at-once: unknown option"):
+        create_method("passive-continuation", options={"base_options": {"bogus": 1}})
+    with pytest.raises(ConfigError, match=r"^continual-search: quote_field: .*valid boolean"):
         create_method("continual-search", options={"quote_field": "yes"})
-    with pytest.raises(ConfigError, match="unknown option"):
+    with pytest.raises(ConfigError, match=r"^continual-search: unknown option\(s\) \['turn'\]"):
         create_method("continual-search", options={"turn": 3})
+    # The two methods share the options model; passive accepts what does not shape Continual Search's prompts.
+    passive = ContinualSearchOptions.from_mapping(
+        {"turns": 2, "reading": "inline"}, name="passive-continuation"
+    )
+    assert (passive.turns, passive.reading, passive.layout) == (2, "inline", "whole")
+
+
+@pytest.mark.parametrize("name", ["continual-search", "passive-continuation"])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("turns", "4"),
+        ("turns", True),
+        ("turns", 4.0),
+        ("max_tokens", 2048.0),
+        ("max_tool_calls", "24"),
+        ("base", ["all-at-once"]),
+        ("base_options", "reading=inline"),
+        ("stage", ""),
+        ("turn", 3),
+    ],
+)
+def test_mistyped_options_are_refused_naming_the_option(name: str, option: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}: .*{option}"):
+        create_method(name, options={option: value})
 
 
 # --- reading: agentic by default, inline as an option -----------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from rcarun.data import Step, Trajectory
 from rcarun.errors import BadRequest, ConfigError
 from rcarun.methods import Attribution, Message, Reply, create_method, home_backbone
+from rcarun.methods.ensembles import JudgePanelOptions, SelfConsistencyOptions
 from rcarun.methods.voting import majority, vote
 
 
@@ -106,10 +107,14 @@ async def test_digit_string_steps_vote_as_integers(scripted) -> None:  # type: i
 
 
 def test_self_consistency_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match="samples must be an integer of at least 2"):
+    with pytest.raises(
+        ConfigError, match=r"^self-consistency: samples: .*greater than or equal to 2 \(got 1\)"
+    ):
         create_method("self-consistency", options={"samples": 1})
-    with pytest.raises(ConfigError, match="temperature must be above 0"):
+    with pytest.raises(ConfigError, match=r"^self-consistency: temperature: .*greater than 0 \(got 0\)"):
         create_method("self-consistency", options={"temperature": 0})
+    # An integer temperature is a number: read as the float it means.
+    assert SelfConsistencyOptions.from_mapping({"temperature": 1}).temperature == 1.0
     with pytest.raises(ConfigError, match="base: unknown method 'nope'"):
         create_method("self-consistency", options={"base": "nope"})
     with pytest.raises(ConfigError, match="base: all-at-once: unknown option"):
@@ -179,10 +184,50 @@ def test_judge_panel_options_are_checked() -> None:
         create_method("judge-panel", options={"judges": ["a"]})
     with pytest.raises(ConfigError, match="at least two different backbones"):
         create_method("judge-panel", options={"judges": ["a", "a"]})
-    with pytest.raises(ConfigError, match="list of backbone names"):
+    with pytest.raises(ConfigError, match=r"^judge-panel: judges: .*valid tuple \(got 'a,b'\)"):
         create_method("judge-panel", options={"judges": "a,b"})
-    with pytest.raises(ConfigError, match="tie_break"):
+    with pytest.raises(ConfigError, match=r"^judge-panel: judges\.1: .*at least 1 character"):
+        create_method("judge-panel", options={"judges": ["a", ""]})
+    with pytest.raises(ConfigError, match=r"^judge-panel: tie_break: "):
         create_method("judge-panel", options={"judges": ["a", "b"], "tie_break": "coin"})
+    with pytest.raises(ConfigError, match=r"^judge-panel: base: all-at-once: unknown option"):
+        create_method("judge-panel", options={"judges": ["a", "b"], "base_options": {"bogus": 1}})
+    assert JudgePanelOptions.from_mapping({"judges": ["a", "b"]}).judges == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("samples", "4"),
+        ("samples", True),
+        ("samples", 4.0),
+        ("temperature", float("inf")),
+        ("temperature", "0.7"),
+        ("base_options", ["reading"]),
+        ("sample", 4),
+    ],
+)
+def test_mistyped_self_consistency_options_are_refused_naming_the_option(option: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^self-consistency: .*{option}"):
+        create_method("self-consistency", options={option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("judges", "a"),
+        ("judges", [1, 2]),
+        ("judges", [True, False]),
+        ("judges", [1.0, 2.0]),
+        ("base", 7),
+        ("tie_break", True),
+        ("judge", ["a", "b"]),
+    ],
+)
+def test_mistyped_judge_panel_options_are_refused_naming_the_option(option: str, value: object) -> None:
+    options = {"judges": ["a", "b"], option: value}
+    with pytest.raises(ConfigError, match=rf"^judge-panel: .*{option}"):
+        create_method("judge-panel", options=options)
 
 
 # --- unreadable answers and tie rules: Attribution.error / fallback -------------------------------------------

@@ -71,6 +71,24 @@ def test_registered_and_options_validated() -> None:
             create_method("step-by-step", options=bad)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_steps", "3"),
+        ("max_steps", True),
+        ("max_steps", 3.0),
+        ("max_tokens", 1024.0),
+        ("temperature", float("inf")),
+        ("include_task", 1),
+        ("max_step", 3),
+    ],
+)
+def test_mistyped_options_are_refused_naming_the_option(option: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^step-by-step: .*{option}") as refused:
+        create_method("step-by-step", options={option: value})
+    assert "\n" not in str(refused.value)
+
+
 def test_defaults() -> None:
     options = StepByStepOptions()
     assert (options.max_tokens, options.temperature, options.reasoning) == (1024, 0.0, None)

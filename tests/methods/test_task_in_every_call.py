@@ -212,7 +212,7 @@ async def test_the_calls_that_do_not_show_step_0_still_show_the_task(
     assert all(f"Task:\n{trajectory.task}\n" in r["user"] for r in llm.requests)
 
     llm = _recording_llm()
-    await create_method("echo", options={"focal": [100]}).attribute(trajectory, llm)
+    await create_method("echo", options={"context": "focal", "focal": [100]}).attribute(trajectory, llm)
     assert all("[step 0 | L4 milestone]" in r["user"] for r in llm.requests)  # 15 words of the task at most
     assert all(f"Task:\n{trajectory.task}\n" in r["user"] for r in llm.requests)
 

@@ -11,14 +11,11 @@ that names the method.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from rcarun.errors import ConfigError
-from rcarun.methods.base import is_int
-from rcarun.methods.context import TRUNCATION_POLICIES
 from rcarun.methods.registry import create_method
 
 __all__ = [
@@ -27,9 +24,7 @@ __all__ = [
     "TupleOf",
     "as_tuple",
     "check_base_method",
-    "check_common_options",
     "parse_options",
-    "reject_unknown_options",
 ]
 
 _Item = TypeVar("_Item")
@@ -82,17 +77,6 @@ def _explain(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-_REASONING = (None, "off", "low", "medium", "high")
-
-
-def reject_unknown_options(method_name: str, cls: type[Any], options: Mapping[str, Any]) -> None:
-    """Raise `ConfigError` when ``options`` has a key that is not a field of the dataclass ``cls``."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"{method_name}: unknown option(s) {unknown}; known: {sorted(known)}")
-
-
 def check_base_method(
     method_name: str,
     base: str,
@@ -113,25 +97,3 @@ def check_base_method(
         create_method(base, options=base_options if create_with is None else create_with)
     except ConfigError as exc:
         raise ConfigError(f"{method_name}: base: {exc}") from None
-
-
-def check_common_options(method_name: str, parsed: Any) -> None:
-    """Validate the options both baselines share (``parsed`` is the options dataclass)."""
-    if not is_int(parsed.max_tokens) or parsed.max_tokens <= 0:
-        raise ConfigError(f"{method_name}: max_tokens must be a positive integer")
-    if parsed.temperature is not None and (
-        isinstance(parsed.temperature, bool) or not isinstance(parsed.temperature, int | float)
-    ):
-        raise ConfigError(f"{method_name}: temperature must be a number or null")
-    if parsed.reasoning not in _REASONING:
-        raise ConfigError(f"{method_name}: reasoning must be one of off, low, medium, high")
-    if parsed.truncation not in TRUNCATION_POLICIES:
-        raise ConfigError(f"{method_name}: truncation must be 'cap-steps' or 'none'")
-    for name in ("include_task", "include_ground_truth"):
-        if not isinstance(getattr(parsed, name), bool):
-            raise ConfigError(f"{method_name}: {name} must be true or false")
-    max_steps = getattr(parsed, "max_steps", None)
-    if max_steps is not None and (not is_int(max_steps) or max_steps <= 0):
-        raise ConfigError(f"{method_name}: max_steps must be a positive integer or absent")
-    if not isinstance(parsed.stage, str) or not parsed.stage:
-        raise ConfigError(f"{method_name}: stage must be a non-empty string")

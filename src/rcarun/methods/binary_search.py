@@ -49,23 +49,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PositiveInt
 
 from rcarun.data import Trajectory
-from rcarun.errors import ConfigError
-from rcarun.methods._options import check_common_options, reject_unknown_options
+from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
 from rcarun.methods.base import Attribution, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
     Truncation,
+    TruncationPolicy,
     fit_prompt,
     ground_truth_line,
     render_steps,
     task_text,
     truncation_summary,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reply
 from rcarun.methods.registry import method
 
 __all__ = [
@@ -100,31 +102,36 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``bisect`` call: reason first, so the model explains before it commits."""
 
 
-@dataclass(frozen=True, slots=True)
-class BinarySearchOptions:
-    max_tokens: int = 1024
+class BinarySearchOptions(MethodOptions):
+    """Binary search's options table (a sweep's ``options`` for the method).
+
+    Attributes:
+        max_tokens: the output budget of each ``bisect`` call (the original's 1,024).
+        temperature: the sampling temperature of each call; None leaves it to the backbone.
+        reasoning: the reasoning effort asked of the backbone; None leaves it to the backbone.
+        include_task: show the task instruction in every call.
+        include_ground_truth: add a ``Correct final answer: ...`` line after the task (off: the protocol).
+        step_numbers: render the segment as ``[step k] agent: content``; false gives ``agent: content`` lines.
+        truncation: the shared context policy, ``"cap-steps"`` or ``"none"`` (`rcarun.methods.context`).
+        unclear: how an unclear answer picks a half: ``"random"`` (a seeded draw) or ``"earlier"``.
+        seed: the seed of the unclear-answer draws, mixed with the qid and the range.
+        stage: the stage name the calls are recorded under.
+    """
+
+    max_tokens: PositiveInt = 1024
     temperature: float | None = 0.0
-    reasoning: Reasoning | None = None
+    reasoning: ReasoningOption = None
     include_task: bool = True
     include_ground_truth: bool = False
     step_numbers: bool = True
-    truncation: Literal["cap-steps", "none"] = "cap-steps"
+    truncation: TruncationPolicy = "cap-steps"
     unclear: Literal["random", "earlier"] = "random"
     seed: int = 0
-    stage: str = "bisect"
+    stage: Annotated[str, Field(min_length=1)] = "bisect"
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> BinarySearchOptions:
-        reject_unknown_options(_NAME, cls, options)
-        parsed = cls(**options)
-        check_common_options(_NAME, parsed)
-        if not isinstance(parsed.step_numbers, bool):
-            raise ConfigError(f"{_NAME}: step_numbers must be true or false")
-        if parsed.unclear not in ("random", "earlier"):
-            raise ConfigError(f"{_NAME}: unclear must be 'random' or 'earlier'")
-        if not isinstance(parsed.seed, int) or isinstance(parsed.seed, bool):
-            raise ConfigError(f"{_NAME}: seed must be an integer")
-        return parsed
+        return parse_options(_NAME, cls, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,16 +91,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PositiveInt
 
 from rcarun.data import Trajectory, parse_step
 from rcarun.errors import ConfigError
-from rcarun.methods._options import check_base_method, reject_unknown_options
+from rcarun.methods._options import MethodOptions, check_base_method, parse_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
-from rcarun.methods.base import Attribution, Method, is_int, role_is_valid, step_is_valid
+from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
 from rcarun.methods.proxies import TranscriptLLM
 from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
@@ -222,55 +224,53 @@ def quote_found(quote: object, text: str) -> bool:
     return len(wanted) >= MIN_QUOTE_CHARS and wanted in normalize_quote_text(text)
 
 
-@dataclass(frozen=True, slots=True)
-class ContinualSearchOptions:
+class ContinualSearchOptions(MethodOptions):
+    """The options table of Continual Search and Passive Continuation (module docstring).
+
+    Attributes:
+        base: the one-shot method that makes turn 1 (All-at-once by default, or RCTA).
+        base_options: the base method's own options table.
+        turns: how many turns in all, turn 1 included (1 to 16; the paper's 4).
+        turn1_stage: the base method's stage whose last call is the conversation the later turns continue.
+        stage: the stage name the continuation turns are recorded under.
+        max_tokens: the continuation turns' output budget; None keeps the turn-1 call's.
+        layout: how the evidence is stored: ``"whole"``, ``"pieces"`` (blocks of ``piece_steps`` steps), or
+            ``"auto"`` (pieces when the judge reads with tools). Continual Search only.
+        answer_kind: ``"single"`` (one root cause, with the change rule) or ``"list"`` (every failure, earliest
+            first). Continual Search only.
+        quote_field: add a ``quote`` field to the answer schema of the turns that carry the change rule.
+            Continual Search only.
+        quote_scope: where the change rule's quote must be found for the record: ``"step"`` or ``"log"``.
+            Continual Search only.
+        piece_steps: how many consecutive steps make one piece under ``layout="pieces"``. Continual Search only.
+        reading: ``"agentic"`` (every turn reads the log through tools) or ``"inline"`` (no tools).
+        max_tool_calls: the most tool calls per turn when reading with tools.
+    """
+
     base: str = "all-at-once"
-    base_options: dict[str, Any] = field(default_factory=dict)
-    turns: int = 4
-    turn1_stage: str = "attribution"
-    stage: str = "continuation"
-    max_tokens: int | None = None
+    base_options: dict[str, Any] = Field(default_factory=dict)
+    turns: Annotated[int, Field(ge=1, le=16)] = 4
+    turn1_stage: Annotated[str, Field(min_length=1)] = "attribution"
+    stage: Annotated[str, Field(min_length=1)] = "continuation"
+    max_tokens: PositiveInt | None = None
     layout: Literal["auto", "whole", "pieces"] = "whole"
     answer_kind: AnswerKind = "single"
     quote_field: bool = True
     quote_scope: Literal["step", "log"] = "step"
-    piece_steps: int = 20
+    piece_steps: PositiveInt = 20
     reading: Literal["inline", "agentic"] = "agentic"
-    max_tool_calls: int = 24
+    max_tool_calls: PositiveInt = 24
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], *, name: str) -> ContinualSearchOptions:
-        reject_unknown_options(name, cls, options)
+        """Parse and check an options table; ``name`` is the registered method name used in error messages."""
+        parsed = parse_options(name, cls, options)
         if name == "passive-continuation":
-            searching = sorted(
-                set(options) & {"layout", "answer_kind", "quote_field", "quote_scope", "piece_steps"}
-            )
+            searching = sorted(parsed.model_fields_set & _SEARCH_ONLY)
             if searching:
                 raise ConfigError(
                     f"{name}: {searching} shape Continual Search's prompts; passive has one sentence"
                 )
-        parsed = cls(**options)
-        if not is_int(parsed.turns) or not 1 <= parsed.turns <= 16:
-            raise ConfigError(f"{name}: turns must be an integer from 1 to 16")
-        if parsed.max_tokens is not None and (not is_int(parsed.max_tokens) or parsed.max_tokens <= 0):
-            raise ConfigError(f"{name}: max_tokens must be a positive integer or absent")
-        if parsed.layout not in ("auto", "whole", "pieces"):
-            raise ConfigError(f"{name}: layout must be 'auto', 'whole' or 'pieces'")
-        if parsed.answer_kind not in ("single", "list"):
-            raise ConfigError(f"{name}: answer_kind must be 'single' or 'list'")
-        if not isinstance(parsed.quote_field, bool):
-            raise ConfigError(f"{name}: quote_field must be true or false")
-        if parsed.quote_scope not in ("step", "log"):
-            raise ConfigError(f"{name}: quote_scope must be 'step' or 'log'")
-        if not is_int(parsed.piece_steps) or parsed.piece_steps <= 0:
-            raise ConfigError(f"{name}: piece_steps must be a positive integer")
-        if parsed.reading not in ("inline", "agentic"):
-            raise ConfigError(f"{name}: reading must be 'inline' or 'agentic'")
-        if not is_int(parsed.max_tool_calls) or parsed.max_tool_calls <= 0:
-            raise ConfigError(f"{name}: max_tool_calls must be a positive integer")
-        for key in ("stage", "turn1_stage"):
-            if not isinstance(getattr(parsed, key), str) or not getattr(parsed, key):
-                raise ConfigError(f"{name}: {key} must be a non-empty string")
         check_base_method(
             name,
             parsed.base,
@@ -283,12 +283,13 @@ class ContinualSearchOptions:
 
     def turn1_options(self) -> dict[str, Any]:
         """The base method's options: All-at-once reads the way the continuation does unless told otherwise."""
-        options = dict(self.base_options) if isinstance(self.base_options, dict) else {}
+        options = dict(self.base_options)
         if self.base == "all-at-once" and "reading" not in options:
             return {**options, "reading": self.reading, "max_tool_calls": self.max_tool_calls}
         return options
 
 
+_SEARCH_ONLY = frozenset({"layout", "answer_kind", "quote_field", "quote_scope", "piece_steps"})
 _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "judge-panel")
 
 

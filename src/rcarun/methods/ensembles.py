@@ -31,69 +31,80 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, PositiveFloat, model_validator
 
 from rcarun.data import Trajectory
-from rcarun.errors import ConfigError, FatalCallError
-from rcarun.methods._options import check_base_method, reject_unknown_options
-from rcarun.methods.base import Attribution, Method, is_int
+from rcarun.errors import FatalCallError
+from rcarun.methods._options import MethodOptions, TupleOf, check_base_method, parse_options
+from rcarun.methods.base import Attribution, Method
 from rcarun.methods.llm import LLM
 from rcarun.methods.proxies import ResampledLLM
 from rcarun.methods.registry import create_method, method
-from rcarun.methods.voting import TIE_BREAKS, TieBreak, Vote, vote
+from rcarun.methods.voting import TieBreak, Vote, vote
 
 __all__ = ["JudgePanel", "JudgePanelOptions", "SelfConsistency", "SelfConsistencyOptions"]
 
 
-@dataclass(frozen=True, slots=True)
-class SelfConsistencyOptions:
+class SelfConsistencyOptions(MethodOptions):
+    """Self-consistency's options table (module docstring).
+
+    Attributes:
+        base: the single-judge method each draw runs (All-at-once by default).
+        base_options: the base method's own options table.
+        samples: how many draws vote (at least 2; the paper's 4).
+        temperature: the temperature every call of every draw is sent with (above 0: identical draws vote
+            nothing).
+        tie_break: the rule that decides a tied field (`rcarun.methods.voting`).
+    """
+
     base: str = "all-at-once"
-    base_options: dict[str, Any] = field(default_factory=dict)
-    samples: int = 4
-    temperature: float = 0.7
+    base_options: dict[str, Any] = Field(default_factory=dict)
+    samples: Annotated[int, Field(ge=2)] = 4
+    temperature: PositiveFloat = 0.7
     tie_break: TieBreak = "first-voter"
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> SelfConsistencyOptions:
-        reject_unknown_options("self-consistency", cls, options)
-        parsed = cls(**options)
-        if not is_int(parsed.samples) or parsed.samples < 2:
-            raise ConfigError("self-consistency: samples must be an integer of at least 2")
-        if isinstance(parsed.temperature, bool) or not isinstance(parsed.temperature, int | float):
-            raise ConfigError("self-consistency: temperature must be a number")
-        if parsed.temperature <= 0:
-            raise ConfigError("self-consistency: temperature must be above 0 (identical draws vote nothing)")
-        _check_base("self-consistency", parsed.base, parsed.base_options, parsed.tie_break)
+        parsed = parse_options("self-consistency", cls, options)
+        _check_base("self-consistency", parsed.base, parsed.base_options)
         return parsed
 
 
-@dataclass(frozen=True, slots=True)
-class JudgePanelOptions:
-    judges: tuple[str, ...] = ()
+class JudgePanelOptions(MethodOptions):
+    """The judge panel's options table (module docstring).
+
+    Attributes:
+        judges: the sweep's backbones that each run the base method once, in vote order (at least two, all
+            different); the item is stored under the first.
+        base: the single-judge method each judge runs (All-at-once by default).
+        base_options: the base method's own options table.
+        tie_break: the rule that decides a tied field (`rcarun.methods.voting`).
+    """
+
+    judges: TupleOf[Annotated[str, Field(min_length=1)]] = ()
     base: str = "all-at-once"
-    base_options: dict[str, Any] = field(default_factory=dict)
+    base_options: dict[str, Any] = Field(default_factory=dict)
     tie_break: TieBreak = "first-voter"
+
+    @model_validator(mode="after")
+    def _two_different_judges(self) -> JudgePanelOptions:
+        if len(self.judges) < 2 or len(set(self.judges)) != len(self.judges):
+            raise ValueError("judges must name at least two different backbones")
+        return self
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> JudgePanelOptions:
-        reject_unknown_options("judge-panel", cls, options)
-        judges = options.get("judges", ())
-        if not isinstance(judges, list | tuple) or not all(isinstance(j, str) and j for j in judges):
-            raise ConfigError("judge-panel: judges must be a list of backbone names")
-        if len(judges) < 2 or len(set(judges)) != len(judges):
-            raise ConfigError("judge-panel: judges must name at least two different backbones")
-        parsed = cls(**{**options, "judges": tuple(judges)})
-        _check_base("judge-panel", parsed.base, parsed.base_options, parsed.tie_break)
+        parsed = parse_options("judge-panel", cls, options)
+        _check_base("judge-panel", parsed.base, parsed.base_options)
         return parsed
 
 
-def _check_base(name: str, base: str, base_options: Mapping[str, Any], tie_break: str) -> None:
+def _check_base(name: str, base: str, base_options: Mapping[str, Any]) -> None:
     check_base_method(
         name, base, base_options, excluded=("self-consistency", "judge-panel"), kind="a single-judge method"
     )
-    if tie_break not in TIE_BREAKS:
-        raise ConfigError(f"{name}: tie_break must be one of {list(TIE_BREAKS)}")
 
 
 async def _run_voters(

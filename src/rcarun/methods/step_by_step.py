@@ -59,22 +59,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PositiveInt
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import check_common_options, reject_unknown_options
+from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
 from rcarun.methods.base import Attribution, CostBound, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
     TokenCounter,
     Truncation,
+    TruncationPolicy,
     fit_prompt,
     ground_truth_line,
     render_steps,
     task_text,
     truncation_summary,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reply
 from rcarun.methods.registry import method
 
 __all__ = [
@@ -107,23 +110,32 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``step_check`` call: reason first, so the model explains before it commits."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepByStepOptions:
-    max_tokens: int = 1024
+class StepByStepOptions(MethodOptions):
+    """Step-by-step's options table (a sweep's ``options`` for the method).
+
+    Attributes:
+        max_tokens: the output budget of each ``step_check`` call (the original's 1,024).
+        temperature: the sampling temperature of each call; None leaves it to the backbone.
+        reasoning: the reasoning effort asked of the backbone; None leaves it to the backbone.
+        include_task: show the task instruction in every call.
+        include_ground_truth: add a ``Correct final answer: ...`` line after the task (off: the protocol).
+        truncation: the shared context policy, ``"cap-steps"`` or ``"none"`` (`rcarun.methods.context`).
+        max_steps: stop the walk after this many steps (an abstention); None walks the whole log (the paper).
+        stage: the stage name the calls are recorded under.
+    """
+
+    max_tokens: PositiveInt = 1024
     temperature: float | None = 0.0
-    reasoning: Reasoning | None = None
+    reasoning: ReasoningOption = None
     include_task: bool = True
     include_ground_truth: bool = False
-    truncation: Literal["cap-steps", "none"] = "cap-steps"
-    max_steps: int | None = None
-    stage: str = "step_check"
+    truncation: TruncationPolicy = "cap-steps"
+    max_steps: PositiveInt | None = None
+    stage: Annotated[str, Field(min_length=1)] = "step_check"
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> StepByStepOptions:
-        reject_unknown_options(_NAME, cls, options)
-        parsed = cls(**options)
-        check_common_options(_NAME, parsed)
-        return parsed
+        return parse_options(_NAME, cls, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,21 +250,59 @@ def test_registered_names_fix_their_ablation_and_label() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "options"),
+    ("name", "options", "message"),
     [
-        ("rcta", {"bogus": 1}),
-        ("rcta", {"preset": "huge"}),
-        ("rcta", {"ablation": "no-a5"}),
-        ("rcta/no-a1", {"ablation": "no-a2"}),
-        ("rcta", {"segmentation": {"max_step": 3}}),
-        ("rcta", {"segmentation": {"max_steps": 0}}),
-        ("rcta", {"candidate_cap": 0}),
-        ("rcta", {"truncation": "cut"}),
+        ("rcta", {"bogus": 1}, r"rcta: unknown option\(s\) \['bogus'\]"),
+        ("rcta", {"preset": "huge"}, r"rcta: preset: Input should be 'full' or 'ablation' \(got 'huge'\)"),
+        ("rcta", {"ablation": "no-a5"}, r"rcta: ablation: Input should be 'no-a1', .* \(got 'no-a5'\)"),
+        ("rcta/no-a1", {"ablation": "no-a2"}, r"rcta/no-a1: ablation is fixed to 'no-a1'; got 'no-a2'"),
+        ("rcta/no-a2", {"bogus": 1}, r"rcta/no-a2: unknown option\(s\) \['bogus'\]"),
+        (
+            "rcta",
+            {"segmentation": {"max_step": 3}},
+            r"rcta: unknown segmentation field\(s\) \['max_step'\]; known: \[",
+        ),
+        (
+            "rcta",
+            {"segmentation": {"max_steps": 0}},
+            r"rcta: segmentation: max_steps must be at least 1, got 0",
+        ),
+        ("rcta", {"segmentation": {"max_steps": True}}, r"rcta: segmentation\.max_steps: .*valid integer"),
+        ("rcta", {"segmentation": [("max_steps", 3)]}, r"rcta: segmentation: .*valid dictionary"),
+        ("rcta", {"candidate_cap": 0}, r"rcta: candidate_cap: Input should be greater than 0 \(got 0\)"),
+        ("rcta", {"truncation": "cut"}, r"rcta: truncation: Input should be 'cap-steps' or 'none'"),
     ],
 )
-def test_bad_options_are_config_errors(name: str, options: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError):
+def test_bad_options_are_config_errors(name: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
         create_method(name, options=options)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("candidate_cap", "80"),
+        ("candidate_cap", True),
+        ("candidate_cap", 80.0),
+        ("step_char_limit", float("inf")),
+        ("stage1_retry", 1),
+        ("ablation", "none"),
+        ("candidates", 80),
+    ],
+)
+def test_mistyped_options_are_refused_naming_the_option(option: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^rcta: .*{option}"):
+        create_method("rcta", options={option: value})
+
+
+def test_segmentation_overrides_reach_the_segmenter() -> None:
+    options = RctaOptions.from_mapping({"segmentation": {"max_steps": 5, "overlap_steps": 0}})
+    config = options.segmentation_config()
+    assert (config.max_steps, config.overlap_steps) == (5, 0)
+    assert (
+        RctaOptions.from_mapping({}).segmentation_config()
+        == RctaOptions.from_mapping({"segmentation": {}}).segmentation_config()
+    )
 
 
 def test_uniform_ids_are_centred_in_equal_bins() -> None:

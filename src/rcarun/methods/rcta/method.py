@@ -111,10 +111,13 @@ from importlib import resources
 from string import Template
 from typing import Any, Literal
 
+from pydantic import PositiveInt, model_validator
+
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
+from rcarun.methods._options import MethodOptions, parse_options
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
-from rcarun.methods.context import TRUNCATION_POLICIES, cut_middle, fit_prompt, ground_truth_line, task_text
+from rcarun.methods.context import TruncationPolicy, cut_middle, fit_prompt, ground_truth_line, task_text
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
 from rcarun.methods.registry import method
 
@@ -152,6 +155,7 @@ __all__ = [
 ]
 
 Ablation = Literal["no-a1", "no-a2", "no-a3", "no-a4"]
+Preset = Literal["full", "ablation"]
 ABLATIONS: tuple[Ablation, ...] = ("no-a1", "no-a2", "no-a3", "no-a4")
 STAGES: tuple[str, ...] = ("summary", "outline", "attribution")
 SHAREABLE_STAGES: frozenset[str] = frozenset({"summary", "outline"})
@@ -201,8 +205,7 @@ PRESET_REASONING: Mapping[str, StageReasoning] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RctaOptions:
+class RctaOptions(MethodOptions):
     """RCTA's options table (a sweep's ``options`` for the method; unknown keys are a `ConfigError`).
 
     Attributes:
@@ -226,60 +229,38 @@ class RctaOptions:
             paper has no such rule and keeps role and step independent; coverage never uses them.
     """
 
-    preset: str = "full"
-    ablation: str | None = None
+    preset: Preset = "full"
+    ablation: Ablation | None = None
     include_task: bool = True
     include_ground_truth: bool = False
-    truncation: str = "cap-steps"
-    candidate_cap: int = DEFAULT_CAP
-    segmentation: Mapping[str, int] | None = None
+    truncation: TruncationPolicy = "cap-steps"
+    candidate_cap: PositiveInt = DEFAULT_CAP
+    segmentation: dict[str, int] | None = None
     stage1_retry: bool = True
-    step_char_limit: int = _STEP_CHAR_LIMIT
+    step_char_limit: PositiveInt = _STEP_CHAR_LIMIT
     release_consistency_rules: bool = False
+
+    @model_validator(mode="after")
+    def _segmentation_builds(self) -> RctaOptions:
+        if self.segmentation is not None:
+            known = {f.name for f in fields(SegmentationConfig)}
+            unknown = sorted(set(self.segmentation) - known)
+            if unknown:
+                raise ValueError(f"unknown segmentation field(s) {unknown}; known: {sorted(known)}")
+            try:
+                SegmentationConfig(**self.segmentation)
+            except ValueError as exc:
+                raise ValueError(f"segmentation: {exc}") from None
+        return self
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any], *, name: str = "rcta") -> RctaOptions:
         """Parse and check an options table; ``name`` is the registered method name used in error messages."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"{name}: unknown option(s) {unknown}; known: {sorted(known)}")
-        parsed = cls(**options)
-        if parsed.preset not in PRESETS:
-            raise ConfigError(f"{name}: preset must be one of {sorted(PRESETS)}, got {parsed.preset!r}")
-        if parsed.ablation is not None and parsed.ablation not in ABLATIONS:
-            raise ConfigError(
-                f"{name}: ablation must be null or one of {list(ABLATIONS)}, got {parsed.ablation!r}"
-            )
-        if parsed.truncation not in TRUNCATION_POLICIES:
-            raise ConfigError(f"{name}: truncation must be 'cap-steps' or 'none'")
-        for flag in ("include_task", "include_ground_truth", "stage1_retry", "release_consistency_rules"):
-            if not isinstance(getattr(parsed, flag), bool):
-                raise ConfigError(f"{name}: {flag} must be true or false")
-        for count in ("candidate_cap", "step_char_limit"):
-            value = getattr(parsed, count)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}: {count} must be a positive integer")
-        parsed.segmentation_config(name=name)  # raises on a bad table
-        return parsed
+        return parse_options(name, cls, options)
 
-    def segmentation_config(self, *, name: str = "rcta") -> SegmentationConfig:
+    def segmentation_config(self) -> SegmentationConfig:
         """The segmenter's limits: the release's constants with this table's overrides."""
-        if self.segmentation is None:
-            return SegmentationConfig()
-        if not isinstance(self.segmentation, Mapping):
-            raise ConfigError(f"{name}: segmentation must be a table of SegmentationConfig fields")
-        known = {f.name for f in fields(SegmentationConfig)}
-        unknown = sorted(set(self.segmentation) - known)
-        if unknown:
-            raise ConfigError(f"{name}: unknown segmentation field(s) {unknown}; known: {sorted(known)}")
-        for key, value in self.segmentation.items():
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"{name}: segmentation.{key} must be an integer")
-        try:
-            return SegmentationConfig(**dict(self.segmentation))
-        except ValueError as exc:
-            raise ConfigError(f"{name}: segmentation: {exc}") from exc
+        return SegmentationConfig() if self.segmentation is None else SegmentationConfig(**self.segmentation)
 
     @property
     def budgets(self) -> StageBudgets:
@@ -441,7 +422,7 @@ class RCTA(Method):
             "outline": self.budgets.outline,
             "attribution": self.budgets.attribution,
         }
-        self.ablation: Ablation | None = options.ablation  # type: ignore[assignment]  # checked by from_mapping
+        self.ablation: Ablation | None = options.ablation
         self._segmentation = options.segmentation_config()
         self._summary_system = _load("rcta_summary_system.txt").template.strip()
         self._summary_user = _load("rcta_summary_user.txt")
