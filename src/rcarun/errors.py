@@ -30,6 +30,11 @@ runner stops a backbone that keeps meeting them (`BACKBONE_FAULTS`) instead of f
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a value type of the backends; errors sit below them and never import them at run time
+    from rcarun.backends.types import RateLimitInfo
+
 __all__ = [
     "BACKBONE_FAULTS",
     "AnswerError",
@@ -129,6 +134,8 @@ class RateLimited(RetryableError):
     Attributes:
         retry_after_s: the provider's Retry-After, in seconds, if it sent one.
         reset_s: the longest ``x-ratelimit-reset-*`` value, in seconds, if sent.
+        rate_limit: every rate-limit header of the refusal as read (limits, remaining counts, resets), None
+            when it sent none: the gate paces by the remaining counts and limits, not by the resets alone.
     """
 
     kind = "rate_limited"
@@ -140,10 +147,12 @@ class RateLimited(RetryableError):
         status: int | None = 429,
         retry_after_s: float | None = None,
         reset_s: float | None = None,
+        rate_limit: RateLimitInfo | None = None,
     ) -> None:
         super().__init__(message, status=status)
         self.retry_after_s = retry_after_s
         self.reset_s = reset_s
+        self.rate_limit = rate_limit
 
 
 class ServerError(RetryableError):

@@ -115,16 +115,17 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
             )
-        # The client's bucket is 950 tokens (1 s of quota less the 0.05 s jitter allowance). 12,500 reserved
+        # The client's bucket is 950 tokens (1 s of quota less the 0.05 s jitter allowance), refilled at
+        # (60,000 - 950) / 60 per second so that no minute holds more than 60,000 (`window_s`). 12,500 reserved
         # from it leaves 11,550 of debt; 8,500 used, so 4,000 come back. The next call (1,000 tokens, more than
-        # the bucket) waits for 7,550 + 950 tokens at 1,000 per second, then 0.1 s of staying full.
+        # the bucket) waits for 7,550 + 950 tokens at that rate, then 0.1 s of staying full.
         async with backbone.admit(500, 500):
             next_at = now()
         return cost, next_at
 
     cost, next_at = run_virtual(main)
     assert cost == pytest.approx((6_000 * 1.0 + 2_000 * 0.5 + 500 * 4.0) / 1e6)
-    assert next_at == pytest.approx(8.6)
+    assert next_at == pytest.approx(8_500 / ((60_000 - 950) / 60) + 0.1)
     totals = ledger.totals("b")
     assert (
         totals.usd == pytest.approx(cost)
@@ -204,7 +205,13 @@ def test_client_buckets_leave_the_provider_a_jitter_allowance() -> None:
     assert BackboneLimits(concurrency=1, burst_s=0.06).client_burst_s == pytest.approx(0.03)
 
 
-@pytest.mark.parametrize(("meters_output_budget", "next_at"), [(False, 0.05), (True, 1.95)])
+_WINDOW_SAFE_TOKENS_PER_S = (60_000 - 950) / 60  # refill of a 60,000/min bucket of 950 tokens (`window_s`)
+
+
+@pytest.mark.parametrize(
+    ("meters_output_budget", "next_at"),
+    [(False, 50 / _WINDOW_SAFE_TOKENS_PER_S), (True, 1_950 / _WINDOW_SAFE_TOKENS_PER_S)],
+)
 def test_unused_output_is_refunded_only_where_the_provider_does_not_meter_the_whole_budget(
     meters_output_budget: bool, next_at: float
 ) -> None:
@@ -215,19 +222,20 @@ def test_unused_output_is_refunded_only_where_the_provider_does_not_meter_the_wh
         # 1,000 estimated prompt + 2,000 budget from a full 950-token bucket: 2,050 of debt.
         async with backbone.admit(1_000, 2_000) as ticket:
             ticket.settle(Usage(prompt_tokens=800, completion_tokens=100))
-        # Metered by usage: 900 used, 2,100 come back, the bucket holds 50 and 100 more take 0.05 s.
-        # Metered by budget (OpenAI): only the prompt's 200 come back; 1,850 of debt + 100 take 1.95 s.
+        # Metered by usage: 900 used, 2,100 come back, the bucket holds 50 and needs 50 more.
+        # Metered by budget (OpenAI): only the prompt's 200 come back; 1,850 of debt + 100 to refill.
         async with backbone.admit(0, 100):
             return now()
 
     assert run_virtual(main) == pytest.approx(next_at)
 
 
-def test_a_spent_undeclared_quota_in_the_headers_pauses_until_one_more_request_fits() -> None:
+def test_an_undeclared_limit_the_headers_state_is_paced_from_then_on() -> None:
     backbone = BackboneGate("b", BackboneLimits(concurrency=4))
 
-    async def main() -> tuple[float, float, float, float]:
-        # 600 requests/min: one more request fits after 0.1 s (the 1.5-s reset is when the bucket is full).
+    async def main() -> tuple[float, float, float, tuple[float | None, float | None]]:
+        # 600 requests/min stated with none left: the limiter paces to it, starting from an empty bucket (the
+        # provider's window is full), so the next request waits for one request's refill; no pause.
         spent = RateLimitInfo(
             limit_requests=600, remaining_requests=0, reset_requests_s=1.5, remaining_tokens=900
         )
@@ -235,23 +243,34 @@ def test_a_spent_undeclared_quota_in_the_headers_pauses_until_one_more_request_f
         assert backbone.on_rate_limit_headers(None) == 0.0
         assert backbone.on_rate_limit_headers(plenty) == 0.0
         first = backbone.on_rate_limit_headers(spent)
-        async with backbone.admit(10, 10) as ticket:
+        async with backbone.admit(10, 10):
             admitted_at = now()
-            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=200))
-        # Tokens: 1,200 per call at 60,000/min is 1.2 s; no limit stated: the whole reset.
-        tokens = RateLimitInfo(limit_tokens=60_000, remaining_tokens=0, reset_tokens_s=30.0)
-        unknown = RateLimitInfo(remaining_requests=0, reset_requests_s=0.7)
-        return (
-            first,
-            admitted_at,
-            backbone.on_rate_limit_headers(tokens),
-            backbone.on_rate_limit_headers(unknown),
+        stated_tokens = backbone.on_rate_limit_headers(
+            RateLimitInfo(limit_tokens=60_000, remaining_tokens=0, reset_tokens_s=30.0)
         )
+        return first, admitted_at, stated_tokens, backbone.learned_limits
 
-    first, admitted_at, tokens, unknown = run_virtual(main)
-    assert first == pytest.approx(0.1) and admitted_at == pytest.approx(0.1)
-    assert tokens == pytest.approx(1.2)
+    first, admitted_at, stated_tokens, limits = run_virtual(main)
+    assert first == 0.0 and stated_tokens == 0.0
+    assert admitted_at == pytest.approx(1 / ((600 - 9.5) / 60))
+    assert limits == (600, 60_000)
+
+
+def test_a_spent_quota_nobody_states_pauses_until_the_reset_at_most() -> None:
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4))
+
+    async def main() -> tuple[float, float]:
+        async with backbone.admit(10, 10) as ticket:
+            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=200))
+        unknown = RateLimitInfo(remaining_requests=0, reset_requests_s=0.7)
+        daily = RateLimitInfo(remaining_tokens=0, reset_tokens_s=7_200.0)
+        return backbone.on_rate_limit_headers(unknown), backbone.on_rate_limit_headers(daily)
+
+    unknown, daily = run_virtual(main)
     assert unknown == pytest.approx(0.7)
+    # A reset beyond the minute belongs to a longer limit: waited out whole (here more than the policy waits,
+    # so the caller stops the backbone instead).
+    assert daily == pytest.approx(7_200.0)
 
 
 def test_headers_do_not_pause_a_backbone_whose_limits_are_declared() -> None:

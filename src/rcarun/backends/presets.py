@@ -140,6 +140,10 @@ class Preset:
             when it arrives, used or not (OpenAI), so a client must not refund unused output to its limiter.
         context_overflow_markers: lower-case substrings of a 400 body meaning prompt + budget exceed the
         context.
+        refusals_count_a_window: a refusal that states no limit means a per-minute limit was reached, so the
+            limit can be learned from what was accepted in the last minute (`BackboneGate.learn_from_refusal`).
+            False where a 429 means too many requests at once (DeepSeek: concurrency per account), where a
+            count per minute would only be the current throughput.
     """
 
     name: str
@@ -158,6 +162,7 @@ class Preset:
     quota_markers: tuple[str, ...] = _QUOTA_MARKERS
     context_overflow_markers: tuple[str, ...] = _CONTEXT_MARKERS
     meters_output_budget: bool = False
+    refusals_count_a_window: bool = True
 
 
 _REGISTRY: dict[str, Preset] = {}
@@ -210,6 +215,7 @@ register_preset(
         response_format=json_object_format,
         cached_tokens_paths=(("prompt_cache_hit_tokens",), *_OPENAI_CACHED),
         rate_limit_headers=MappingProxyType({}),
+        refusals_count_a_window=False,
     )
 )
 

@@ -404,6 +404,7 @@ def error_for_status(
             status=status,
             retry_after_s=rate_limit.retry_after_s if rate_limit is not None else None,
             reset_s=longest_reset_s(rate_limit),
+            rate_limit=rate_limit,
         )
     error_class = _STATUS_ERRORS.get(status)
     if error_class is None:
@@ -414,7 +415,7 @@ def error_for_status(
         error_class = ContextOverflow
     if error_class is RateLimited:
         # 429 on a preset that lists other rate-limit statuses only: still a rate limit.
-        return RateLimited(message, status=status, reset_s=longest_reset_s(rate_limit))
+        return RateLimited(message, status=status, reset_s=longest_reset_s(rate_limit), rate_limit=rate_limit)
     return error_class(message, status=status)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class BackboneLimits:
             arrives, used or not (OpenAI: "the maximum of max_tokens and the estimated tokens"). Settling then
             corrects only the prompt estimate and never refunds unused output, which the provider's meter
             would not refund either.
+        window_s: the window over which the provider counts its per-minute limits (a strict sliding minute:
+            60). The limiter keeps every window this long within the limit (`rcarun.budgets.limits`), and a
+            limit learned after a refusal is what the provider accepted in the last window this long. None:
+            pace as a plain token bucket.
+        learns_from_refusals: a refusal that states no limit may set one from what was accepted in the last
+            window (`BackboneGate.learn_from_refusal`); False where refusals are about concurrency (DeepSeek).
     """
 
     concurrency: int
@@ -70,6 +77,8 @@ class BackboneLimits:
     min_concurrency: int = 1
     arrival_jitter_s: float = 0.05
     meters_output_budget: bool = False
+    window_s: float | None = 60.0
+    learns_from_refusals: bool = True
 
     @property
     def client_burst_s(self) -> float:
@@ -89,6 +98,8 @@ class BackboneLimits:
             raise ConfigError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {self.burst_s}")
         if self.arrival_jitter_s < 0:
             raise ConfigError(f"arrival_jitter_s must be >= 0, got {self.arrival_jitter_s}")
+        if self.window_s is not None and not self.burst_s < self.window_s < math.inf:
+            raise ConfigError(f"window_s must be longer than burst_s and finite, got {self.window_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +206,7 @@ class Ticket:
         )
         gate.limiter.settle(self._grant, metered)
         gate._note_call_tokens(metered)
+        gate._note_accepted(self._grant.admitted_at, metered)
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
@@ -243,8 +255,22 @@ class BackboneGate:
         self.estimator = estimator if estimator is not None else TokenEstimator()
         self.concurrency = AdaptiveConcurrency(limits.concurrency, limits.min_concurrency)
         self.limiter = RateLimiter(
-            limits.rpm, limits.tpm, limits.client_burst_s, clock, full_slack_s=2 * limits.arrival_jitter_s
+            limits.rpm,
+            limits.tpm,
+            limits.client_burst_s,
+            clock,
+            full_slack_s=2 * limits.arrival_jitter_s,
+            window_s=limits.window_s,
         )
+        # What the provider accepted in the last window: (admission time, metered tokens), oldest first.
+        self._accepted: deque[tuple[float, int]] = deque()
+        self._accepted_tokens = 0
+        # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
+        # probed upward now and then, since the count is only a lower bound of what the provider allows.
+        self._probing: set[str] = set()
+        self._last_refusal_at = -math.inf
+        self._first_accepted_at: float | None = None
+        self._counted_at = -math.inf
         self._clock = clock
         self._paused_until = -math.inf
         self._pauses_started = 0
@@ -330,14 +356,19 @@ class BackboneGate:
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
         """Decide about a failed attempt and apply its consequences to this backbone only.
 
+        A rate-limit refusal also sets the limits this backbone is paced by (`learn_from_refusal`), and asks
+        the retry policy for the pause the refusal itself calls for.
+
         Args:
             error: what the backend raised.
             attempt: 1-based number of the attempt that failed.
             ticket: the attempt's ticket; with it, a burst of 429s from one overload cuts concurrency once.
         """
-        decision = self.retry.decide(error, attempt)
+        asked_s = None
         if isinstance(error, RateLimited):
             self._rate_limited += 1
+            asked_s = self.learn_from_refusal(error)
+        decision = self.retry.decide(error, attempt, asked_s=asked_s)
         if decision.stop_backbone:
             return decision
         if decision.pause_backbone_s > 0:
@@ -347,32 +378,203 @@ class BackboneGate:
         return decision
 
     def on_rate_limit_headers(self, info: RateLimitInfo | None) -> float:
-        """Follow the provider's own account of its limits.
+        """Follow the provider's own account of its limits, from the headers of an answer.
 
-        A declared rpm/tpm is paced by the limiter; when the provider reports a lower limit than the declared
-        one, the provider is right, and the limiter paces to its number from then on (never up: a declaration
-        below the provider's limit is deliberate). For an undeclared limit the provider's headers are all we
-        know. When an answer reports the requests (or tokens) remaining at zero, nothing more is
-        admitted until the bucket holds one more request: ``60 / limit`` seconds for requests, the mean tokens
-        of this backbone's calls at ``limit / 60`` per second for tokens — never longer than the stated reset
-        (which providers give as the time until the bucket is *full*, too long to wait for one request).
-        Returns the pause in seconds (0 for none). A pause the retry policy finds too long
-        (`RetryPolicy.too_long`) is not applied: the caller is to stop the backbone instead.
+        A limit the provider states is paced by the limiter from then on: below a declared one, the provider
+        is right (never up: a declaration below the provider's limit is deliberate); where nothing was
+        declared, it becomes the limit (`_adopt_stated`). When the answer reports the requests (or tokens)
+        remaining at zero on a limit the limiter does not pace (none stated), nothing more is admitted until
+        the provider's window holds one more request (`_one_more_s`). Returns the pause in seconds (0 for
+        none). A pause the retry policy finds too long (`RetryPolicy.too_long`) is not applied: the caller is
+        to stop the backbone instead.
         """
         if info is None:
             return 0.0
-        self.limiter.lower_limits(
-            info.limit_requests if self.limits.rpm is not None else None,
-            info.limit_tokens if self.limits.tpm is not None else None,
-        )
+        self._adopt_stated(info)
         pause = 0.0
-        if self.limits.rpm is None and info.remaining_requests is not None and info.remaining_requests <= 0:
-            pause = max(pause, _refill_s(1.0, info.limit_requests, info.reset_requests_s))
-        if self.limits.tpm is None and info.remaining_tokens is not None and info.remaining_tokens <= 0:
-            pause = max(pause, _refill_s(self._mean_call_tokens, info.limit_tokens, info.reset_tokens_s))
+        if (
+            self.limiter.requests_per_minute is None
+            and info.remaining_requests is not None
+            and info.remaining_requests <= 0
+        ):
+            pause = max(pause, self._one_more_s(1.0, info.limit_requests, info.reset_requests_s))
+        if (
+            self.limiter.tokens_per_minute is None
+            and info.remaining_tokens is not None
+            and info.remaining_tokens <= 0
+        ):
+            pause = max(
+                pause, self._one_more_s(self._mean_call_tokens, info.limit_tokens, info.reset_tokens_s)
+            )
         if pause > 0 and not self.retry.too_long(pause):
             self.pause_for(pause)
         return pause
+
+    def learn_from_refusal(self, error: RateLimited) -> float | None:
+        """Set this backbone's limits from a rate-limit refusal; return the pause the refusal calls for.
+
+        Which limit refused: the one the headers report exhausted (``remaining`` at zero); when they say
+        nothing, tokens if only tokens are declared, else requests. Its limit: the one the provider states in
+        the headers; else what the provider accepted from this backbone in the last ``window_s`` (requests, or
+        metered tokens), scaled to a minute when this backbone has been sending for less than that — a lower
+        bound of the real limit, probed upward by 5 % after every refusal-free window (`_note_accepted`),
+        never above a declared limit. A refusal lowers a limit, or sets one nothing declared; it never raises
+        one.
+
+        The pause: ``Retry-After`` when the provider sends it. Else, from the headers, the time until the
+        provider's window holds one more unit of each exhausted limit (`_one_more_s`): a reset within
+        ``window_s`` is OpenAI's "back to the initial state", the time until everything counted has left the
+        window, an upper bound and no pause to wait out whole (issue 17); a reset beyond it belongs to a
+        longer limit (per hour or day) and is waited out whole, or the backbone stopped when it is more than
+        the retry policy waits. None when the refusal says nothing (a bare 429, an overload 503): the policy's
+        backoff, with the limit just learned pacing what follows.
+        """
+        now = self._now()
+        self._last_refusal_at = now
+        self._drop_old_accepted(now)
+        info = error.rate_limit
+        requests_out = (
+            info is not None and info.remaining_requests is not None and info.remaining_requests <= 0
+        )
+        tokens_out = info is not None and info.remaining_tokens is not None and info.remaining_tokens <= 0
+        if not (requests_out or tokens_out):
+            if self.limits.tpm is not None and self.limits.rpm is None:
+                tokens_out = True
+            else:
+                requests_out = True
+        if info is not None:
+            self._adopt_stated(info)
+        counted_rpm = counted_tpm = None
+        if self._may_count(now):
+            wait = error.retry_after_s
+            if requests_out and (info is None or info.limit_requests is None):
+                counted_rpm = self._accepted_per_minute(float(len(self._accepted)), now, 1.0, wait)
+            if tokens_out and (info is None or info.limit_tokens is None):
+                counted_tpm = self._accepted_per_minute(
+                    float(self._accepted_tokens), now, self._mean_call_tokens, wait
+                )
+        lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
+        window = self.limits.window_s or 60.0
+        if lowered and self._first_accepted_at is not None and now - self._first_accepted_at >= window:
+            # A count over a whole window; in the first window each refusal may lower the estimate again, as
+            # the time the count covers grows (module docstring of `_accepted_per_minute`).
+            self._counted_at = now
+        # The provider's window is full now: what the buckets still hold was refused, not available.
+        self.limiter.drain(requests=requests_out, tokens=tokens_out)
+
+        if error.retry_after_s is not None:
+            return error.retry_after_s
+        if info is None:
+            return None
+        pauses = []
+        if requests_out and info.reset_requests_s is not None:
+            pauses.append(self._one_more_s(1.0, self.limiter.requests_per_minute, info.reset_requests_s))
+        if tokens_out and info.reset_tokens_s is not None:
+            pauses.append(
+                self._one_more_s(self._mean_call_tokens, self.limiter.tokens_per_minute, info.reset_tokens_s)
+            )
+        return max(pauses) if pauses else None
+
+    @property
+    def learned_limits(self) -> tuple[float | None, float | None]:
+        """(requests, tokens) per minute the limiter paces to now, declared, stated or learned."""
+        return self.limiter.requests_per_minute, self.limiter.tokens_per_minute
+
+    def _adopt_stated(self, info: RateLimitInfo) -> None:
+        """A limit the provider states: lowers a declared one, or becomes the limit where none was declared."""
+        requests = (
+            info.limit_requests if info.limit_requests is not None and info.limit_requests > 0 else None
+        )
+        tokens = info.limit_tokens if info.limit_tokens is not None and info.limit_tokens > 0 else None
+        if requests is not None:
+            self._probing.discard("requests")
+        if tokens is not None:
+            self._probing.discard("tokens")
+        self._lower_to(requests, tokens, probe=False)
+
+    def _lower_to(self, rpm: float | None, tpm: float | None, *, probe: bool) -> bool:
+        """Pace to these limits where they are lower than today's (or where nothing is paced); True if any was."""
+        current_rpm, current_tpm = self.limiter.requests_per_minute, self.limiter.tokens_per_minute
+        new_rpm = rpm if rpm is not None and (current_rpm is None or rpm < current_rpm) else None
+        new_tpm = tpm if tpm is not None and (current_tpm is None or tpm < current_tpm) else None
+        if probe:
+            if new_rpm is not None:
+                self._probing.add("requests")
+            if new_tpm is not None:
+                self._probing.add("tokens")
+        return self.limiter.set_limits(new_rpm, new_tpm)
+
+    def _may_count(self, now: float) -> bool:
+        """Whether a refusal may set a limit from counts now: where refusals mean a per-minute limit, and once
+        per window, so that the count after one lowering is taken at the new pace over a whole window (refusals
+        that are not about the rate — a burst, an overload — would otherwise lower it again and again)."""
+        window = self.limits.window_s or 60.0
+        return self.limits.learns_from_refusals and now - self._counted_at >= window
+
+    def _accepted_per_minute(
+        self, amount: float, now: float, unit: float, retry_after_s: float | None
+    ) -> float | None:
+        """``amount`` accepted in the last window, as a per-minute limit; None when nothing was accepted.
+
+        In a backbone's first window the count covers only the time since its first acceptance. A provider
+        that counts a strict window refused because that count is its limit; one that meters a token bucket
+        allows that count scaled to a minute. The refusal's ``Retry-After`` tells them apart: a bucket asks
+        for about one unit's refill at the scaled rate, a window for the time until its oldest arrival leaves.
+        Without one, the count is scaled (the higher reading; a further refusal lowers it).
+        """
+        if amount <= 0 or self._first_accepted_at is None:
+            return None
+        window = self.limits.window_s or 60.0
+        # The provider's window has seen this backbone only since its first acceptance; a pause since then
+        # does not shorten what the window holds.
+        span = min(max(now - self._first_accepted_at, self.limits.burst_s), window)
+        scaled = amount * 60.0 / span
+        refill_s = max(unit, 1.0) * 60.0 / scaled
+        if retry_after_s is not None:
+            # A short wait is a bucket near this rate, or a refusal that is not about the rate at all (the
+            # provider says when to come back; nothing to learn). A long one is a full window: its count.
+            return amount * 60.0 / window if retry_after_s > 2 * refill_s else None
+        return scaled
+
+    def _note_accepted(self, admitted_at: float, metered_tokens: int) -> None:
+        """Remember an accepted call for `learn_from_refusal`, and probe learned limits after a quiet window."""
+        now = self._now()
+        if self._first_accepted_at is None:
+            self._first_accepted_at = admitted_at
+        self._accepted.append((admitted_at, metered_tokens))
+        self._accepted_tokens += metered_tokens
+        self._drop_old_accepted(now)
+        window = self.limits.window_s or 60.0
+        if self._probing and now - self._last_refusal_at >= window:
+            self._last_refusal_at = now  # one probe step per refusal-free window
+            rpm, tpm = self.limiter.requests_per_minute, self.limiter.tokens_per_minute
+            raised_rpm = _probe(rpm, self.limits.rpm) if "requests" in self._probing else None
+            raised_tpm = _probe(tpm, self.limits.tpm) if "tokens" in self._probing else None
+            if raised_rpm is None or (self.limits.rpm is not None and raised_rpm >= self.limits.rpm):
+                self._probing.discard("requests")
+            if raised_tpm is None or (self.limits.tpm is not None and raised_tpm >= self.limits.tpm):
+                self._probing.discard("tokens")
+            self.limiter.set_limits(raised_rpm, raised_tpm)
+
+    def _drop_old_accepted(self, now: float) -> None:
+        horizon = now - (self.limits.window_s or 60.0)
+        accepted = self._accepted
+        while accepted and accepted[0][0] < horizon:
+            self._accepted_tokens -= accepted.popleft()[1]
+
+    def _one_more_s(self, amount: float, limit_per_minute: float | None, reset_s: float | None) -> float:
+        """Seconds until a provider's window holds ``amount`` more at ``limit_per_minute``.
+
+        A stated reset within the window is an upper bound (the time until the whole window is free); beyond
+        it, the reset of a longer limit, which is the time to wait.
+        """
+        window = self.limits.window_s or 60.0
+        if reset_s is not None and reset_s > window:
+            return reset_s
+        if limit_per_minute is None or limit_per_minute <= 0:
+            return reset_s or 0.0
+        refill = amount * 60.0 / limit_per_minute
+        return min(refill, reset_s) if reset_s else refill
 
     def _note_call_tokens(self, tokens: int) -> None:
         self._mean_call_tokens = (
@@ -441,12 +643,15 @@ class BackboneGate:
                 self._pause_waiting -= 1
 
 
-def _refill_s(amount: float, limit_per_minute: int | None, reset_s: float | None) -> float:
-    """Seconds until a per-minute bucket holds ``amount`` more, capped by the provider's stated reset."""
-    if limit_per_minute is None or limit_per_minute <= 0:
-        return reset_s or 0.0
-    refill = amount * 60.0 / limit_per_minute
-    return min(refill, reset_s) if reset_s else refill
+_PROBE_STEP = 1.05
+
+
+def _probe(current: float | None, declared: float | None) -> float | None:
+    """The next limit to try above ``current``, never above ``declared``."""
+    if current is None:
+        return None
+    raised = current * _PROBE_STEP
+    return min(raised, declared) if declared is not None else raised
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -7,11 +7,19 @@ it, and it refuses a weight above its capacity. A sweep needs the opposite on bo
 order, so the heaviest items finish, and admission of prompts larger than a burst, so huge trajectories
 still run.
 
-The model, which the simulator enforces on its side too: each bucket refills at ``limit / 60`` per second up
-to a capacity of ``burst_s`` seconds of quota and starts full. An acquisition takes one request and
-``tokens`` tokens. A weight above a bucket's capacity is admitted once that bucket is full and drives it
-negative (debt), which later admissions wait out. Hence, for weights within capacity, the admitted stream
-conforms: in every window of length ``w``, admitted amount <= rate * w + capacity.
+The model: each bucket holds ``burst_s`` seconds of quota (``capacity = limit / 60 * burst_s``), starts full,
+and refills at ``limit / 60`` per second. An acquisition takes one request and ``tokens`` tokens. A weight
+above a bucket's capacity is admitted once that bucket is full and drives it negative (debt), which later
+admissions wait out. Hence, for weights within capacity, the admitted stream conforms: in every window of
+length ``w``, admitted amount <= rate * w + capacity.
+
+With ``window_s`` (the gate passes 60), the bucket refills at ``(limit - capacity) / window_s`` instead, a
+little below ``limit / 60``, so that in every window of that length at most ``limit`` is admitted: the limit
+as a provider with a strict sliding minute counts it. A bucket refilled at ``limit / 60`` admits ``limit +
+capacity`` in a minute that starts with a full bucket (the start of a sweep, or after a pause), and such a
+provider answers the last of them with a 429 (issue 17). It costs ``burst_s / 60`` of the rate (1.6 % at the
+gate's 0.95 s) and still holds against providers that meter shorter windows (the bucket's own burst). Limits may change while running (`set_limits`): a provider states a
+lower one, or the gate learns one from what the provider accepted before a 429.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class _Bucket:
     """
 
     __slots__ = (
+        "burst_s",
         "capacity",
         "forgotten_before",
         "full_since",
@@ -76,14 +85,26 @@ class _Bucket:
         "last_take",
         "level",
         "peaks",
+        "per_minute",
         "rate_per_s",
         "updated_at",
+        "window_s",
     )
 
-    def __init__(self, per_minute: float, burst_s: float, full_slack_s: float = 0.0) -> None:
-        self.rate_per_s = per_minute / 60.0
-        self.capacity = self.rate_per_s * burst_s
-        self.level = self.capacity
+    def __init__(
+        self,
+        per_minute: float,
+        burst_s: float,
+        full_slack_s: float = 0.0,
+        *,
+        window_s: float | None = None,
+        start_full: bool = True,
+    ) -> None:
+        self.burst_s = burst_s
+        self.window_s = window_s
+        self.per_minute = per_minute
+        self.capacity, self.rate_per_s = _rates(per_minute, burst_s, window_s)
+        self.level = self.capacity if start_full else 0.0
         self.updated_at: float | None = None
         # An oversized weight waits until the bucket has been full this long (see `wait_s`).
         self.full_slack_s = full_slack_s
@@ -134,14 +155,13 @@ class _Bucket:
         if self.level < self.capacity:
             self.full_since = math.inf
 
-    def lower_rate(self, per_minute: float, last_serial: int) -> None:
-        """Refill at ``per_minute`` from now on with the same seconds of burst (call right after `refill`).
+    def set_rate(self, per_minute: float, last_serial: int) -> None:
+        """Pace to ``per_minute`` from now on with the same seconds of burst (call right after `refill`).
 
         The remembered peaks were levels on the old scale, so grants up to ``last_serial`` get no refund.
         """
-        burst_s = self.capacity / self.rate_per_s
-        self.rate_per_s = per_minute / 60.0
-        self.capacity = self.rate_per_s * burst_s
+        self.per_minute = per_minute
+        self.capacity, self.rate_per_s = _rates(per_minute, self.burst_s, self.window_s)
         self.level = min(self.level, self.capacity)
         self.peaks.clear()
         self.forgotten_before = last_serial + 1
@@ -167,6 +187,15 @@ class _Bucket:
         if self.level >= self.capacity and self.updated_at is not None:
             restored = self.last_take[1] if self.last_take[0] == serial else self.updated_at
             self.full_since = min(self.full_since, restored)
+
+
+def _rates(per_minute: float, burst_s: float, window_s: float | None) -> tuple[float, float]:
+    """(capacity, refill per second) of a bucket for ``per_minute``; with ``window_s``, one that admits at most
+    ``per_minute / 60 * window_s`` in any window of that length (module docstring)."""
+    capacity = per_minute / 60.0 * burst_s
+    if window_s is None:
+        return capacity, per_minute / 60.0
+    return capacity, (per_minute / 60.0 * window_s - capacity) / window_s
 
 
 def _peak_serial(peak: tuple[int, float]) -> int:
@@ -196,6 +225,8 @@ class RateLimiter:
         clock: monotonic seconds; defaults to the running loop's time.
         full_slack_s: a weight at or above a bucket's capacity waits until the bucket has been full this long,
             so a provider metering the same bucket is full too when the request arrives.
+        window_s: the provider's counting window (60 for a strict sliding minute): no window this long ever
+            admits more than the limit's share of it; None paces as a plain token bucket (module docstring).
     """
 
     def __init__(
@@ -206,6 +237,7 @@ class RateLimiter:
         clock: Clock | None = None,
         *,
         full_slack_s: float = 0.0,
+        window_s: float | None = None,
     ) -> None:
         for label, value in (
             ("requests_per_minute", requests_per_minute),
@@ -217,12 +249,21 @@ class RateLimiter:
             raise ValueError(f"burst_s must be in (0, {MAX_BURST_S:g}] seconds, got {burst_s!r}")
         if full_slack_s < 0:
             raise ValueError(f"full_slack_s must be >= 0, got {full_slack_s!r}")
+        if window_s is not None and not burst_s < window_s < math.inf:
+            raise ValueError(f"window_s must be longer than burst_s and finite, got {window_s!r}")
         self._requests = (
-            _Bucket(requests_per_minute, burst_s, full_slack_s) if requests_per_minute is not None else None
+            _Bucket(requests_per_minute, burst_s, full_slack_s, window_s=window_s)
+            if requests_per_minute is not None
+            else None
         )
         self._tokens = (
-            _Bucket(tokens_per_minute, burst_s, full_slack_s) if tokens_per_minute is not None else None
+            _Bucket(tokens_per_minute, burst_s, full_slack_s, window_s=window_s)
+            if tokens_per_minute is not None
+            else None
         )
+        self._window_s = window_s
+        self._burst_s = burst_s
+        self._full_slack_s = full_slack_s
         self._clock = clock
         # Cancelled waiters stay in the deque until they reach the head; ``_waiting`` counts the live ones.
         self._queue: deque[_Waiter] = deque()
@@ -317,19 +358,79 @@ class RateLimiter:
         if self._waiting:
             self._admit_ready()
 
+    @property
+    def requests_per_minute(self) -> float | None:
+        """The request limit paced to now, None when requests are unlimited."""
+        return self._requests.per_minute if self._requests is not None else None
+
+    @property
+    def tokens_per_minute(self) -> float | None:
+        """The token limit paced to now, None when tokens are unlimited."""
+        return self._tokens.per_minute if self._tokens is not None else None
+
     def lower_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> bool:
         """Pace to lower limits from now on (a provider reported them); a limit at or above the current one, or
-        None, changes nothing. Returns True when a rate was lowered."""
+        None, or a limit on something this limiter does not pace, changes nothing. Returns True when a rate was
+        lowered."""
+        lower_requests = (
+            requests_per_minute
+            if self._requests is not None
+            and requests_per_minute is not None
+            and 0 < requests_per_minute < self._requests.per_minute
+            else None
+        )
+        lower_tokens = (
+            tokens_per_minute
+            if self._tokens is not None
+            and tokens_per_minute is not None
+            and 0 < tokens_per_minute < self._tokens.per_minute
+            else None
+        )
+        return self.set_limits(lower_requests, lower_tokens)
+
+    def drain(self, *, requests: bool, tokens: bool) -> None:
+        """Empty the named buckets (debt stays): the provider refused, so its own window is full now."""
         now = self._now()
-        lowered = False
-        for bucket, limit in ((self._requests, requests_per_minute), (self._tokens, tokens_per_minute)):
-            if bucket is not None and limit is not None and 0 < limit / 60.0 < bucket.rate_per_s:
+        for bucket, named in ((self._requests, requests), (self._tokens, tokens)):
+            if bucket is not None and named:
                 bucket.refill(now)
-                bucket.lower_rate(limit, self._serial)
-                lowered = True
-        if lowered and self._waiting:
+                if bucket.level > 0:
+                    self._serial += 1
+                    bucket.take(bucket.level, self._serial)
+
+    def set_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> bool:
+        """Pace to these limits from now on, up or down; None leaves that limit as it is.
+
+        A limit on something not paced until now gets a bucket that starts EMPTY: it is set because the
+        provider refused or counted what was sent, so its own window is full now. Returns True when anything
+        changed.
+        """
+        now = self._now()
+        changed = False
+        for kind, limit in (("requests", requests_per_minute), ("tokens", tokens_per_minute)):
+            if limit is None:
+                continue
+            if not limit > 0 or math.isinf(limit):
+                raise ValueError(f"{kind} per minute must be positive and finite, got {limit!r}")
+            bucket = self._requests if kind == "requests" else self._tokens
+            if bucket is None:
+                bucket = _Bucket(
+                    limit, self._burst_s, self._full_slack_s, window_s=self._window_s, start_full=False
+                )
+                bucket.updated_at = now
+                bucket.forgotten_before = self._serial + 1
+                if kind == "requests":
+                    self._requests = bucket
+                else:
+                    self._tokens = bucket
+                changed = True
+            elif limit != bucket.per_minute:
+                bucket.refill(now)
+                bucket.set_rate(limit, self._serial)
+                changed = True
+        if changed and self._waiting:
             self._admit_ready()
-        return lowered
+        return changed
 
     def pause_until(self, until: float) -> None:
         """Admit nothing before clock time ``until`` (a provider said 429). Pauses only ever extend."""

@@ -90,11 +90,16 @@ class RetryPolicy:
         spread = self.jitter * (2.0 * self.rng.random() - 1.0)
         return min(self.cap_s, delay * (1.0 + spread))
 
-    def decide(self, error: CallError, attempt: int) -> RetryDecision:
-        """Decide after attempt number ``attempt`` (1-based) failed with ``error``."""
+    def decide(self, error: CallError, attempt: int, *, asked_s: float | None = None) -> RetryDecision:
+        """Decide after attempt number ``attempt`` (1-based) failed with ``error``.
+
+        ``asked_s``: for a rate limit, the pause the refusal calls for as the gate reads it (its headers against
+        the limits it paces by, `BackboneGate.learn_from_refusal`); without it, the longest of ``Retry-After``
+        and the reset headers.
+        """
         attempts_left = attempt < self.max_attempts
         if isinstance(error, RateLimited):
-            asked = max(error.retry_after_s or 0.0, error.reset_s or 0.0)
+            asked = asked_s if asked_s is not None else max(error.retry_after_s or 0.0, error.reset_s or 0.0)
             if self.too_long(asked):
                 return RetryDecision(retry=False, stop_backbone=True, asked_s=asked)
             pause = min(self.max_pause_s, max(asked, self.backoff_s(attempt)))

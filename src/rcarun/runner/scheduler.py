@@ -563,6 +563,7 @@ def _build_runtimes(
                     if limits.meters_output_budget is not None
                     else get_preset(backbone.provider).meters_output_budget
                 ),
+                learns_from_refusals=get_preset(backbone.provider).refusals_count_a_window,
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,
