@@ -265,3 +265,69 @@ def test_repeated_bare_refusals_lower_a_learned_limit_at_most_once_a_window() ->
     rpm, _ = _accept_then_refuse(gate, RateLimited("429"))
     # 120 accepted in the last minute; twenty refusals in two seconds do not lower it twenty times.
     assert rpm == pytest.approx(120.0, rel=0.02)
+
+
+@dataclass
+class TokenWindowServer:
+    """A strict sliding minute of tokens that charges the prompt and the whole output budget at arrival (as
+    OpenAI meters), and says so in OpenAI's headers."""
+
+    tpm: int
+    accepted: deque[tuple[float, int]] = field(default_factory=deque)
+    log: list[tuple[float, bool, int]] = field(default_factory=list)
+
+    def arrive(self, at: float, charge: int) -> RateLimited | None:
+        while self.accepted and self.accepted[0][0] <= at - _WINDOW_S:
+            self.accepted.popleft()
+        used = sum(tokens for _, tokens in self.accepted)
+        ok = used + charge <= self.tpm
+        self.log.append((at, ok, charge))
+        if ok:
+            self.accepted.append((at, charge))
+            return None
+        reset = self.accepted[-1][0] + _WINDOW_S - at
+        info = RateLimitInfo(limit_tokens=self.tpm, remaining_tokens=0, reset_tokens_s=reset)
+        return RateLimited("429", reset_s=reset, rate_limit=info)
+
+    def goodput(self, start: float, end: float) -> float:
+        tokens = sum(charge for at, ok, charge in self.log if ok and start <= at < end)
+        return tokens / (self.tpm * (end - start) / _WINDOW_S)
+
+    def refusals(self, start: float, end: float) -> tuple[int, int]:
+        inside = [ok for at, ok, _ in self.log if start <= at < end]
+        return inside.count(False), len(inside)
+
+
+def test_a_provider_that_meters_the_output_budget_is_detected_from_its_token_refusal() -> None:
+    # The backbone refunds unused output by default; this provider charges 100 + 1,000 at arrival and the calls
+    # use 100 + 50, so the refunds would fill its minute early, every minute.
+    # 330,000 tokens/min: 300 calls of 1,100 a minute, each a fifth of the client's one-second burst.
+    server = TokenWindowServer(tpm=330_000)
+    gate = BackboneGate("b", BackboneLimits(concurrency=8, tpm=330_000.0), retry=RetryPolicy(jitter=0.0))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def worker() -> None:
+            attempt = 0
+            while loop.time() < 240.0:
+                async with gate.admit(100, 1_000) as ticket:
+                    await asyncio.sleep(_LATENCY_S)
+                    refusal = server.arrive(loop.time(), 1_100)
+                    if refusal is None:
+                        ticket.settle(Usage(prompt_tokens=100, completion_tokens=50))
+                        attempt = 0
+                        continue
+                    attempt += 1
+                    decision = gate.on_error(refusal, attempt, ticket)
+                await asyncio.sleep(decision.delay_s)
+
+        await asyncio.gather(*(worker() for _ in range(8)))
+
+    run_virtual(main)
+    assert gate.meters_output_budget
+    first = next(at for at, ok, _ in server.log if not ok)
+    settled = max(first, _WINDOW_S) + 30.0
+    assert server.goodput(settled, 240.0) >= 0.95
+    refused, total = server.refusals(settled, 240.0)
+    assert refused < 0.02 * total

@@ -201,12 +201,16 @@ class Ticket:
         gate = self._gate
         metered = (
             usage.prompt_tokens + max(self.max_tokens, usage.completion_tokens)
-            if gate.limits.meters_output_budget
+            if gate.meters_output_budget
             else usage.total_tokens
         )
         gate.limiter.settle(self._grant, metered)
         gate._note_call_tokens(metered)
-        gate._note_accepted(self._grant.admitted_at, metered)
+        gate._note_accepted(
+            self._grant.admitted_at,
+            usage.total_tokens,
+            usage.prompt_tokens + max(self.max_tokens, usage.completion_tokens),
+        )
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
@@ -262,14 +266,18 @@ class BackboneGate:
             full_slack_s=2 * limits.arrival_jitter_s,
             window_s=limits.window_s,
         )
-        # What the provider accepted in the last window: (admission time, metered tokens), oldest first.
-        self._accepted: deque[tuple[float, int]] = deque()
-        self._accepted_tokens = 0
+        # What the provider accepted in the last window: (admission time, tokens used, tokens with the whole
+        # output budget), oldest first, with both sums, so the count follows whichever way tokens are metered.
+        self._accepted: deque[tuple[float, int, int]] = deque()
+        self._accepted_used = 0
+        self._accepted_budgeted = 0
         # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
         # probed upward now and then, since the count is only a lower bound of what the provider allows.
         self._probing: set[str] = set()
         self._last_refusal_at = -math.inf
         self._first_accepted_at: float | None = None
+        # Starts as declared (or as the preset says); a token refusal can show the provider meters more.
+        self.meters_output_budget = limits.meters_output_budget
         self._counted_at = -math.inf
         self._clock = clock
         self._paused_until = -math.inf
@@ -444,6 +452,8 @@ class BackboneGate:
                 requests_out = True
         if info is not None:
             self._adopt_stated(info)
+            if tokens_out and info.limit_tokens is not None:
+                self._check_token_metering(info.limit_tokens, now)
         counted_rpm = counted_tpm = None
         if self._may_count(now):
             wait = error.retry_after_s
@@ -474,6 +484,20 @@ class BackboneGate:
                 self._one_more_s(self._mean_call_tokens, self.limiter.tokens_per_minute, info.reset_tokens_s)
             )
         return max(pauses) if pauses else None
+
+    def _check_token_metering(self, stated_tpm: int, now: float) -> None:
+        """A token refusal while the provider's stated limit is well above what this backbone counted as
+        accepted in the window: the provider meters more than the usage it reports. The known cause is a
+        provider that charges the whole output budget at arrival (OpenAI: "the maximum of max_tokens and the
+        estimated tokens") while the backbone refunds what was not used: stop refunding. When it already does
+        not, pace by the count in this backbone's own units (the provider's ratio, learned)."""
+        accepted = self._accepted_per_minute(float(self._accepted_tokens), now, self._mean_call_tokens, None)
+        if accepted is None or accepted >= _METERING_AGREES * stated_tpm:
+            return
+        if not self.meters_output_budget:
+            self.meters_output_budget = True
+        elif self._lower_to(None, accepted, probe=True):
+            self._counted_at = now
 
     @property
     def learned_limits(self) -> tuple[float | None, float | None]:
@@ -536,13 +560,19 @@ class BackboneGate:
             return amount * 60.0 / window if retry_after_s > 2 * refill_s else None
         return scaled
 
-    def _note_accepted(self, admitted_at: float, metered_tokens: int) -> None:
+    @property
+    def _accepted_tokens(self) -> int:
+        """Tokens accepted in the last window, metered as this backbone meters them now."""
+        return self._accepted_budgeted if self.meters_output_budget else self._accepted_used
+
+    def _note_accepted(self, admitted_at: float, used_tokens: int, budgeted_tokens: int) -> None:
         """Remember an accepted call for `learn_from_refusal`, and probe learned limits after a quiet window."""
         now = self._now()
         if self._first_accepted_at is None:
             self._first_accepted_at = admitted_at
-        self._accepted.append((admitted_at, metered_tokens))
-        self._accepted_tokens += metered_tokens
+        self._accepted.append((admitted_at, used_tokens, budgeted_tokens))
+        self._accepted_used += used_tokens
+        self._accepted_budgeted += budgeted_tokens
         self._drop_old_accepted(now)
         window = self.limits.window_s or 60.0
         if self._probing and now - self._last_refusal_at >= window:
@@ -560,7 +590,9 @@ class BackboneGate:
         horizon = now - (self.limits.window_s or 60.0)
         accepted = self._accepted
         while accepted and accepted[0][0] < horizon:
-            self._accepted_tokens -= accepted.popleft()[1]
+            _, used, budgeted = accepted.popleft()
+            self._accepted_used -= used
+            self._accepted_budgeted -= budgeted
 
     def _one_more_s(self, amount: float, limit_per_minute: float | None, reset_s: float | None) -> float:
         """Seconds until a provider's window holds ``amount`` more at ``limit_per_minute``.
@@ -644,6 +676,9 @@ class BackboneGate:
 
 
 _PROBE_STEP = 1.05
+# A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
+# edges); below it, the provider meters something the backbone does not.
+_METERING_AGREES = 0.9
 
 
 def _probe(current: float | None, declared: float | None) -> float | None:
