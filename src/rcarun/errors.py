@@ -30,10 +30,7 @@ runner stops a backbone that keeps meeting them (`BACKBONE_FAULTS`) instead of f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # a value type of the backends; errors sit below them and never import them at run time
-    from rcarun.backends.types import RateLimitInfo
+from typing import Protocol
 
 __all__ = [
     "BACKBONE_FAULTS",
@@ -52,6 +49,7 @@ __all__ = [
     "QuotaExhausted",
     "RateLimited",
     "RcarunError",
+    "ReportedLimits",
     "RetryableError",
     "ServerError",
     "StoreError",
@@ -128,6 +126,24 @@ class RetryableError(CallError):
     kind = "retryable"
 
 
+class ReportedLimits(Protocol):
+    """What a provider's rate-limit headers said (`rcarun.backends.types.RateLimitInfo` is one): declared here,
+    by shape, because errors sit below the backends and import nothing from them."""
+
+    @property
+    def limit_requests(self) -> int | None: ...
+    @property
+    def remaining_requests(self) -> int | None: ...
+    @property
+    def reset_requests_s(self) -> float | None: ...
+    @property
+    def limit_tokens(self) -> int | None: ...
+    @property
+    def remaining_tokens(self) -> int | None: ...
+    @property
+    def reset_tokens_s(self) -> float | None: ...
+
+
 class RateLimited(RetryableError):
     """The provider refused the call for rate or concurrency reasons.
 
@@ -147,7 +163,7 @@ class RateLimited(RetryableError):
         status: int | None = 429,
         retry_after_s: float | None = None,
         reset_s: float | None = None,
-        rate_limit: RateLimitInfo | None = None,
+        rate_limit: ReportedLimits | None = None,
     ) -> None:
         super().__init__(message, status=status)
         self.retry_after_s = retry_after_s

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from rcarun.backends.types import ChatRequest, RateLimitInfo, Usage
-from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited
+from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, ReportedLimits
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
 from .estimate import TokenEstimator
@@ -504,7 +504,7 @@ class BackboneGate:
         """(requests, tokens) per minute the limiter paces to now, declared, stated or learned."""
         return self.limiter.requests_per_minute, self.limiter.tokens_per_minute
 
-    def _adopt_stated(self, info: RateLimitInfo) -> None:
+    def _adopt_stated(self, info: ReportedLimits) -> None:
         """A limit the provider states: lowers a declared one, or becomes the limit where none was declared."""
         requests = (
             info.limit_requests if info.limit_requests is not None and info.limit_requests > 0 else None
