@@ -312,3 +312,22 @@ def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less(
     admitted_at, refused_at = run_virtual(main)
     assert admitted_at == pytest.approx(1.0)  # waited for the first call to settle, not refused
     assert refused_at == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("meters_output_budget", "second"), [(False, 1_000 + 625), (True, 1_000 + 8_000)])
+def test_a_call_reserves_the_output_calls_produce_not_its_whole_budget(
+    meters_output_budget: bool, second: int
+) -> None:
+    limits = BackboneLimits(concurrency=4, tpm=6_000_000.0, meters_output_budget=meters_output_budget)
+    backbone = BackboneGate("b", limits)
+
+    async def main() -> tuple[int, int]:
+        async with backbone.admit(1_000, 8_000) as ticket:
+            first = ticket.reserved_tokens
+            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=500))
+        async with backbone.admit(1_000, 8_000) as ticket:
+            return first, ticket.reserved_tokens
+
+    # Before any report the whole budget; then the mean output with a quarter more (500 -> 625), unless the
+    # provider meters the whole budget at arrival.
+    assert run_virtual(main) == (9_000, second)

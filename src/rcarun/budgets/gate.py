@@ -206,6 +206,7 @@ class Ticket:
         )
         gate.limiter.settle(self._grant, metered)
         gate._note_call_tokens(metered)
+        gate._note_completion(usage.completion_tokens)
         gate._note_accepted(
             self._grant.admitted_at,
             usage.total_tokens,
@@ -290,6 +291,8 @@ class BackboneGate:
         self._rate_limited = 0
         # Smoothed tokens per settled call, for pausing on a spent token quota nobody declared.
         self._mean_call_tokens = 0.0
+        # Smoothed completion tokens per settled call, for the output a call reserves (None before any).
+        self._mean_completion_tokens: float | None = None
         # Set when any reservation of the shared ledger ends; created inside the loop on first need.
         self._budget_freed: asyncio.Event | None = None
 
@@ -336,7 +339,9 @@ class BackboneGate:
         slot = await self.concurrency.acquire()
         ticket: Ticket | None = None
         try:
-            grant = await self.limiter.acquire(estimated_prompt_tokens + max_tokens)
+            grant = await self.limiter.acquire(
+                estimated_prompt_tokens + self.expected_output_tokens(max_tokens)
+            )
             # The budget reserves what the call may cost, not what it will likely cost: before the first
             # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
             reserved_prompt = (
@@ -608,6 +613,26 @@ class BackboneGate:
         refill = amount * 60.0 / limit_per_minute
         return min(refill, reset_s) if reset_s else refill
 
+    def expected_output_tokens(self, max_tokens: int) -> int:
+        """The output tokens a call takes from tokens/min at admission.
+
+        Where the provider meters the whole budget at arrival, the budget. Otherwise what this backbone's calls
+        have produced (their smoothed mean, with a quarter more as headroom), never more than the budget; the
+        whole budget until the first report. Settling charges a call that produced more as debt, which later
+        admissions wait out, so the admitted stream still keeps the limit; reserving every call's whole budget
+        instead would hold a thinking model's 8,000-token budget for a 500-token answer and leave a token limit
+        mostly unused (issue 17's tokens scenario: 0.40 of the limit, no refusal).
+        """
+        if self.meters_output_budget or self._mean_completion_tokens is None:
+            return max_tokens
+        return min(max_tokens, math.ceil(self._mean_completion_tokens * _OUTPUT_HEADROOM))
+
+    def _note_completion(self, completion_tokens: int) -> None:
+        mean = self._mean_completion_tokens
+        self._mean_completion_tokens = (
+            float(completion_tokens) if mean is None else 0.9 * mean + 0.1 * completion_tokens
+        )
+
     def _note_call_tokens(self, tokens: int) -> None:
         self._mean_call_tokens = (
             float(tokens) if self._mean_call_tokens == 0 else 0.9 * self._mean_call_tokens + 0.1 * tokens
@@ -676,6 +701,7 @@ class BackboneGate:
 
 
 _PROBE_STEP = 1.05
+_OUTPUT_HEADROOM = 1.25
 # A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
 # edges); below it, the provider meters something the backbone does not.
 _METERING_AGREES = 0.9

@@ -124,6 +124,18 @@ class LimitsConfig(_Strict):
     meters_output_budget: bool | None = Field(
         None, description="the provider counts max_tokens against tpm at arrival; None: the preset's answer"
     )
+    window_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="the window the provider counts rpm/tpm over (a strict sliding minute: 60); none holds more",
+    )
+
+    @model_validator(mode="after")
+    def _window_longer_than_burst(self) -> LimitsConfig:
+        if self.window_s <= self.burst_s:
+            raise ValueError(f"window_s ({self.window_s:g}) must be longer than burst_s ({self.burst_s:g})")
+        return self
 
 
 class PriceWindowConfig(_Strict):

@@ -564,6 +564,7 @@ def _build_runtimes(
                     else get_preset(backbone.provider).meters_output_budget
                 ),
                 learns_from_refusals=get_preset(backbone.provider).refusals_count_a_window,
+                window_s=limits.window_s,
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,
