@@ -6,8 +6,8 @@ prints them together, ready to paste over the "Measured" section of docs/perform
     .venv/bin/python benchmarks/performance.py [--quick] [--repeats N] [--from-json FILE] [--json-out FILE]
     make bench   # the same, with --repeats 3
 
-It runs `rcarun bench throughput` in-process (every scenario, every client, about 12 minutes; under a minute
-with ``--quick``), or, with ``--from-json``, formats a saved ``rcarun bench throughput --json`` document. The
+It runs `rcarun bench throughput` in-process (every scenario, every client: about 12 minutes for the simulator's
+scenarios and over an hour more for the window-* ones; about 16 minutes with ``--quick``), or, with ``--from-json``, formats a saved ``rcarun bench throughput --json`` document. The
 load average is read before and after the run; other work on the machine lowers every client's figures.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rcarun.bench import ResultRow, format_markdown, json_document, run_throughput
 
-_PACKAGES = ("rcarun", "aiohttp", "openai", "httpx", "aiolimiter", "pydantic")
+_PACKAGES = ("rcarun", "aiohttp", "openai", "httpx", "aiolimiter", "litellm", "pydantic")
 
 
 def _cpu_model() -> str:

@@ -1,10 +1,12 @@
-"""Performance benchmarks against rcarun's simulator: `rcarun bench throughput [--json|--markdown] [--quick]`.
+"""Performance benchmarks: `rcarun bench throughput [--json|--markdown] [--quick]`.
 
-Timing claims belong here, not in timed tests (STYLE.md): the benchmark runs rcarun's real runner beside two
-plain-asyncio peers on the same workload against the same simulator process and reports what the *server*
-counted (429s, limit overshoot) beside what each client achieved, so that "as fast as the limits allow" is a
-measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md; the last measured
-table is in docs/performance.md.
+Timing claims belong here, not in timed tests (STYLE.md): the benchmark runs rcarun's real runner beside its
+peers (two plain-asyncio loops and, where the ``bench`` extra is installed, LiteLLM's Router) on the same
+workload against the same server process — rcarun's simulator, or the bench's own strict sliding-window server
+(`rcarun.bench.window_server`) that behaves like a provider's per-minute limits — and reports what the *server*
+counted (429s, limit overshoot, goodput in its window) beside what each client achieved, so that "as fast as the
+limits allow" is a measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md; the
+last measured table is in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import sys
 
 from .metrics import ClientRun, Completion, ResultRow, steady_window
 from .scenarios import SCENARIO_NAMES, Scenario, get_scenario, scenarios
-from .throughput import CLIENT_ORDER, format_markdown, format_table, json_document, run_throughput
+from .throughput import (
+    CLIENT_ORDER,
+    format_markdown,
+    format_table,
+    json_document,
+    run_throughput,
+    skipped_clients,
+)
 
 __all__ = [
     "CLIENT_ORDER",
@@ -31,6 +40,7 @@ __all__ = [
     "main",
     "run_throughput",
     "scenarios",
+    "skipped_clients",
     "steady_window",
 ]
 
@@ -42,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"rcarun bench: unknown suite {args.suite!r} (known: throughput)", file=sys.stderr)
         return 2
     names = tuple(getattr(args, "scenario", None) or ())
-    unknown = sorted(set(names) - set(SCENARIO_NAMES))
+    unknown = sorted(set(names) - {*SCENARIO_NAMES, "window"})
     if unknown:
         print(
             f"rcarun bench: unknown scenarios {unknown} (known: {', '.join(SCENARIO_NAMES)})", file=sys.stderr
@@ -53,10 +63,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"rcarun bench: --repeats must be at least 1, got {repeats}", file=sys.stderr)
         return 2
     rows = run_throughput(quick=bool(args.quick), names=names, repeats=repeats)
+    skipped = skipped_clients()
     if args.json:
-        print(json.dumps(json_document(rows), indent=2))
+        print(json.dumps(json_document(rows, skipped), indent=2))
     elif getattr(args, "markdown", False):
         print(format_markdown(rows))
     else:
         print(format_table(rows))
+    if not args.json:
+        for reason in skipped.values():
+            print(f"skipped {reason}")
     return 0

@@ -3,7 +3,9 @@
 ``python -m rcarun.bench.client SCENARIO_JSON CLIENT --base-url URL --dataset DIR --workdir DIR`` runs the
 client once and prints one JSON line (`rcarun.bench.metrics.ClientRun`) on stdout. CPU time is
 ``time.process_time`` (every thread of the process, so rcarun's store-writer thread counts) from just before the
-run to just after; imports are outside that span for every client alike. Peak RSS is the process's high-water
+run to just after. A peer's optional package (`rcarun.bench.clients.OPTIONAL_PACKAGES`: litellm takes seconds
+to import) is imported before that span; the modules a client imports inside its run function (openai for
+naive-gather, rcarun's runner for rcarun) are inside it. Peak RSS is the process's high-water
 mark (``VmHWM``), imports included, read when the client's own work ends (rcarun's before its calls are read
 back from results.db for the figures). Event-loop lag is measured in the same loop as the client's work: a
 task sleeps `_LAG_PERIOD_S` at a time and records how much later than asked it woke up, for the whole run.
@@ -20,7 +22,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .clients import CLIENTS
+from .clients import CLIENTS, import_optional_packages
 from .metrics import (
     ClientRun,
     allowance,
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True, type=Path, help="a fresh directory for results.db")
     args = parser.parse_args(argv)
     scenario = Scenario.from_json(args.scenario)
+    import_optional_packages(args.client)
     run = measure(scenario, args.client, args.base_url, args.dataset, args.workdir)
     print(json.dumps(run.to_json()), flush=True)
     return 0

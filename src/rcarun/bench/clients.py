@@ -1,36 +1,54 @@
-"""The three clients the benchmark compares, each running one scenario's workload against the simulator.
+"""The clients the benchmark compares, each running one scenario's workload against the scenario's server.
 
 - ``rcarun``: rcarun's real runner end to end — `rcarun.runner.run_sweep` over the synthetic dataset with the
-  all-at-once method and one ``simulated`` backbone whose limits are declared as the scenario says (and priced,
-  so that its own cost accounting can be checked against the server's), into a fresh results.db. Nothing is
-  bypassed: dataset loading, the session, the gate, the aiohttp backend, the store writer. The method is
-  all-at-once wrapped only to note when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
-- ``naive-gather``: the script most people write — `asyncio.gather` over every call, an `asyncio.Semaphore`
-  around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a 429 a sleep of Retry-After (or 1 s)
-  and a retry. No pacing: it learns about limits only from 429s. A length stop is taken as the answer (which
-  then fails to parse): the script checks nothing.
+  all-at-once method and one backbone of the scenario's provider preset (``simulated`` against the simulator;
+  the provider's own against the window server) whose limits are declared as the scenario says (and priced,
+  so that its own cost accounting can be checked against the server's), into a fresh results.db. Against the
+  window server its burst is rcarun's default, as a user leaves it. Nothing is bypassed: dataset loading, the
+  session, the gate, the aiohttp backend, the store writer. The method is all-at-once wrapped only to note
+  when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
+- ``naive-gather``: the plain AsyncOpenAI + semaphore loop (issue 17's "plain SDK") — `asyncio.gather` over
+  every call, an `asyncio.Semaphore` around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a
+  429 (or a 503 overload, Kimi's way of saying the same) a sleep of Retry-After (or 1 s) and a retry. No
+  pacing: it learns about limits only from refusals. A length stop is taken as the answer (which then fails to
+  parse): the script checks nothing.
 - ``aiolimiter-loop``: what a careful engineer writes — one `aiohttp.ClientSession` (pool as large as the
   concurrency), worker tasks pulling from one iterator, `aiolimiter.AsyncLimiter` for requests per second and a
   second one acquired with each call's estimated token weight for tokens per second. The estimate is the exact
-  prompt count the way the server counts it (characters / 4 per message + 4 per message, what a tokenizer gives)
-  plus the running mean of completion tokens seen so far — aiolimiter cannot take back an over-reservation, so
-  reserving the full ``max_tokens`` (8,000) would waste most of the budget. A 429, should one come, is retried
-  after ``retry-after-ms`` (or Retry-After, or 1 s). A length stop is sent again unchanged, up to the same
-  number of length retries rcarun is allowed (the minimal fix: a random cut usually does not recur).
+  prompt count the way the simulator counts it (characters / 4 per message + 4 per message, what a tokenizer
+  gives) plus the running mean of completion tokens seen so far — aiolimiter cannot take back an
+  over-reservation, so reserving the full ``max_tokens`` (8,000) would waste most of the budget. A 429 (or
+  503), should one come, is retried after ``retry-after-ms`` (or Retry-After, or 1 s). A length stop is sent
+  again unchanged, up to the same number of length retries rcarun is allowed (the minimal fix: a random cut
+  usually does not recur).
+- ``litellm-router``: LiteLLM's `Router` as its documentation sets up rate limits — one deployment
+  (``openai/<model>`` at the server's base URL) whose ``rpm`` / ``tpm`` are the scenario's declared limits,
+  ``routing_strategy="usage-based-routing-v2"`` (the strategy that enforces them: it counts requests and
+  tokens per deployment per wall-clock minute and refuses a call that would exceed them with a RateLimitError
+  carrying ``retry-after: 60``), the Router's own retries (``num_retries``, 10 here so that no call of a
+  bench run gives up; each waits the answer's Retry-After, or an exponential backoff) and its default
+  cooldowns, and an `asyncio.Semaphore` of the scenario's concurrency around ``Router.acompletion``. Each
+  answered attempt's send and answer times, and every failed attempt, come from LiteLLM's own callbacks.
 
-The peers send the very bodies rcarun sends (`rcarun.bench.workload.request_bodies`), built before the clock
-starts for the peers' requests but inside the measured run, as rcarun reads its dataset inside `run_sweep`.
-Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`) times the run and measures the
-process. Every client prices its tokens with the same `PRICES`, so its own cost can be compared with the
-server's accounting.
+The peers send the very bodies rcarun sends (`rcarun.bench.workload.request_bodies`, with the scenario's
+preset), built before the clock starts for the peers' requests but inside the measured run, as rcarun reads
+its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`)
+times the run and measures the process. Every client prices its tokens with the same `PRICES`, so its own cost
+can be compared with the server's accounting. The peers that need a package outside rcarun's own
+dependencies (the ``bench`` extra: aiolimiter, litellm) name it in `OPTIONAL_PACKAGES`; where it is not
+installed the benchmark skips the peer with a one-line reason (`unavailable_reason`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import json
+import logging
 import math
+import os
 import sqlite3
 import time
 from collections import defaultdict
@@ -46,12 +64,16 @@ from .workload import MODEL, BenchRequest, request_bodies
 
 __all__ = [
     "CLIENTS",
+    "OPTIONAL_PACKAGES",
     "PRICES",
     "ClientOutcome",
     "Price",
+    "import_optional_packages",
     "run_aiolimiter_loop",
+    "run_litellm_router",
     "run_naive_gather",
     "run_rcarun",
+    "unavailable_reason",
 ]
 
 # Tokens the simulator charges per message beyond its text (as OpenAI's accounting does).
@@ -60,6 +82,40 @@ _CHARS_PER_TOKEN = 4.0
 # A first guess of completion tokens for the aiolimiter peer, before any answer has been seen.
 _INITIAL_COMPLETION_GUESS = 256
 _MAX_429_RETRIES = 50
+# Statuses the peers treat as "slow down": 429, and the 503 overload Kimi sends for the same.
+_SLOW_DOWN_STATUSES = frozenset({429, 503})
+# The LiteLLM Router's retries per call: enough that no call of a bench run gives up.
+_LITELLM_RETRIES = 10
+# How long to wait for LiteLLM's callbacks (run as tasks) to report the last answers after the calls return.
+_LITELLM_CALLBACK_DRAIN_S = 5.0
+
+OPTIONAL_PACKAGES: dict[str, str] = {"aiolimiter-loop": "aiolimiter", "litellm-router": "litellm"}
+"""The module each peer needs beyond rcarun's dependencies (the ``bench`` extra installs them)."""
+
+
+def unavailable_reason(client: str) -> str | None:
+    """Why ``client`` cannot run here (its package is not installed), in one line; None when it can."""
+    module = OPTIONAL_PACKAGES.get(client)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return f"{client}: {module} is not installed (pip install -e '.[bench]')"
+
+
+def import_optional_packages(client: str) -> None:
+    """Import ``client``'s optional package before the clock starts: litellm alone takes seconds to import,
+    which would otherwise be counted as its CPU per call. LiteLLM is kept off the network (its model-price
+    map is read from the package, not fetched) and quiet."""
+    module = OPTIONAL_PACKAGES.get(client)
+    if module is None:
+        return
+    if module == "litellm":
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("LITELLM_LOG", "ERROR")
+    imported: Any = importlib.import_module(module)
+    if module == "litellm":
+        imported.suppress_debug_info = True
+        logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+        logging.getLogger("LiteLLM Router").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +145,7 @@ class ClientOutcome:
         items: work items in the workload.
         succeeded: items that got a complete answer (finish_reason other than "length").
         failed: items that gave up on an error.
-        retries_429: 429s the client saw (and retried).
+        retries_429: refusals the client saw and retried: 429s, and 503 overloads where the server sends them.
         recorded_calls: answered attempts stored durably (rows with status ok/length in results.db).
         wasted_tokens: prompt + completion tokens of attempts cut by a length stop.
         cost_usd: the client's own account of what it spent.
@@ -122,13 +178,19 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
     from rcarun.runner.config import PricesConfig, StageConfig
 
+    # Against the window server rcarun is configured as a user would for that provider: its preset, the default
+    # burst (the simulator's scenarios declare the simulator's own 1-s burst), and the window the provider counts
+    # its limits over (60 s; the --quick runs shrink it, and say so to every client that can be told).
+    burst: dict[str, float] = (
+        {"burst_s": scenario.burst_s} if scenario.server == "simulator" else {"window_s": scenario.window_s}
+    )
     return SweepConfig(
         sweep=SweepSection(dataset=str(dataset), realizations=scenario.realizations),
         methods=(MethodConfig(name=TIMED_METHOD, label="all-at-once"),),
         stages={"attribution": StageConfig(length_retries=scenario.length_retries)},
         backbones={
             "sim": BackboneConfig(
-                provider="simulated",
+                provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
                 limits=LimitsConfig(
@@ -136,7 +198,7 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
                     min_concurrency=1,
                     rpm=scenario.rpm,
                     tpm=scenario.tpm,
-                    burst_s=scenario.burst_s,
+                    **burst,
                 ),
                 prices=PricesConfig(
                     input_per_mtok=PRICES.input_per_mtok,
@@ -222,11 +284,12 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
 
 def _workload(scenario: Scenario, dataset: Path, base_url: str) -> list[BenchRequest]:
     """Every call of the workload: each trajectory's body once per realization (the same object, repeated)."""
-    return list(request_bodies(dataset, base_url)) * scenario.realizations
+    return list(request_bodies(dataset, base_url, scenario.provider)) * scenario.realizations
 
 
 async def run_naive_gather(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
-    """asyncio.gather + Semaphore over AsyncOpenAI; sleeps Retry-After (or 1 s) on a 429 and tries again."""
+    """asyncio.gather + Semaphore over AsyncOpenAI; sleeps Retry-After (or 1 s) on a 429 or 503 and tries
+    again."""
     import openai
     from openai import AsyncOpenAI
 
@@ -244,7 +307,9 @@ async def run_naive_gather(scenario: Scenario, dataset: Path, base_url: str, wor
                     outcome.delays.append(QueueDelay(request.prompt_chars, sent - runnable))
                 try:
                     response = await client.chat.completions.create(**request.body)
-                except openai.RateLimitError as error:
+                except openai.APIStatusError as error:
+                    if error.status_code not in _SLOW_DOWN_STATUSES:
+                        raise
                     outcome.attempts.append(Attempt(sent=sent, rate_limited=True))
                     outcome.retries_429 += 1
                     await asyncio.sleep(_retry_after_s(error.response.headers.get("retry-after"), None))
@@ -320,7 +385,7 @@ async def run_aiolimiter_loop(
                 first = False
             async with session.post(url, data=data, headers=headers) as response:
                 payload = await response.read()
-                if response.status == 429:
+                if response.status in _SLOW_DOWN_STATUSES:
                     outcome.attempts.append(Attempt(sent=sent, rate_limited=True))
                     outcome.retries_429 += 1
                     await asyncio.sleep(
@@ -368,6 +433,91 @@ async def run_aiolimiter_loop(
     return outcome
 
 
+# --------------------------------------------------------------------------------------------- litellm-router
+
+
+async def run_litellm_router(
+    scenario: Scenario, dataset: Path, base_url: str, workdir: Path
+) -> ClientOutcome:
+    """LiteLLM's Router with one rate-limited deployment, under a semaphore (module docstring)."""
+    import_optional_packages("litellm-router")
+    # Through importlib: litellm's types are its own business, and the bench type-checks without it.
+    litellm: Any = importlib.import_module("litellm")
+    custom_logger: Any = importlib.import_module("litellm.integrations.custom_logger").CustomLogger
+    requests = _workload(scenario, dataset, base_url)
+    outcome = ClientOutcome(items=len(requests))
+    answered: list[tuple[float, float, int, int]] = []
+    # Set once the success callbacks have reported as many answers as the calls returned (known at the end).
+    all_reported = asyncio.Event()
+    expected_answers: int | None = None
+
+    # LiteLLM calls these with keyword arguments of these names, once per attempt sent to the server.
+    async def on_success(self: Any, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        usage = getattr(response_obj, "usage", None)
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        answered.append((_epoch(start_time), _epoch(end_time), prompt, completion))
+        if expected_answers is not None and len(answered) >= expected_answers:
+            all_reported.set()
+
+    async def on_failure(self: Any, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        status = getattr(kwargs.get("exception"), "status_code", None)
+        if status in _SLOW_DOWN_STATUSES:
+            outcome.attempts.append(Attempt(sent=_epoch(start_time), rate_limited=True))
+            outcome.retries_429 += 1
+
+    recorder = type(
+        "BenchRecorder",
+        (custom_logger,),
+        {"async_log_success_event": on_success, "async_log_failure_event": on_failure},
+    )()
+    litellm.callbacks = [recorder]
+    deployment: dict[str, Any] = {"model": f"openai/{MODEL}", "api_base": base_url, "api_key": "bench"}
+    if scenario.rpm is not None:
+        deployment["rpm"] = scenario.rpm
+    if scenario.tpm is not None:
+        deployment["tpm"] = scenario.tpm
+    router = litellm.Router(
+        model_list=[{"model_name": "bench", "litellm_params": deployment}],
+        routing_strategy="usage-based-routing-v2",
+        num_retries=_LITELLM_RETRIES,
+    )
+    semaphore = asyncio.Semaphore(scenario.concurrency)
+
+    async def one(request: BenchRequest) -> bool:
+        runnable = time.time()
+        arguments = {name: value for name, value in request.body.items() if name != "model"}
+        async with semaphore:
+            outcome.delays.append(QueueDelay(request.prompt_chars, time.time() - runnable))
+            response = await router.acompletion(model="bench", **arguments)
+        if response.choices[0].finish_reason == "length":
+            usage = response.usage
+            outcome.wasted_tokens += int(usage.prompt_tokens) + int(usage.completion_tokens)
+        else:
+            outcome.succeeded += 1
+        return True
+
+    results = await asyncio.gather(*(one(request) for request in requests), return_exceptions=True)
+    successes = sum(1 for result in results if result is True)
+    # LiteLLM runs its success callbacks as tasks of their own: let the last ones report.
+    expected_answers = successes
+    if len(answered) < successes:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_reported.wait(), _LITELLM_CALLBACK_DRAIN_S)
+    for sent, at, prompt, completion in answered:
+        outcome.attempts.append(Attempt(sent=sent, rate_limited=False))
+        outcome.completions.append(Completion(sent=sent, at=at, tokens=prompt + completion))
+        outcome.cost_usd += PRICES.cost_usd(prompt, completion)
+    outcome.failed = len(results) - successes
+    litellm.callbacks = []
+    return outcome
+
+
+def _epoch(moment: Any) -> float:
+    """LiteLLM's callback times (naive local datetimes, or epoch seconds) as ``time.time()`` seconds."""
+    return float(moment.timestamp()) if isinstance(moment, datetime) else float(moment)
+
+
 def _retry_after_s(seconds: str | None, milliseconds: str | None) -> float:
     for value, scale in ((milliseconds, 0.001), (seconds, 1.0)):
         if value is not None:
@@ -380,4 +530,5 @@ CLIENTS: dict[str, ClientRunner] = {
     "rcarun": run_rcarun,
     "naive-gather": run_naive_gather,
     "aiolimiter-loop": run_aiolimiter_loop,
+    "litellm-router": run_litellm_router,
 }

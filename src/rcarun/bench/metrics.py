@@ -43,6 +43,9 @@ The scenario-specific figures, each defined where it is computed:
     - `storm_figures`: 429s per request after the first ``settle_after_s`` seconds, and the time to settle.
     - `delay_ratio`: the longest-prompt decile's median queueing delay over the median of all calls.
     - `lag_summary`: the event loop's lateness (p50, p99, max) from a periodic timer in the client process.
+    - `window_figures`: against the window server, from the server's own log of arrivals: goodput as a share
+      of its real limit in [W/3, 4W/3) from the first arrival, refusals before and after 30 s (W/2) past the
+      first one, and the time from the first refusal back to 0.95 of the limit.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from .scenarios import Scenario
 
 __all__ = [
     "Allowance",
+    "Arrival",
     "Attempt",
     "ClientRun",
     "Completion",
@@ -67,6 +71,7 @@ __all__ = [
     "ResultRow",
     "SteadyWindow",
     "StormFigures",
+    "WindowFigures",
     "allowance",
     "allowance_used",
     "delay_ratio",
@@ -76,6 +81,7 @@ __all__ = [
     "percentile",
     "steady_window",
     "storm_figures",
+    "window_figures",
 ]
 
 _HEAD_FRACTION = 0.1
@@ -147,10 +153,10 @@ def nominal_ceiling_rps(scenario: Scenario, mean_tokens: float | None = None) ->
     ceiling = concurrency / scenario.latency_s
     if scenario.server_requests_per_s is not None:
         ceiling = min(ceiling, scenario.server_requests_per_s)
-    if scenario.tokens_per_s is not None:
+    if scenario.server_tokens_per_s is not None:
         if not mean_tokens:
             raise ValueError("a token-limited ceiling needs the mean tokens per call")
-        ceiling = min(ceiling, scenario.tokens_per_s / mean_tokens)
+        ceiling = min(ceiling, scenario.server_tokens_per_s / mean_tokens)
     return ceiling
 
 
@@ -171,8 +177,9 @@ class Allowance:
 
 def allowance(scenario: Scenario) -> Allowance | None:
     """The scenario's binding rate limit as the server enforces it (None when there is none)."""
-    if scenario.tokens_per_s is not None:
-        return Allowance(scenario.tokens_per_s, scenario.tokens_per_s * scenario.burst_s, tokens=True)
+    if scenario.server_tokens_per_s is not None:
+        rate_per_s = scenario.server_tokens_per_s
+        return Allowance(rate_per_s, rate_per_s * scenario.burst_s, tokens=True)
     rate = scenario.server_requests_per_s
     if rate is not None:
         return Allowance(rate, rate * scenario.burst_s, tokens=False)
@@ -358,6 +365,116 @@ def storm_figures(attempts: Sequence[Attempt], settle_after_s: float) -> StormFi
 
 
 @dataclass(frozen=True, slots=True)
+class Arrival:
+    """One chat request as the window server counted it (`rcarun.bench.window_server`).
+
+    Attributes:
+        at: seconds since the first arrival after the server's reset.
+        status: 200 (accepted), 429 or 503 (refused).
+        tokens: the tokens metered for it at arrival (charged to the window only when accepted).
+    """
+
+    at: float
+    status: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFigures:
+    """A client's run against the window server, from the server's log alone. Every span is a fraction of the
+    server's window W, so that a shorter window (``--quick``) scales them all; the values at W = 60 s are given.
+
+    Attributes:
+        goodput: requests (or, when tokens bind, metered tokens) accepted with arrival in [W/3, 4W/3) =
+            [20, 80) s, over what the limit allows in that span. A strict window admits at most its limit in
+            any W seconds, so 1 is the most.
+        refused: every refusal (429 or 503) the server sent.
+        first_refusal_s: arrival time of the first refusal; None when there was none.
+        refused_early: refusals within W/2 = 30 s of the first one, the first included.
+        refused_late: refusals after that.
+        late_refused_share: ``refused_late`` over every request that arrived after it (0 when none did).
+        recovery_s: from the first refusal to the end of the first sliding span of W/4 = 15 s, starting at or
+            after it (in steps of W/240 = 0.25 s), in which the accepted units reach 0.95 of what the limit
+            allows in 15 s: so at least 15 s, and "back to 0.95 of the limit within 30 s" is recovery_s <= 30.
+            None without a refusal, or when no such span ends within the run.
+        last_arrival_s: the last arrival; below 4W/3 the client ran out of work inside the measured span.
+        mean_tokens: tokens metered per accepted request (what a token-limited ceiling divides by).
+    """
+
+    goodput: float
+    refused: int
+    first_refusal_s: float | None
+    refused_early: int
+    refused_late: int
+    late_refused_share: float
+    recovery_s: float | None
+    last_arrival_s: float
+    mean_tokens: float
+
+
+_RECOVERY_LEVEL = 0.95
+
+
+def window_figures(
+    arrivals: Sequence[Arrival], *, limit_per_window: float, window_s: float, by_tokens: bool
+) -> WindowFigures:
+    """The window scenario's figures (definitions in `WindowFigures`).
+
+    Args:
+        arrivals: the server's log, in arrival order.
+        limit_per_window: requests (or tokens) the server admits per window.
+        window_s: the server's window W.
+        by_tokens: True when the token limit binds (count metered tokens, not requests).
+    """
+    if not arrivals:
+        return WindowFigures(0.0, 0, None, 0, 0, 0.0, None, 0.0, 0.0)
+    taken = [a.tokens for a in arrivals if a.status == 200]
+    mean_tokens = sum(taken) / len(taken) if taken else 0.0
+    times = [a.at for a in arrivals]
+    units = [(a.tokens if by_tokens else 1) if a.status == 200 else 0 for a in arrivals]
+    accepted_before = [0]
+    for value in units:
+        accepted_before.append(accepted_before[-1] + value)
+
+    def accepted(start: float, end: float) -> int:
+        return (
+            accepted_before[bisect.bisect_left(times, end)]
+            - accepted_before[bisect.bisect_left(times, start)]
+        )
+
+    rate = limit_per_window / window_s
+    span_start, span_end = window_s / 3, 4 * window_s / 3
+    goodput = accepted(span_start, span_end) / (rate * (span_end - span_start))
+    refusals = [a.at for a in arrivals if a.status != 200]
+    if not refusals:
+        return WindowFigures(goodput, 0, None, 0, 0, 0.0, None, times[-1], mean_tokens)
+    first = refusals[0]
+    grace_end = first + window_s / 2
+    late = [t for t in refusals if t > grace_end]
+    arrived_late = len(times) - bisect.bisect_right(times, grace_end)
+    mean_span, step = window_s / 4, window_s / 240
+    needed = _RECOVERY_LEVEL * rate * mean_span
+    recovery: float | None = None
+    start = first
+    while start + mean_span <= times[-1]:
+        if accepted(start, start + mean_span) >= needed:
+            recovery = start + mean_span - first
+            break
+        start += step
+    return WindowFigures(
+        goodput=goodput,
+        refused=len(refusals),
+        first_refusal_s=first,
+        refused_early=len(refusals) - len(late),
+        refused_late=len(late),
+        late_refused_share=len(late) / arrived_late if arrived_late else 0.0,
+        recovery_s=recovery,
+        last_arrival_s=times[-1],
+        mean_tokens=mean_tokens,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class QueueDelay:
     """How long one item waited inside its client before its first request went out.
 
@@ -501,7 +618,9 @@ class ClientRun:
 
 @dataclass(frozen=True, slots=True)
 class ResultRow:
-    """One (scenario, client) line of the report; field names are the JSON keys."""
+    """One (scenario, client) line of the report; field names are the JSON keys. The window scenarios' own
+    figures (`WindowFigures`, from the window server's log) are None or 0 elsewhere; there ``ratio`` is the
+    goodput and ``server_429`` / ``server_503`` count the server's refusals."""
 
     name: str
     client: str
@@ -537,6 +656,13 @@ class ResultRow:
     runs: int = 1
     ratio_min: float = 0.0
     ratio_max: float = 0.0
+    server_503: int = 0
+    first_refusal_s: float | None = None
+    refused_early: int = 0
+    refused_late: int = 0
+    late_refused_share: float = 0.0
+    recovery_s: float | None = None
+    last_arrival_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -30,18 +30,62 @@ req/s):
       limits, 64 / 0.1 s = 640 req/s as latency-bound (a rate two cores sustain with the simulator, so that
       memory and loop lag are those of a long sweep, not of a starved CPU); its headline is peak RSS and
       event-loop lag.
+
+The window scenarios run against the bench's own strict sliding-window server (`rcarun.bench.window_server`)
+instead of the simulator: a provider's 60-s window, where the outside measurement of issue 17 saw one 429
+stop rcarun for about a minute. Each client is configured as its user would configure it for that provider:
+rcarun's backbone uses the provider's preset (``provider``: "openai" where the server speaks OpenAI's headers
+and meters like OpenAI, "deepseek" for a bare 429, "kimi" for a 503 overload, "openai-compatible" otherwise)
+and rcarun's default burst; every peer sends the very bodies that preset builds. Concurrency 32, 0.5 s per
+answer (64 req/s, many times every limit: the limit binds). The headline is the goodput as a share of the
+server's *real* limit over the window [W/3, 4W/3) from the first arrival ([20, 80) s at W = 60 s), with the
+server's refusals and the time from the first refusal back to 0.95 of the limit (`rcarun.bench.metrics.
+window_figures`). ``--quick`` keeps every rate and shrinks the window to 10 s (every span scales with it:
+[3.3, 13.3) s): a smoke test of the plumbing, not the measurement, because LiteLLM counts its rpm/tpm per wall-clock
+minute whatever the provider's window (rcarun is told the window, `LimitsConfig.window_s`, as a user of a
+provider with another window would tell it). Each run holds 2.1 windows of the server's limit, so that no client, however early it
+spends its allowance, runs out of work before the measured window ends (a client at the limit takes about
+2.1 windows; one that stalls takes longer):
+    - window-requests: 300 requests/min enforced and declared, OpenAI headers; 630 calls (105 with --quick).
+    - window-undeclared: the server enforces 200 requests/min, the clients are told 400 (twice the real limit),
+      OpenAI headers; one scenario per way of signalling a refusal (``window-undeclared-retry-after``,
+      ``-both``, ``-bare``, ``-503``), so that each is its own row; 420 calls (70).
+    - window-tokens: 1,200,000 tokens/min enforced and declared, metered as prompt + the whole max_tokens
+      (8,000) at arrival, as OpenAI meters them: about 8,650 tokens a call, 139 calls/min; 292 calls (49).
+    - window-tokens-ratio: 280,000 tokens/min enforced and declared, metered from usage but with prompts
+      counted at 3 characters a token while the clients estimate 4: about 940 tokens a call as the server
+      counts them (300 calls/min), 710 as the clients do; 630 calls (105).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rcarun.mock import MockConfig
 
-__all__ = ["SCENARIO_NAMES", "PromptSizes", "Scenario", "get_scenario", "scenarios"]
+if TYPE_CHECKING:
+    from .window_server import WindowConfig
+
+__all__ = [
+    "SCENARIO_NAMES",
+    "SIGNALS",
+    "Metering",
+    "PromptSizes",
+    "Scenario",
+    "Signal",
+    "get_scenario",
+    "scenarios",
+]
+
+Signal = Literal["openai-headers", "retry-after", "both", "bare", "overload-503"]
+"""How the window server signals a refusal (`rcarun.bench.window_server`)."""
+SIGNALS: tuple[Signal, ...] = ("openai-headers", "retry-after", "both", "bare", "overload-503")
+Metering = Literal["usage", "max_tokens"]
+"""How the window server charges a request's tokens at arrival (`rcarun.bench.window_server`)."""
 
 SCENARIO_NAMES = (
     "latency-bound",
@@ -53,6 +97,14 @@ SCENARIO_NAMES = (
     "vllm-queue",
     "fairness",
     "large-scale",
+    "window-requests",
+    "window-undeclared",
+    "window-undeclared-retry-after",
+    "window-undeclared-both",
+    "window-undeclared-bare",
+    "window-undeclared-503",
+    "window-tokens",
+    "window-tokens-ratio",
 )
 
 # Seconds of quota a bucket holds, on both sides: a small burst, as providers allow.
@@ -66,6 +118,12 @@ _STORM_SERVER_FRACTION = 0.7
 _SLOTS = 32
 # Long enough that a vLLM-style queue never writes a keep-alive line: vLLM sends nothing while a request waits.
 _SILENT_KEEPALIVE_S = 600.0
+# The window scenarios: a provider's minute (10 s with --quick), answers in half a second, 32 in flight.
+_WINDOW_S = 60.0
+_QUICK_WINDOW_S = 10.0
+_WINDOW_LATENCY_S = 0.5
+# Windows of the server's limit each run holds (module docstring).
+_WINDOW_RUN_WINDOWS = 2.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +168,14 @@ class Scenario:
         length_retries: length retries every retrying client allows per call (rcarun's stage setting).
         realizations: times each trajectory is run (items = trajectories x realizations).
         settle_after_s: where the 429-storm's "after the first seconds" starts, from the first request sent.
-        headline: the metric the scenario exists for ("throughput", "storm", "length", "fairness", "scale").
+        headline: the metric the scenario exists for ("throughput", "storm", "length", "fairness", "scale",
+            "window").
         skip_clients: clients that sit this scenario out (each with its reason where the scenario is defined).
+        server: "simulator" (`rcarun.mock`) or "window" (`rcarun.bench.window_server`).
+        provider: rcarun's backbone preset, and the preset every client's request bodies are built with.
+        window_s / signal / metering / server_chars_per_token: the window server's window length, how it
+            signals a refusal, how it charges tokens at arrival and its characters per prompt token.
+        server_tpm: what the server enforces when it differs from the declared ``tpm``.
     """
 
     name: str
@@ -132,8 +196,15 @@ class Scenario:
     length_retries: int = 1
     realizations: int = 1
     settle_after_s: float = 10.0
-    headline: Literal["throughput", "storm", "length", "fairness", "scale"] = "throughput"
+    headline: Literal["throughput", "storm", "length", "fairness", "scale", "window"] = "throughput"
     skip_clients: tuple[str, ...] = ()
+    server: Literal["simulator", "window"] = "simulator"
+    provider: str = "simulated"
+    window_s: float = _WINDOW_S
+    signal: Signal = "openai-headers"
+    metering: Metering = "usage"
+    server_chars_per_token: float = 4.0
+    server_tpm: int | None = None
 
     @property
     def trajectories(self) -> int:
@@ -154,6 +225,12 @@ class Scenario:
         """The request rate the server enforces."""
         rpm = self.server_rpm if self.server_rpm is not None else self.rpm
         return rpm / 60.0 if rpm is not None else None
+
+    @property
+    def server_tokens_per_s(self) -> float | None:
+        """The token rate the server enforces."""
+        tpm = self.server_tpm if self.server_tpm is not None else self.tpm
+        return tpm / 60.0 if tpm is not None else None
 
     def to_json(self) -> str:
         """The scenario as JSON: how it reaches the client's process, resized or not."""
@@ -184,6 +261,22 @@ class Scenario:
             keepalive_s=self.keepalive_s,
             headers=self.headers,
             length_rate=self.length_rate,
+        )
+
+    def window_config(self) -> WindowConfig:
+        """The window server for this scenario: its limits, window, latency, metering and signalling."""
+        # Imported here: the window server imports this module's vocabulary.
+        from .window_server import WindowConfig
+
+        return WindowConfig(
+            rpm=self.server_rpm if self.server_rpm is not None else self.rpm,
+            tpm=self.server_tpm if self.server_tpm is not None else self.tpm,
+            window_s=self.window_s,
+            latency_s=self.latency_s,
+            metering=self.metering,
+            chars_per_token=self.server_chars_per_token,
+            signal=self.signal,
+            model="sim-bench",
         )
 
 
@@ -301,8 +394,83 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             realizations=100,
             headline="scale",
             # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five
-            # minutes on two cores, longer than the rest of the benchmark together.
-            skip_clients=("naive-gather",),
+            # minutes on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends
+            # several times that per call.
+            skip_clients=("naive-gather", "litellm-router"),
+        ),
+        *_window_scenarios(quick),
+    )
+
+
+def _window_calls(limit_per_min: float, cost_per_call: float, window_s: float) -> int:
+    """Calls that hold `_WINDOW_RUN_WINDOWS` windows of a server limit, each call costing ``cost_per_call``."""
+    return math.ceil(_WINDOW_RUN_WINDOWS * math.floor(limit_per_min * window_s / 60) / cost_per_call)
+
+
+def _window_scenarios(quick: bool) -> tuple[Scenario, ...]:
+    """The scenarios against the strict sliding-window server (module docstring)."""
+    window_s = _QUICK_WINDOW_S if quick else _WINDOW_S
+    common: dict[str, Any] = {
+        "concurrency": _CONCURRENCY,
+        "latency_s": _WINDOW_LATENCY_S,
+        "sizes": _SMALL_PROMPTS,
+        "server": "window",
+        "window_s": window_s,
+        "headline": "window",
+    }
+    undeclared: dict[str, Any] = {
+        **common,
+        "binding": "requests",
+        "calls": _window_calls(200, 1, window_s),
+        "rpm": 400,
+        "server_rpm": 200,
+    }
+    # Tokens a call costs as the servers meter them (prompts of this workload: 650 tokens at 4 characters a
+    # token, 860 at 3; answers 56 and 74): prompt + max_tokens (8,000) at arrival; prompt + answer at 3.
+    max_tokens_call = 650 + 8_000
+    ratio_call = 860 + 74
+    return (
+        Scenario(
+            name="window-requests",
+            binding="requests",
+            calls=_window_calls(300, 1, window_s),
+            rpm=300,
+            seed=201,
+            provider="openai",
+            **common,
+        ),
+        Scenario(name="window-undeclared", seed=202, provider="openai", **undeclared),
+        Scenario(
+            name="window-undeclared-retry-after",
+            seed=203,
+            provider="openai-compatible",
+            signal="retry-after",
+            **undeclared,
+        ),
+        Scenario(name="window-undeclared-both", seed=204, provider="openai", signal="both", **undeclared),
+        Scenario(name="window-undeclared-bare", seed=205, provider="deepseek", signal="bare", **undeclared),
+        Scenario(
+            name="window-undeclared-503", seed=206, provider="kimi", signal="overload-503", **undeclared
+        ),
+        Scenario(
+            name="window-tokens",
+            binding="tokens",
+            calls=_window_calls(1_200_000, max_tokens_call, window_s),
+            tpm=1_200_000,
+            seed=207,
+            provider="openai",
+            metering="max_tokens",
+            **common,
+        ),
+        Scenario(
+            name="window-tokens-ratio",
+            binding="tokens",
+            calls=_window_calls(280_000, ratio_call, window_s),
+            tpm=280_000,
+            seed=208,
+            provider="openai-compatible",
+            server_chars_per_token=3.0,
+            **common,
         ),
     )
 

@@ -1,13 +1,18 @@
-"""`rcarun bench throughput`: rcarun's runner beside two plain-asyncio peers, on one simulator, in one command.
+"""`rcarun bench throughput`: rcarun's runner beside its peers, on one server per scenario, in one command.
 
-For each scenario the simulator is started once in its own process (so the server has a core of its own) and
-every client runs the same workload against it in turn, each in a fresh subprocess (`rcarun.bench.client`) so
-that CPU time and peak RSS belong to that client alone. The server's counters are reset before each client and
-read after it: 429s and limit overshoot are what the server saw, not what a client says about itself.
+For each scenario its server — the simulator, or for the window scenarios the bench's strict sliding-window
+server (`rcarun.bench.window_server`) — is started once in its own process (so the server has a core of its
+own) and every client runs the same workload against it in turn, each in a fresh subprocess
+(`rcarun.bench.client`) so that CPU time and peak RSS belong to that client alone. The server's counters are
+reset before each client and read after it: 429s and limit overshoot are what the server saw, not what a client
+says about itself; against the window server every figure of the headline comes from its log of arrivals.
+A peer whose package is not installed (`rcarun.bench.clients.unavailable_reason`) is skipped with a one-line
+reason.
 
-Output: ``--json`` prints ``{"scenarios": [row, ...]}`` on stdout (one row per scenario × client, fields of
-`rcarun.bench.metrics.ResultRow`); ``--markdown`` prints the one table of docs/performance.md; otherwise a text
-table with, per scenario, rcarun's ratio to the ceiling relative to the best peer's. Progress goes to stderr.
+Output: ``--json`` prints ``{"scenarios": [row, ...], "skipped_clients": {client: reason}}`` on stdout (one row
+per scenario × client, fields of `rcarun.bench.metrics.ResultRow`); ``--markdown`` prints the one table of
+docs/performance.md; otherwise a text table with, per scenario, rcarun's ratio to the ceiling relative to the
+best peer's. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -21,13 +26,23 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 from rcarun.mock import MockProcess, MockStats
 
-from .clients import CLIENTS, PRICES
-from .metrics import ClientRun, ResultRow, allowance, allowance_used, nominal_ceiling_rps
+from .clients import CLIENTS, PRICES, unavailable_reason
+from .metrics import (
+    ClientRun,
+    ResultRow,
+    WindowFigures,
+    allowance,
+    allowance_used,
+    nominal_ceiling_rps,
+    window_figures,
+)
 from .scenarios import Scenario, scenarios
+from .window_server import WindowServerProcess
 from .workload import write_dataset
 
 __all__ = [
@@ -39,19 +54,55 @@ __all__ = [
     "result_row",
     "run_scenarios",
     "run_throughput",
+    "skipped_clients",
 ]
 
-CLIENT_ORDER = ("rcarun", "naive-gather", "aiolimiter-loop")
+CLIENT_ORDER = ("rcarun", "naive-gather", "aiolimiter-loop", "litellm-router")
 _CLIENT_TIMEOUT_S = 300.0
+# Against the window server a client that stalls for a window at a time may take several windows.
+_WINDOW_TIMEOUT_WINDOWS = 10
+
+
+class _Server(Protocol):
+    """What the bench needs of a server process: the simulator's `MockProcess` or a `WindowServerProcess`."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def stats(self) -> MockStats: ...
+
+    def __enter__(self) -> _Server: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+
+def _server(scenario: Scenario) -> _Server:
+    if scenario.server == "window":
+        return WindowServerProcess(scenario.window_config())
+    return MockProcess(scenario.mock_config())
+
+
+def skipped_clients(clients: Sequence[str] = CLIENT_ORDER) -> dict[str, str]:
+    """The clients that cannot run here, each with its one-line reason (their package is not installed)."""
+    reasons = {client: unavailable_reason(client) for client in clients}
+    return {client: reason for client, reason in reasons.items() if reason is not None}
 
 
 def _progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def _run_client(
-    scenario: Scenario, client: str, mock: MockProcess, dataset: Path, workdir: Path
-) -> ClientRun:
+def _run_client(scenario: Scenario, client: str, mock: _Server, dataset: Path, workdir: Path) -> ClientRun:
     command = [
         sys.executable,
         "-m",
@@ -69,13 +120,10 @@ def _run_client(
     # The child must import this very package, installed or not.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    completed = subprocess.run(
-        command,
-        capture_output=True,
-        env=env,
-        timeout=_CLIENT_TIMEOUT_S,
-        check=False,
-    )
+    timeout_s = _CLIENT_TIMEOUT_S
+    if scenario.server == "window":
+        timeout_s = max(timeout_s, _WINDOW_TIMEOUT_WINDOWS * scenario.window_s)
+    completed = subprocess.run(command, capture_output=True, env=env, timeout=timeout_s, check=False)
     if completed.returncode != 0:
         tail = completed.stderr.decode(errors="replace")[-4000:]
         raise RuntimeError(f"client {client} on {scenario.name} exited with {completed.returncode}:\n{tail}")
@@ -93,17 +141,30 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats) -> ResultRow:
-    """One report row from what the client measured and what the server counted."""
+def result_row(
+    scenario: Scenario,
+    client: str,
+    run: ClientRun,
+    stats: MockStats,
+    figures: WindowFigures | None = None,
+) -> ResultRow:
+    """One report row from what the client measured and what the server counted (with ``figures`` from the
+    window server's log in a window scenario)."""
     window = run.window
-    if scenario.tokens_per_s is not None:
-        ceiling = nominal_ceiling_rps(scenario, window.mean_tokens) if window.calls else 0.0
+    if figures is not None:
+        # Against the window server: the server's goodput, and the mean tokens it metered per acceptance.
+        mean_tokens = figures.mean_tokens
+        ceiling = nominal_ceiling_rps(scenario, mean_tokens) if mean_tokens or not scenario.tpm else 0.0
+        ratio = figures.goodput
     else:
-        ceiling = nominal_ceiling_rps(scenario)
-    # Under a binding limit, the level-corrected rate; otherwise the completions' slope (`rcarun.bench.metrics`).
-    used = allowance_used(window, allowance(scenario))
-    sloped = window.slope_rps / ceiling if ceiling else 0.0
-    ratio = used if used is not None else sloped
+        if scenario.tokens_per_s is not None:
+            ceiling = nominal_ceiling_rps(scenario, window.mean_tokens) if window.calls else 0.0
+        else:
+            ceiling = nominal_ceiling_rps(scenario)
+        # Under a binding limit, the level-corrected rate; otherwise the completions' slope (`metrics`).
+        used = allowance_used(window, allowance(scenario))
+        sloped = window.slope_rps / ceiling if ceiling else 0.0
+        ratio = used if used is not None else sloped
     overshoot = {
         "latency": max(stats.overshoot_requests, stats.overshoot_tokens),
         "slots": max(stats.overshoot_requests, stats.overshoot_tokens),
@@ -146,14 +207,36 @@ def result_row(scenario: Scenario, client: str, run: ClientRun, stats: MockStats
         server_accepted=stats.accepted,
         server_length_stops=stats.length_stops,
         client_429=run.retries_429,
+        server_503=stats.errors_5xx if figures is not None else 0,
+        **_window_fields(figures),
     )
+
+
+def _window_fields(figures: WindowFigures | None) -> dict[str, Any]:
+    if figures is None:
+        return {}
+    return {
+        "first_refusal_s": None if figures.first_refusal_s is None else round(figures.first_refusal_s, 2),
+        "refused_early": figures.refused_early,
+        "refused_late": figures.refused_late,
+        "late_refused_share": round(figures.late_refused_share, 4),
+        "recovery_s": None if figures.recovery_s is None else round(figures.recovery_s, 2),
+        "last_arrival_s": round(figures.last_arrival_s, 2),
+    }
 
 
 def run_throughput(
     quick: bool, clients: Sequence[str] = CLIENT_ORDER, names: Sequence[str] = (), repeats: int = 1
 ) -> list[ResultRow]:
-    """Run every scenario (or those in ``names``) for every client in ``clients``, ``repeats`` times each."""
-    chosen = [scenario for scenario in scenarios(quick) if not names or scenario.name in names]
+    """Run the simulator's scenarios (or those in ``names``; ``"window"`` names every window-server scenario) for
+    every client in ``clients``, ``repeats`` times each. The window scenarios are left out by default: at full
+    size they take over an hour, each of their runs holding two minutes of a provider's minute."""
+    chosen = [
+        scenario
+        for scenario in scenarios(quick)
+        if (scenario.name in names or ("window" in names and scenario.server == "window"))
+        or (not names and scenario.server == "simulator")
+    ]
     return run_scenarios(chosen, clients, repeats)
 
 
@@ -192,16 +275,19 @@ def run_scenarios(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     rows: list[ResultRow] = []
+    skipped = skipped_clients(clients)
+    for reason in skipped.values():
+        _progress(f"skipping {reason}")
     with tempfile.TemporaryDirectory(prefix="rcarun-bench-") as tmp:
         root = Path(tmp)
         for scenario in chosen:
             dataset = write_dataset(scenario, root / scenario.name / "dataset")
             _progress(f"{scenario.name}: {scenario.calls} items, concurrency {scenario.concurrency}")
-            taking_part = [c for c in clients if c not in scenario.skip_clients]
+            taking_part = [c for c in clients if c not in scenario.skip_clients and c not in skipped]
             runs: dict[str, list[ResultRow]] = {client: [] for client in taking_part}
             # large-scale is about memory and loop lag, not a race, and takes minutes a run: once is enough.
             rounds = 1 if scenario.headline == "scale" else repeats
-            with MockProcess(scenario.mock_config()) as mock:
+            with _server(scenario) as mock:
                 for round_index in range(rounds):
                     for client in round_order(taking_part, round_index):
                         workdir = root / scenario.name / f"{client}-{round_index}"
@@ -211,18 +297,27 @@ def run_scenarios(
     return rows
 
 
-def _measured_row(
-    scenario: Scenario, client: str, mock: MockProcess, dataset: Path, workdir: Path
-) -> ResultRow:
+def _measured_row(scenario: Scenario, client: str, mock: _Server, dataset: Path, workdir: Path) -> ResultRow:
     mock.reset()
     server_cpu_before = _cpu_s(mock.pid)
     run = _run_client(scenario, client, mock, dataset, workdir)
     server_cpu_s = _cpu_s(mock.pid) - server_cpu_before
     stats = mock.stats()
-    row = result_row(scenario, client, run, stats)
+    figures = None
+    if isinstance(mock, WindowServerProcess):
+        config = mock.config
+        by_tokens = scenario.binding == "tokens"
+        limit = config.tokens_per_window if by_tokens else config.requests_per_window
+        assert limit is not None, "a window scenario binds by a limit its server enforces"
+        figures = window_figures(
+            mock.arrivals(), limit_per_window=limit, window_s=config.window_s, by_tokens=by_tokens
+        )
+    row = result_row(scenario, client, run, stats, figures)
     _progress(
         f"  {client:<16} {row.achieved_rps:8.1f} req/s of {row.ceiling_rps:.1f} "
-        f"(ratio {row.ratio:.3f}), 429s {row.server_429}, {row.cpu_ms_per_call:.2f} ms CPU/call, "
+        f"(ratio {row.ratio:.3f}), 429s {row.server_429}"
+        + (f", 503s {row.server_503}" if row.server_503 else "")
+        + f", {row.cpu_ms_per_call:.2f} ms CPU/call, "
         f"wall {row.wall_s:.1f} s; server {server_cpu_s * 1000 / max(1, stats.requests_total):.2f} "
         "ms CPU/request"
         + (f", {run.failed} failed" if run.failed else "")
@@ -231,9 +326,9 @@ def _measured_row(
     return row
 
 
-def json_document(rows: Sequence[ResultRow]) -> dict[str, Any]:
-    """What ``--json`` prints: ``{"scenarios": [row, ...]}``."""
-    return {"scenarios": [row.to_json() for row in rows]}
+def json_document(rows: Sequence[ResultRow], skipped: dict[str, str] | None = None) -> dict[str, Any]:
+    """What ``--json`` prints: ``{"scenarios": [row, ...], "skipped_clients": {client: reason}}``."""
+    return {"scenarios": [row.to_json() for row in rows], "skipped_clients": dict(skipped or {})}
 
 
 def headline(row: ResultRow) -> str:
@@ -254,6 +349,13 @@ def headline(row: ResultRow) -> str:
             f"delay top decile / median {ratio} "
             f"({row.top_decile_delay_ms:.0f} / {row.median_delay_ms:.0f} ms)"
         )
+    if kind == "window":
+        recovery = "n/a" if row.recovery_s is None else f"{row.recovery_s:.1f} s"
+        first = "none" if row.first_refusal_s is None else f"first at {row.first_refusal_s:.1f} s"
+        return (
+            f"refusals {row.server_429 + row.server_503} ({first}; {row.refused_early} within W/2 of it, "
+            f"{row.refused_late} after = {row.late_refused_share:.1%}); back to 0.95 after {recovery}"
+        )
     if kind == "scale":
         return (
             f"{row.items:,} items; peak RSS {row.peak_rss_mb:.0f} MB; loop lag p50/p99/max "
@@ -271,27 +373,31 @@ def _best_peer(group: Sequence[ResultRow]) -> tuple[ResultRow | None, ResultRow 
 
 def format_table(rows: Sequence[ResultRow]) -> str:
     """The human-readable report: one line per client, and rcarun's ratio against the best peer's per scenario."""
+    width = max([15, *(len(row.name) for row in rows)])
     header = (
-        f"{'scenario':<15} {'client':<16} {'calls':>6} {'wall s':>7} {'req/s':>8} {'ceiling':>8} {'ratio':>6} "
-        f"{'429s':>6} {'overshoot':>9} {'CPU ms/call':>11} {'RSS MB':>7} {'recorded':>8}  scenario figures"
+        f"{'scenario':<{width}} {'client':<16} {'calls':>6} {'wall s':>7} {'req/s':>8} {'ceiling':>8} "
+        f"{'ratio':>6} {'429s':>6} {'overshoot':>9} {'CPU ms/call':>11} {'RSS MB':>7} {'recorded':>8}  "
+        "scenario figures"
     )
     lines = [header, "-" * len(header)]
     for name in dict.fromkeys(row.name for row in rows):
         group = [row for row in rows if row.name == name]
         for row in group:
             lines.append(
-                f"{row.name:<15} {row.client:<16} {row.calls:>6} {row.wall_s:>7.1f} {row.achieved_rps:>8.1f} "
-                f"{row.ceiling_rps:>8.1f} {row.ratio:>6.3f} {row.server_429:>6} {row.server_max_overshoot:>9.1f} "
-                f"{row.cpu_ms_per_call:>11.3f} {row.peak_rss_mb:>7.1f} {row.recorded_calls:>8}  {headline(row)}"
+                f"{row.name:<{width}} {row.client:<16} {row.calls:>6} {row.wall_s:>7.1f} "
+                f"{row.achieved_rps:>8.1f} {row.ceiling_rps:>8.1f} {row.ratio:>6.3f} {row.server_429:>6} "
+                f"{row.server_max_overshoot:>9.1f} {row.cpu_ms_per_call:>11.3f} {row.peak_rss_mb:>7.1f} "
+                f"{row.recorded_calls:>8}  {headline(row)}"
             )
             if row.runs > 1:
                 lines.append(
-                    f"{'':<15} {'':<16} the median of {row.runs} runs (ratio {row.ratio_min:.3f}–{row.ratio_max:.3f})"
+                    f"{'':<{width}} {'':<16} the median of {row.runs} runs "
+                    f"(ratio {row.ratio_min:.3f}–{row.ratio_max:.3f})"
                 )
         ours, best = _best_peer(group)
         if ours is not None and best is not None:
             relative = ours.ratio / best.ratio if best.ratio else float("inf")
-            lines.append(f"{'':<15} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
+            lines.append(f"{'':<{width}} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         lines.append("")
     return "\n".join(lines).rstrip()
 

@@ -2,8 +2,9 @@
 
 Every client must send the same requests. rcarun reads the dataset through its own runner; the peers get their
 bodies from `request_bodies`, which builds them with the same prompt builder (the all-at-once method) and the
-same request builder (`rcarun.backends.build_body` with the ``simulated`` preset) that rcarun's runner uses, so
-messages, ``max_tokens``, ``temperature`` and ``response_format`` are identical byte for byte. The simulator
+same request builder (`rcarun.backends.build_body` with the scenario's preset, ``simulated`` unless a window
+scenario names its provider) that rcarun's runner uses, so messages, the output budget, ``temperature`` and
+``response_format`` are identical byte for byte. The simulator
 answers deterministically at temperature 0, so completions (and the tokens charged) match across clients too.
 
 Texts are cut from one fixed pseudo-random word stream at seeded offsets: cheap to make (the dataset of the
@@ -138,12 +139,13 @@ def _all_at_once() -> AllAtOnce:
     return method
 
 
-def request_bodies(dataset: Path, base_url: str) -> Iterator[BenchRequest]:
-    """The request body of every trajectory in ``dataset``, in dataset order, as rcarun's runner sends it."""
+def request_bodies(dataset: Path, base_url: str, provider: str = "simulated") -> Iterator[BenchRequest]:
+    """The request body of every trajectory in ``dataset``, in dataset order, as rcarun's runner sends it to a
+    backbone with the preset ``provider`` (the scenario's: e.g. ``max_completion_tokens`` for "openai")."""
     method = _all_at_once()
     options = method.options
-    settings = BackendSettings(name="bench", provider="simulated", model=MODEL, base_urls=(base_url,))
-    preset = get_preset("simulated")
+    settings = BackendSettings(name="bench", provider=provider, model=MODEL, base_urls=(base_url,))
+    preset = get_preset(provider)
     llm = _PromptOnly()
     for record in iter_dataset(dataset):
         trajectory: Trajectory = record.trajectory

@@ -401,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_estimate_command(commands)
     add_methods_command(commands)
 
-    bench = commands.add_parser("bench", help="performance benchmarks against the simulator")
+    bench = commands.add_parser(
+        "bench", help="performance benchmarks against the simulator and a strict sliding-window server"
+    )
     bench.add_argument("suite", choices=["throughput"])
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument("--quick", action="store_true", help="smaller workloads (for smoke tests)")
@@ -410,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         action="append",
         metavar="NAME",
-        help="run only this scenario (repeatable; default: all)",
+        help="run only this scenario (repeatable; 'window': every window-server scenario; default: every "
+        "simulator scenario)",
     )
     bench.add_argument(
         "--repeats",

@@ -1,0 +1,769 @@
+"""A strict sliding-window rate-limit server of the bench's own: the outside measurement's server, in loopback.
+
+rcarun's simulator (`rcarun.mock`) enforces limits as token buckets with a 1-s burst, so the resets its
+``x-ratelimit-reset-*`` headers state are under a second. OpenAI counts requests and tokens per minute and
+states as the reset the time until the limit is back to its initial state: tens of seconds. An outside
+measurement against such a server found that one 429 stopped rcarun for about a minute (issue 17), which the
+simulator never showed. This server is written independently of the simulator (it shares only its stats
+record, `rcarun.mock.MockStats`, so that the bench reads both alike) and enforces exactly this:
+
+    an arrival is refused when the requests — or the tokens — accepted in the last ``window_s`` seconds,
+    this one included, would exceed the limit.
+
+Refused arrivals count against nothing. Limits are given per minute (``rpm``, ``tpm``), as clients are told them;
+the window admits ``rpm × window_s / 60`` requests (and the same share of ``tpm``), so a ``window_s`` below 60
+(the bench's ``--quick``) is the same rate in a shorter window, and the headers still state the per-minute
+limit while ``remaining`` and ``reset`` describe the shorter window.
+
+Tokens: a prompt costs ⌈characters / ``chars_per_token``⌉ per message + 4 per message (the simulator's and the
+aiolimiter peer's count at the default 4.0; another ratio, e.g. 3.0, is a provider whose tokenizer counts more
+than the client estimates). The charge at arrival (``metering``):
+    - "usage": prompt + the completion tokens the answer will have (what ``usage`` then reports);
+    - "max_tokens": prompt + the request's whole ``max_completion_tokens`` / ``max_tokens``, used or not, as
+      OpenAI meters it ("your rate limit is calculated as the maximum of max_tokens and the estimated number
+      of tokens based on the character count of your request", https://platform.openai.com/docs/guides/rate-limits).
+
+How a refusal is signalled (``signal``):
+    - "openai-headers": a 429 with ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` on every response,
+      200 and 429 alike, and no ``Retry-After``, as OpenAI documents them
+      (https://platform.openai.com/docs/guides/rate-limits): limit per minute, remaining now, and reset as the
+      time until the limit is back to its initial state — here until everything now counted has left the
+      window, tens of seconds — in OpenAI's Go-style durations ("59.87s", "1m2s", "200ms").
+    - "retry-after": a 429 with only ``Retry-After``: whole seconds until one more request would fit (RFC 9110
+      section 10.2.3); no x-ratelimit headers on any response.
+    - "both": the OpenAI headers on every response and ``Retry-After`` on a 429 (a provider that sends both).
+    - "bare": a 429 with no header at all, as DeepSeek answers ("429 Rate Limit Reached", no rate-limit
+      headers; https://api-docs.deepseek.com/quick_start/error_codes, the ``deepseek`` preset in
+      `rcarun.backends.presets`).
+    - "overload-503": a 503 whose body is ``{"error": {"type": "engine_overloaded_error", ...}}`` and no header,
+      as Kimi / Moonshot answer an overload (https://www.kimi.com/help/kimi-api/api-rate-limits; the ``kimi``
+      preset treats 503 as a rate-limit signal, after inspect_ai PR #4572).
+
+Every arrival is counted with its time (seconds since the first arrival after a reset), its status and the
+tokens metered for it: `GET /window/stats` returns the counters in `MockStats`' shape plus that list of
+arrivals, the ground truth of the measurement (`rcarun.bench.metrics.window_figures`). Answers are
+non-streaming chat completions (rcarun and every peer of the bench send ``stream`` absent): a JSON object
+filled from the request's ``response_format`` schema, or from the last fenced JSON schema in the prompt.
+
+    async with WindowServer(WindowConfig(rpm=300)) as server:     # in this event loop
+        ... server.base_url, server.stats(), server.arrivals(), server.reset()
+
+    with WindowServerProcess(WindowConfig(rpm=300)) as server:    # in a child process
+        ... the same, over HTTP
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import select
+import signal as signals
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from aiohttp import web
+
+from rcarun.mock import MockStats
+
+from .metrics import Arrival
+from .scenarios import SIGNALS, Metering, Signal
+
+__all__ = [
+    "Metering",
+    "Signal",
+    "SlidingWindow",
+    "WindowConfig",
+    "WindowServer",
+    "WindowServerProcess",
+    "answer_content",
+    "format_go_duration",
+    "main",
+    "prompt_tokens",
+]
+
+# Tokens a message costs beyond its text (as OpenAI's accounting and rcarun's simulator count).
+_MESSAGE_OVERHEAD_TOKENS = 4
+# The answer's free-text fields: long enough to be a realistic short explanation (about 50 tokens).
+_REASON = (
+    "The first step whose output contradicts the task is where the run went wrong; every later step builds "
+    "on that result, so the agent that produced it is responsible."
+)
+_FENCED_JSON = re.compile(r"```json\s*(.*?)```", re.DOTALL)
+_STDERR_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    """How the window server behaves.
+
+    Attributes:
+        rpm / tpm: requests and tokens per minute (None: no such limit).
+        window_s: the sliding window's length; it admits ``rpm × window_s / 60`` requests.
+        latency_s: the answer time of every accepted request.
+        metering: how a request's tokens are charged at arrival ("usage" or "max_tokens").
+        chars_per_token: characters per token, prompt and answer alike, as this server counts them.
+        signal: how a refusal is signalled (module docstring).
+        model: the model name answers report.
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    window_s: float = 60.0
+    latency_s: float = 0.05
+    metering: Metering = "usage"
+    chars_per_token: float = 4.0
+    signal: Signal = "openai-headers"
+    model: str = "window-bench"
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.latency_s < 0 or self.chars_per_token <= 0:
+            raise ValueError("window_s and chars_per_token must be positive and latency_s not negative")
+        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and value * self.window_s / 60 < 1:
+                raise ValueError(f"{name}={value} admits less than one per {self.window_s:g}-s window")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"unknown signal {self.signal!r}; known: {', '.join(SIGNALS)}")
+        if self.metering not in ("usage", "max_tokens"):
+            raise ValueError(f"unknown metering {self.metering!r}; known: usage, max_tokens")
+
+    @property
+    def requests_per_window(self) -> int | None:
+        return None if self.rpm is None else math.floor(self.rpm * self.window_s / 60)
+
+    @property
+    def tokens_per_window(self) -> int | None:
+        return None if self.tpm is None else math.floor(self.tpm * self.window_s / 60)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> WindowConfig:
+        return cls(**values)
+
+
+class SlidingWindow:
+    """Units accepted in the last ``window_s`` seconds (an event at ``now - window_s`` has left), against a
+    limit. Pure: every method takes the time, so tests drive it with any clock."""
+
+    __slots__ = ("_events", "_used", "limit", "window_s")
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._used = 0
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        events = self._events
+        while events and events[0][0] <= horizon:
+            self._used -= events.popleft()[1]
+
+    def used(self, now: float) -> int:
+        self._expire(now)
+        return self._used
+
+    def admits(self, now: float, units: int) -> bool:
+        """Whether ``units`` more, counted now, stay within the limit."""
+        return self.used(now) + units <= self.limit
+
+    def add(self, now: float, units: int) -> None:
+        self._expire(now)
+        self._events.append((now, units))
+        self._used += units
+
+    def remaining(self, now: float) -> int:
+        return max(0, self.limit - self.used(now))
+
+    def reset_s(self, now: float) -> float:
+        """Seconds until everything now counted has left the window (OpenAI's "initial state")."""
+        self._expire(now)
+        return self._events[-1][0] + self.window_s - now if self._events else 0.0
+
+    def wait_s(self, now: float, units: int) -> float:
+        """Seconds until ``units`` more would fit; ``window_s`` when they never can (above the limit)."""
+        if units > self.limit:
+            return self.window_s
+        self._expire(now)
+        excess = self._used + units - self.limit
+        if excess <= 0:
+            return 0.0
+        for at, size in self._events:
+            excess -= size
+            if excess <= 0:
+                return at + self.window_s - now
+        return self.window_s
+
+
+def format_go_duration(seconds: float) -> str:
+    """A duration as OpenAI writes its resets: "200ms", "59.87s", "1m2s", "1m0.5s" ("0s" for none)."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds <= 0:
+        return "0s"
+    if milliseconds < 1000:
+        return f"{milliseconds}ms"
+    minutes, rest_ms = divmod(milliseconds, 60_000)
+    secs = f"{rest_ms / 1000:.2f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def prompt_tokens(messages: Sequence[Mapping[str, Any]], chars_per_token: float) -> int:
+    """⌈characters / chars_per_token⌉ per message + 4 per message."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content) if content is not None else ""
+        total += math.ceil(len(text) / chars_per_token) + _MESSAGE_OVERHEAD_TOKENS
+    return total
+
+
+def _schema_of(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping):
+        json_schema = response_format.get("json_schema")
+        if isinstance(json_schema, Mapping) and isinstance(json_schema.get("schema"), Mapping):
+            schema: Mapping[str, Any] = json_schema["schema"]
+            return schema
+    # JSON mode (``{"type": "json_object"}``): the prompt carries the schema in a fenced block.
+    for message in reversed(body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for block in reversed(_FENCED_JSON.findall(content) if isinstance(content, str) else ()):
+            with contextlib.suppress(ValueError):
+                value = json.loads(block)
+                if isinstance(value, dict) and isinstance(value.get("properties"), dict):
+                    return value
+    return None
+
+
+def _value(schema: Mapping[str, Any]) -> Any:
+    """The simplest value that meets ``schema``: the first enum value, the minimum, the reason text."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: _value(sub) for name, sub in properties.items() if isinstance(sub, Mapping)}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    if kind == "boolean":
+        return False
+    return _REASON
+
+
+def answer_content(body: Mapping[str, Any]) -> str:
+    """The answer's text: the request's schema filled in, or a small JSON object without one."""
+    schema = _schema_of(body)
+    value = _value(schema) if schema is not None else {"reason": _REASON}
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _output_budget(body: Mapping[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests_total: int = 0
+    accepted: int = 0
+    rejected_429: int = 0
+    rejected_503: int = 0
+    rejected_by: dict[str, int] = field(default_factory=dict)
+    errors_4xx: int = 0
+    length_stops: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    accepted_prompt_tokens: int = 0
+    accepted_completion_tokens: int = 0
+
+
+class _BadRequest(Exception):
+    """A request answered with a 400 (never leaves this module)."""
+
+
+class WindowServer:
+    """The window server in this event loop (``async with``), on a free loopback port.
+
+    Args:
+        config: limits, window, latency, metering and signalling.
+        host: a loopback address.
+        port: 0 picks a free port.
+        clock: seconds on a monotonic clock; tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        config: WindowConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config if config is not None else WindowConfig()
+        self.host = host
+        self._requested_port = port
+        self._clock = clock
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        config = self.config
+        requests, tokens = config.requests_per_window, config.tokens_per_window
+        self._requests = None if requests is None else SlidingWindow(requests, config.window_s)
+        self._tokens = None if tokens is None else SlidingWindow(tokens, config.window_s)
+        self._counters = _Counters()
+        self._arrivals: list[Arrival] = []
+        self._first_arrival: float | None = None
+        self._reset_at = self._clock()
+        self._served = 0
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the window server is not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://HOST:PORT/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/window/stats", self._stats_view)
+        app.router.add_post("/window/reset", self._reset_view)
+        return app
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("the window server is already started")
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self._requested_port, backlog=2048)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        self._port = None
+
+    async def __aenter__(self) -> WindowServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # ---------------------------------------------------------------------------------------------- counts
+
+    def reset(self) -> None:
+        """Empty the windows and zero every counter and the arrival log."""
+        self._reset_state()
+
+    def arrivals(self) -> list[Arrival]:
+        """Every chat request since the reset, in arrival order (times from the first arrival)."""
+        return list(self._arrivals)
+
+    def stats(self) -> MockStats:
+        """The counters in the simulator's shape (what `rcarun.bench.throughput.result_row` reads).
+
+        ``rejected_429`` counts 429s only; a 503 ("overload-503") is in ``errors_5xx``. ``max_requests_60s`` /
+        ``max_tokens_60s`` are the most accepted in any window of ``window_s``; ``overshoot_requests`` /
+        ``overshoot_tokens`` the most that every arrival, refused ones included, asked for in any such window
+        beyond the limit (0: the client never asked for more than the window allows).
+        """
+        counters = self._counters
+        accepted = [a for a in self._arrivals if a.status == 200]
+        window_s = self.config.window_s
+        limits = self.config.requests_per_window, self.config.tokens_per_window
+        overshoot = {
+            name: max(0.0, _most_in_window(self._arrivals, window_s, by_tokens) - limit)
+            for name, limit, by_tokens in (("rpm", limits[0], False), ("tpm", limits[1], True))
+            if limit is not None
+        }
+        return MockStats(
+            elapsed_s=self._clock() - self._reset_at,
+            requests_total=counters.requests_total,
+            accepted=counters.accepted,
+            rejected_429=counters.rejected_429,
+            rejected_by=dict(counters.rejected_by),
+            errors_4xx=counters.errors_4xx,
+            errors_5xx=counters.rejected_503,
+            length_stops=counters.length_stops,
+            max_in_flight=counters.max_in_flight,
+            max_generating=counters.max_in_flight,
+            accepted_tokens=counters.accepted_prompt_tokens + counters.accepted_completion_tokens,
+            accepted_prompt_tokens=counters.accepted_prompt_tokens,
+            accepted_completion_tokens=counters.accepted_completion_tokens,
+            max_requests_60s=round(_most_in_window(accepted, window_s, by_tokens=False)),
+            max_tokens_60s=round(_most_in_window(accepted, window_s, by_tokens=True)),
+            overshoot_requests=overshoot.get("rpm", 0.0),
+            overshoot_tokens=overshoot.get("tpm", 0.0),
+            overshoot_by_limit=overshoot,
+        )
+
+    # ------------------------------------------------------------------------------------------------ HTTP
+
+    async def _stats_view(self, request: web.Request) -> web.Response:
+        values = self.stats().to_dict()
+        values["arrivals"] = [[a.at, a.status, a.tokens] for a in self._arrivals]
+        return web.json_response(values)
+
+    async def _reset_view(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"reset": True})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        counters = self._counters
+        try:
+            body = await request.json()
+            reply = self._answer(body)
+        except (ValueError, _BadRequest) as exc:
+            counters.errors_4xx += 1
+            return _error(400, str(exc) or "invalid JSON body", "invalid_request_error")
+        # Everything from the arrival's time to its admission runs without an await: one decision at a time.
+        now = self._clock()
+        counters.requests_total += 1
+        if self._first_arrival is None:
+            self._first_arrival = now
+        at = now - self._first_arrival
+        metered = reply.metered_tokens
+        refused_by = [
+            name
+            for name, window, units in (("rpm", self._requests, 1), ("tpm", self._tokens, metered))
+            if window is not None and not window.admits(now, units)
+        ]
+        if refused_by:
+            return self._refuse(now, at, metered, refused_by)
+        for window, units in ((self._requests, 1), (self._tokens, metered)):
+            if window is not None:
+                window.add(now, units)
+        self._arrivals.append(Arrival(at=at, status=200, tokens=metered))
+        counters.accepted += 1
+        counters.accepted_prompt_tokens += reply.prompt_tokens
+        counters.accepted_completion_tokens += reply.completion_tokens
+        counters.length_stops += reply.finish_reason == "length"
+        headers = self._limit_headers(now) if self.config.signal in ("openai-headers", "both") else {}
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        try:
+            if self.config.latency_s > 0:
+                await asyncio.sleep(self.config.latency_s)
+        finally:
+            counters.in_flight -= 1
+        self._served += 1
+        payload = {
+            "id": f"chatcmpl-window-{self._served}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.config.model),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.content},
+                    "finish_reason": reply.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            },
+        }
+        return web.json_response(payload, headers=headers)
+
+    def _answer(self, body: Any) -> _Reply:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise _BadRequest("the body must be a JSON object with a non-empty messages list")
+        if body.get("stream"):
+            raise _BadRequest("this server answers non-streaming requests only")
+        config = self.config
+        prompt = prompt_tokens(body["messages"], config.chars_per_token)
+        content = answer_content(body)
+        completion = math.ceil(len(content) / config.chars_per_token)
+        budget = _output_budget(body)
+        finish_reason = "stop"
+        if budget is not None and completion > budget:
+            completion = budget
+            content = content[: math.floor(budget * config.chars_per_token)]
+            finish_reason = "length"
+        charged_output = budget if config.metering == "max_tokens" and budget is not None else completion
+        return _Reply(content, finish_reason, prompt, completion, prompt + charged_output)
+
+    def _refuse(self, now: float, at: float, metered: int, refused_by: Sequence[str]) -> web.Response:
+        config = self.config
+        counters = self._counters
+        for name in refused_by:
+            counters.rejected_by[name] = counters.rejected_by.get(name, 0) + 1
+        if config.signal == "overload-503":
+            self._arrivals.append(Arrival(at=at, status=503, tokens=metered))
+            counters.rejected_503 += 1
+            return _error(
+                503,
+                "The engine is currently overloaded, please try again later",
+                "engine_overloaded_error",
+            )
+        self._arrivals.append(Arrival(at=at, status=429, tokens=metered))
+        counters.rejected_429 += 1
+        headers: dict[str, str] = {}
+        if config.signal in ("openai-headers", "both"):
+            headers.update(self._limit_headers(now))
+        if config.signal in ("retry-after", "both"):
+            waits = [
+                window.wait_s(now, units)
+                for window, units in ((self._requests, 1), (self._tokens, metered))
+                if window is not None
+            ]
+            headers["retry-after"] = str(max(1, math.ceil(max(waits, default=1.0))))
+        what = "tokens" if "tpm" in refused_by else "requests"
+        return _error(
+            429,
+            f"Rate limit reached for {what} per min on model {config.model}: please try again later.",
+            what,
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
+
+    def _limit_headers(self, now: float) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for suffix, window, per_minute in (
+            ("requests", self._requests, self.config.rpm),
+            ("tokens", self._tokens, self.config.tpm),
+        ):
+            if window is None:
+                continue
+            headers[f"x-ratelimit-limit-{suffix}"] = str(per_minute)
+            headers[f"x-ratelimit-remaining-{suffix}"] = str(window.remaining(now))
+            headers[f"x-ratelimit-reset-{suffix}"] = format_go_duration(window.reset_s(now))
+        return headers
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    content: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    metered_tokens: int
+
+
+def _error(
+    status: int, message: str, kind: str, *, code: str | None = None, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return web.json_response(body, status=status, headers=dict(headers or {}))
+
+
+def _most_in_window(arrivals: Sequence[Arrival], window_s: float, by_tokens: bool) -> float:
+    """The most requests (or tokens) among ``arrivals`` in any window of ``window_s`` ending at one of them."""
+    most = 0
+    total = 0
+    start = 0
+    for arrival in arrivals:
+        total += arrival.tokens if by_tokens else 1
+        while arrivals[start].at <= arrival.at - window_s:
+            total -= arrivals[start].tokens if by_tokens else 1
+            start += 1
+        most = max(most, total)
+    return float(most)
+
+
+# ----------------------------------------------------------------------------------------------- process
+
+
+class WindowServerProcess:
+    """The window server in a child process (``with``), so that it has a core of its own, as the simulator.
+
+    ``python -m rcarun.bench.window_server --config-json ... --port 0 --watch-stdin`` prints its address as
+    its first stdout line, ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``, and exits when
+    its stdin closes, so a parent that dies leaves no server behind.
+    """
+
+    def __init__(self, config: WindowConfig, *, startup_timeout_s: float = 20.0) -> None:
+        self.config = config
+        self.startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._base_url: str | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the window server process is not started")
+        return self._process.pid
+
+    @property
+    def base_url(self) -> str:
+        if self._base_url is None:
+            raise RuntimeError("the window server process is not started")
+        return self._base_url
+
+    def start(self) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "rcarun.bench.window_server",
+            "--port",
+            "0",
+            "--watch-stdin",
+            "--config-json",
+            json.dumps(self.config.to_dict(), separators=(",", ":")),
+        ]
+        env = dict(os.environ)
+        # The child must import this very package, installed or not.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child, closed in stop()
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
+        )
+        try:
+            assert self._process.stdout is not None
+            ready, _, _ = select.select([self._process.stdout], [], [], self.startup_timeout_s)
+            line = self._process.stdout.readline() if ready else b""
+            try:
+                announcement = json.loads(line)
+                self._base_url = str(announcement["base_url"])
+            except (ValueError, KeyError, TypeError):
+                raise RuntimeError(
+                    self._failure(f"did not announce its address (got {line[:200]!r})")
+                ) from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            if process.stdin is not None:
+                process.stdin.close()
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5.0)
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self._base_url = None
+
+    def stats(self) -> MockStats:
+        return MockStats.from_dict(self._call("GET", "/window/stats"))
+
+    def arrivals(self) -> list[Arrival]:
+        rows = self._call("GET", "/window/stats")["arrivals"]
+        return [Arrival(at=float(at), status=int(status), tokens=int(tokens)) for at, status, tokens in rows]
+
+    def reset(self) -> None:
+        self._call("POST", "/window/reset")
+
+    def __enter__(self) -> WindowServerProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _call(self, method: str, path: str) -> dict[str, Any]:
+        root = self.base_url.removesuffix("/v1")
+        request = urllib.request.Request(root + path, method=method, data=b"" if method == "POST" else None)
+        with urllib.request.urlopen(request, timeout=30.0) as response:
+            body: dict[str, Any] = json.loads(response.read())
+        return body
+
+    def _failure(self, what: str) -> str:
+        tail = ""
+        if self._stderr is not None:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace")[-_STDERR_TAIL_CHARS:]
+        return f"window server process {what}" + (f"; its stderr ends with:\n{tail}" if tail.strip() else "")
+
+
+async def _serve(config: WindowConfig, host: str, port: int, watch_stdin: bool) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signals.SIGINT, signals.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if watch_stdin:
+
+        def wait_for_stdin_eof() -> None:
+            while sys.stdin.buffer.read(65536):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_stdin_eof, name="window-server-stdin", daemon=True).start()
+    async with WindowServer(config, host=host, port=port) as server:
+        announcement = {
+            "event": "listening",
+            "base_url": server.base_url,
+            "port": server.port,
+            "pid": os.getpid(),
+        }
+        print(json.dumps(announcement), flush=True)
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rcarun.bench.window_server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one")
+    parser.add_argument("--config-json", default="{}", help="a JSON object of WindowConfig fields")
+    parser.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    args = parser.parse_args(argv)
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        parser.error("the window server listens on loopback only")
+    config = WindowConfig.from_dict(json.loads(args.config_json))
+    asyncio.run(_serve(config, args.host, args.port, args.watch_stdin))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
