@@ -13,12 +13,12 @@ above a bucket's capacity is admitted once that bucket is full and drives it neg
 admissions wait out. Hence, for weights within capacity, the admitted stream conforms: in every window of
 length ``w``, admitted amount <= rate * w + capacity.
 
-With ``window_s`` (the gate passes 60), the bucket refills at ``(limit - capacity) / window_s`` instead, a
-little below ``limit / 60``, so that in every window of that length at most ``limit`` is admitted: the limit
-as a provider with a strict sliding minute counts it. A bucket refilled at ``limit / 60`` admits ``limit +
-capacity`` in a minute that starts with a full bucket (the start of a sweep, or after a pause), and such a
-provider answers the last of them with a 429 (issue 17). It costs ``burst_s / 60`` of the rate (1.6 % at the
-gate's 0.95 s) and still holds against providers that meter shorter windows (the bucket's own burst). Limits may change while running (`set_limits`): a provider states a
+With ``window_s`` (the gate passes 60), each limit also keeps a log of what it admitted in the last
+``window_s`` seconds (`_WindowLog`), and admits nothing that would take a window of that length above the
+limit's share of it: the limit as a provider with a strict sliding minute counts it. A bucket alone admits
+``limit + capacity`` in a minute that starts with a full bucket (the start of a sweep, or after a pause), and
+such a provider answers the last of them with a 429 (issue 17). The bucket still paces within the window, at
+the full ``limit / 60``, so providers that meter shorter windows see no burst beyond it either. Limits may change while running (`set_limits`): a provider states a
 lower one, or the gate learns one from what the provider accepted before a 429.
 """
 
@@ -84,11 +84,11 @@ class _Bucket:
         "full_slack_s",
         "last_take",
         "level",
+        "log",
         "peaks",
         "per_minute",
         "rate_per_s",
         "updated_at",
-        "window_s",
     )
 
     def __init__(
@@ -101,9 +101,14 @@ class _Bucket:
         start_full: bool = True,
     ) -> None:
         self.burst_s = burst_s
-        self.window_s = window_s
         self.per_minute = per_minute
-        self.capacity, self.rate_per_s = _rates(per_minute, burst_s, window_s)
+        self.capacity = per_minute / 60.0 * burst_s
+        self.rate_per_s = per_minute / 60.0
+        # The log holds each admission a little past the window (``full_slack_s``, the arrival jitter): the
+        # provider dates it on arrival, which may come later than the admission.
+        self.log = (
+            _WindowLog(window_s, per_minute / 60.0 * window_s, full_slack_s) if window_s is not None else None
+        )
         self.level = self.capacity if start_full else 0.0
         self.updated_at: float | None = None
         # An oversized weight waits until the bucket has been full this long (see `wait_s`).
@@ -161,7 +166,10 @@ class _Bucket:
         The remembered peaks were levels on the old scale, so grants up to ``last_serial`` get no refund.
         """
         self.per_minute = per_minute
-        self.capacity, self.rate_per_s = _rates(per_minute, self.burst_s, self.window_s)
+        self.capacity = per_minute / 60.0 * self.burst_s
+        self.rate_per_s = per_minute / 60.0
+        if self.log is not None:
+            self.log.cap = per_minute / 60.0 * self.log.window_s
         self.level = min(self.level, self.capacity)
         self.peaks.clear()
         self.forgotten_before = last_serial + 1
@@ -189,13 +197,56 @@ class _Bucket:
             self.full_since = min(self.full_since, restored)
 
 
-def _rates(per_minute: float, burst_s: float, window_s: float | None) -> tuple[float, float]:
-    """(capacity, refill per second) of a bucket for ``per_minute``; with ``window_s``, one that admits at most
-    ``per_minute / 60 * window_s`` in any window of that length (module docstring)."""
-    capacity = per_minute / 60.0 * burst_s
-    if window_s is None:
-        return capacity, per_minute / 60.0
-    return capacity, (per_minute / 60.0 * window_s - capacity) / window_s
+class _WindowLog:
+    """What one limit admitted in the last ``window_s`` seconds, oldest first, and its sum.
+
+    Entries are ``[time, amount, serial]`` in admission (serial) order; a settlement changes its grant's amount
+    in place, so the log counts what the provider counted. Memory: one entry per admission in the window.
+    """
+
+    __slots__ = ("cap", "entries", "held_s", "total", "window_s")
+
+    def __init__(self, window_s: float, cap: float, slack_s: float = 0.0) -> None:
+        self.window_s = window_s
+        self.held_s = window_s + slack_s
+        self.cap = cap
+        self.entries: deque[list[float]] = deque()
+        self.total = 0.0
+
+    def expire(self, now: float) -> None:
+        horizon = now - self.held_s
+        entries = self.entries
+        while entries and entries[0][0] <= horizon:
+            self.total -= entries.popleft()[1]
+        if not entries:
+            self.total = 0.0  # no float drift left behind
+
+    def wait_s(self, weight: float, now: float) -> float:
+        """Seconds until ``weight`` fits in the window (call right after `expire`). A weight above the whole
+        cap fits an empty window."""
+        tolerance = _LEVEL_TOLERANCE * max(1.0, self.cap)
+        excess = self.total + min(weight, self.cap) - self.cap
+        if excess <= tolerance:
+            return 0.0
+        for at, amount, _ in self.entries:
+            excess -= amount
+            if excess <= tolerance:
+                return max(0.0, at + self.held_s - now)
+        return 0.0  # unreachable: the whole log expiring frees everything
+
+    def add(self, at: float, amount: float, serial: int) -> None:
+        self.entries.append([at, amount, float(serial)])
+        self.total += amount
+
+    def adjust(self, serial: int, delta: float) -> None:
+        """Change the amount of the admission ``serial`` by ``delta`` (never below 0); gone entries are ignored."""
+        entries = self.entries
+        index = bisect.bisect_left(entries, float(serial), key=lambda entry: entry[2])
+        if index < len(entries) and entries[index][2] == serial:
+            entry = entries[index]
+            change = max(-entry[1], delta)
+            entry[1] += change
+            self.total += change
 
 
 def _peak_serial(peak: tuple[int, float]) -> int:
@@ -344,6 +395,8 @@ class RateLimiter:
         if bucket is None or actual_tokens == grant.tokens:
             return
         bucket.refill(self._now())
+        if bucket.log is not None:
+            bucket.log.adjust(grant.serial, actual_tokens - grant.tokens)
         if actual_tokens < grant.tokens:
             bucket.refund(grant.tokens - actual_tokens, grant.serial)
             if self._waiting:
@@ -441,29 +494,32 @@ class RateLimiter:
 
     def _return_grant(self, grant: Grant) -> None:
         now = self._now()
-        if self._requests is not None:
-            self._requests.refill(now)
-            self._requests.refund(1, grant.serial)
-        if self._tokens is not None:
-            self._tokens.refill(now)
-            self._tokens.refund(grant.tokens, grant.serial)
+        for bucket, amount in ((self._requests, 1), (self._tokens, grant.tokens)):
+            if bucket is not None:
+                bucket.refill(now)
+                bucket.refund(amount, grant.serial)
+                if bucket.log is not None:
+                    bucket.log.adjust(grant.serial, -amount)
 
     def _wait_s(self, tokens: int, now: float) -> float:
         wait = max(0.0, self._paused_until - now)
-        if self._requests is not None:
-            self._requests.refill(now)
-            wait = max(wait, self._requests.wait_s(1))
-        if self._tokens is not None:
-            self._tokens.refill(now)
-            wait = max(wait, self._tokens.wait_s(tokens))
+        for bucket, weight in ((self._requests, 1), (self._tokens, tokens)):
+            if bucket is None:
+                continue
+            bucket.refill(now)
+            wait = max(wait, bucket.wait_s(weight))
+            if bucket.log is not None:
+                bucket.log.expire(now)
+                wait = max(wait, bucket.log.wait_s(weight, now))
         return wait
 
     def _take(self, tokens: int, now: float) -> Grant:
         self._serial += 1
-        if self._requests is not None:
-            self._requests.take(1, self._serial)
-        if self._tokens is not None:
-            self._tokens.take(tokens, self._serial)
+        for bucket, weight in ((self._requests, 1), (self._tokens, tokens)):
+            if bucket is not None:
+                bucket.take(weight, self._serial)
+                if bucket.log is not None:
+                    bucket.log.add(now, weight, self._serial)
         self._admitted += 1
         return Grant(tokens=tokens, admitted_at=now, serial=self._serial)
 
