@@ -29,7 +29,7 @@ def test_every_way_of_signalling_an_undeclared_limit_has_its_scenario_and_its_pr
         "openai-headers": "openai",
         "retry-after": "openai-compatible",
         "both": "openai",
-        "bare": "deepseek",
+        "bare": "openai-compatible",
         "overload-503": "kimi",
     }
     for scenario in undeclared.values():

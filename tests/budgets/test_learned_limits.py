@@ -331,3 +331,10 @@ def test_a_provider_that_meters_the_output_budget_is_detected_from_its_token_ref
     assert server.goodput(settled, 240.0) >= 0.95
     refused, total = server.refusals(settled, 240.0)
     assert refused < 0.02 * total
+
+
+def test_deepseeks_preset_reads_a_bare_429_as_concurrency_and_learns_no_rate_from_it() -> None:
+    from rcarun.backends import get_preset
+
+    assert get_preset("deepseek").refusals_count_a_window is False
+    assert get_preset("openai-compatible").refusals_count_a_window is True
