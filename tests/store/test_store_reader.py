@@ -73,6 +73,43 @@ async def test_finished_item_keys_are_predictions_and_done_or_failed_items(
     assert store.finished_item_keys(other_run) == {("bb-a", "all-at-once", "elsewhere", 0)}
 
 
+async def test_finished_items_are_counted_and_read_per_trajectory_by_the_same_rule(
+    db_path: Path, store: Store, run_id: int, make_prediction: RowMaker, make_item: RowMaker
+) -> None:
+    """Resume reads finished items one trajectory at a time from SQLite instead of holding every key."""
+    other_run = store.get_or_create_run("other", "{}")
+    async with StoreWriter(db_path) as writer:
+        writer.add_prediction(make_prediction(run_id, qid="q1"))  # prediction, no item row
+        writer.set_item(make_item(run_id, qid="q1", realization=1, status="done"))
+        writer.set_item(make_item(run_id, qid="q1", realization=2, status="failed", error="bad request"))
+        writer.set_item(make_item(run_id, qid="q1", realization=3, status="interrupted"))
+        writer.set_item(make_item(run_id, qid="q1", realization=4, status="skipped_budget"))
+        writer.set_item(make_item(run_id, qid="q1", realization=5, status="done"))
+        writer.add_prediction(make_prediction(run_id, qid="q1", realization=5))  # both: still one item
+        writer.set_item(make_item(run_id, qid="q2", status="done"))
+        writer.set_item(make_item(run_id, qid="q1", backbone="bb-b", status="done"))
+        writer.set_item(make_item(other_run, qid="q1", realization=7, status="done"))
+
+    assert store.finished_realizations(run_id, "bb-a", "all-at-once", "q1") == {0, 1, 2, 5}
+    assert store.finished_realizations(run_id, "bb-a", "all-at-once", "q1", include_failed=False) == {0, 1, 5}
+    assert store.finished_realizations(run_id, "bb-a", "all-at-once", "q2") == {0}
+    assert store.finished_realizations(run_id, "bb-a", "other-method", "q1") == frozenset()
+    assert store.finished_realizations(run_id, "bb-b", "all-at-once", "q1") == {0}
+    assert store.finished_realizations(other_run, "bb-a", "all-at-once", "q1") == {7}
+    assert [store.count_finished_items(run_id, name) for name in ("bb-a", "bb-b", "bb-c")] == [5, 1, 0]
+    assert store.count_finished_items(run_id, "bb-a", include_failed=False) == 4
+    # The same items as the one-set rule, key for key.
+    for include_failed in (True, False):
+        keys = store.finished_item_keys(run_id, include_failed=include_failed)
+        assert store.count_finished_items(run_id, "bb-a", include_failed=include_failed) == sum(
+            1 for key in keys if key[0] == "bb-a"
+        )
+        for backbone, method, qid in {key[:3] for key in keys}:
+            assert store.finished_realizations(
+                run_id, backbone, method, qid, include_failed=include_failed
+            ) == {key[3] for key in keys if key[:3] == (backbone, method, qid)}
+
+
 def _store_call(writer: StoreWriter, make_call: RowMaker, run_id: int, text: str, **fields: Any) -> None:
     text_sha = writer.put_blob(text.encode())
     writer.add_call(make_call(run_id, response_text_sha256=text_sha, **fields))

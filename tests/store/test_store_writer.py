@@ -104,6 +104,17 @@ async def test_recent_blob_memory_is_bounded(db_path: Path, run_id: int) -> None
     assert _count(db_path, "SELECT count(*) FROM blobs") == 3
 
 
+async def test_a_default_writer_remembers_a_bounded_number_of_blob_hashes(db_path: Path, run_id: int) -> None:
+    """A sweep enqueues a new blob or two per call: the hashes kept to skip repeats must not grow with it."""
+    async with StoreWriter(db_path, run_id, flush_interval_s=60.0) as writer:
+        for index in range(4_097):
+            writer.put_blob(b"blob %d" % index)
+        writer.put_blob(b"blob 1")  # among the last 4,096: remembered, not queued again
+        writer.put_blob(b"blob 0")  # the oldest: forgotten, queued again (stored once all the same)
+        assert writer.pending == 4_098
+    assert _count(db_path, "SELECT count(*) FROM blobs") == 4_097
+
+
 async def test_rows_commit_in_enqueue_order_across_batch_boundaries(
     db_path: Path, run_id: int, make_call: RowMaker, make_prediction: RowMaker, make_item: RowMaker
 ) -> None:
@@ -190,6 +201,23 @@ async def test_wait_for_room_bounds_the_queue_and_loses_nothing(
         # The producer outran the writer (so it had to wait), yet the queue never grew past its bound.
         assert high_water == 5
     assert _count(db_path, "SELECT count(*) FROM calls") == 100
+
+
+async def test_wait_for_room_bounds_the_blob_bytes_queued_too(db_path: Path, run_id: int) -> None:
+    """A row is small, a blob weighs what the prompt weighs: the queue's memory is bounded in bytes as well."""
+    async with StoreWriter(
+        db_path, run_id, max_queued_rows=1_000, max_queued_bytes=250, batch_size=2, flush_interval_s=0.0
+    ) as writer:
+        high_water = 0
+        for index in range(100):
+            await writer.wait_for_room()
+            writer.put_blob(b"%03d" % index + b"x" * 97)  # 100 bytes each
+            high_water = max(high_water, writer.queued_bytes)
+        # Room while under 250 bytes, so one more 100-byte blob at most: the writer was outrun and caught up.
+        assert high_water == 300
+    assert _count(db_path, "SELECT count(*) FROM blobs") == 100
+    assert _count(db_path, "SELECT sum(size) FROM blobs") == 10_000
+    assert writer.queued_bytes == 0
 
 
 async def test_a_failing_file_keeps_the_rows_retries_them_and_gives_up_only_at_close(

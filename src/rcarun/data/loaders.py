@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -202,6 +203,8 @@ def _check_policy(strict: bool, on_problem: ProblemHandler | None) -> None:
 def _deliver(
     outcomes: Iterable[_Loaded | DataError], strict: bool, on_problem: ProblemHandler | None
 ) -> Iterator[Record]:
+    # Every qid met, with where: a duplicate may come anywhere later and its message names the first. The one
+    # structure of a walk that grows with the dataset (about 200 bytes a trajectory), as finding duplicates needs.
     first_seen: dict[str, str] = {}
     for outcome in outcomes:
         if isinstance(outcome, _Loaded):
@@ -260,19 +263,25 @@ def _iter_layout(root: Path) -> Iterator[_Loaded | DataError]:
 
 def _iter_source_dir(directory: Path) -> Iterator[_Loaded | DataError]:
     source = directory.name
+    # The listing is held while the directory is read, so it holds names (about 60 bytes each), not Paths
+    # (about 350): a source of 100,000 files costs 6 MB instead of 35 MB, in every producer that walks it.
     try:
-        files = sorted(
-            (entry for entry in directory.iterdir() if entry.suffix == ".json" and entry.is_file()),
-            key=lambda entry: natural_sort_key(entry.name),
+        names = sorted(
+            (name for name in os.listdir(directory) if _is_json_file(directory, name)), key=natural_sort_key
         )
     except OSError as exc:
         yield DataError(f"cannot list directory: {exc.strerror or exc}", path=_shown(str(directory)))
         return
-    for file in files:
+    for name in names:
         try:
-            yield _load_file(file, source)
+            yield _load_file(directory / name, source)
         except DataError as problem:
             yield problem
+
+
+def _is_json_file(directory: Path, name: str) -> bool:
+    # As `Path.suffix` has it, ".json" alone is a hidden file's name, not a suffix.
+    return name.endswith(".json") and len(name) > len(".json") and (directory / name).is_file()
 
 
 def _load_file(path: Path, source: str) -> _Loaded:

@@ -167,13 +167,12 @@ def _iter_records(
     if manifest is None:
         yield from records
         return
+    # The listed records not met yet: shrinks as the dataset is read (no second set of the qids met).
     listed = manifest.by_qid()
-    seen: set[str] = set()
     for record in records:
-        entry = listed.get(record.trajectory.qid)
+        entry = listed.pop(record.trajectory.qid, None)
         if entry is None:
             continue
-        seen.add(entry.qid)
         if entry.sha256 != record.trajectory.sha256:
             on_problem(
                 DataError(
@@ -185,7 +184,7 @@ def _iter_records(
             continue
         yield record
     for entry in manifest.records:
-        if entry.qid not in seen:
+        if entry.qid in listed:
             on_problem(DataError("listed in the manifest but not in the dataset", record=entry.qid))
 
 
@@ -318,7 +317,6 @@ async def _run_sweep(
         )
         keeper.start()
         stop.on_exit(lambda: keeper.release(timeout_s=2.0) if keeper is not None else None)
-        finished = store.finished_item_keys(run_id, include_failed=not retry_failed)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
             per_backbone={
@@ -374,14 +372,16 @@ async def _run_sweep(
                 runtime.counters.items_total = (
                     entries * len(_methods_run_by(runtime.name, methods)) * config.sweep.realizations
                 )
-                runtime.counters.items_finished_before = sum(1 for key in finished if key[0] == runtime.name)
+                runtime.counters.items_finished_before = store.count_finished_items(
+                    run_id, runtime.name, include_failed=not retry_failed
+                )
             board = ProgressBoard(runtimes, enabled=show_progress)
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(board.run())
                     drivers = [
                         group.create_task(
-                            _drive_backbone(context, runtime, methods, finished, recorder, manifest)
+                            _drive_backbone(context, runtime, methods, recorder, manifest, retry_failed)
                         )
                         for runtime in runtimes.values()
                     ]
@@ -491,27 +491,36 @@ class _TrajectoryRecorder:
     """Stores each trajectory's row and each data problem once, whichever backbone's producer meets it first.
 
     Every producer walks the dataset on its own (so a slow backbone never holds back a fast one); this keeps the
-    walk single-pass: the trajectories table is filled as records are read, not by a separate pass.
+    walk single-pass: the trajectories table is filled as records are read, not by a separate pass. Every walk
+    meets the same records and problems in the same order (`iter_dataset` reads in a fixed order, a manifest
+    filters it the same way each time), so the recorder needs no memory of what it stored — a set of every qid
+    would grow with the dataset — only how far the furthest walk has come: a walk's n-th event (a record or a
+    problem) is stored when no walk has passed n yet.
     """
+
+    __slots__ = ("_context", "_furthest", "problems", "trajectories")
 
     def __init__(self, context: RunContext) -> None:
         self._context = context
-        self._seen: set[str] = set()
-        self._problems: set[str] = set()
+        # Events (records and problems) stored so far, in walk order: the furthest any walk has come.
+        self._furthest = 0
+        self.trajectories = 0
+        self.problems = 0
 
-    @property
-    def trajectories(self) -> int:
-        return len(self._seen)
+    def walk(self) -> _Walk:
+        """A new walk of the dataset (one per producer), at its start."""
+        return _Walk(self)
 
-    @property
-    def problems(self) -> int:
-        return len(self._problems)
+    def claim(self, position: int) -> bool:
+        """Whether a walk's event at ``position`` (1-based) is the first to get there, claiming it if so."""
+        if position <= self._furthest:
+            return False
+        self._furthest = position
+        return True
 
-    def record(self, record: Record) -> None:
+    def store_trajectory(self, record: Record) -> None:
+        self.trajectories += 1
         trajectory = record.trajectory
-        if trajectory.qid in self._seen:
-            return
-        self._seen.add(trajectory.qid)
         reference = record.reference
         self._context.writer.add_trajectory(
             TrajectoryRow(
@@ -526,21 +535,38 @@ class _TrajectoryRecorder:
             )
         )
 
-    def problem(self, error: DataError) -> None:
-        message = str(error)
-        if message in self._problems:
-            return
-        self._problems.add(message)
+    def store_problem(self, error: DataError) -> None:
+        self.problems += 1
         self._context.writer.add_event(
             EventRow(
                 run_id=self._context.run_id,
                 at=utc_timestamp(),
                 kind="data_problem",
                 detail_json=json.dumps(
-                    {"path": error.path, "record": error.record, "field": error.field, "message": message}
+                    {"path": error.path, "record": error.record, "field": error.field, "message": str(error)}
                 ),
             )
         )
+
+
+class _Walk:
+    """One producer's way through the dataset: how many records and problems it has met (its position)."""
+
+    __slots__ = ("_position", "_recorder")
+
+    def __init__(self, recorder: _TrajectoryRecorder) -> None:
+        self._recorder = recorder
+        self._position = 0
+
+    def record(self, record: Record) -> None:
+        self._position += 1
+        if self._recorder.claim(self._position):
+            self._recorder.store_trajectory(record)
+
+    def problem(self, error: DataError) -> None:
+        self._position += 1
+        if self._recorder.claim(self._position):
+            self._recorder.store_problem(error)
 
 
 def _build_runtimes(
@@ -603,9 +629,9 @@ async def _drive_backbone(
     context: RunContext,
     runtime: BackboneRuntime,
     methods: list[Method],
-    finished: set[tuple[str, str, str, int]],
     recorder: _TrajectoryRecorder,
     manifest: Manifest | None,
+    retry_failed: bool,
 ) -> None:
     workers = context.config.sweep.items_in_flight or _default_items_in_flight(
         runtime.config.limits.concurrency
@@ -613,10 +639,15 @@ async def _drive_backbone(
     queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
     methods = _methods_run_by(runtime.name, methods)
 
+    # Which items earlier sessions finished is asked of results.db one trajectory at a time (and only when
+    # there are any), never held for the whole run: a key per finished item would grow with the sweep.
+    resuming = runtime.counters.items_finished_before > 0
+
     async def produce() -> None:
-        records = _iter_records(context.config, manifest, recorder.problem)
+        walk = recorder.walk()
+        records = _iter_records(context.config, manifest, walk.problem)
         for walked, record in enumerate(itertools.islice(records, context.limit), start=1):
-            recorder.record(record)
+            walk.record(record)
             if walked % 64 == 0:
                 # Skipping finished items never awaits the queue; let the other backbones run meanwhile.
                 await asyncio.sleep(0)
@@ -624,8 +655,15 @@ async def _drive_backbone(
                 break
             qid = record.trajectory.qid
             for method in methods:
+                finished = (
+                    context.store.finished_realizations(
+                        context.run_id, runtime.name, method.label, qid, include_failed=not retry_failed
+                    )
+                    if resuming
+                    else frozenset()
+                )
                 for realization in range(context.config.sweep.realizations):
-                    if (runtime.name, method.label, qid, realization) in finished:
+                    if realization in finished:
                         continue
                     item = WorkItem(runtime.name, method.label, qid, realization)
                     await queue.put((item, method, record))

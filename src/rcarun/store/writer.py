@@ -24,9 +24,11 @@ Invariants (each has a test):
       are the rows still pending given up, and the error names how many answered calls they held.
     - Memory is bounded by backpressure: the enqueue methods are plain (non-blocking, never dropping) so they
       fit anywhere, including sync callbacks; producers ``await writer.wait_for_room()`` at their admission
-      point (e.g. before sending a call), which suspends while ``max_queued_rows`` entries are waiting. The
-      queue then never holds more than ``max_queued_rows`` plus what one producer enqueues between waits. While
-      writes are failing nobody waits for room: admission has stopped, so only work in flight adds rows.
+      point (e.g. before sending a call), which suspends while ``max_queued_rows`` entries or
+      ``max_queued_bytes`` of blob data are waiting. The queue then never holds more than those plus what one
+      producer enqueues between waits: a row is a few hundred bytes, a blob (a request or response body) as
+      much as the prompt, so both are bounded. While writes are failing nobody waits for room: admission has
+      stopped, so only work in flight adds rows.
     - Nothing waits forever on the writer: after a final failure every later call (enqueue, ``flush``,
       closing the ``async with``) raises `StoreError` naming the cause.
 """
@@ -327,9 +329,16 @@ class StoreWriter:
         run_id: when given, the run must exist and every row must belong to it (a guard against mixed runs).
         batch_size: most rows per transaction.
         flush_interval_s: longest a row waits in the queue for a batch to fill before it is committed (s).
-        max_queued_rows: queue size at which `wait_for_room` starts to wait.
+        max_queued_rows: queue size at which `wait_for_room` starts to wait. The writer falls behind a fast
+            sweep more as results.db grows, so the queue often sits at this bound: at about 600 bytes a row
+            (small prompts), 4,000 rows are 2.4 MB, still 8 batches ahead of the writer.
+        max_queued_bytes: blob data queued (request and response bodies, uncompressed) at which `wait_for_room`
+            starts to wait too, so that long prompts do not multiply the queue's memory.
         recent_blob_capacity: how many recently enqueued blob hashes are remembered so a repeated prompt is
-            not queued again (older repeats are still stored once, by INSERT OR IGNORE).
+            not queued again (older repeats are still stored once, by INSERT OR IGNORE). Each costs about
+            210 bytes and a sweep enqueues one or two new blobs per call, so this bounds the writer's memory;
+            the repeats worth catching are near each other (the realizations of a trajectory are queued side by
+            side and send the same request).
         busy_timeout_s: how long a write waits for another connection's write lock, in seconds.
         give_up_after_s: once closing, how long failing writes are still retried before the rows pending are
             given up (s).
@@ -344,14 +353,19 @@ class StoreWriter:
         *,
         batch_size: int = 500,
         flush_interval_s: float = 0.05,
-        max_queued_rows: int = 10_000,
-        recent_blob_capacity: int = 65_536,
+        max_queued_rows: int = 4_000,
+        max_queued_bytes: int = 8 * 2**20,
+        recent_blob_capacity: int = 4_096,
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         give_up_after_s: float = 10.0,
         on_trouble: Callable[[StoreError], None] | None = None,
     ) -> None:
-        if batch_size < 1 or max_queued_rows < 1 or flush_interval_s < 0 or recent_blob_capacity < 0:
-            raise ValueError("batch_size and max_queued_rows must be >= 1, the others >= 0")
+        if (
+            min(batch_size, max_queued_rows, max_queued_bytes) < 1
+            or flush_interval_s < 0
+            or recent_blob_capacity < 0
+        ):
+            raise ValueError("batch_size, max_queued_rows and max_queued_bytes must be >= 1, the others >= 0")
         if not give_up_after_s >= 0:
             raise ValueError(f"give_up_after_s must be >= 0, got {give_up_after_s}")
         self._path = Path(path)
@@ -359,16 +373,19 @@ class StoreWriter:
         self._batch_size = batch_size
         self._flush_interval_s = flush_interval_s
         self._max_queued_rows = max_queued_rows
+        self._max_queued_bytes = max_queued_bytes
         self._recent_blob_capacity = recent_blob_capacity
         self._busy_timeout_s = busy_timeout_s
         self._give_up_after_s = give_up_after_s
         self._on_trouble = on_trouble
         self._recent_blobs: OrderedDict[str, None] = OrderedDict()
         self._entries: deque[_Entry] = deque()
+        # Bytes of blob data in ``_entries``.
+        self._queued_bytes = 0
         # Rows taken off the queue and not committed yet, oldest first (more than one batch while writes fail).
         self._pending: list[_Row] = []
         # Both events are only touched from the loop's thread. _has_entries: the writer task may have work.
-        # _room: fewer than max_queued_rows entries wait (or writes fail, so nobody should wait).
+        # _room: the queue is below both its bounds (or writes fail, so nobody should wait).
         self._has_entries = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -435,6 +452,11 @@ class StoreWriter:
     def pending(self) -> int:
         """Entries queued and not yet taken into a batch."""
         return len(self._entries)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of blob data queued and not yet taken into a batch (what `max_queued_bytes` bounds)."""
+        return self._queued_bytes
 
     @property
     def uncommitted(self) -> int:
@@ -508,7 +530,8 @@ class StoreWriter:
         self._enqueue(row, run_id=row.run_id)
 
     async def wait_for_room(self) -> None:
-        """Return once fewer than ``max_queued_rows`` entries wait (at once, usually): the backpressure point.
+        """Return once the queue is below ``max_queued_rows`` entries and ``max_queued_bytes`` of blob data (at
+        once, usually): the backpressure point.
 
         While writes are failing it returns at once: the caller is about to find admission stopped.
 
@@ -516,7 +539,7 @@ class StoreWriter:
             StoreError: the writer failed for good.
         """
         self._raise_if_failed()
-        while len(self._entries) >= self._max_queued_rows and self._failure is None and self._trouble is None:
+        while self._full() and self._failure is None and self._trouble is None:
             self._room.clear()
             await self._room.wait()
         self._raise_if_failed()
@@ -557,11 +580,23 @@ class StoreWriter:
             raise StoreError(f"row for run {run_id} given to the writer of run {self._run_id}")
         self._push(entry)
 
+    def _full(self) -> bool:
+        return len(self._entries) >= self._max_queued_rows or self._queued_bytes >= self._max_queued_bytes
+
     def _push(self, entry: _Entry) -> None:
         self._entries.append(entry)
+        if isinstance(entry, _Blob):
+            self._queued_bytes += len(entry.data)
         self._has_entries.set()
-        if len(self._entries) >= self._max_queued_rows and self._trouble is None:
+        if self._trouble is None and self._full():
             self._room.clear()
+
+    def _pop(self) -> _Entry:
+        """The oldest queued entry, taken off the queue."""
+        entry = self._entries.popleft()
+        if isinstance(entry, _Blob):
+            self._queued_bytes -= len(entry.data)
+        return entry
 
     # -- the writer task ----------------------------------------------------------------------------------
 
@@ -579,8 +614,8 @@ class StoreWriter:
                     await self._has_entries.wait()
             except TimeoutError:
                 return None
-        entry = self._entries.popleft()
-        if len(self._entries) < self._max_queued_rows:
+        entry = self._pop()
+        if not self._full():
             self._room.set()
         return entry
 
@@ -594,7 +629,7 @@ class StoreWriter:
             if self._pending:
                 # Writes are failing: take everything queued (order kept behind the pending rows), then retry.
                 while self._entries and not stopping:
-                    queued = self._entries.popleft()
+                    queued = self._pop()
                     if isinstance(queued, _Stop):
                         stopping = True
                     elif isinstance(queued, _FlushRequest):
@@ -713,7 +748,7 @@ class StoreWriter:
             self._failure = failure
         # Nothing will consume the queue any more: release anyone waiting on a flush or for room.
         while self._entries:
-            entry = self._entries.popleft()
+            entry = self._pop()
             if isinstance(entry, _FlushRequest) and not entry.done.done():
                 entry.done.set_result(None)
         self._room.set()
