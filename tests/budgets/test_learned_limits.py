@@ -338,3 +338,29 @@ def test_deepseeks_preset_reads_a_bare_429_as_concurrency_and_learns_no_rate_fro
 
     assert get_preset("deepseek").refusals_count_a_window is False
     assert get_preset("openai-compatible").refusals_count_a_window is True
+
+
+def test_the_count_of_accepted_calls_is_kept_per_time_slot_not_per_call() -> None:
+    # 12,000 calls in 40 s (300 a second, settling out of order): the refusal learns their rate, and what the
+    # gate holds for it is a few hundred slot totals, not an entry per call, however fast the backbone goes.
+    gate = BackboneGate("b", BackboneLimits(concurrency=64, rpm=100_000.0), retry=RetryPolicy(jitter=0.0))
+
+    async def main() -> tuple[float | None, int]:
+        loop = asyncio.get_running_loop()
+        for step in range(400):
+            tickets = []
+            for _ in range(30):
+                context = gate.admit(10, 10)
+                tickets.append((context, await context.__aenter__()))
+            for context, ticket in reversed(tickets):
+                ticket.settle(Usage(prompt_tokens=10, completion_tokens=1))
+                await context.__aexit__(None, None, None)
+            await asyncio.sleep(0.1)
+            assert loop.time() == pytest.approx((step + 1) * 0.1)
+        held = len(gate._accepted)
+        gate.on_error(RateLimited("429"), 1)
+        return gate.learned_limits[0], held
+
+    learned, held = run_virtual(main)
+    assert learned == pytest.approx(12_000 * 60 / 40, rel=0.01)
+    assert held <= 241

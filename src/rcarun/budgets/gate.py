@@ -267,9 +267,12 @@ class BackboneGate:
             full_slack_s=2 * limits.arrival_jitter_s,
             window_s=limits.window_s,
         )
-        # What the provider accepted in the last window: (admission time, tokens used, tokens with the whole
-        # output budget), oldest first, with both sums, so the count follows whichever way tokens are metered.
-        self._accepted: deque[tuple[float, int, int]] = deque()
+        # What the provider accepted in the last window, summed per slot of window / _ACCEPTED_SLOTS seconds:
+        # [slot, calls, tokens used, tokens with the whole output budget], oldest first, with the three sums,
+        # so the count follows whichever way tokens are metered. Per slot, not per call: a fast backbone
+        # settles thousands of calls a window, and this holds at most _ACCEPTED_SLOTS + 1 entries.
+        self._accepted: deque[list[int]] = deque()
+        self._accepted_calls = 0
         self._accepted_used = 0
         self._accepted_budgeted = 0
         # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
@@ -463,7 +466,7 @@ class BackboneGate:
         if self._may_count(now):
             wait = error.retry_after_s
             if requests_out and (info is None or info.limit_requests is None):
-                counted_rpm = self._accepted_per_minute(float(len(self._accepted)), now, 1.0, wait)
+                counted_rpm = self._accepted_per_minute(float(self._accepted_calls), now, 1.0, wait)
             if tokens_out and (info is None or info.limit_tokens is None):
                 counted_tpm = self._accepted_per_minute(
                     float(self._accepted_tokens), now, self._mean_call_tokens, wait
@@ -575,11 +578,22 @@ class BackboneGate:
         now = self._now()
         if self._first_accepted_at is None:
             self._first_accepted_at = admitted_at
-        self._accepted.append((admitted_at, used_tokens, budgeted_tokens))
+        window = self.limits.window_s or 60.0
+        slot = math.floor(admitted_at * _ACCEPTED_SLOTS / window)
+        accepted = self._accepted
+        if accepted and accepted[-1][0] >= slot:
+            # Calls settle out of admission order: a late settler counts in the newest slot, so the log stays
+            # in slot order (it then leaves the window up to the call's own latency late).
+            newest = accepted[-1]
+            newest[1] += 1
+            newest[2] += used_tokens
+            newest[3] += budgeted_tokens
+        else:
+            accepted.append([slot, 1, used_tokens, budgeted_tokens])
+        self._accepted_calls += 1
         self._accepted_used += used_tokens
         self._accepted_budgeted += budgeted_tokens
         self._drop_old_accepted(now)
-        window = self.limits.window_s or 60.0
         if self._probing and now - self._last_refusal_at >= window:
             self._last_refusal_at = now  # one probe step per refusal-free window
             rpm, tpm = self.limiter.requests_per_minute, self.limiter.tokens_per_minute
@@ -592,10 +606,13 @@ class BackboneGate:
             self.limiter.set_limits(raised_rpm, raised_tpm)
 
     def _drop_old_accepted(self, now: float) -> None:
-        horizon = now - (self.limits.window_s or 60.0)
+        window = self.limits.window_s or 60.0
+        # A slot leaves once all of it is older than the window.
+        horizon = math.floor((now - window) * _ACCEPTED_SLOTS / window)
         accepted = self._accepted
         while accepted and accepted[0][0] < horizon:
-            _, used, budgeted = accepted.popleft()
+            _, calls, used, budgeted = accepted.popleft()
+            self._accepted_calls -= calls
             self._accepted_used -= used
             self._accepted_budgeted -= budgeted
 
@@ -705,6 +722,8 @@ _OUTPUT_HEADROOM = 1.25
 # A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
 # edges); below it, the provider meters something the backbone does not.
 _METERING_AGREES = 0.9
+# Slots per window in the log of accepted calls: a count off by at most one slot's calls (0.4 % of a window).
+_ACCEPTED_SLOTS = 240
 
 
 def _probe(current: float | None, declared: float | None) -> float | None:
