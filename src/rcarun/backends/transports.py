@@ -12,7 +12,6 @@ imported only when chosen because the SDK takes a noticeable time to import).
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import aiohttp
 
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
 from rcarun.errors import ConfigError, ConnectionFailed, TransportError
+from rcarun.jsonfast import dumps_compact
 from rcarun.text import repair_surrogates
 
 __all__ = [
@@ -155,7 +155,7 @@ class AiohttpTransport:
     async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
         session = self._session_for_loop()
         url = f"{base_url}/chat/completions"
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        data = dumps_compact(body)
         name = self._settings.name
         try:
             async with session.post(url, data=data, headers=self._request_headers()) as response:

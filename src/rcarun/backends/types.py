@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from rcarun.jsonfast import dumps_canonical
+
 __all__ = [
     "Backend",
     "ChatMessage",
@@ -88,6 +90,14 @@ class ChatRequest:
         Tool fields appear only when set, so a request without tools renders (and hashes, and is cached) exactly
         as it did before rcarun sent tools.
         """
+        return self.canonical_bytes().decode()
+
+    def canonical_bytes(self) -> bytes:
+        """`canonical_json` as UTF-8, the bytes hashed and stored (rendered by orjson: `rcarun.jsonfast`).
+
+        Raises:
+            UnicodeEncodeError: a text holds an unpaired surrogate (no UTF-8 can carry it).
+        """
         payload: dict[str, Any] = {
             "messages": [_canonical_message(m) for m in self.messages],
             "max_tokens": self.max_tokens,
@@ -101,10 +111,10 @@ class ChatRequest:
             payload["tools"] = list(self.tools)
         if self.tool_choice is not None:
             payload["tool_choice"] = self.tool_choice
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return dumps_canonical(payload)
 
     def sha256(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
 
 def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = ()) -> int:

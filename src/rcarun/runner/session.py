@@ -175,7 +175,7 @@ class ItemSession:
                     tools=wire_tools,
                     tool_choice=tool_choice,
                 )
-                request_json = request.canonical_json().encode()
+                request_json = request.canonical_bytes()
                 request_sha = hashlib.sha256(request_json).hexdigest()
                 key = call_cache_key(
                     backbone=runtime.name,
