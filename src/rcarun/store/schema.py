@@ -82,7 +82,7 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
     },
     "blobs": {
         "sha256": "hex SHA-256 of the uncompressed bytes",
-        "zlib_data": "the bytes, zlib-compressed",
+        "zlib_data": "the bytes, zlib-compressed (level 1 since issue 17, level 6 before; any level reads the same)",
         "size": "uncompressed length, bytes",
     },
     "predictions": {
