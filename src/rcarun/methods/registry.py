@@ -4,23 +4,30 @@
 options model: names, annotated types, defaults) and the stages it records calls under, for `rcarun methods`.
 It only looks: nothing is registered or changed, and the methods need declare nothing beyond what they already
 have (a factory annotated with the class it returns, whose ``__init__`` takes ``options: SomeOptions``).
+
+The built-in methods are imported on first use, not with the package: most of the import cost of a run is method
+modules it never calls (a sweep of ``all-at-once`` has no use for RCTA's or ECHO's). `BUILT_IN_METHODS` names the
+module that registers each, so their names are known (listed, refused as duplicates) before any is imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Method
 
 __all__ = [
+    "BUILT_IN_METHODS",
     "MethodDescription",
     "MethodFactory",
     "MethodOption",
@@ -36,12 +43,35 @@ MethodFactory = Callable[[str, Mapping[str, Any]], Method]
 _FactoryT = TypeVar("_FactoryT", bound=MethodFactory)
 _REGISTRY: dict[str, MethodFactory] = {}
 
+_RCTA = "rcarun.methods.rcta.method"
+BUILT_IN_METHODS: Mapping[str, str] = MappingProxyType(
+    {
+        "all-at-once": "rcarun.methods.all_at_once",
+        "binary-search": "rcarun.methods.binary_search",
+        "continual-search": "rcarun.methods.continual_search",
+        "echo": "rcarun.methods.echo.method",
+        "falat": "rcarun.methods.falat.method",
+        "judge-panel": "rcarun.methods.ensembles",
+        "passive-continuation": "rcarun.methods.continual_search",
+        "rcta": _RCTA,
+        "rcta/no-a1": _RCTA,
+        "rcta/no-a2": _RCTA,
+        "rcta/no-a3": _RCTA,
+        "rcta/no-a4": _RCTA,
+        "self-consistency": "rcarun.methods.ensembles",
+        "step-by-step": "rcarun.methods.step_by_step",
+    }
+)
+"""Built-in method name -> the module whose ``@method`` registers it, imported when the name is first needed."""
+
 
 def method(name: str) -> Callable[[_FactoryT], _FactoryT]:
     """Register a method factory under ``name`` (kebab-case, as written in sweep configs)."""
 
     def register(factory: _FactoryT) -> _FactoryT:
-        if name in _REGISTRY:
+        # A built-in name is taken even before its module is imported: only that module may register it.
+        owner = BUILT_IN_METHODS.get(name)
+        if name in _REGISTRY or (owner is not None and getattr(factory, "__module__", None) != owner):
             raise ValueError(f"method {name!r} registered twice")
         _REGISTRY[name] = factory
         return factory
@@ -50,13 +80,22 @@ def method(name: str) -> Callable[[_FactoryT], _FactoryT]:
 
 
 def registered_methods() -> tuple[str, ...]:
-    """Every registered method name, sorted."""
-    return tuple(sorted(_REGISTRY))
+    """Every registered method name, sorted (the built-in ones whether or not their modules are imported yet)."""
+    return tuple(sorted(_REGISTRY.keys() | BUILT_IN_METHODS.keys()))
+
+
+def _factory(name: str) -> MethodFactory | None:
+    """The factory registered as ``name``, importing the built-in module that registers it on first use."""
+    factory = _REGISTRY.get(name)
+    if factory is None and name in BUILT_IN_METHODS:
+        importlib.import_module(BUILT_IN_METHODS[name])
+        factory = _REGISTRY.get(name)
+    return factory
 
 
 def create_method(name: str, *, label: str | None = None, options: Mapping[str, Any] | None = None) -> Method:
     """Instantiate the method registered as ``name``; ``label`` tells conditions of one method apart in results.db."""
-    factory = _REGISTRY.get(name)
+    factory = _factory(name)
     if factory is None:
         known = ", ".join(registered_methods()) or "none"
         raise ConfigError(f"unknown method {name!r} (known: {known})")
@@ -121,7 +160,7 @@ def describe_method(name: str) -> MethodDescription:
 
 
 def _describe(name: str, seen: frozenset[str]) -> MethodDescription:
-    factory = _REGISTRY.get(name)
+    factory = _factory(name)
     if factory is None:
         known = ", ".join(registered_methods()) or "none"
         raise ConfigError(f"unknown method {name!r} (known: {known})")
@@ -230,7 +269,7 @@ def _stages(values: Mapping[str, Any], cls: type[Any] | None, seen: frozenset[st
     """A base method's stages, the module's ``STAGES``, then every ``stage`` / ``*_stage`` option's value."""
     found: list[str] = []
     base = values.get("base")
-    if isinstance(base, str) and base in _REGISTRY and base not in seen:
+    if isinstance(base, str) and base in registered_methods() and base not in seen:
         found.extend(_describe(base, seen).stages or ())
     module = sys.modules.get(cls.__module__) if cls is not None else None
     declared = getattr(module, "STAGES", None)
