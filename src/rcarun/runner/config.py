@@ -279,6 +279,10 @@ class StageConfig(_Strict):
         return self.max_tokens or requested
 
 
+# A stage the sweep does not configure (frozen, so one instance serves every call).
+_DEFAULT_STAGE = StageConfig()
+
+
 class MethodConfig(_Strict):
     name: str
     label: str | None = None
@@ -331,7 +335,7 @@ class SweepConfig(_Strict):
         return self
 
     def stage(self, name: str) -> StageConfig:
-        return self.stages.get(name) or StageConfig()
+        return self.stages.get(name) or _DEFAULT_STAGE
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
