@@ -38,6 +38,7 @@ from rcarun.runner import (
     narrow_sweep,
     run_sweep,
 )
+from rcarun.runner.loop import run as run_on_sweep_loop
 from rcarun.store import RunBusy, open_store
 
 __all__ = ["main"]
@@ -282,7 +283,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
         try:
-            outcome = asyncio.run(_demo(db, run, args))
+            outcome = run_on_sweep_loop(_demo(db, run, args))
         except RunBusy:
             raise
         except StoreError as exc:
@@ -297,7 +298,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
         try:
-            outcome = asyncio.run(_run_with_signals(config, db, run, args))
+            outcome = run_on_sweep_loop(_run_with_signals(config, db, run, args))
         except ConfigError as exc:  # found by the runner (dataset path, key variable): name the file too
             raise ConfigError(f"{args.config}: {exc}") from None
         except RunBusy:
@@ -345,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a sweep (no --config: the embedded simulated demo)",
         description="Run (or resume) a sweep: every method x backbone x trajectory x realization of the config, "
         "into results.db. Exit 0: every item has a prediction; 3: stopped early, resumable; 4: items failed "
-        "(--retry-failed); 130: cancelled; 2: config, data or results.db unusable.",
+        "(--retry-failed); 130: cancelled; 2: config, data or results.db unusable. Env RCARUN_EVENT_LOOP=uvloop "
+        "runs the sweep on uvloop (pip install 'rcarun[uvloop]').",
     )
     sweep.add_argument("--config", help="sweep TOML file")
     sweep.add_argument("--db", help=f"results database (env RCARUN_DB, default {_DEFAULT_DB})")
