@@ -151,6 +151,8 @@ class ClientOutcome:
         cost_usd: the client's own account of what it spent.
         peak_rss_mb: the process's peak when the client's own work ended, when the benchmark's bookkeeping
             after it would add to it (rcarun's calls read back); None: read it at the end.
+        cpu_done_s: the process's CPU clock (``time.process_time``) when the client's own work ended, for the
+            same reason; None: read it at the end.
     """
 
     completions: list[Completion] = field(default_factory=list)
@@ -164,6 +166,7 @@ class ClientOutcome:
     wasted_tokens: int = 0
     cost_usd: float = 0.0
     peak_rss_mb: float | None = None
+    cpu_done_s: float | None = None
 
 
 ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientOutcome]]
@@ -255,8 +258,10 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
         run_name=f"bench-{scenario.name}",
         show_progress=False,
     )
-    # The sweep's own peak, before the benchmark's bookkeeping below reads every call back.
-    outcome = ClientOutcome(items=scenario.calls, peak_rss_mb=peak_rss_mb_now())
+    # The sweep's own peak and CPU time, before the benchmark's bookkeeping below reads every call back.
+    outcome = ClientOutcome(
+        items=scenario.calls, peak_rss_mb=peak_rss_mb_now(), cpu_done_s=time.process_time()
+    )
     counters = sweep.counters["sim"]
     first_sent: dict[str, list[float]] = defaultdict(list)
     seen_items: set[tuple[str, int]] = set()

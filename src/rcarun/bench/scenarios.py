@@ -91,6 +91,7 @@ Metering = Literal["usage", "max_tokens"]
 
 SCENARIO_NAMES = (
     "latency-bound",
+    "latency-bound-contended",
     "requests-bound",
     "tokens-bound",
     "429-storm",
@@ -178,6 +179,8 @@ class Scenario:
         window_s / signal / metering / server_chars_per_token: the window server's window length, how it
             signals a refusal, how it charges tokens at arrival and its characters per prompt token.
         server_tpm: what the server enforces when it differs from the declared ``tpm``.
+        cpu_burners: processes that spin on the CPU for the whole of each client's run (each takes a core from
+            the client and the server: on a 2-core machine, one leaves them a core between them).
     """
 
     name: str
@@ -207,6 +210,7 @@ class Scenario:
     metering: Metering = "usage"
     server_chars_per_token: float = 4.0
     server_tpm: int | None = None
+    cpu_burners: int = 0
 
     @property
     def trajectories(self) -> int:
@@ -302,6 +306,18 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             latency_s=_LATENCY_BOUND_LATENCY_S,
             sizes=_SMALL_PROMPTS,
             seed=101,
+        ),
+        # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
+        # runner, another job) leaves a client. A client's CPU per call is what decides it.
+        Scenario(
+            name="latency-bound-contended",
+            binding="latency",
+            calls=320 if quick else 6_400,
+            concurrency=_LATENCY_BOUND_CONCURRENCY,
+            latency_s=_LATENCY_BOUND_LATENCY_S,
+            sizes=_SMALL_PROMPTS,
+            seed=101,
+            cpu_burners=1,
         ),
         Scenario(
             name="requests-bound",

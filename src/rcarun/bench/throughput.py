@@ -17,6 +17,7 @@ best peer's. Progress goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -61,6 +62,8 @@ CLIENT_ORDER = ("rcarun", "naive-gather", "aiolimiter-loop", "litellm-router")
 _CLIENT_TIMEOUT_S = 300.0
 # Against the window server a client that stalls for a window at a time may take several windows.
 _WINDOW_TIMEOUT_WINDOWS = 10
+# A CPU burner: a loop that never waits.
+_SPIN = "while True:\n    pass\n"
 
 
 class _Server(Protocol):
@@ -129,6 +132,21 @@ def _run_client(scenario: Scenario, client: str, mock: _Server, dataset: Path, w
         raise RuntimeError(f"client {client} on {scenario.name} exited with {completed.returncode}:\n{tail}")
     lines = [line for line in completed.stdout.decode().splitlines() if line.strip()]
     return ClientRun.from_json(json.loads(lines[-1]))
+
+
+@contextlib.contextmanager
+def _cpu_burners(count: int) -> Iterator[None]:
+    """``count`` processes spinning on the CPU (pure Python, never sleeping) while the block runs."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
 
 
 def _cpu_s(pid: int) -> float:
@@ -300,7 +318,8 @@ def run_scenarios(
 def _measured_row(scenario: Scenario, client: str, mock: _Server, dataset: Path, workdir: Path) -> ResultRow:
     mock.reset()
     server_cpu_before = _cpu_s(mock.pid)
-    run = _run_client(scenario, client, mock, dataset, workdir)
+    with _cpu_burners(scenario.cpu_burners):
+        run = _run_client(scenario, client, mock, dataset, workdir)
     server_cpu_s = _cpu_s(mock.pid) - server_cpu_before
     stats = mock.stats()
     figures = None

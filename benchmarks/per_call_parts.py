@@ -1,0 +1,110 @@
+"""The per-call parts issue 17 changed, each timed beside what it replaced, in one process.
+
+End-to-end CPU per call on this shared 2-core machine spreads over ±20 % from run to run (docs/performance.md,
+"CPU per call"), more than any one part's share, so each part is also timed alone: the best of several
+``timeit`` repeats, old and new interleaved. Usage:
+
+    .venv/bin/python benchmarks/per_call_parts.py
+
+Parts: rendering a request (the canonical JSON and the body sent: the standard library against
+`rcarun.jsonfast`), on the bench's small prompts and on a 350-KB prompt; compressing a stored blob (zlib level
+6 against 1) on a bench request body and on the bundled Who&When trajectories, with the sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import timeit
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import rcarun.data
+from rcarun import jsonfast
+
+
+def best_us(function: Callable[[], Any], number: int, repeat: int = 7) -> float:
+    """The best of ``repeat`` timings of ``number`` runs, in microseconds per run."""
+    return min(timeit.repeat(function, number=number, repeat=repeat)) / number * 1e6
+
+
+def _body(prompt_chars: int, rng: random.Random) -> dict[str, Any]:
+    words = ["the", "agent", "step", "file", "résultat", "→", "error", "search", "Coder", "Verifier"]
+    text = " ".join(rng.choice(words) for _ in range(prompt_chars // 6))[:prompt_chars]
+    schema = {
+        "type": "object",
+        "properties": {
+            "agent": {"type": "string", "enum": ["Planner", "Coder", "Computer_terminal", "Verifier"]},
+            "step": {"type": "integer", "minimum": 0},
+            "reason": {"type": "string"},
+        },
+        "required": ["agent", "step", "reason"],
+        "additionalProperties": False,
+    }
+    return {
+        "model": "sim-bench",
+        "messages": [
+            {"role": "system", "content": "You find the decisive error."},
+            {"role": "user", "content": text},
+        ],
+        "max_tokens": 512,
+        "temperature": 0.0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "attribution", "schema": schema}},
+    }
+
+
+def main() -> None:
+    rng = random.Random(17)
+    rows: list[tuple[str, float, float]] = []
+    for label, chars, number in (("bench prompt (800 chars)", 800, 20_000), ("350-KB prompt", 350_000, 50)):
+        body = _body(chars, rng)
+        rows.append(
+            (
+                f"render a request twice, {label}",
+                best_us(
+                    lambda body=body: (  # type: ignore[misc]
+                        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(),
+                        json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+                    ),
+                    number,
+                ),
+                best_us(
+                    lambda body=body: (jsonfast.dumps_canonical(body), jsonfast.dumps_compact(body)), number
+                ),
+            )
+        )
+    sample = sorted((Path(rcarun.data.__file__).parent / "samples" / "who_and_when").rglob("*.json"))
+    trajectories = [path.read_bytes() for path in sample]
+    bench_blob = json.dumps(_body(800, rng), ensure_ascii=False).encode()
+    rows.append(
+        (
+            f"compress a bench request body ({len(bench_blob):,} B)",
+            best_us(lambda: zlib.compress(bench_blob, 6), 5_000),
+            best_us(lambda: zlib.compress(bench_blob, 1), 5_000),
+        )
+    )
+    average = sum(map(len, trajectories)) // len(trajectories)
+    rows.append(
+        (
+            f"compress each bundled Who&When file ({len(trajectories)}, {average:,} B on average)",
+            best_us(lambda: [zlib.compress(blob, 6) for blob in trajectories], 20) / len(trajectories),
+            best_us(lambda: [zlib.compress(blob, 1) for blob in trajectories], 20) / len(trajectories),
+        )
+    )
+    sizes = [
+        (len(zlib.compress(blob, 6)), len(zlib.compress(blob, 1)), len(blob))
+        for blob in [bench_blob, *trajectories]
+    ]
+    print(f"{'part':<58} {'before us':>10} {'after us':>10} {'after/before':>13}")
+    for name, before, after in rows:
+        print(f"{name:<58} {before:>10.1f} {after:>10.1f} {after / before:>13.3f}")
+    level6, level1, raw = (sum(column) for column in zip(*sizes, strict=True))
+    print(
+        f"compressed size of those blobs: level 6 {level6 / raw:.3f} of the bytes, level 1 {level1 / raw:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Where rcarun's CPU goes per call: the bench's latency-bound scenario, rcarun's client, under a profiler.
+
+Runs `rcarun bench throughput`'s latency-bound workload (6,400 calls, 64 in flight, 100 ms simulated latency,
+the simulator in its own process) through rcarun's real runner once, in this process, as the bench's client
+does (`rcarun.bench.client.measure`), and prints the CPU time per call and the profile. The CPU figure is of an
+unprofiled run first (a profiler adds its own cost), then the profile of a second run. Usage:
+
+    .venv/bin/python benchmarks/profile_calls.py                 # CPU/call, then pyinstrument's tree
+    .venv/bin/python benchmarks/profile_calls.py --cprofile 25   # cProfile's 25 costliest functions (own time)
+    .venv/bin/python benchmarks/profile_calls.py --no-profile    # CPU/call only
+    .venv/bin/python benchmarks/profile_calls.py --calls 20000   # a longer run (start-up weighs less)
+
+pyinstrument (sampling, wall and CPU of the main thread) and cProfile (deterministic, every function) are both
+available: pyinstrument shows where a call's path spends, cProfile which functions cost most by their own time.
+Neither sees the store writer's thread; its share is the CPU figure minus the main thread's (printed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import os
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+from rcarun.bench.client import measure
+from rcarun.bench.scenarios import get_scenario
+from rcarun.bench.throughput import _server
+from rcarun.bench.workload import write_dataset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=None, help="calls in the run (default: the scenario's)")
+    parser.add_argument(
+        "--cprofile", type=int, metavar="N", default=0, help="cProfile's N costliest functions"
+    )
+    parser.add_argument("--no-profile", action="store_true", help="only the CPU time per call")
+    parser.add_argument("--pin", action="store_true", help="the server on CPU 0, this process on CPU 1")
+    args = parser.parse_args()
+    scenario = get_scenario("latency-bound", quick=False)
+    if args.calls is not None:
+        scenario = dataclasses.replace(scenario, calls=args.calls)
+    with tempfile.TemporaryDirectory(prefix="rcarun-profile-") as tmp:
+        root = Path(tmp)
+        dataset = write_dataset(scenario, root / "dataset")
+        with _server(scenario) as server:
+            if args.pin:
+                # The server on one core, this client (main and writer threads) on the other: less noise.
+                os.sched_setaffinity(server.pid, {0})
+                os.sched_setaffinity(0, {1})
+            for attempt in range(1 if args.no_profile else 2):
+                workdir = root / f"run-{attempt}"
+                workdir.mkdir()
+                server.reset()
+                if attempt == 0:
+                    thread_started = time.thread_time()
+                    run = measure(scenario, "rcarun", server.base_url, dataset, workdir)
+                    main_thread_s = time.thread_time() - thread_started
+                    print(
+                        f"{run.calls} calls, ratio {run.calls / run.wall_s / (scenario.concurrency / scenario.latency_s):.3f} "
+                        f"of the ceiling over the whole run, CPU {run.cpu_s * 1000 / run.calls:.3f} ms/call "
+                        f"(main thread {main_thread_s * 1000 / run.calls:.3f}), wall {run.wall_s:.1f} s"
+                    )
+                    continue
+                if args.cprofile:
+                    profile = cProfile.Profile()
+                    profile.enable()
+                    measure(scenario, "rcarun", server.base_url, dataset, workdir)
+                    profile.disable()
+                    out = io.StringIO()
+                    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.cprofile)
+                    print(out.getvalue())
+                else:
+                    from pyinstrument import Profiler
+
+                    profiler = Profiler(interval=0.0005, async_mode="disabled")
+                    profiler.start()
+                    measure(scenario, "rcarun", server.base_url, dataset, workdir)
+                    profiler.stop()
+                    print(
+                        profiler.output_text(
+                            unicode=False, color=False, show_all=False, time="percent_of_total"
+                        )
+                    )
+
+
+if __name__ == "__main__":
+    main()
