@@ -9,6 +9,7 @@ unprofiled run first (a profiler adds its own cost), then the profile of a secon
     .venv/bin/python benchmarks/profile_calls.py --cprofile 25   # cProfile's 25 costliest functions (own time)
     .venv/bin/python benchmarks/profile_calls.py --no-profile    # CPU/call only
     .venv/bin/python benchmarks/profile_calls.py --calls 20000   # a longer run (start-up weighs less)
+    .venv/bin/python benchmarks/profile_calls.py --pin           # the simulator on CPU 0, the client on CPU 1
 
 pyinstrument (sampling, wall and CPU of the main thread) and cProfile (deterministic, every function) are both
 available: pyinstrument shows where a call's path spends, cProfile which functions cost most by their own time.
@@ -76,7 +77,13 @@ def main() -> None:
                     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.cprofile)
                     print(out.getvalue())
                 else:
-                    from pyinstrument import Profiler
+                    try:
+                        from pyinstrument import Profiler
+                    except ImportError:
+                        raise SystemExit(
+                            "profile_calls.py: pyinstrument is not installed (pip install -e '.[bench]'), "
+                            "or use --cprofile N"
+                        ) from None
 
                     profiler = Profiler(interval=0.0005, async_mode="disabled")
                     profiler.start()
