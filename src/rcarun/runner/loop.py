@@ -57,7 +57,8 @@ def loop_factory(choice: str | None = None) -> Callable[[], asyncio.AbstractEven
             f"{EVENT_LOOP_ENV}=uvloop but uvloop cannot be imported ({exc}); install it "
             f"(pip install 'rcarun[uvloop]') or unset {EVENT_LOOP_ENV}"
         ) from None
-    return uvloop.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def run(main: Coroutine[Any, Any, _T], *, choice: str | None = None) -> _T:
