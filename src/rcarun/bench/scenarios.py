@@ -297,28 +297,20 @@ _HEAVIER_TAILED_PROMPTS = PromptSizes(kind="lognormal", low=200, high=60_000, me
 def scenarios(quick: bool) -> tuple[Scenario, ...]:
     """Every scenario: about 10 s of work per client at the ceiling (the storm 25 s, large-scale about 100 s),
     or about a second with ``quick``."""
+    latency_bound = Scenario(
+        name="latency-bound",
+        binding="latency",
+        calls=320 if quick else 6_400,
+        concurrency=_LATENCY_BOUND_CONCURRENCY,
+        latency_s=_LATENCY_BOUND_LATENCY_S,
+        sizes=_SMALL_PROMPTS,
+        seed=101,
+    )
     return (
-        Scenario(
-            name="latency-bound",
-            binding="latency",
-            calls=320 if quick else 6_400,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=101,
-        ),
+        latency_bound,
         # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
         # runner, another job) leaves a client. A client's CPU per call is what decides it.
-        Scenario(
-            name="latency-bound-contended",
-            binding="latency",
-            calls=320 if quick else 6_400,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=101,
-            cpu_burners=1,
-        ),
+        dataclasses.replace(latency_bound, name="latency-bound-contended", cpu_burners=1),
         Scenario(
             name="requests-bound",
             binding="requests",
