@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rcarun.bench.client import measure
 from rcarun.bench.scenarios import get_scenario
-from rcarun.bench.throughput import _server
+from rcarun.bench.throughput import scenario_server
 from rcarun.bench.workload import write_dataset
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rcarun-profile-") as tmp:
         root = Path(tmp)
         dataset = write_dataset(scenario, root / "dataset")
-        with _server(scenario) as server:
+        with scenario_server(scenario) as server:
             if args.pin:
                 # The server on one core, this client (main and writer threads) on the other: less noise.
                 os.sched_setaffinity(server.pid, {0})

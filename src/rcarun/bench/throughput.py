@@ -55,6 +55,7 @@ __all__ = [
     "result_row",
     "run_scenarios",
     "run_throughput",
+    "scenario_server",
     "skipped_clients",
 ]
 
@@ -89,7 +90,8 @@ class _Server(Protocol):
     ) -> None: ...
 
 
-def _server(scenario: Scenario) -> _Server:
+def scenario_server(scenario: Scenario) -> _Server:
+    """The scenario's server, not yet started: use it as a context manager (it runs in a process of its own)."""
     if scenario.server == "window":
         return WindowServerProcess(scenario.window_config())
     return MockProcess(scenario.mock_config())
@@ -305,7 +307,7 @@ def run_scenarios(
             runs: dict[str, list[ResultRow]] = {client: [] for client in taking_part}
             # large-scale is about memory and loop lag, not a race, and takes minutes a run: once is enough.
             rounds = 1 if scenario.headline == "scale" else repeats
-            with _server(scenario) as mock:
+            with scenario_server(scenario) as mock:
                 for round_index in range(rounds):
                     for client in round_order(taking_part, round_index):
                         workdir = root / scenario.name / f"{client}-{round_index}"

@@ -526,15 +526,10 @@ class BackboneGate:
 
     def _lower_to(self, rpm: float | None, tpm: float | None, *, probe: bool) -> bool:
         """Pace to these limits where they are lower than today's (or where nothing is paced); True if any was."""
-        current_rpm, current_tpm = self.limiter.requests_per_minute, self.limiter.tokens_per_minute
-        new_rpm = rpm if rpm is not None and (current_rpm is None or rpm < current_rpm) else None
-        new_tpm = tpm if tpm is not None and (current_tpm is None or tpm < current_tpm) else None
+        lowered = self.limiter.lower_limits(rpm, tpm, set_unpaced=True)
         if probe:
-            if new_rpm is not None:
-                self._probing.add("requests")
-            if new_tpm is not None:
-                self._probing.add("tokens")
-        return self.limiter.set_limits(new_rpm, new_tpm)
+            self._probing |= lowered
+        return bool(lowered)
 
     def _may_count(self, now: float) -> bool:
         """Whether a refusal may set a limit from counts now: where refusals mean a per-minute limit, and once

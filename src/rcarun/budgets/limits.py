@@ -18,8 +18,9 @@ With ``window_s`` (the gate passes 60), each limit also keeps a log of what it a
 limit's share of it: the limit as a provider with a strict sliding minute counts it. A bucket alone admits
 ``limit + capacity`` in a minute that starts with a full bucket (the start of a sweep, or after a pause), and
 such a provider answers the last of them with a 429 (issue 17). The bucket still paces within the window, at
-the full ``limit / 60``, so providers that meter shorter windows see no burst beyond it either. Limits may change while running (`set_limits`): a provider states a
-lower one, or the gate learns one from what the provider accepted before a 429.
+the full ``limit / 60``, so providers that meter shorter windows see no burst beyond it either. Limits may
+change while running (`set_limits`, `lower_limits`): a provider states a lower one, or the gate learns one from
+what the provider accepted before a 429.
 """
 
 from __future__ import annotations
@@ -421,25 +422,33 @@ class RateLimiter:
         """The token limit paced to now, None when tokens are unlimited."""
         return self._tokens.per_minute if self._tokens is not None else None
 
-    def lower_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> bool:
-        """Pace to lower limits from now on (a provider reported them); a limit at or above the current one, or
-        None, or a limit on something this limiter does not pace, changes nothing. Returns True when a rate was
-        lowered."""
-        lower_requests = (
-            requests_per_minute
-            if self._requests is not None
-            and requests_per_minute is not None
-            and 0 < requests_per_minute < self._requests.per_minute
-            else None
-        )
-        lower_tokens = (
-            tokens_per_minute
-            if self._tokens is not None
-            and tokens_per_minute is not None
-            and 0 < tokens_per_minute < self._tokens.per_minute
-            else None
-        )
-        return self.set_limits(lower_requests, lower_tokens)
+    def lower_limits(
+        self,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        *,
+        set_unpaced: bool = False,
+    ) -> frozenset[str]:
+        """Pace to lower limits from now on (a provider reported them, or a refusal taught them).
+
+        A limit at or above the current one, or None, changes nothing; so does a limit on something this
+        limiter does not pace, unless ``set_unpaced`` (then it is paced from now on, from an empty bucket: see
+        `set_limits`). Returns the kinds lowered or set ("requests", "tokens"), empty when nothing changed.
+        """
+        changed: list[str] = []
+        limits: dict[str, float | None] = {}
+        for kind, limit, bucket in (
+            ("requests", requests_per_minute, self._requests),
+            ("tokens", tokens_per_minute, self._tokens),
+        ):
+            lowers = limit is not None and (
+                (bucket is None and set_unpaced) or (bucket is not None and 0 < limit < bucket.per_minute)
+            )
+            limits[kind] = limit if lowers else None
+            if lowers:
+                changed.append(kind)
+        self.set_limits(limits["requests"], limits["tokens"])
+        return frozenset(changed)
 
     def drain(self, *, requests: bool, tokens: bool) -> None:
         """Empty the named buckets (debt stays): the provider refused, so its own window is full now."""
