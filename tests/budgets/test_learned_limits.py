@@ -115,7 +115,11 @@ def test_an_undeclared_lower_limit_is_back_at_full_allowance_within_30_s_of_the_
     # The window the server filled before its first refusal must drain whatever any client does: the server
     # accepts nothing until the first minute's arrivals leave it. Measured from then on:
     settled = max(first, server.log[0][0] + _WINDOW_S) + 30.0
-    assert server.goodput(settled, 300.0) >= 0.95
+    # Over whole windows: the client sends again what leaves the server's window as fast as it leaves, so each
+    # minute repeats the first one's shape (a burst at the declared pace, then quiet), full in every window.
+    end = settled + 3 * _WINDOW_S
+    assert server.goodput(settled, end) >= 0.95
+    assert server.busiest_minute() <= 200
     refused, total = server.refusals(settled, 300.0)
     assert refused < 0.02 * total
     assert gate.learned_limits[0] is not None and gate.learned_limits[0] <= 400.0
@@ -265,6 +269,50 @@ def test_repeated_bare_refusals_lower_a_learned_limit_at_most_once_a_window() ->
     rpm, _ = _accept_then_refuse(gate, RateLimited("429"))
     # 120 accepted in the last minute; twenty refusals in two seconds do not lower it twenty times.
     assert rpm == pytest.approx(120.0, rel=0.02)
+
+
+class PerSecondServer(WindowServer):
+    """A per-minute limit also enforced per second (OpenAI's quantized limits): an arrival is refused when the
+    last second already holds ``rpm / 60`` accepted ones, or the last minute ``rpm``; refusals are bare."""
+
+    def arrive(self, at: float) -> RateLimited | None:
+        while self.accepted and self.accepted[0] <= at - _WINDOW_S:
+            self.accepted.popleft()
+        in_last_second = sum(1 for accepted_at in self.accepted if accepted_at > at - 1.0)
+        ok = len(self.accepted) < self.rpm and in_last_second < self.rpm / _WINDOW_S
+        self.log.append((at, ok))
+        if ok:
+            self.accepted.append(at)
+            return None
+        return RateLimited("429")
+
+
+def test_after_a_refusal_what_leaves_the_window_is_sent_again_at_the_declared_pace() -> None:
+    # The outside measurement's window [20, 80) s: the first minute's 200 leave the server's window from 60 s
+    # on, and the gate sends them again as they leave instead of pacing at 200 / 60 a second (0.63-0.73).
+    server = WindowServer(rpm=200, signal="retry-after")
+    gate = _run(server, BackboneLimits(concurrency=8, rpm=400.0), seconds=130.0)
+    assert gate.limiter.catches_up
+    assert server.goodput(20.0, 80.0) >= 0.93
+    assert server.busiest_minute() <= 200
+
+
+def test_a_provider_that_meters_per_second_is_detected_and_paced_at_the_limit() -> None:
+    server = PerSecondServer(rpm=240, signal="bare")
+    gate = _run(server, BackboneLimits(concurrency=8, rpm=480.0), seconds=400.0)
+    # Catching up drew a refusal while the window held well under the limit it had counted over a minute.
+    assert not gate.limiter.catches_up
+    refused, total = server.refusals(120.0, 400.0)
+    assert refused < 0.02 * total and total > 100
+
+
+def test_a_preset_that_meters_finer_than_its_window_paces_a_lowered_limit_from_the_start() -> None:
+    from rcarun.backends import get_preset
+
+    assert get_preset("openai").meters_finer_than_window
+    assert not get_preset("openai-compatible").meters_finer_than_window
+    gate = BackboneGate("b", BackboneLimits(concurrency=8, rpm=400.0, meters_finer_than_window=True))
+    assert not gate.limiter.catches_up
 
 
 @dataclass

@@ -68,6 +68,12 @@ class BackboneLimits:
             pace as a plain token bucket.
         learns_from_refusals: a refusal that states no limit may set one from what was accepted in the last
             window (`BackboneGate.learn_from_refusal`); False where refusals are about concurrency (DeepSeek).
+        meters_finer_than_window: the provider also enforces its per-minute limits over shorter spans (OpenAI:
+            "60,000 requests/minute may be enforced as 1,000 requests/second"). Then a limit lowered below the
+            declared one (stated or learned) paces the buckets at limit / 60. Otherwise it caps only the window,
+            and the buckets keep the declared pace, so what leaves the provider's window is sent again as fast
+            as it leaves (`RateLimiter`, ``window_catch_up``). A refusal while the window holds well under the
+            limit shows the finer metering, and the gate turns it on.
     """
 
     concurrency: int
@@ -79,6 +85,7 @@ class BackboneLimits:
     meters_output_budget: bool = False
     window_s: float | None = 60.0
     learns_from_refusals: bool = True
+    meters_finer_than_window: bool = False
 
     @property
     def client_burst_s(self) -> float:
@@ -266,6 +273,7 @@ class BackboneGate:
             clock,
             full_slack_s=2 * limits.arrival_jitter_s,
             window_s=limits.window_s,
+            window_catch_up=not limits.meters_finer_than_window,
         )
         # What the provider accepted in the last window, summed per slot of window / _ACCEPTED_SLOTS seconds:
         # [slot, calls, tokens used, tokens with the whole output budget], oldest first, with the three sums,
@@ -278,6 +286,9 @@ class BackboneGate:
         # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
         # probed upward now and then, since the count is only a lower bound of what the provider allows.
         self._probing: set[str] = set()
+        # Kinds whose limit now is one the provider stated or one counted over a whole window: a window that
+        # holds well under it when the provider refuses shows metering finer than the window.
+        self._window_limits: set[str] = set()
         self._last_refusal_at = -math.inf
         self._first_accepted_at: float | None = None
         # Starts as declared (or as the preset says); a token refusal can show the provider meters more.
@@ -407,6 +418,8 @@ class BackboneGate:
         if info is None:
             return 0.0
         self._adopt_stated(info)
+        if self.limiter.catches_up and self._provider_counts_more(info):
+            self.limiter.pace_at_limits()
         pause = 0.0
         if (
             self.limiter.requests_per_minute is None
@@ -458,6 +471,8 @@ class BackboneGate:
                 tokens_out = True
             else:
                 requests_out = True
+        if self.limiter.catches_up and self._refused_under_window_limit(requests_out, tokens_out):
+            self.limiter.pace_at_limits()
         if info is not None:
             self._adopt_stated(info)
             if tokens_out and info.limit_tokens is not None:
@@ -477,6 +492,11 @@ class BackboneGate:
             # A count over a whole window; in the first window each refusal may lower the estimate again, as
             # the time the count covers grows (module docstring of `_accepted_per_minute`).
             self._counted_at = now
+            self._window_limits |= {
+                kind
+                for kind, count in (("requests", counted_rpm), ("tokens", counted_tpm))
+                if count is not None
+            }
         # The provider's window is full now: what the buckets still hold was refused, not available.
         self.limiter.drain(requests=requests_out, tokens=tokens_out)
 
@@ -507,6 +527,58 @@ class BackboneGate:
         elif self._lower_to(None, accepted, probe=True):
             self._counted_at = now
 
+    def _provider_counts_more(self, info: RateLimitInfo) -> bool:
+        """The provider's window holds (limit - remaining) well beyond what this backbone sent in it: others
+        share the quota, or the provider meters more than this backbone counts. Catching up on the window then
+        relies on a log that misses part of the provider's count, so the limiter paces at the limits instead."""
+        checks = (
+            ("requests", info.limit_requests, info.remaining_requests, 1.0),
+            ("tokens", info.limit_tokens, info.remaining_tokens, self._mean_call_tokens),
+        )
+        for kind, limit, remaining, per_call in checks:
+            if limit is None or remaining is None:
+                continue
+            sent = self.limiter.counted_in_window(kind)
+            held = limit - remaining
+            if sent is not None and sent + self._in_flight * per_call < _METERING_AGREES * held:
+                return True
+        return False
+
+    def _refused_under_window_limit(self, requests_out: bool, tokens_out: bool) -> bool:
+        """A refusal on a limit paced below the declared one (stated or learned), while what the provider can
+        have counted in the window (accepted, plus everything in flight) is well under it: the provider meters a
+        shorter span than the window, and catching up on the window is what it refused. Only for a limit the
+        provider stated or one counted over a whole window (``_window_limits``): one scaled up from the first
+        window's count may be above what the provider's window holds, whatever its metering."""
+        window = self.limits.window_s or 60.0
+        checks = (
+            (
+                "requests",
+                requests_out,
+                self.limiter.requests_per_minute,
+                self.limits.rpm,
+                1.0,
+                self._accepted_calls,
+            ),
+            (
+                "tokens",
+                tokens_out,
+                self.limiter.tokens_per_minute,
+                self.limits.tpm,
+                self._mean_call_tokens,
+                self._accepted_tokens,
+            ),
+        )
+        for kind, out, limit, declared, per_call, accepted in checks:
+            if not out or kind not in self._window_limits or limit is None:
+                continue
+            if declared is not None and limit >= declared:
+                continue
+            counted = accepted + self._in_flight * per_call
+            if counted < _METERING_AGREES * limit * window / 60.0:
+                return True
+        return False
+
     @property
     def learned_limits(self) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute the limiter paces to now, declared, stated or learned."""
@@ -520,13 +592,15 @@ class BackboneGate:
         tokens = info.limit_tokens if info.limit_tokens is not None and info.limit_tokens > 0 else None
         if requests is not None:
             self._probing.discard("requests")
+            self._window_limits.add("requests")
         if tokens is not None:
             self._probing.discard("tokens")
+            self._window_limits.add("tokens")
         self._lower_to(requests, tokens, probe=False)
 
     def _lower_to(self, rpm: float | None, tpm: float | None, *, probe: bool) -> bool:
         """Pace to these limits where they are lower than today's (or where nothing is paced); True if any was."""
-        lowered = self.limiter.lower_limits(rpm, tpm, set_unpaced=True)
+        lowered = self.limiter.lower_limits(rpm, tpm, set_unpaced=True, sent=self._sent_in_window())
         if probe:
             self._probing |= lowered
         return bool(lowered)
@@ -599,6 +673,17 @@ class BackboneGate:
             if raised_tpm is None or (self.limits.tpm is not None and raised_tpm >= self.limits.tpm):
                 self._probing.discard("tokens")
             self.limiter.set_limits(raised_rpm, raised_tpm)
+
+    def _sent_in_window(self) -> dict[str, list[tuple[float, float]]]:
+        """What the provider accepted in the window, as (time, amount) per slot (each at its slot's end, so it
+        leaves the window no earlier than its calls did), for a limit the limiter starts pacing only now."""
+        window = self.limits.window_s or 60.0
+        slot_s = window / _ACCEPTED_SLOTS
+        tokens = 3 if self.meters_output_budget else 2
+        return {
+            "requests": [((entry[0] + 1) * slot_s, float(entry[1])) for entry in self._accepted],
+            "tokens": [((entry[0] + 1) * slot_s, float(entry[tokens])) for entry in self._accepted],
+        }
 
     def _drop_old_accepted(self, now: float) -> None:
         window = self.limits.window_s or 60.0

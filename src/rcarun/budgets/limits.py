@@ -20,7 +20,9 @@ limit's share of it: the limit as a provider with a strict sliding minute counts
 such a provider answers the last of them with a 429 (issue 17). The bucket still paces within the window, at
 the full ``limit / 60``, so providers that meter shorter windows see no burst beyond it either. Limits may
 change while running (`set_limits`, `lower_limits`): a provider states a lower one, or the gate learns one from
-what the provider accepted before a 429.
+what the provider accepted before a 429. With ``window_catch_up``, a limit lowered below the declared one caps
+the window log only and the bucket keeps the declared pace, so what leaves a strict window is sent again as fast
+as it leaves (see `RateLimiter`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import asyncio
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["MAX_BURST_S", "Clock", "Grant", "RateLimiter"]
@@ -86,6 +88,8 @@ class _Bucket:
         "last_take",
         "level",
         "log",
+        "pace_per_minute",
+        "paced",
         "peaks",
         "per_minute",
         "rate_per_s",
@@ -100,11 +104,16 @@ class _Bucket:
         *,
         window_s: float | None = None,
         start_full: bool = True,
+        pace_per_minute: float | None = None,
     ) -> None:
         self.burst_s = burst_s
+        # The limit (what the window log caps) and the pace (what the bucket refills at): the same, unless the
+        # limiter catches up inside the window (`RateLimiter`, ``window_catch_up``); inf paces nothing.
         self.per_minute = per_minute
-        self.capacity = per_minute / 60.0 * burst_s
-        self.rate_per_s = per_minute / 60.0
+        self.pace_per_minute = per_minute if pace_per_minute is None else pace_per_minute
+        self.paced = math.isfinite(self.pace_per_minute)
+        self.capacity = self.pace_per_minute / 60.0 * burst_s if self.paced else 0.0
+        self.rate_per_s = self.pace_per_minute / 60.0 if self.paced else 0.0
         # The log holds each admission a little past the window (``full_slack_s``, the arrival jitter): the
         # provider dates it on arrival, which may come later than the admission.
         self.log = (
@@ -123,7 +132,7 @@ class _Bucket:
         self.forgotten_before = 0
 
     def refill(self, now: float) -> None:
-        if self.updated_at is not None and now > self.updated_at:
+        if self.paced and self.updated_at is not None and now > self.updated_at:
             level = self.level + (now - self.updated_at) * self.rate_per_s
             if level >= self.capacity and self.level < self.capacity:
                 self.full_since = self.updated_at + (self.capacity - self.level) / self.rate_per_s
@@ -138,6 +147,8 @@ class _Bucket:
         meters the same bucket sees the request a little later or earlier than we send it, and its bucket must
         be full too when the request arrives.
         """
+        if not self.paced:
+            return 0.0
         need = min(weight, self.capacity) - self.level
         if need > _LEVEL_TOLERANCE * max(1.0, self.capacity):
             return need / self.rate_per_s + (self.full_slack_s if weight >= self.capacity else 0.0)
@@ -149,6 +160,8 @@ class _Bucket:
 
     def take(self, amount: float, serial: int) -> None:
         """Lower the level (an admission, or a charge on settlement), remembering the peak it ends."""
+        if not self.paced:
+            return
         peaks = self.peaks
         while peaks and peaks[-1][1] <= self.level:
             peaks.pop()
@@ -161,23 +174,33 @@ class _Bucket:
         if self.level < self.capacity:
             self.full_since = math.inf
 
-    def set_rate(self, per_minute: float, last_serial: int) -> None:
-        """Pace to ``per_minute`` from now on with the same seconds of burst (call right after `refill`).
+    def set_rate(self, per_minute: float, last_serial: int, pace_per_minute: float | None = None) -> None:
+        """Limit to ``per_minute`` and pace to ``pace_per_minute`` (default: the limit) from now on, with the same
+        seconds of burst (call right after `refill`).
 
-        The remembered peaks were levels on the old scale, so grants up to ``last_serial`` get no refund.
+        A bucket that paced nothing starts empty (a limit is set because the provider refused or counted what
+        was sent, so its window is full now). The remembered peaks were levels on the old scale, so grants up to
+        ``last_serial`` get no refund.
         """
         self.per_minute = per_minute
-        self.capacity = per_minute / 60.0 * self.burst_s
-        self.rate_per_s = per_minute / 60.0
         if self.log is not None:
             self.log.cap = per_minute / 60.0 * self.log.window_s
-        self.level = min(self.level, self.capacity)
+        pace = per_minute if pace_per_minute is None else pace_per_minute
+        if pace == self.pace_per_minute:
+            return
+        was_paced = self.paced
+        self.pace_per_minute = pace
+        self.paced = math.isfinite(pace)
+        self.capacity = pace / 60.0 * self.burst_s if self.paced else 0.0
+        self.rate_per_s = pace / 60.0 if self.paced else 0.0
+        self.level = min(self.level, self.capacity) if was_paced else 0.0
+        self.full_since = math.inf if self.level < self.capacity else self.full_since
         self.peaks.clear()
         self.forgotten_before = last_serial + 1
 
     def refund(self, amount: float, serial: int) -> None:
         """Recount the grant admitted as ``serial`` at ``amount`` less (refill to now first)."""
-        if serial < self.forgotten_before:
+        if not self.paced or serial < self.forgotten_before:
             return
         peaks = self.peaks
         index = bisect.bisect_right(peaks, serial, key=_peak_serial)
@@ -279,6 +302,12 @@ class RateLimiter:
             so a provider metering the same bucket is full too when the request arrives.
         window_s: the provider's counting window (60 for a strict sliding minute): no window this long ever
             admits more than the limit's share of it; None paces as a plain token bucket (module docstring).
+        window_catch_up: with ``window_s``, a limit set below the one given here (a provider stated or a
+            refusal taught a lower one) caps the window log only, while the bucket keeps pacing at the given
+            limit (or at nothing, where none was given): a provider that counts whole windows accepts what
+            leaves its window as fast as it leaves, and pacing at the lower limit would leave the window's
+            catch-up unused (after a refusal at 0.7 of a minute, a third of the next minute). `pace_at_limits`
+            turns it off for a provider found to meter shorter spans.
     """
 
     def __init__(
@@ -290,6 +319,7 @@ class RateLimiter:
         *,
         full_slack_s: float = 0.0,
         window_s: float | None = None,
+        window_catch_up: bool = False,
     ) -> None:
         for label, value in (
             ("requests_per_minute", requests_per_minute),
@@ -314,6 +344,8 @@ class RateLimiter:
             else None
         )
         self._window_s = window_s
+        self._declared = {"requests": requests_per_minute, "tokens": tokens_per_minute}
+        self._catch_up = window_catch_up and window_s is not None
         self._burst_s = burst_s
         self._full_slack_s = full_slack_s
         self._clock = clock
@@ -428,12 +460,14 @@ class RateLimiter:
         tokens_per_minute: float | None,
         *,
         set_unpaced: bool = False,
+        sent: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     ) -> frozenset[str]:
         """Pace to lower limits from now on (a provider reported them, or a refusal taught them).
 
         A limit at or above the current one, or None, changes nothing; so does a limit on something this
         limiter does not pace, unless ``set_unpaced`` (then it is paced from now on, from an empty bucket: see
-        `set_limits`). Returns the kinds lowered or set ("requests", "tokens"), empty when nothing changed.
+        `set_limits`, which takes ``sent``). Returns the kinds lowered or set ("requests", "tokens"), empty when
+        nothing changed.
         """
         changed: list[str] = []
         limits: dict[str, float | None] = {}
@@ -447,7 +481,7 @@ class RateLimiter:
             limits[kind] = limit if lowers else None
             if lowers:
                 changed.append(kind)
-        self.set_limits(limits["requests"], limits["tokens"])
+        self.set_limits(limits["requests"], limits["tokens"], sent=sent)
         return frozenset(changed)
 
     def drain(self, *, requests: bool, tokens: bool) -> None:
@@ -460,12 +494,19 @@ class RateLimiter:
                     self._serial += 1
                     bucket.take(bucket.level, self._serial)
 
-    def set_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> bool:
+    def set_limits(
+        self,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        *,
+        sent: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    ) -> bool:
         """Pace to these limits from now on, up or down; None leaves that limit as it is.
 
         A limit on something not paced until now gets a bucket that starts EMPTY: it is set because the
-        provider refused or counted what was sent, so its own window is full now. Returns True when anything
-        changed.
+        provider refused or counted what was sent, so its own window is full now. Its window log starts with
+        ``sent[kind]``, (time, amount) pairs oldest first of what the provider already counted (the limiter
+        kept no log of a kind it did not pace). Returns True when anything changed.
         """
         now = self._now()
         changed = False
@@ -477,8 +518,16 @@ class RateLimiter:
             bucket = self._requests if kind == "requests" else self._tokens
             if bucket is None:
                 bucket = _Bucket(
-                    limit, self._burst_s, self._full_slack_s, window_s=self._window_s, start_full=False
+                    limit,
+                    self._burst_s,
+                    self._full_slack_s,
+                    window_s=self._window_s,
+                    start_full=False,
+                    pace_per_minute=self._pace_for(kind, limit),
                 )
+                if bucket.log is not None and sent is not None:
+                    for at, amount in sent.get(kind, ()):
+                        bucket.log.add(at, amount, 0)
                 bucket.updated_at = now
                 bucket.forgotten_before = self._serial + 1
                 if kind == "requests":
@@ -488,11 +537,43 @@ class RateLimiter:
                 changed = True
             elif limit != bucket.per_minute:
                 bucket.refill(now)
-                bucket.set_rate(limit, self._serial)
+                bucket.set_rate(limit, self._serial, self._pace_for(kind, limit))
                 changed = True
         if changed and self._waiting:
             self._admit_ready()
         return changed
+
+    @property
+    def catches_up(self) -> bool:
+        """Whether a lowered limit caps the window only (``window_catch_up``), not the bucket's pace."""
+        return self._catch_up
+
+    def pace_at_limits(self) -> None:
+        """Stop catching up: pace every bucket at its limit from now on (the provider meters shorter spans than
+        the window, so a burst within the window's allowance is refused)."""
+        if not self._catch_up:
+            return
+        self._catch_up = False
+        now = self._now()
+        for bucket in (self._requests, self._tokens):
+            if bucket is not None:
+                bucket.refill(now)
+                bucket.set_rate(bucket.per_minute, self._serial)
+
+    def counted_in_window(self, kind: str) -> float | None:
+        """What this limiter admitted of ``kind`` ("requests" or "tokens") in the window, at settled amounts;
+        None when that kind keeps no window log."""
+        bucket = self._requests if kind == "requests" else self._tokens
+        if bucket is None or bucket.log is None:
+            return None
+        bucket.log.expire(self._now())
+        return bucket.log.total
+
+    def _pace_for(self, kind: str, limit: float) -> float:
+        if not self._catch_up:
+            return limit
+        declared = self._declared[kind]
+        return max(limit, declared) if declared is not None else math.inf
 
     def pause_until(self, until: float) -> None:
         """Admit nothing before clock time ``until`` (a provider said 429). Pauses only ever extend."""

@@ -124,6 +124,11 @@ class LimitsConfig(_Strict):
     meters_output_budget: bool | None = Field(
         None, description="the provider counts max_tokens against tpm at arrival; None: the preset's answer"
     )
+    meters_finer_than_window: bool | None = Field(
+        None,
+        description="the provider also enforces rpm/tpm over shorter spans (OpenAI: per second), so a lowered "
+        "limit paces at limit/60 instead of catching up in the window; None: the preset's answer",
+    )
     window_s: float = Field(
         60.0,
         gt=0,

@@ -591,6 +591,11 @@ def _build_runtimes(
                 ),
                 learns_from_refusals=get_preset(backbone.provider).refusals_count_a_window,
                 window_s=limits.window_s,
+                meters_finer_than_window=(
+                    limits.meters_finer_than_window
+                    if limits.meters_finer_than_window is not None
+                    else get_preset(backbone.provider).meters_finer_than_window
+                ),
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,
