@@ -297,6 +297,17 @@ def test_after_a_refusal_what_leaves_the_window_is_sent_again_at_the_declared_pa
     assert server.busiest_minute() <= 200
 
 
+def test_refusals_that_go_on_past_a_buckets_refill_read_the_first_window_as_full() -> None:
+    # A bare 429 at 29 s after 200 accepted: scaled to a minute that is 413/min, as a bucket provider would
+    # allow. But requests sent over a second later are refused too, with nothing accepted: a bucket would have
+    # refilled, a full window does not, so the limit is the window's count, learned long before it frees.
+    server = WindowServer(rpm=200, signal="bare")
+    gate = _run(server, BackboneLimits(concurrency=8, rpm=400.0), seconds=45.0)
+    assert gate.learned_limits[0] == pytest.approx(200.0, rel=0.01)
+    refused, _ = server.refusals(0.0, 45.0)
+    assert refused <= 12
+
+
 def test_a_provider_that_meters_per_second_is_detected_and_paced_at_the_limit() -> None:
     server = PerSecondServer(rpm=240, signal="bare")
     gate = _run(server, BackboneLimits(concurrency=8, rpm=480.0), seconds=400.0)

@@ -290,6 +290,8 @@ class BackboneGate:
         # holds well under it when the provider refuses shows metering finer than the window.
         self._window_limits: set[str] = set()
         self._last_refusal_at = -math.inf
+        # When the refusals since the last accepted call began (None: the last call answered was accepted).
+        self._refusing_since: float | None = None
         self._first_accepted_at: float | None = None
         # Starts as declared (or as the preset says); a token refusal can show the provider meters more.
         self.meters_output_budget = limits.meters_output_budget
@@ -394,7 +396,8 @@ class BackboneGate:
         asked_s = None
         if isinstance(error, RateLimited):
             self._rate_limited += 1
-            asked_s = self.learn_from_refusal(error)
+            sent_at = ticket._grant.admitted_at if ticket is not None else None
+            asked_s = self.learn_from_refusal(error, sent_at=sent_at)
         decision = self.retry.decide(error, attempt, asked_s=asked_s)
         if decision.stop_backbone:
             return decision
@@ -439,7 +442,7 @@ class BackboneGate:
             self.pause_for(pause)
         return pause
 
-    def learn_from_refusal(self, error: RateLimited) -> float | None:
+    def learn_from_refusal(self, error: RateLimited, *, sent_at: float | None = None) -> float | None:
         """Set this backbone's limits from a rate-limit refusal; return the pause the refusal calls for.
 
         Which limit refused: the one the headers report exhausted (``remaining`` at zero); when they say
@@ -459,6 +462,11 @@ class BackboneGate:
         backoff, with the limit just learned pacing what follows.
         """
         now = self._now()
+        # A request sent a while into a run of refusals with nothing accepted since its first may show the
+        # provider's window still full (`_accepted_per_minute`).
+        if self._refusing_since is None:
+            self._refusing_since = now
+        quiet_s = sent_at - self._refusing_since if sent_at is not None else None
         self._last_refusal_at = now
         self._drop_old_accepted(now)
         info = error.rate_limit
@@ -481,10 +489,12 @@ class BackboneGate:
         if self._may_count(now):
             wait = error.retry_after_s
             if requests_out and (info is None or info.limit_requests is None):
-                counted_rpm = self._accepted_per_minute(float(self._accepted_calls), now, 1.0, wait)
+                counted_rpm = self._accepted_per_minute(
+                    float(self._accepted_calls), now, 1.0, wait, quiet_s=quiet_s
+                )
             if tokens_out and (info is None or info.limit_tokens is None):
                 counted_tpm = self._accepted_per_minute(
-                    float(self._accepted_tokens), now, self._mean_call_tokens, wait
+                    float(self._accepted_tokens), now, self._mean_call_tokens, wait, quiet_s=quiet_s
                 )
         lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
         window = self.limits.window_s or 60.0
@@ -613,7 +623,13 @@ class BackboneGate:
         return self.limits.learns_from_refusals and now - self._counted_at >= window
 
     def _accepted_per_minute(
-        self, amount: float, now: float, unit: float, retry_after_s: float | None
+        self,
+        amount: float,
+        now: float,
+        unit: float,
+        retry_after_s: float | None,
+        *,
+        quiet_s: float | None = None,
     ) -> float | None:
         """``amount`` accepted in the last window, as a per-minute limit; None when nothing was accepted.
 
@@ -621,7 +637,10 @@ class BackboneGate:
         that counts a strict window refused because that count is its limit; one that meters a token bucket
         allows that count scaled to a minute. The refusal's ``Retry-After`` tells them apart: a bucket asks
         for about one unit's refill at the scaled rate, a window for the time until its oldest arrival leaves.
-        Without one, the count is scaled (the higher reading; a further refusal lowers it).
+        Without one, the count is scaled (the higher reading), unless the request refused now was sent
+        ``quiet_s`` into a run of refusals with nothing accepted since it began, long enough for a bucket at
+        the scaled rate to refill two units and for a provider metering per second to start a new second: a
+        bucket would have accepted it, a full window does not.
         """
         if amount <= 0 or self._first_accepted_at is None:
             return None
@@ -631,6 +650,8 @@ class BackboneGate:
         span = min(max(now - self._first_accepted_at, self.limits.burst_s), window)
         scaled = amount * 60.0 / span
         refill_s = max(unit, 1.0) * 60.0 / scaled
+        if quiet_s is not None and quiet_s >= 2 * refill_s + _METERED_SECOND_S:
+            return amount * 60.0 / window
         if retry_after_s is not None:
             # A short wait is a bucket near this rate, or a refusal that is not about the rate at all (the
             # provider says when to come back; nothing to learn). A long one is a full window: its count.
@@ -660,6 +681,7 @@ class BackboneGate:
         else:
             accepted.append([slot, 1, used_tokens, budgeted_tokens])
         self._accepted_calls += 1
+        self._refusing_since = None
         self._accepted_used += used_tokens
         self._accepted_budgeted += budgeted_tokens
         self._drop_old_accepted(now)
@@ -798,6 +820,8 @@ class BackboneGate:
 
 
 _PROBE_STEP = 1.05
+# The shortest span a provider is known to meter a per-minute limit over (OpenAI's per-second quantization).
+_METERED_SECOND_S = 1.0
 _OUTPUT_HEADROOM = 1.25
 # A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
 # edges); below it, the provider meters something the backbone does not.
