@@ -88,7 +88,12 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     )
     _db_and_run(report, default_db)
     report.add_argument("--json", action="store_true", help="print the report as JSON")
-    report.add_argument("--html", help="also write one self-contained HTML page with tables and plots")
+    report.add_argument(
+        "--html",
+        help="also write HTML: FILE.html, one self-contained page with tables and plots; a DIR (ends with /, is "
+        "a directory, or has no .html suffix), that page as DIR/index.html plus the trajectory viewer (the "
+        "viewer needs a directory)",
+    )
     report.add_argument(
         "--reference", help="method the others are compared with (default: rcta, else the first)"
     )
@@ -511,6 +516,9 @@ def check_report_names(store: Store, run: RunRow, options: ReportOptions) -> Non
 @survives_closed_stdout
 def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
     from rcarun.analysis.render import render_html, render_text
+    from rcarun.analysis.viewer import is_site_target, write_site
+
+    site = None
 
     options = report_options(args)
     with open_results(db) as store:
@@ -524,7 +532,15 @@ def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
                 report = build_report(store, run.run_id, options, full_store=full_store)
         else:
             report = build_report(store, run.run_id, options)
-    if args.html:
+        if args.html and is_site_target(args.html):
+            site = write_site(store, run, Path(args.html), report)
+    if site is not None:
+        print(
+            f"rcarun: wrote {site.index} and the trajectory viewer ({site.trajectories}, {site.pages} trajectory "
+            f"pages; {site.contents_note})",
+            file=sys.stderr,
+        )
+    elif args.html:
         Path(args.html).write_text(render_html(report), encoding="utf-8")
         print(f"rcarun: wrote {args.html}", file=sys.stderr)
     if args.json:
