@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from rcarun.demo import DEMO_REALIZATIONS
+from rcarun.demo import DEMO_LOCAL_BACKBONE, DEMO_REALIZATIONS
 from rcarun.methods import registered_methods
 
 
@@ -15,7 +15,7 @@ def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(demo_db: 
         status = connection.execute("SELECT status FROM runs WHERE name = 'demo'").fetchone()[0]
         backbones = {row[0] for row in connection.execute("SELECT DISTINCT backbone FROM items")}
     assert status == "finished"
-    assert backbones == {"sim-deepseek", "sim-gpt", "sim-kimi", "sim-qwen"}
+    assert backbones == {"sim-deepseek", "sim-gpt", "sim-kimi", "sim-qwen", DEMO_LOCAL_BACKBONE}
     with sqlite3.connect(db) as connection:
         per_backbone = dict(
             connection.execute("SELECT backbone, count(*) FROM predictions GROUP BY backbone")
@@ -38,16 +38,22 @@ def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(demo_db: 
             "SELECT count(*) FROM calls WHERE backbone = 'sim-qwen' AND attempt = 2 AND max_tokens = 2048 "
             "AND status = 'ok'"
         ).fetchone()[0]
-    methods = registered_methods()
+    methods = [name for name in registered_methods() if name != "soap"]
     assert set(methods) >= {"all-at-once", "step-by-step", "binary-search", "echo", "falat"}
-    # Every method on every backbone, except the judge panel: one item per trajectory, under its first judge.
+    # Every chat method on every simulated backbone, except the judge panel: one item per trajectory, under its
+    # first judge. SOAP runs on the local backbone alone, on its test split: 3 of the 6 algorithm-generated
+    # and 2 of the 4 hand-crafted trajectories per realization (50%, rounded per source).
     home = "sim-deepseek"
     assert per_backbone == {
-        name: 10 * DEMO_REALIZATIONS * (len(methods) - (name != home)) for name in backbones
+        **{
+            name: 10 * DEMO_REALIZATIONS * (len(methods) - (name != home))
+            for name in backbones - {DEMO_LOCAL_BACKBONE}
+        },
+        DEMO_LOCAL_BACKBONE: 5 * DEMO_REALIZATIONS,
     }
     # sim-qwen thinks for 1,500 tokens: every call whose first budget is 1,024 (all-at-once's attribution as the
     # demo configures it, step-by-step's and binary search's checks) stops on length once and is retried at 2,048.
     assert length == {"sim-qwen": short_budget_calls}
     assert short_budget_calls >= 10 * DEMO_REALIZATIONS and retried_at_double == short_budget_calls
     assert distinct_endpoints == 2  # both vLLM-style replicas served calls
-    assert priced == {"sim-deepseek": 1, "sim-gpt": 1, "sim-kimi": 1, "sim-qwen": 0}
+    assert priced == {"sim-deepseek": 1, "sim-gpt": 1, "sim-kimi": 1, "sim-qwen": 0, DEMO_LOCAL_BACKBONE: 0}

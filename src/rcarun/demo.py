@@ -1,7 +1,7 @@
 """The embedded default sweep behind `rcarun sweep` with no config (and `make demo`).
 
 It runs the bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
-./results.db. The backbones are rcarun's own mock servers on loopback, each with a different limit style a real
+./results.db (SOAP on a local tiny random model instead, below). The backbones are rcarun's own mock servers on loopback, each with a different limit style a real
 provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
 two-tier request limits, a queueing server with replicas, length retries, retries of injected faults — without a
 key or a network:
@@ -12,12 +12,19 @@ key or a network:
 - ``sim-kimi``: a two-tier request limit (per second and per minute) with Moonshot-style headers and a few 503s.
 - ``sim-qwen``: two vLLM-like replicas that queue instead of refusing, reasoning text in ``reasoning`` and a
   thinking budget large enough that the first output budget stops on length and is retried doubled.
+
+SOAP, the method that reads a model's internals instead of chatting, runs on a fifth backbone,
+``tiny-random-local``: a 3-layer model with seeded random weights built in code (no download), on the CPU, with
+1,024-token passes so that the sample's long trajectories are read in windows. Its accuracy means nothing: it
+shows SOAP's path through the engine (splits, selection, forward passes recorded and cached beside results.db).
+It is left out when the ``local`` extra (torch, transformers) is not installed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +35,7 @@ from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import BackboneConfig, MethodConfig, SweepConfig
 
 __all__ = [
+    "DEMO_LOCAL_BACKBONE",
     "DEMO_REALIZATIONS",
     "SimulatedBackbone",
     "demo_backbones",
@@ -36,6 +44,11 @@ __all__ = [
 ]
 
 DEMO_REALIZATIONS = 2
+DEMO_LOCAL_BACKBONE = "tiny-random-local"
+"""The demo's local backbone: SOAP on a tiny model with random weights (its answers mean nothing)."""
+# Passes of at most this many tokens: the byte-level tiny tokenizer makes the sample's longest trajectory about
+# 61,000 tokens, read in windows; a pass's cost grows with the square of its length.
+_DEMO_CONTEXT_TOKENS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +173,21 @@ async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str,
 _SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
 
 
+def local_extra_installed() -> bool:
+    """torch and transformers can be imported (the ``local`` extra), without importing them."""
+    return all(importlib.util.find_spec(module) is not None for module in ("torch", "transformers"))
+
+
+def _demo_local_backbone() -> BackboneConfig:
+    return BackboneConfig.model_validate(
+        {
+            "provider": "local",
+            "model": "tiny",
+            "local": {"device": "cpu", "context_tokens": _DEMO_CONTEXT_TOKENS},
+        }
+    )
+
+
 def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dict[str, Any]:
     """All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
     Continuation read the log with tools; the judge panel sits every backbone of the demo (four judges, as in the
@@ -173,6 +201,8 @@ def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dic
         return {"base_options": dict(_SHORT_ATTRIBUTION)}
     if name == "judge-panel":
         return {"judges": list(backbones), "base_options": dict(_SHORT_ATTRIBUTION)}
+    if name == "soap":
+        return {"context_tokens": _DEMO_CONTEXT_TOKENS}
     return {}
 
 
@@ -184,7 +214,10 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
     and binary search default to 1,024 too), and so do the methods that run All-at-once inside them (Continual
     Search, Passive Continuation, self-consistency, the judge panel). Every other method keeps its own budgets
     (RCTA's preset). The judge panel's items run once per trajectory and realization, under its first judge.
+    SOAP runs on `DEMO_LOCAL_BACKBONE` (module docstring), when the ``local`` extra is installed.
     """
+    local = local_extra_installed()
+    names = [name for name in registered_methods() if local or name != "soap"]
     return SweepConfig.model_validate(
         {
             "sweep": {
@@ -193,9 +226,8 @@ def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
                 "simulated": True,
             },
             "methods": [
-                MethodConfig(name=name, options=_demo_method_options(name, backbones))
-                for name in registered_methods()
+                MethodConfig(name=name, options=_demo_method_options(name, backbones)) for name in names
             ],
-            "backbones": backbones,
+            "backbones": {**backbones, DEMO_LOCAL_BACKBONE: _demo_local_backbone()} if local else backbones,
         }
     )

@@ -44,7 +44,7 @@ base_url = "http://127.0.0.1:9/v1"
 
 _KNOWN_METHODS = (
     "all-at-once, binary-search, continual-search, echo, falat, judge-panel, passive-continuation, rcta, "
-    "rcta/no-a1, rcta/no-a2, rcta/no-a3, rcta/no-a4, self-consistency, step-by-step"
+    "rcta/no-a1, rcta/no-a2, rcta/no-a3, rcta/no-a4, self-consistency, soap, step-by-step"
 )
 
 

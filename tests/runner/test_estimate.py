@@ -263,7 +263,8 @@ def demo_comparison(demo_against: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_estimate_matches_the_demo_prompt_tokens_within_15_percent(
     demo_comparison: dict[str, dict[str, Any]],
 ) -> None:
-    assert set(demo_comparison) == set(registered_methods())
+    # SOAP runs forward passes on a local model: no tokens billed, nothing estimated.
+    assert set(demo_comparison) == set(registered_methods()) - {"soap"}
     for method, comparison in demo_comparison.items():
         assert comparison["items_measured"] == comparison["items_estimated"] == 4 * 10 * 2
         if method == "step-by-step":

@@ -59,8 +59,9 @@ _METRIC_LABELS = {
     "coverage": "Coverage",
 }
 _SIMULATED = (
-    "SIMULATED BACKBONES: every backbone in this run was rcarun's mock server. The numbers below show the "
-    "engine at work (scoring, statistics, cost accounting); they are not any model's accuracy."
+    "SIMULATED BACKBONES: every backbone in this run was rcarun's mock server, or a local model with random "
+    "weights (tiny). The numbers below show the engine at work (scoring, statistics, cost accounting); they are "
+    "not any model's accuracy."
 )
 
 

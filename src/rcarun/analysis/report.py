@@ -61,6 +61,7 @@ methods), and ``protocol`` in the dict says what was chosen and why:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -72,7 +73,7 @@ from rcarun.store import RunRow, Store
 from .cost import cost_rows
 from .fidelity import mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
-from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
+from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
     Metrics,
@@ -599,7 +600,9 @@ def _method_pairs(
         for method in compared:
             other = scores.scores.get(Cell(backbone, method, 0))
             if method != reference and other and _shown(scores, Cell(backbone, method, 0)):
-                yield backbone, method, base, other
+                paired_base, paired_other = common_items(base, other)
+                if paired_base:
+                    yield backbone, method, paired_base, paired_other
 
 
 def _paired_methods(
@@ -642,8 +645,11 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
             other = scores.scores.get(Cell(backbone, method, 0))
             if not other or not _shown(scores, Cell(backbone, method, 0)):
                 continue
+            paired_base, other = common_items(base, other)
+            if not paired_base:
+                continue
             for metric in protocol.paired_metrics:
-                comparison = _compare(base, other, metric, protocol, options.confidence)
+                comparison = _compare(paired_base, other, metric, protocol, options.confidence)
                 family = "all" if protocol.holm_family == "all" else f"backbones/{metric}"
                 entry = {
                     "method": method,
@@ -729,7 +735,10 @@ def _repeatability(scores: RunScores, protocol: Protocol) -> list[dict[str, Any]
                     "both_missing": a.both_missing,
                     "rate": a.rate,
                 }
-                for a in pairwise_agreement(steps)
+                for first, second in itertools.combinations(realizations, 2)
+                # Realizations of different scopes (SOAP's split seeds) agree on the trajectories both answer.
+                if steps[first].keys() & steps[second].keys()
+                for a in pairwise_agreement({first: steps[first], second: steps[second]})
             ]
             rates = [entry["rate"] for entry in agreement]
             entries.append(

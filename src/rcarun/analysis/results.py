@@ -3,7 +3,11 @@
 The denominator of every LongRCA metric is the set of *expected* trajectories, not the set of predictions: an
 item that failed, was skipped by a budget stop or never ran is an error, not a gap. So the expected set is
 taken from the run's ``trajectories`` table (every labelled trajectory the run read), and each cell
-(backbone, method, realization) that has any item or prediction is scored against all of it.
+(backbone, method, realization) that has any item or prediction is scored against all of it, except a cell
+of a method that learns from part of the run's trajectories (SOAP's reference and validation splits): its
+``method_prepared`` event names the ids it answers (its test split), and the cell is scored on those alone
+(``RunScores.scopes``), so a trajectory it learnt from is neither an error nor a success. Cells with
+different scopes are compared on the trajectories both answer (`common_items`).
 
 Beside the scores, every cell gets its `Outcome`: how many expected trajectories have a prediction, how many of
 those could not be read (``predictions.error``) or were decided by a method's fallback rule
@@ -26,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rcarun.errors import StoreError
-from rcarun.store import RunRow, Store
+from rcarun.store import METHOD_PREPARED, RunRow, Store
 
 from .scoring import AbstentionRule, Expected, ItemScore, Prediction, score_items
 
-__all__ = ["Cell", "Outcome", "RunScores", "load_run_scores", "resolve_run"]
+__all__ = ["Cell", "Outcome", "RunScores", "common_items", "load_run_scores", "resolve_run"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -99,6 +103,8 @@ class RunScores:
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
         outcomes: per cell, what became of its expected trajectories (module docstring).
+        scopes: per cell of a method that answers only part of the run (SOAP's test split), the ids it answers;
+            its scores and outcome cover the expected trajectories among them. Cells not here answer all.
     """
 
     run: RunRow
@@ -109,6 +115,7 @@ class RunScores:
     turns: dict[Cell, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     simulated: bool = False
     outcomes: dict[Cell, Outcome] = field(default_factory=dict)
+    scopes: dict[Cell, frozenset[str]] = field(default_factory=dict)
 
     @property
     def backbones(self) -> list[str]:
@@ -203,18 +210,46 @@ def load_run_scores(
         simulated=_simulated(run),
     )
     fallbacks = _fallbacks(store, run.run_id)
+    result.scopes = _scopes(store, run.run_id)
     for cell in sorted(predictions):
+        scope = result.scopes.get(cell)
+        answered = expected if scope is None else [e for e in expected if e.qid in scope]
         result.scores[cell] = score_items(
-            expected, predictions[cell], keep_handoff=keep_handoff, abstentions=abstentions
+            answered, predictions[cell], keep_handoff=keep_handoff, abstentions=abstentions
         )
         result.outcomes[cell] = _outcome(
-            [e.qid for e in expected],
+            [e.qid for e in answered],
             predictions[cell],
             statuses.get(cell, {}),
             errors.get(cell, {}),
             fallbacks.get(cell, {}),
         )
     return result
+
+
+def _scopes(store: Store, run_id: int) -> dict[Cell, frozenset[str]]:
+    """Per cell with a ``method_prepared`` event, the ids it answers (the latest event of a cell wins)."""
+    scopes: dict[Cell, frozenset[str]] = {}
+    for event in store.events(run_id):
+        if event.kind != METHOD_PREPARED:
+            continue
+        detail = _output(event.detail_json)
+        backbone, method, realization, items = (
+            detail.get(key) for key in ("backbone", "method", "realization", "items")
+        )
+        named = isinstance(backbone, str) and isinstance(method, str) and isinstance(realization, int)
+        if named and isinstance(items, list):
+            scopes[Cell(str(backbone), str(method), int(str(realization)))] = frozenset(str(q) for q in items)
+    return scopes
+
+
+def common_items(a: list[ItemScore], b: list[ItemScore]) -> tuple[list[ItemScore], list[ItemScore]]:
+    """Two cells' scores on the trajectories both answer, in the same order (the expected set's), for a paired
+    comparison; unchanged when they answer the same trajectories (every cell without a scope)."""
+    if len(a) == len(b) and all(x.qid == y.qid for x, y in zip(a, b, strict=True)):
+        return a, b
+    shared = {x.qid for x in a} & {y.qid for y in b}
+    return [x for x in a if x.qid in shared], [y for y in b if y.qid in shared]
 
 
 def _fallbacks(store: Store, run_id: int) -> dict[Cell, dict[str, str]]:

@@ -55,8 +55,8 @@ EXIT_ITEMS_FAILED = 4
 _EXAMPLE_CHARS = 160
 _HTTP_STATUS = re.compile(r"HTTP (\d{3})")
 _BANNER = (
-    "SIMULATED BACKBONES — every backbone below is rcarun's mock server on loopback; "
-    "the numbers show the engine at work, not any model's accuracy."
+    "SIMULATED BACKBONES — every backbone below is rcarun's mock server on loopback, or a local model with "
+    "random weights (tiny); the numbers show the engine at work, not any model's accuracy."
 )
 
 

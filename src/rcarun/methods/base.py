@@ -11,19 +11,24 @@ the value so read). Scoring-time role normalisation is the analysis layer's busi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol, TypeGuard
+from typing import Any, NamedTuple, Protocol, TypeGuard, runtime_checkable
 
-from rcarun.data import Trajectory
+from rcarun.data import Record, Trajectory
 from rcarun.methods.context import TokenCounter
+from rcarun.methods.forward import ForwardModel
 from rcarun.methods.llm import LLM
 
 __all__ = [
     "Attribution",
     "CostBound",
     "Method",
+    "ModelFor",
+    "ModelReadingMethod",
+    "Preparation",
+    "TrajectorySet",
     "abstention",
     "home_backbone",
     "is_int",
@@ -90,17 +95,70 @@ class Method(Protocol):
     - ``worst_case(trajectory, counter)``: for a method whose answers decide how many calls it makes, the most
       it can spend on that trajectory, which `rcarun estimate` reports as the maximum (dry runs with synthetic
       answers only see typical walks); None when the dry runs' largest walk is the bound.
+    - ``reads_model``: the method reads a model's internals through forward passes (`ForwardModel`) instead of
+      chatting with it (SOAP). Such a method runs only on a local backbone (``provider = "local"``) and a chat
+      method only on the others; it also implements `ModelReadingMethod`, whose ``prepare`` the runner calls
+      once per backbone and realization before that realization's items.
     """
 
     label: str
     shareable_stages: frozenset[str] = frozenset()
     stage_budgets: Mapping[str, int] = MappingProxyType({})
     backbones: tuple[str, ...] = ()
+    reads_model: bool = False
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution: ...
 
     def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostBound | None:
         return None
+
+
+ModelFor = Callable[[str, str], ForwardModel]
+"""``model_for(qid, stage)``: the model, recording each pass under that trajectory and stage."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySet:
+    """The trajectories of a sweep, as a method that reads a model prepares on them (splits, a reference).
+
+    Attributes:
+        ids: every usable trajectory id of the sweep, in the dataset's order.
+        sources: the source (subset) of each id, in the same order.
+        load: streams the records of the given ids, in the dataset's order (one walk of the dataset per call),
+            so a preparation holds only what it keeps of them.
+    """
+
+    ids: tuple[str, ...]
+    sources: tuple[str, ...]
+    load: Callable[[Collection[str]], Iterator[Record]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Preparation:
+    """What a model-reading method made of the sweep's trajectories for one realization.
+
+    Attributes:
+        items: the ids this realization answers (SOAP: its test split); the runner makes items of these only,
+            so a trajectory the preparation learnt from is never predicted.
+        detail: what to store with the run (a ``method_prepared`` event): splits, choices, sizes; plain JSON.
+        attribute: answers one trajectory with the model.
+    """
+
+    items: tuple[str, ...]
+    detail: Mapping[str, Any]
+    attribute: Callable[[Trajectory, ForwardModel], Awaitable[Attribution]]
+
+
+@runtime_checkable
+class ModelReadingMethod(Protocol):
+    """The side of a method with ``reads_model`` that the runner drives (see `Method`)."""
+
+    label: str
+    reads_model: bool
+
+    async def prepare(
+        self, trajectories: TrajectorySet, model_for: ModelFor, realization: int
+    ) -> Preparation: ...
 
 
 def role_is_valid(role: object, trajectory: Trajectory) -> bool:

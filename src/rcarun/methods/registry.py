@@ -59,6 +59,7 @@ BUILT_IN_METHODS: Mapping[str, str] = MappingProxyType(
         "rcta/no-a3": _RCTA,
         "rcta/no-a4": _RCTA,
         "self-consistency": "rcarun.methods.ensembles",
+        "soap": "rcarun.methods.soap.method",
         "step-by-step": "rcarun.methods.step_by_step",
     }
 )

@@ -40,6 +40,7 @@ from rcarun.methods import create_method
 __all__ = [
     "BackboneConfig",
     "LimitsConfig",
+    "LocalModelConfig",
     "MethodConfig",
     "PriceWindowConfig",
     "PricesConfig",
@@ -206,8 +207,41 @@ class RetryConfig(_Strict):
     )
 
 
+class LocalModelConfig(_Strict):
+    """How a ``provider = "local"`` backbone loads its model (the ``local`` extra: transformers + torch).
+
+    ``model`` names a model directory, a hub name, or ``"tiny"`` / ``"tiny:SEED"``: a 3-layer model with seeded
+    random weights built in code (`rcarun.backends.local.tiny_model`), for tests and the demo; what it reads
+    means nothing.
+    """
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when present, else the CPU"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on CUDA, float32 on the CPU"
+    )
+    context_tokens: int = Field(
+        8192, ge=16, description="the most tokens one forward pass may hold, chat template included"
+    )
+    revision: str | None = Field(None, description="a hub branch, tag or commit")
+    local_files_only: bool = Field(True, description="never reach the hub: a local or cached model only")
+    trust_remote_code: bool = False
+
+
+_TINY = re.compile(r"tiny(?::(-?[0-9]+))?")
+
+
+def tiny_seed(model: str) -> int | None:
+    """The seed of a ``"tiny"`` / ``"tiny:SEED"`` model name (0 for ``"tiny"``), None for any other name."""
+    found = _TINY.fullmatch(model)
+    if found is None:
+        return None
+    return int(found.group(1) or 0)
+
+
 class BackboneConfig(_Strict):
-    provider: Literal["openai", "deepseek", "kimi", "vllm", "simulated", "openai-compatible"]
+    provider: Literal["openai", "deepseek", "kimi", "vllm", "simulated", "openai-compatible", "local"]
     model: str
     base_url: _HttpUrl | None = None
     base_urls: tuple[_HttpUrl, ...] = ()
@@ -226,9 +260,21 @@ class BackboneConfig(_Strict):
     prices: PricesConfig = PricesConfig()
     budget: SpendBudgetConfig = SpendBudgetConfig()
     retry: RetryConfig = RetryConfig()
+    local: LocalModelConfig | None = Field(
+        None, description="provider 'local' only: how the model is loaded (defaults when left out)"
+    )
 
     @model_validator(mode="after")
     def _one_endpoint_at_least(self) -> BackboneConfig:
+        if self.provider == "local":
+            # Forward passes on this machine: no endpoint, no key, nothing priced.
+            if self.base_url or self.base_urls:
+                raise ValueError("a local backbone runs on this machine: remove base_url / base_urls")
+            if self.api_key_env is not None:
+                raise ValueError("a local backbone needs no key: remove api_key_env")
+            return self
+        if self.local is not None:
+            raise ValueError(f"[local] applies to provider 'local' only, not {self.provider!r}")
         if not self.base_url and not self.base_urls:
             raise ValueError("set base_url (or base_urls for several replicas)")
         if self.base_url and self.base_urls:
@@ -261,6 +307,29 @@ class BackboneConfig(_Strict):
     @property
     def endpoints(self) -> tuple[str, ...]:
         return self.base_urls or ((self.base_url,) if self.base_url else ())
+
+    @property
+    def is_local(self) -> bool:
+        """Forward passes over a model on this machine (methods that read a model), not chat over HTTP."""
+        return self.provider == "local"
+
+    @property
+    def local_settings(self) -> LocalModelConfig:
+        """The ``local`` table, its defaults where the config leaves it out."""
+        return self.local or _DEFAULT_LOCAL
+
+    @property
+    def model_label(self) -> str:
+        """The model as a table or a line should show it: a tiny model says it is random."""
+        seed = tiny_seed(self.model) if self.is_local else None
+        return (
+            self.model
+            if seed is None
+            else f"{self.model} (random weights, seed {seed}: its answers mean nothing)"
+        )
+
+
+_DEFAULT_LOCAL = LocalModelConfig()
 
 
 class StageConfig(_Strict):
@@ -321,6 +390,13 @@ class SweepSection(_Strict):
     )
     items_in_flight: int | None = Field(
         None, ge=1, description="per backbone; default: its concurrency plus a quarter, to keep calls busy"
+    )
+    forward_cache: Literal["float16", "float32", "off"] = Field(
+        "float16",
+        description="local backbones: keep each forward pass beside results.db (DB.forward-cache/) so a rerun "
+        "or another realization reads it instead of recomputing; float16 rounds the pooled states (every "
+        "pass is rounded, so a cached pass reads exactly as a fresh one), float32 keeps them exact, off "
+        "recomputes",
     )
 
 

@@ -31,6 +31,7 @@ _BACKBONE_KEYS = (
     "context_window",
     "max_output_tokens",
     "chars_per_token",
+    "local",  # a local model's dtype, device, revision and pass limit decide its numbers
 )
 _SWEEP_KEYS = ("dataset", "manifest")
 
@@ -40,6 +41,9 @@ def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     sweep = config.get("sweep") or {}
     simulated = bool(sweep.get("simulated"))
     settings: dict[str, Any] = {f"sweep.{key}": sweep.get(key) for key in _SWEEP_KEYS}
+    # How forward passes are kept decides what a local model's method reads (float16 rounds the pooled states);
+    # a config from before the setting had the default.
+    settings["sweep.forward_cache"] = sweep.get("forward_cache", "float16")
     for name, backbone in (config.get("backbones") or {}).items():
         endpoints = tuple(backbone.get("base_urls") or ()) or (
             (backbone["base_url"],) if backbone.get("base_url") else ()

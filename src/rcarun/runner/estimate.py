@@ -492,8 +492,10 @@ def estimate_sweep(
     async def dry_runs() -> tuple[dict[_Key, _Sums], list[_Deviations]]:
         sums: dict[_Key, _Sums] = {}
         varying: list[_Deviations] = []
-        for name in config.backbones:
-            runs_here = [m for m in methods if home_backbone(m) in (None, name)]
+        for name, backbone in config.backbones.items():
+            if backbone.is_local:
+                continue  # forward passes on this machine: no tokens billed, nothing to estimate
+            runs_here = [m for m in methods if not m.reads_model and home_backbone(m) in (None, name)]
             for trajectory in trajectories:
                 runs = [
                     await _dry_run(config, name, runs_here, trajectory, sample, reasoning)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from tqdm import tqdm
 
@@ -22,6 +22,9 @@ from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited, RcarunError
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
+
+if TYPE_CHECKING:
+    from rcarun.runner.forward_session import ForwardCache, LocalModel
 
 __all__ = [
     "BackboneCounters",
@@ -164,6 +167,8 @@ class BackboneRuntime:
     # Tasks that are only waiting (for room in the writer, admission, a pause, a retry's backoff): a stop
     # interrupts them. A task leaves this set before its request is sent, so a stop never cuts a call short.
     waiting: dict[asyncio.Task[object], StopGuard] = field(default_factory=dict)
+    # A local backbone's model (provider "local"): its items run forward passes, never ``backend.chat``.
+    local: LocalModel | None = None
 
     def stop(self, reason: str) -> bool:
         """Stop admitting calls on this backbone for the rest of the session; True if it was not stopped yet."""
@@ -275,3 +280,5 @@ class RunContext:
     limit: int | None = None
     # How the runner says something the user must read now (a backbone stopped, writes failing): one line.
     announce: Callable[[str], None] = announce_line
+    # Where local backbones keep their forward passes (`rcarun.runner.forward_session`); None: no local backbone.
+    forward_cache: ForwardCache | None = None

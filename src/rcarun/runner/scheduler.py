@@ -24,12 +24,21 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import time
 from pathlib import Path
+from typing import Any
 
-from rcarun.backends import Backend, BackendSettings, Usage, create_backend, get_preset
+from rcarun.backends import (
+    Backend,
+    BackendSettings,
+    ChatRequest,
+    ChatResult,
+    Usage,
+    create_backend,
+    get_preset,
+)
 from rcarun.budgets import (
     BackboneGate,
     BackboneLimits,
@@ -48,10 +57,18 @@ from rcarun.data import (
     iter_dataset,
     load_manifest,
 )
-from rcarun.errors import BudgetExhausted, ConfigError, DataError, RcarunError, StoreError
+from rcarun.errors import BudgetExhausted, ConfigError, DataError, FatalCallError, RcarunError, StoreError
 from rcarun.methods import Attribution, Method, create_method, home_backbone
+from rcarun.methods.base import ModelReadingMethod, Preparation, TrajectorySet
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.runner.drift import answer_changes
+from rcarun.runner.forward_session import (
+    FORWARD_STAGE,
+    ForwardCache,
+    ForwardSession,
+    LocalModel,
+    forward_cache_dir,
+)
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import (
     BackboneCounters,
@@ -64,6 +81,7 @@ from rcarun.runner.runtime import (
 )
 from rcarun.runner.session import ItemSession
 from rcarun.store import (
+    METHOD_PREPARED,
     EventRow,
     ItemRow,
     ItemStatus,
@@ -78,7 +96,14 @@ from rcarun.store import (
 )
 from rcarun.text import repair_surrogates
 
-__all__ = ["SweepOutcome", "build_prices", "check_method_backbones", "run_sweep", "stage_budget_notes"]
+__all__ = [
+    "SweepOutcome",
+    "build_prices",
+    "check_method_backbones",
+    "run_sweep",
+    "stage_budget_notes",
+]
+
 
 BackendFactory = Callable[[BackendSettings], Backend]
 
@@ -280,7 +305,12 @@ async def _run_sweep(
         entries = min(entries, limit)
     # A missing key would otherwise surface when the backends are built, after the run row exists.
     for name, backbone in config.backbones.items():
-        _backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
+        if not backbone.is_local:
+            _backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
+    if any(backbone.is_local for backbone in config.backbones.values()):
+        from rcarun.backends.local import require_local_extra
+
+        require_local_extra()  # one ConfigError line naming the extra, before the run exists
     store = open_store(db_path)
     keeper: LeaseKeeper | None = None
     try:
@@ -353,6 +383,7 @@ async def _run_sweep(
                 stop=stop,
                 cache_lookups=store.has_calls(scope),
                 limit=limit,
+                forward_cache=ForwardCache(forward_cache_dir(db_path), config.sweep.forward_cache),
             )
             recorder = _TrajectoryRecorder(context)
             runtimes = _build_runtimes(config, ledger, backend_factory)
@@ -370,7 +401,7 @@ async def _run_sweep(
             stop.on_stop(note_interrupt)
             for runtime in runtimes.values():
                 runtime.counters.items_total = (
-                    entries * len(_methods_run_by(runtime.name, methods)) * config.sweep.realizations
+                    entries * len(_methods_run_by(runtime, methods)) * config.sweep.realizations
                 )
                 runtime.counters.items_finished_before = store.count_finished_items(
                     run_id, runtime.name, include_failed=not retry_failed
@@ -381,7 +412,9 @@ async def _run_sweep(
                     group.create_task(board.run())
                     drivers = [
                         group.create_task(
-                            _drive_backbone(context, runtime, methods, recorder, manifest, retry_failed)
+                            (_drive_local_backbone if runtime.local is not None else _drive_backbone)(
+                                context, runtime, methods, recorder, manifest, retry_failed
+                            )
                         )
                         for runtime in runtimes.values()
                     ]
@@ -396,6 +429,8 @@ async def _run_sweep(
             finally:
                 for runtime in runtimes.values():
                     await runtime.backend.aclose()
+                    if runtime.local is not None:
+                        await asyncio.to_thread(runtime.local.close)
         status = _final_status(stop, runtimes)
         store.set_run_status(run_id, status)
         return SweepOutcome(
@@ -459,10 +494,15 @@ def stage_budget_notes(methods: Sequence[Method], config: SweepConfig) -> list[s
 
 
 def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> None:
-    """A method that names its own backbones (a judge panel) may name only backbones the sweep defines.
+    """Every method has a backbone that can run it, and every backbone a method it can run.
+
+    A method that names its own backbones (a judge panel) may name only chat backbones the sweep defines. A
+    method that reads a model (``reads_model``, SOAP) runs only on local backbones (``provider = "local"``), a
+    chat method only on the others: a sweep where some method has no backbone of its kind, or a local backbone
+    has no method to run, is refused, since it would silently run nothing.
 
     Raises:
-        ConfigError: naming the method and the unknown backbones.
+        ConfigError: one line naming the methods or backbones.
     """
     for method in methods:
         unknown = [name for name in method.backbones if name not in config.backbones]
@@ -471,6 +511,27 @@ def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> No
                 f"method {method.label!r} names backbones the sweep does not define: {unknown} "
                 f"(defined: {sorted(config.backbones)})"
             )
+        local = [name for name in method.backbones if config.backbones[name].is_local]
+        if local:
+            raise ConfigError(
+                f"method {method.label!r} names local backbones {local}, which run forward passes, not chat"
+            )
+        if method.reads_model and not isinstance(method, ModelReadingMethod):
+            raise ConfigError(f"method {method.label!r} says it reads a model but has no prepare step")
+    local_backbones = sorted(name for name, backbone in config.backbones.items() if backbone.is_local)
+    chat_backbones = sorted(name for name, backbone in config.backbones.items() if not backbone.is_local)
+    stranded = [m.label for m in methods if not (local_backbones if m.reads_model else chat_backbones)]
+    if stranded:
+        raise ConfigError(
+            f"no backbone of the sweep can run {stranded}: a method that reads a model's internals (SOAP) "
+            f"runs on a backbone with provider = 'local' (here: {local_backbones or 'none'}), a chat method "
+            f"on the others (here: {chat_backbones or 'none'})"
+        )
+    if local_backbones and not any(m.reads_model for m in methods):
+        raise ConfigError(
+            f"local backbones {local_backbones} have no method to run: only methods that read a model (soap) "
+            "run on provider = 'local'"
+        )
 
 
 def _stop_reasons(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> tuple[str, ...]:
@@ -574,6 +635,9 @@ def _build_runtimes(
 ) -> dict[str, BackboneRuntime]:
     runtimes: dict[str, BackboneRuntime] = {}
     for name, backbone in config.backbones.items():
+        if backbone.is_local:
+            runtimes[name] = _local_runtime(name, backbone, ledger)
+            continue
         limits = backbone.limits
         gate = BackboneGate(
             name,
@@ -616,9 +680,41 @@ def _build_runtimes(
     return runtimes
 
 
-def _methods_run_by(backbone: str, methods: list[Method]) -> list[Method]:
-    """The methods whose items this backbone's workers run: all, except those homed on another backbone."""
-    return [m for m in methods if home_backbone(m) in (None, backbone)]
+class _NoChat:
+    """The backend of a local backbone: it runs forward passes, never chat (`check_method_backbones` makes sure
+    no chat method is run on it, so this answer would be a bug of the runner)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        raise FatalCallError(f"backbone {self.name!r} is local: it runs forward passes, not chat")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _local_runtime(name: str, backbone: BackboneConfig, ledger: SpendLedger) -> BackboneRuntime:
+    """A local backbone's runtime: its model (loaded on first use) and a gate that never limits anything (no
+    provider, no rate limits, no prices; forward passes run one at a time on the model's thread)."""
+    gate = BackboneGate(
+        name,
+        BackboneLimits(concurrency=1),
+        retry=RetryPolicy(max_attempts=1),
+        ledger=ledger,
+        prices=build_prices(backbone),
+        estimator=TokenEstimator(backbone.chars_per_token),
+    )
+    return BackboneRuntime(
+        name=name, config=backbone, backend=_NoChat(name), gate=gate, local=LocalModel(name, backbone)
+    )
+
+
+def _methods_run_by(runtime: BackboneRuntime, methods: Sequence[Method]) -> list[Method]:
+    """The methods whose items this backbone's workers run: those of its kind (model-reading methods on a local
+    backbone, chat methods elsewhere), except those homed on another backbone."""
+    local = runtime.local is not None
+    return [m for m in methods if m.reads_model == local and home_backbone(m) in (None, runtime.name)]
 
 
 def _default_items_in_flight(concurrency: int) -> int:
@@ -642,7 +738,7 @@ async def _drive_backbone(
         runtime.config.limits.concurrency
     )
     queue: asyncio.Queue[tuple[WorkItem, Method, Record] | None] = asyncio.Queue(maxsize=workers)
-    methods = _methods_run_by(runtime.name, methods)
+    methods = _methods_run_by(runtime, methods)
 
     # Which items earlier sessions finished is asked of results.db one trajectory at a time (and only when
     # there are any), never held for the whole run: a key per finished item would grow with the sweep.
@@ -691,6 +787,236 @@ async def _drive_backbone(
             group.create_task(work())
 
 
+# Items in flight on a local backbone: passes run one at a time on the model's thread; a second item ranks its
+# steps (numpy) while the next pass runs.
+_LOCAL_ITEMS_IN_FLIGHT = 2
+
+
+async def _drive_local_backbone(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    methods: list[Method],
+    recorder: _TrajectoryRecorder,
+    manifest: Manifest | None,
+    retry_failed: bool,
+) -> None:
+    """A local backbone: per model-reading method and realization, prepare once, then answer its items.
+
+    The dataset is walked once for the ids (recording trajectories as every producer does); a preparation
+    streams the records it needs through `TrajectorySet.load`, and so do the items. Only the ids a preparation
+    returns become items: a trajectory it learnt from (SOAP's reference and validation splits) is never
+    predicted. A realization whose items were all finished in an earlier session is not prepared again.
+    """
+    local = runtime.local
+    assert local is not None, "a local backbone has a model"
+    readers = [m for m in _methods_run_by(runtime, methods) if isinstance(m, ModelReadingMethod)]
+    walk = recorder.walk()
+    ids: list[str] = []
+    sources: list[str] = []
+    for walked, record in enumerate(
+        itertools.islice(_iter_records(context.config, manifest, walk.problem), context.limit), start=1
+    ):
+        walk.record(record)
+        ids.append(record.trajectory.qid)
+        sources.append(record.trajectory.source)
+        if walked % 64 == 0:
+            await asyncio.sleep(0)
+
+    def load(wanted: Collection[str]) -> Iterator[Record]:
+        chosen = frozenset(wanted)
+        records = _iter_records(context.config, manifest, lambda _problem: None)
+        return (r for r in itertools.islice(records, context.limit) if r.trajectory.qid in chosen)
+
+    trajectories = TrajectorySet(ids=tuple(ids), sources=tuple(sources), load=load)
+    if not ids or not readers:
+        return
+    try:
+        model = await local.get()
+    except ConfigError as error:
+        reason = f"{error}; its items are left for a resume (rerun the same sweep command)"
+        if runtime.stop(reason):
+            context.announce(reason)
+            _add_event(context, "backbone_stopped", backbone=runtime.name, message=str(error)[:600])
+        return
+    cache = context.forward_cache or ForwardCache(Path(), "off")
+
+    def session(item: WorkItem, stage: str) -> ForwardSession:
+        return ForwardSession(
+            context, runtime, model, fingerprint=local.fingerprint, cache=cache, item=item, stage=stage
+        )
+
+    for method in readers:
+        for realization in range(context.config.sweep.realizations):
+            if context.stop.admission_stopped or runtime.stopped is not None:
+                return
+            finished = _finished_qids(context, runtime.name, method.label, realization, ids, retry_failed)
+            prepared = _prepared_items(context, runtime.name, method.label, realization)
+            if prepared is not None and prepared <= finished:
+                continue  # every item of this realization is finished: nothing to prepare for
+
+            def model_for(
+                qid: str, stage: str, label: str = method.label, r: int = realization
+            ) -> ForwardSession:
+                return session(WorkItem(runtime.name, label, qid, r), stage)
+
+            try:
+                preparation = await method.prepare(trajectories, model_for, realization)
+            except StopRequested:
+                return
+            except Exception as error:  # one line for every item of the realization; the sweep goes on
+                _preparation_failed(context, runtime, method, realization, ids, finished, error)
+                continue
+            _record_preparation(context, runtime, method, realization, preparation, len(ids))
+            pending = [qid for qid in preparation.items if qid not in finished]
+            await _answer_local_items(
+                context, runtime, method, realization, preparation, pending, load, session
+            )
+
+
+async def _answer_local_items(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    method: ModelReadingMethod,
+    realization: int,
+    preparation: Preparation,
+    pending: Sequence[str],
+    load: Callable[[Collection[str]], Iterator[Record]],
+    session: Callable[[WorkItem, str], ForwardSession],
+) -> None:
+    if not pending:
+        return
+    queue: asyncio.Queue[Record | None] = asyncio.Queue(maxsize=_LOCAL_ITEMS_IN_FLIGHT)
+    workers = context.config.sweep.items_in_flight or _LOCAL_ITEMS_IN_FLIGHT
+
+    async def produce() -> None:
+        for record in load(pending):
+            if context.stop.admission_stopped or runtime.stopped is not None:
+                break
+            await queue.put(record)
+        for _ in range(workers):
+            await queue.put(None)
+
+    async def answer(record: Record) -> None:
+        item = WorkItem(runtime.name, method.label, record.trajectory.qid, realization)
+        forward = session(item, FORWARD_STAGE)
+        await _settle_item(
+            context,
+            runtime,
+            item,
+            lambda: preparation.attribute(record.trajectory, forward),
+            lambda: forward.passes,
+        )
+
+    async def work() -> None:
+        while (record := await queue.get()) is not None:
+            if context.stop.admission_stopped or runtime.stopped is not None:
+                continue  # no row: the item runs on resume
+            await answer(record)
+            await asyncio.sleep(0)
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(produce())
+        for _ in range(workers):
+            group.create_task(work())
+
+
+def _finished_qids(
+    context: RunContext, backbone: str, method: str, realization: int, ids: Sequence[str], retry_failed: bool
+) -> frozenset[str]:
+    if context.store.count_finished_items(context.run_id, backbone, include_failed=not retry_failed) == 0:
+        return frozenset()
+    return frozenset(
+        qid
+        for qid in ids
+        if realization
+        in context.store.finished_realizations(
+            context.run_id, backbone, method, qid, include_failed=not retry_failed
+        )
+    )
+
+
+def _prepared_items(
+    context: RunContext, backbone: str, method: str, realization: int
+) -> frozenset[str] | None:
+    """The items an earlier session's preparation of this realization returned, None when there was none."""
+    found: frozenset[str] | None = None
+    for event in context.store.events(context.run_id):
+        if event.kind != METHOD_PREPARED:
+            continue
+        detail = json.loads(event.detail_json)
+        if (detail.get("backbone"), detail.get("method"), detail.get("realization")) == (
+            backbone,
+            method,
+            realization,
+        ):
+            found = frozenset(str(qid) for qid in detail.get("items", ()))
+    return found
+
+
+def _add_event(context: RunContext, kind: str, **detail: Any) -> None:
+    context.writer.add_event(
+        EventRow(
+            run_id=context.run_id, kind=kind, detail_json=json.dumps(detail, sort_keys=True, default=str)
+        )
+    )
+
+
+def _record_preparation(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    method: ModelReadingMethod,
+    realization: int,
+    preparation: Preparation,
+    n_ids: int,
+) -> None:
+    """The preparation as a ``method_prepared`` event (its items: what the report scores this cell on), and the
+    progress total less the trajectories that are not items."""
+    _add_event(
+        context,
+        METHOD_PREPARED,
+        backbone=runtime.name,
+        method=method.label,
+        realization=realization,
+        items=list(preparation.items),
+        **preparation.detail,
+    )
+    runtime.counters.items_total -= n_ids - len(preparation.items)
+
+
+def _preparation_failed(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    method: ModelReadingMethod,
+    realization: int,
+    ids: Sequence[str],
+    finished: Collection[str],
+    error: Exception,
+) -> None:
+    """Every unfinished item of the realization fails with the reason, in one line (its split is unknown, so
+    every trajectory is one of its items); ``--retry-failed`` prepares it again."""
+    kind = type(error).__name__ if isinstance(error, RcarunError) else f"unexpected {type(error).__name__}"
+    message = (
+        f"{method.label} could not prepare realization {realization}: {kind}: {' '.join(str(error).split())}"
+    )
+    context.announce(message[:600])
+    _add_event(
+        context,
+        "method_prepare_failed",
+        backbone=runtime.name,
+        method=method.label,
+        realization=realization,
+        message=message[:2000],
+    )
+    for qid in ids:
+        if qid in finished:
+            continue
+        item = WorkItem(runtime.name, method.label, qid, realization)
+        runtime.counters.items_failed += 1
+        context.writer.set_item(
+            ItemRow(**item.row_keys(context.run_id), status="failed", error=message[:2000], attempts=0)
+        )
+
+
 async def _run_item(
     context: RunContext, runtime: BackboneRuntime, item: WorkItem, method: Method, record: Record
 ) -> None:
@@ -701,16 +1027,29 @@ async def _run_item(
         shareable_stages=method.shareable_stages,
         budgeted_stages=frozenset(method.stage_budgets),
     )
+    await _settle_item(
+        context, runtime, item, lambda: method.attribute(record.trajectory, session), lambda: session.attempts
+    )
+
+
+async def _settle_item(
+    context: RunContext,
+    runtime: BackboneRuntime,
+    item: WorkItem,
+    attribute: Callable[[], Awaitable[Attribution]],
+    attempts: Callable[[], int],
+) -> None:
+    """Run one item's attribution and store what became of it: a prediction, or why there is none."""
     counters = runtime.counters
     writer = context.writer
 
     def set_item(status: ItemStatus, error: str | None = None) -> None:
         writer.set_item(
-            ItemRow(**item.row_keys(context.run_id), status=status, error=error, attempts=session.attempts)
+            ItemRow(**item.row_keys(context.run_id), status=status, error=error, attempts=attempts())
         )
 
     try:
-        attribution = await method.attribute(record.trajectory, session)
+        attribution = await attribute()
     except BudgetExhausted as exc:
         counters.items_skipped_budget += 1
         set_item("skipped_budget", str(exc))

@@ -29,6 +29,7 @@ from rcarun.store.reader import BackboneSummary, CachedCall, RunRow, Store, Work
 from rcarun.store.rows import (
     CALL_STATUSES,
     ITEM_STATUSES,
+    METHOD_PREPARED,
     RUN_STATUSES,
     CallRow,
     CallStatus,
@@ -47,6 +48,7 @@ __all__ = [
     "CALL_STATUSES",
     "DEFAULT_LEASE_STALE_S",
     "ITEM_STATUSES",
+    "METHOD_PREPARED",
     "MIGRATIONS",
     "RUN_STATUSES",
     "BackboneSummary",

@@ -14,6 +14,7 @@ from typing import Final, Literal
 __all__ = [
     "CALL_STATUSES",
     "ITEM_STATUSES",
+    "METHOD_PREPARED",
     "RUN_STATUSES",
     "CallRow",
     "CallStatus",
@@ -40,6 +41,12 @@ CALL_STATUSES: Final[frozenset[str]] = frozenset(
 )
 ITEM_STATUSES: Final[frozenset[str]] = frozenset(("done", "failed", "skipped_budget", "interrupted"))
 RUN_STATUSES: Final[frozenset[str]] = frozenset(("running", "finished", "stopped", "failed"))
+
+
+METHOD_PREPARED: Final = "method_prepared"
+"""The `EventRow` kind of a model-reading method's preparation (SOAP's splits and selection) for one backbone and
+realization. Its detail holds ``backbone``, ``method``, ``realization`` and ``items``, the trajectory ids that
+realization answers (SOAP: its test split), which the report scores it on; the rest is the method's record."""
 
 
 def utc_timestamp() -> str:

@@ -20,7 +20,11 @@ __all__ = ["COLUMN_NOTES", "TABLE_NOTES", "main", "render_markdown"]
 TABLE_NOTES: Final[dict[str, str]] = {
     "migrations": "Schema steps applied to this file, one row per migration (append-only).",
     "runs": "One row per named run; rerunning a name resumes it.",
-    "calls": "One row per attempt of a chat call: retries, length re-asks and call-cache hits included.",
+    "calls": (
+        "One row per attempt of a chat call: retries, length re-asks and call-cache hits included; on a local "
+        "backbone, one row per forward pass (stage `forward`, or `forward/reference` and `forward/validation` "
+        "while SOAP prepares; no completion, no USD; the arrays in `<db>.forward-cache/`)."
+    ),
     "blobs": "Prompts, raw responses and answer texts, stored once by content hash, zlib-compressed.",
     "predictions": "A method's final answer per work item; a rerun replaces it (upsert), never duplicates.",
     "items": "Where each work item stands, for resume and the report; upserted.",
@@ -56,12 +60,12 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "call_id": "assigned by the writer in enqueue order",
         **_WORK_ITEM_NOTES,
         "model": "model name the provider reported (or the configured one)",
-        "stage": "the call's role in the method (`attribution`, `summary`, ...)",
+        "stage": "the call's role in the method (`attribution`, `summary`, ..., `forward` for a forward pass)",
         "attempt": "1-based attempt number within one `llm.chat` call; `attempt = 1` counts calls",
         "max_tokens": "output budget of this attempt, tokens",
         "status": "ok | length | rate_limited | error | cached | cancelled",
         "finish_reason": "as reported (`stop`, `length`, ...)",
-        "prompt_tokens": "tokens; includes `cached_tokens`",
+        "prompt_tokens": "tokens; includes `cached_tokens`; a forward pass: the tokens it held, template included",
         "completion_tokens": "tokens; includes `reasoning_tokens`",
         "reasoning_tokens": "tokens",
         "cached_tokens": "prompt tokens served from the provider's prompt cache",
@@ -70,9 +74,10 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "error": "error message (never contains secrets)",
         "error_kind": "stable error label (`rate_limited`, `server_error`, ...)",
         "http_status": "HTTP status, when there was a response",
-        "cache_key": "the runner's call-cache key; `Store.lookup_call` searches it",
-        "request_sha256": "blob: canonical request JSON",
-        "response_sha256": "blob: raw response body",
+        "cache_key": "the runner's call-cache key; `Store.lookup_call` searches it; `forward:<sha256>` names a "
+        "forward pass's file in the forward cache",
+        "request_sha256": "blob: canonical request JSON (a forward pass: the model and its segments)",
+        "response_sha256": "blob: raw response body (a forward pass: a JSON summary, token counts and shapes)",
         "response_text_sha256": "blob: the answer's content (UTF-8), what a cache hit replays",
         "reasoning_text_sha256": "blob: the thinking text (UTF-8), when returned",
         "endpoint": "replica or base URL that served the attempt",
@@ -120,7 +125,10 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "at": "ISO-8601 UTC, milliseconds",
         "kind": (
             "short stable label: `resumed`, `data_problem`, `backbone_paused`, `backbone_stopped`, `budget_stop`, "
-            "`usage_estimated`, `row_repaired`, `row_rejected`"
+            "`usage_estimated`, `row_repaired`, `row_rejected`, `method_prepared` (a model-reading method's "
+            "preparation for one backbone and realization: `backbone`, `method`, `realization`, `items` = the ids "
+            "it answers, which the report scores it on; SOAP adds `seed`, `model` and per source its `split`, "
+            "chosen `config`, `selection` tables and reference size), `method_prepare_failed`"
         ),
         "detail_json": "JSON object with the particulars",
     },
