@@ -1,30 +1,130 @@
 """Spreading one backbone's calls over several replicas of the same server (self-hosted vLLM).
 
-Replicas of one model behind separate URLs are balanced by fewest outstanding requests: a replica that is slow
-(long prompts, a busier GPU) keeps its calls longer and so automatically receives fewer new ones, which plain
-round-robin cannot do. Ties go round-robin so that idle replicas warm up evenly. Everything runs on one event
-loop, so the counters need no lock.
+Outstanding requests are what this client knows for certain: a replica that is slow (long prompts, a busier GPU)
+keeps its calls longer and so receives fewer new ones, which plain round-robin cannot do. What it cannot see is
+load from elsewhere (another sweep on the same ``rcarun serve`` replicas, a replica still digesting a burst), so
+each replica's own count is read too: `MetricsPoller` scrapes vLLM's Prometheus ``/metrics`` every few hundred
+milliseconds (requests running and waiting, KV-cache usage) and `ReplicaBalancer` sends each call to the least
+loaded replica by this rule:
+
+- a replica's load is its last scrape's running + waiting, plus the calls this client has sent it since that
+  scrape less those that came back (a scrape is up to one interval old; our own calls since are known exactly),
+  and never less than our own outstanding calls;
+- with no scrape, or one older than ``stale_after_s`` (no ``/metrics``, a scrape failing), the load is our
+  outstanding count alone: the fallback is the old balancer;
+- ties go to the lower KV-cache usage (a fuller cache preempts sooner), then round-robin so idle replicas warm
+  up evenly;
+- a replica marked down (`set_available`: its managed process died) gets nothing while another is up.
+
+Prefix affinity (one trajectory's calls kept on one replica for its prefix cache) is not done yet. Everything
+runs on one event loop, so the counters need no lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+import math
+import re
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
 
-__all__ = ["ReplicaBalancer"]
+import aiohttp
+
+__all__ = ["MetricsPoller", "ReplicaBalancer", "ReplicaLoad", "parse_vllm_metrics"]
+
+# vLLM's gauges. The KV-cache one was renamed (gpu_cache_usage_perc until the V0 engine went, kv_cache_usage_perc
+# since); both are read, the current name first.
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What one replica reported: requests in its running batch and in its queue, KV-cache usage (0..1)."""
+
+    running: float
+    waiting: float
+    kv_usage: float | None = None
+
+    @property
+    def requests(self) -> float:
+        return self.running + self.waiting
+
+
+def parse_vllm_metrics(text: str) -> ReplicaLoad | None:
+    """The scheduler gauges of a Prometheus text page, summed over label sets (one per engine under data
+    parallelism); None when the page has neither requests gauge (not a vLLM server)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        found = _SAMPLE.match(line)
+        if found is None:
+            continue
+        name = found.group(1)
+        if name != _RUNNING and name != _WAITING and name not in _KV_USAGE:
+            continue
+        try:
+            value = float(found.group(2))
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        # Gauges of several engines add up; usage is a share, so the fullest engine speaks for the replica.
+        sums[name] = max(sums.get(name, 0.0), value) if name in _KV_USAGE else sums.get(name, 0.0) + value
+    if _RUNNING not in sums and _WAITING not in sums:
+        return None
+    kv = next((sums[name] for name in _KV_USAGE if name in sums), None)
+    return ReplicaLoad(running=sums.get(_RUNNING, 0.0), waiting=sums.get(_WAITING, 0.0), kv_usage=kv)
 
 
 class ReplicaBalancer:
-    """Chooses the base URL for each call: fewest in flight, ties by round-robin."""
+    """Chooses the base URL for each call: least loaded by the rule in the module docstring.
 
-    __slots__ = ("_cursor", "_outstanding", "_urls")
+    Args:
+        urls: the replicas' base URLs.
+        stale_after_s: a scrape older than this is not used (the outstanding count decides alone).
+        clock: monotonic seconds; replaceable for tests.
+    """
 
-    def __init__(self, urls: tuple[str, ...]) -> None:
+    __slots__ = (
+        "_available",
+        "_clock",
+        "_cursor",
+        "_outstanding",
+        "_reported",
+        "_reported_at",
+        "_sent_since",
+        "_urls",
+        "stale_after_s",
+    )
+
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        *,
+        stale_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not urls:
             raise ValueError("ReplicaBalancer needs at least one URL")
         self._urls = urls
-        self._outstanding = [0] * len(urls)
+        count = len(urls)
+        self._outstanding = [0] * count
+        self._reported: list[ReplicaLoad | None] = [None] * count
+        self._reported_at = [-math.inf] * count
+        # Our calls sent to each replica since its last scrape, less those that came back (may go negative).
+        self._sent_since = [0] * count
+        self._available = [True] * count
         self._cursor = 0
+        self._clock = clock
+        self.stale_after_s = stale_after_s
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -34,24 +134,51 @@ class ReplicaBalancer:
         """Calls currently in flight per replica, in `urls` order."""
         return tuple(self._outstanding)
 
+    def report(self, index: int, load: ReplicaLoad | None) -> None:
+        """A scrape of replica ``index`` (None: it has no metrics; the outstanding count decides for it)."""
+        self._reported[index] = load
+        self._reported_at[index] = self._clock() if load is not None else -math.inf
+        self._sent_since[index] = 0
+
+    def set_available(self, index: int, up: bool) -> None:
+        """Mark replica ``index`` down (it gets no calls while another is up) or up again."""
+        self._available[index] = up
+        if not up:
+            self._reported[index] = None
+            self._reported_at[index] = -math.inf
+
+    def load(self, index: int) -> float:
+        """The load the balancer sees on replica ``index`` now."""
+        own = self._outstanding[index]
+        reported = self._reported[index]
+        if reported is None or self._clock() - self._reported_at[index] > self.stale_after_s:
+            return float(own)
+        return max(float(own), reported.requests + self._sent_since[index])
+
     def acquire(self) -> int:
         """Index of the replica for the next call; the caller must `release` it when the call ends."""
         count = len(self._urls)
         if count == 1:
-            self._outstanding[0] += 1
-            return 0
-        best = self._cursor
-        for offset in range(1, count):
-            index = (self._cursor + offset) % count
-            # Strict '<' keeps the first minimum met from the cursor on: that is the round-robin tie-break.
-            if self._outstanding[index] < self._outstanding[best]:
-                best = index
+            best = 0
+        else:
+            candidates = [i for i in range(count) if self._available[i]] or list(range(count))
+            best = -1
+            best_key = (math.inf, math.inf, math.inf)
+            for index in candidates:
+                reported = self._reported[index]
+                kv = reported.kv_usage if reported is not None and reported.kv_usage is not None else 0.0
+                # Distance from the cursor last: the first minimum met from the cursor on wins (round-robin).
+                key = (self.load(index), kv, float((index - self._cursor) % count))
+                if key < best_key:
+                    best, best_key = index, key
+            self._cursor = (best + 1) % count
         self._outstanding[best] += 1
-        self._cursor = (best + 1) % count
+        self._sent_since[best] += 1
         return best
 
     def release(self, index: int) -> None:
         self._outstanding[index] -= 1
+        self._sent_since[index] -= 1
 
     @contextmanager
     def lease(self) -> Iterator[str]:
@@ -61,3 +188,64 @@ class ReplicaBalancer:
             yield self._urls[index]
         finally:
             self.release(index)
+
+
+class MetricsPoller:
+    """Scrapes every replica's ``/metrics`` each ``interval_s`` into a `ReplicaBalancer`, for an ``async with``.
+
+    One task per backbone; a replica whose scrape fails or is not vLLM's is reported as having no metrics, so
+    the balancer counts outstanding requests for it until a scrape succeeds again.
+    """
+
+    def __init__(
+        self, balancer: ReplicaBalancer, *, interval_s: float = 0.25, timeout_s: float = 1.0
+    ) -> None:
+        self.balancer = balancer
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.scrapes = 0
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+        self._urls = tuple(_metrics_url(url) for url in balancer.urls)
+
+    async def __aenter__(self) -> MetricsPoller:
+        self._task = asyncio.create_task(self._run(), name="rcarun-replica-metrics")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await asyncio.gather(*(self._scrape(session, i, url) for i, url in enumerate(self._urls)))
+                await asyncio.sleep(self.interval_s)
+
+    async def _scrape(self, session: aiohttp.ClientSession, index: int, url: str) -> None:
+        load: ReplicaLoad | None = None
+        try:
+            async with session.get(url) as response:
+                if response.status == 200:
+                    load = parse_vllm_metrics(await response.text(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            load = None
+        self.scrapes += 1
+        if load is None:
+            self.failures += 1
+        self.balancer.report(index, load)
+
+
+def _metrics_url(base_url: str) -> str:
+    """``http://h:p/v1`` → ``http://h:p/metrics`` (vLLM serves its metrics beside the API, not under it)."""
+    root = base_url.rstrip("/")
+    return (root.removesuffix("/v1") or root) + "/metrics"

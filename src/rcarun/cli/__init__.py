@@ -25,9 +25,11 @@ from pathlib import Path
 
 from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
 from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
+from rcarun.cli.db import DB_COMMANDS, add_db_commands, run_db_command
 from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.cli.output import silence_closed_output, survives_closed_stdout
+from rcarun.cli.serve import add_serve_command, cmd_serve
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.runner import (
@@ -402,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_analysis_commands(commands, _DEFAULT_DB)
     add_estimate_command(commands)
     add_methods_command(commands)
+    add_db_commands(commands, _DEFAULT_DB)
+    add_serve_command(commands)
 
     bench = commands.add_parser(
         "bench", help="performance benchmarks against the simulator and a strict sliding-window server"
@@ -445,8 +449,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sweep(args)
         if args.command == "bench":
             return _cmd_bench(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "methods":
             return cmd_methods(args)
+        if args.command in DB_COMMANDS:
+            return run_db_command(args, _DEFAULT_DB)
         if args.command == "estimate":
             return cmd_estimate(args)
         if args.command == "score":

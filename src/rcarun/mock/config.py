@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 __all__ = [
     "HeaderStyle",
+    "KvCacheMetric",
     "MockConfig",
     "OverConcurrency",
     "ReasoningField",
@@ -26,6 +27,9 @@ HeaderStyle = Literal["openai", "moonshot", "none"]
 OverConcurrency = Literal["429", "queue"]
 ReasoningField = Literal["reasoning_content", "reasoning"]
 UsageStyle = Literal["openai", "deepseek"]
+# vLLM renamed its KV-cache gauge (``vllm:gpu_cache_usage_perc`` until the V0 engine went, then
+# ``vllm:kv_cache_usage_perc``); the simulator serves either, so clients are tested against both.
+KvCacheMetric = Literal["kv_cache_usage_perc", "gpu_cache_usage_perc"]
 
 _FAULT_RATE_FIELDS = (
     "error_500_rate",
@@ -98,6 +102,16 @@ class MockConfig:
         quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
         tool_rounds_max: most tool rounds a conversation offered tools makes before answering (a seeded draw
             in 0..max per conversation; see `rcarun.mock.answers.simulate_tool_calls`).
+
+    The vLLM face (``/health``, ``/version``, ``/metrics``, and ``max_model_len`` in ``/v1/models``):
+        startup_delay_s: ``/health`` answers 503 for this long after the server starts, as a server that listens
+            before its engine is ready.
+        model_root: the ``root`` of the ``/v1/models`` card (vLLM: the model path behind a served name); None
+            repeats ``model``.
+        server_version: what ``GET /version`` reports.
+        kv_cache_tokens: KV-cache capacity in tokens: ``/metrics`` reports the prompt and completion tokens of the
+            requests generating over it. None: the share of ``max_concurrency`` slots in use (0 without a cap).
+        kv_cache_metric: the KV-cache gauge's name (vLLM renamed it; see `KvCacheMetric`).
     """
 
     model: str = "sim-model"
@@ -134,10 +148,21 @@ class MockConfig:
     api_key: str | None = field(default=None, repr=False)
     quota_exhausted: bool = False
     tool_rounds_max: int = 3
+    startup_delay_s: float = 0.0
+    model_root: str | None = None
+    server_version: str = "0.0.0+rcarun.sim"
+    kv_cache_tokens: int | None = None
+    kv_cache_metric: KvCacheMetric = "kv_cache_usage_perc"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("latency_s", "latency_per_token_s", "hang_s", "rate_limit_retry_after_s"):
+        for name in (
+            "latency_s",
+            "latency_per_token_s",
+            "hang_s",
+            "rate_limit_retry_after_s",
+            "startup_delay_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
@@ -145,7 +170,7 @@ class MockConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("rpm", "tpm", "rps", "max_concurrency", "context_window"):
+        for name in ("rpm", "tpm", "rps", "max_concurrency", "context_window", "kv_cache_tokens"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 problems.append(f"{name} must be a positive integer or None, got {value!r}")
@@ -172,12 +197,15 @@ class MockConfig:
             "headers": get_args(HeaderStyle),
             "reasoning_field": (*get_args(ReasoningField), None),
             "usage_style": get_args(UsageStyle),
+            "kv_cache_metric": get_args(KvCacheMetric),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {allowed!r}, got {getattr(self, name)!r}")
         if not self.model:
             problems.append("model must be a non-empty string")
+        if self.model_root is not None and not self.model_root:
+            problems.append("model_root must be None or a non-empty string")
         if isinstance(self.tool_rounds_max, bool) or not isinstance(self.tool_rounds_max, int):
             problems.append(f"tool_rounds_max must be an integer, got {self.tool_rounds_max!r}")
         elif self.tool_rounds_max < 0:

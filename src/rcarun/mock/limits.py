@@ -241,6 +241,11 @@ class FifoSlots:
     def in_use(self) -> int:
         return self.capacity - self._free
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot (vLLM's ``num_requests_waiting``)."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
     def try_take(self) -> bool:
         """Take a slot if one is free and nobody is queued ahead."""
         if self._free > 0 and not self._waiters:

@@ -8,7 +8,10 @@ logging unless the request log is switched on, stdlib JSON, O(1) bookkeeping —
 to sustain ~1,000 requests/s on one core.
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /mock/stats``, ``GET /mock/log`` (the request
-log, when ``request_log_size`` > 0), ``POST /mock/reset``.
+log, when ``request_log_size`` > 0), ``POST /mock/reset``, and vLLM's face, so that rcarun's managed replicas
+are tested without a GPU: ``GET /health`` (503 during ``startup_delay_s``), ``GET /version``, ``GET /metrics``
+(Prometheus text with vLLM's gauge names for requests running and waiting and KV-cache usage) and
+``max_model_len`` in every ``/v1/models`` card, as vLLM's ``ModelCard`` carries it.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class _State:
         self.request_log = RequestLog(config.request_log_size) if config.request_log_size > 0 else None
         self.seen_first_messages: set[int] = set()
         self.completion_ids = itertools.count(1)
+        # Prompt + completion tokens of the requests generating now: what the simulated KV cache holds.
+        self.kv_tokens = 0
 
 
 class MockServer:
@@ -136,6 +141,7 @@ class MockServer:
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
         self._state = _State(self.config, clock())
+        self._started_at = clock()
         self._slots = FifoSlots(self.config.max_concurrency) if self.config.max_concurrency else None
         self._expected_authorization = (
             f"Bearer {self.config.api_key}".encode() if self.config.api_key is not None else None
@@ -184,6 +190,9 @@ class MockServer:
         app.router.add_get("/mock/stats", self._handle_stats)
         app.router.add_get("/mock/log", self._handle_log)
         app.router.add_post("/mock/reset", self._handle_reset)
+        app.router.add_get("/health", self._handle_health)
+        app.router.add_get("/version", self._handle_version)
+        app.router.add_get("/metrics", self._handle_metrics)
         return app
 
     async def start(self) -> None:
@@ -200,6 +209,7 @@ class MockServer:
             raise
         self._runner = runner
         self._port = int(runner.addresses[0][1])
+        self._started_at = self._clock()
         self.reset()
 
     async def stop(self) -> None:
@@ -252,11 +262,56 @@ class MockServer:
     async def _handle_models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized({})
-        body = {
-            "object": "list",
-            "data": [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "rcarun-mock"}],
+        config = self.config
+        card = {
+            "id": config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "rcarun-mock",
+            "root": config.model_root or config.model,
+            "parent": None,
+            "max_model_len": config.context_window,
+            "permission": [],
         }
-        return _json_response(200, body)
+        return _json_response(200, {"object": "list", "data": [card]})
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        if self._clock() - self._started_at < self.config.startup_delay_s:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def _handle_version(self, request: web.Request) -> web.Response:
+        return _json_response(200, {"version": self.config.server_version})
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(status=200, text=self.metrics_text(), content_type="text/plain", charset="utf-8")
+
+    def metrics_text(self) -> str:
+        """vLLM's scheduler and KV-cache gauges in Prometheus text format, labelled as vLLM labels them."""
+        config = self.config
+        state = self._state
+        running = max(0, state.stats.generating)
+        waiting = self._slots.waiting if self._slots is not None else 0
+        if config.kv_cache_tokens is not None:
+            usage = min(1.0, state.kv_tokens / config.kv_cache_tokens)
+        elif config.max_concurrency:
+            usage = min(1.0, running / config.max_concurrency)
+        else:
+            usage = 0.0
+        labels = f'{{engine="0",model_name="{_label_value(config.model)}"}}'
+        gauges = (
+            ("num_requests_running", "Number of requests in model execution batches.", float(running)),
+            ("num_requests_waiting", "Number of requests waiting to be processed.", float(waiting)),
+            (config.kv_cache_metric, "KV-cache usage. 1 means 100 percent usage.", usage),
+        )
+        lines: list[str] = []
+        for name, help_text, value in gauges:
+            lines += [
+                f"# HELP vllm:{name} {help_text}",
+                f"# TYPE vllm:{name} gauge",
+                f"vllm:{name}{labels} {value!r}",
+            ]
+        return "\n".join(lines) + "\n"
 
     async def _handle_stats(self, request: web.Request) -> web.Response:
         return _json_response(200, self.stats().to_dict())
@@ -426,6 +481,7 @@ class MockServer:
                 streamed, arrived = queued
                 holds_slot = True
         recorder.generation_started()
+        state.kv_tokens += charged_tokens
         latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
         try:
             remaining = latency - (self._clock() - arrived)
@@ -433,6 +489,7 @@ class MockServer:
                 await asyncio.sleep(remaining)
         finally:
             recorder.generation_finished()
+            state.kv_tokens -= charged_tokens
             if holds_slot and slots is not None:
                 # The scheduled end, even when this task woke late: the slot's next holder starts from there.
                 slots.release(min(self._clock(), arrived + latency))
@@ -870,6 +927,11 @@ def _drop_connection(request: web.Request) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+def _label_value(text: str) -> str:
+    """``text`` escaped for a Prometheus label value (backslash, quote, newline)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _json_response(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import tomllib
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "PriceWindowConfig",
     "PricesConfig",
     "RetryConfig",
+    "ServeConfig",
     "SpendBudgetConfig",
     "StageConfig",
     "SweepConfig",
@@ -229,6 +231,74 @@ class LocalModelConfig(_Strict):
     trust_remote_code: bool = False
 
 
+# Flags rcarun sets on every managed replica (`rcarun.serving.RESERVED_FLAGS`, repeated here so that the config
+# layer stays a plain parser; a test keeps the two equal).
+_SERVE_RESERVED_FLAGS = (
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--max-model-len",
+    "--tensor-parallel-size",
+    "-tp",
+    "--api-key",
+)
+
+
+class ServeConfig(_Strict):
+    """How a ``provider = "vllm"`` backbone serves itself (``[backbones.X.serve]``): rcarun starts one
+    ``vllm serve`` per group of ``tensor_parallel`` GPUs, checks and supervises them (`rcarun.serving`)."""
+
+    model: str = Field(min_length=1, description="hub name or model directory vLLM loads")
+    gpus: tuple[int, ...] = Field(min_length=1, description="GPU indices, cut in order into replicas")
+    tensor_parallel: int = Field(1, ge=1, description="GPUs per replica")
+    max_model_len: int | None = Field(
+        None, gt=0, description="--max-model-len; default: the backbone's context_window"
+    )
+    extra_args: tuple[str, ...] = Field((), description="more vllm serve flags, as written")
+    command: str | tuple[str, ...] = Field(
+        "vllm", description="the vllm program (a string is split like a shell)"
+    )
+    host: str = "127.0.0.1"
+    port_base: int | None = Field(
+        None, ge=1, le=65535, description="replica i on port_base + i; default: free"
+    )
+    startup_timeout_s: float = Field(900.0, gt=0, description="per replica, to answer /health and /v1/models")
+    restarts: int = Field(2, ge=0, description="restarts of each replica that dies mid-run")
+    grace_s: float = Field(30.0, gt=0, description="after SIGTERM, before SIGKILL")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ServeConfig:
+        if len(set(self.gpus)) != len(self.gpus) or any(gpu < 0 for gpu in self.gpus):
+            raise _Problem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
+        if len(self.gpus) % self.tensor_parallel:
+            raise _Problem(
+                f"{len(self.gpus)} GPUs do not split into replicas of tensor_parallel = {self.tensor_parallel}",
+                ("gpus",),
+            )
+        if self.port_base is not None and self.port_base + self.replicas - 1 > 65535:
+            raise _Problem(f"port_base {self.port_base} leaves no port for every replica", ("port_base",))
+        for index, arg in enumerate(self.extra_args):
+            if arg.split("=", 1)[0] in _SERVE_RESERVED_FLAGS:
+                raise _Problem(
+                    f"{arg} is set by rcarun for each replica; use the serve table's keys",
+                    (
+                        "extra_args",
+                        index,
+                    ),
+                )
+        if not self.command_argv:
+            raise _Problem("command is empty", ("command",))
+        return self
+
+    @property
+    def replicas(self) -> int:
+        return len(self.gpus) // self.tensor_parallel
+
+    @property
+    def command_argv(self) -> tuple[str, ...]:
+        return tuple(shlex.split(self.command)) if isinstance(self.command, str) else self.command
+
+
 _TINY = re.compile(r"tiny(?::(-?[0-9]+))?")
 
 
@@ -248,6 +318,11 @@ class BackboneConfig(_Strict):
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
     transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
     timeout_s: float = Field(600.0, gt=0)
+    balance: Literal["outstanding", "metrics"] = Field(
+        "outstanding",
+        description="how calls are spread over several replicas: by our outstanding calls, or by what vLLM's "
+        "/metrics report (running + waiting); metrics measured no better (docs/performance.md)",
+    )
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
     thinking: bool | None = None
@@ -263,9 +338,28 @@ class BackboneConfig(_Strict):
     local: LocalModelConfig | None = Field(
         None, description="provider 'local' only: how the model is loaded (defaults when left out)"
     )
+    serve: ServeConfig | None = Field(
+        None, description="provider 'vllm' only: rcarun starts the replicas; their URLs are the endpoints"
+    )
 
     @model_validator(mode="after")
     def _one_endpoint_at_least(self) -> BackboneConfig:
+        if self.serve is not None:
+            if self.provider != "vllm":
+                raise ValueError(
+                    f"[serve] starts vLLM replicas: provider must be 'vllm', not {self.provider!r}"
+                )
+            if self.base_url or self.base_urls:
+                raise ValueError(
+                    "a backbone with [serve] gets its URLs from its replicas: remove base_url / base_urls"
+                )
+            window, served = self.context_window, self.serve.max_model_len
+            if window is not None and served is not None and window != served:
+                raise ValueError(
+                    f"context_window ({window}) and serve.max_model_len ({served}) differ: the runner would cut "
+                    "prompts to one window while the server holds another; make them equal (or set one)"
+                )
+            return self
         if self.provider == "local":
             # Forward passes on this machine: no endpoint, no key, nothing priced.
             if self.base_url or self.base_urls:
@@ -306,7 +400,13 @@ class BackboneConfig(_Strict):
 
     @property
     def endpoints(self) -> tuple[str, ...]:
+        """The configured URLs (none for a managed backbone: its replicas' come when they are started)."""
         return self.base_urls or ((self.base_url,) if self.base_url else ())
+
+    @property
+    def is_managed(self) -> bool:
+        """rcarun starts and stops this backbone's vLLM replicas (``[serve]``)."""
+        return self.serve is not None
 
     @property
     def is_local(self) -> bool:

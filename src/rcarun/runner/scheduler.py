@@ -69,6 +69,7 @@ from rcarun.runner.forward_session import (
     LocalModel,
     forward_cache_dir,
 )
+from rcarun.runner.managed import managed_backbones, replica_balancing
 from rcarun.runner.progress import ProgressBoard
 from rcarun.runner.runtime import (
     BackboneCounters,
@@ -80,6 +81,7 @@ from rcarun.runner.runtime import (
     announce_line,
 )
 from rcarun.runner.session import ItemSession
+from rcarun.serving import replica_log_dir
 from rcarun.store import (
     METHOD_PREPARED,
     EventRow,
@@ -155,12 +157,18 @@ def build_prices(config: BackboneConfig) -> PriceTable:
     )
 
 
-def _backend_settings(name: str, config: BackboneConfig, pool_size: int) -> BackendSettings:
+# A managed backbone's URLs exist once its replicas are up; checking its key variable needs none of them.
+_NOT_SERVED_YET = ("http://127.0.0.1/v1",)
+
+
+def _backend_settings(
+    name: str, config: BackboneConfig, pool_size: int, base_urls: tuple[str, ...] = ()
+) -> BackendSettings:
     return BackendSettings(
         name=name,
         provider=config.provider,
         model=config.model,
-        base_urls=config.endpoints,
+        base_urls=base_urls or config.endpoints or _NOT_SERVED_YET,
         api_key_env=config.api_key_env,
         transport=config.transport,
         timeout_s=config.timeout_s,
@@ -373,7 +381,26 @@ async def _run_sweep(
                 announce(f"{error}; no new calls are sent, the calls in flight finish")
             stop.stop_admission("results.db is not taking writes")
 
-        async with StoreWriter(db_path, on_trouble=writes_failing) as writer:
+        def serving_event(kind: str, detail: dict[str, Any]) -> None:
+            if kind != "replicas_started":  # deaths and restarts are news; the start was announced already
+                announce(f"backbone {detail.get('backbone')!r}: {kind.replace('_', ' ')}: {_short(detail)}")
+            with contextlib.suppress(StoreError):
+                writer.add_event(
+                    EventRow(
+                        run_id=run_id, kind=kind, detail_json=json.dumps(detail, sort_keys=True, default=str)
+                    )
+                )
+
+        async with (
+            StoreWriter(db_path, on_trouble=writes_failing) as writer,
+            managed_backbones(
+                config,
+                log_dir=replica_log_dir(db_path),
+                on_event=serving_event,
+                on_exit=stop.on_exit,
+                announce=announce,
+            ) as fleets,
+        ):
             scope = run_id if config.sweep.cache == "run" else None
             context = RunContext(
                 config=config,
@@ -386,7 +413,8 @@ async def _run_sweep(
                 forward_cache=ForwardCache(forward_cache_dir(db_path), config.sweep.forward_cache),
             )
             recorder = _TrajectoryRecorder(context)
-            runtimes = _build_runtimes(config, ledger, backend_factory)
+            served = {name: fleet.base_urls for name, fleet in fleets.items()}
+            runtimes = _build_runtimes(config, ledger, backend_factory, served)
             context.runtimes.update(runtimes)
             stop.on_stop(lambda reason: _stop_all(runtimes, reason))
 
@@ -407,8 +435,9 @@ async def _run_sweep(
                     run_id, runtime.name, include_failed=not retry_failed
                 )
             board = ProgressBoard(runtimes, enabled=show_progress)
+            balanced = {name: (runtime.config, runtime.backend) for name, runtime in runtimes.items()}
             try:
-                async with asyncio.TaskGroup() as group:
+                async with replica_balancing(balanced, fleets), asyncio.TaskGroup() as group:
                     group.create_task(board.run())
                     drivers = [
                         group.create_task(
@@ -452,6 +481,17 @@ async def _run_sweep(
         if keeper is not None:
             keeper.release()
         store.close()
+
+
+def _short(detail: dict[str, Any]) -> str:
+    """A serving event's detail as one short line (the log tail last, cut)."""
+    parts = [
+        f"{key} {value}" for key, value in detail.items() if key not in ("backbone", "log_tail", "message")
+    ]
+    for key in ("message", "log_tail"):
+        if key in detail:
+            parts.append(f"{key}: {str(detail[key])[:300]}")
+    return ", ".join(parts)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], argument: str) -> None:
@@ -631,7 +671,10 @@ class _Walk:
 
 
 def _build_runtimes(
-    config: SweepConfig, ledger: SpendLedger, backend_factory: BackendFactory
+    config: SweepConfig,
+    ledger: SpendLedger,
+    backend_factory: BackendFactory,
+    served: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, BackboneRuntime]:
     runtimes: dict[str, BackboneRuntime] = {}
     for name, backbone in config.backbones.items():
@@ -674,7 +717,11 @@ def _build_runtimes(
         runtimes[name] = BackboneRuntime(
             name=name,
             config=backbone,
-            backend=backend_factory(_backend_settings(name, backbone, pool_size=limits.concurrency)),
+            backend=backend_factory(
+                _backend_settings(
+                    name, backbone, pool_size=limits.concurrency, base_urls=(served or {}).get(name, ())
+                )
+            ),
             gate=gate,
         )
     return runtimes

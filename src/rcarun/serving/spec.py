@@ -1,0 +1,114 @@
+"""What a managed backbone's replicas are: the serve table turned into one command line per replica.
+
+Kept apart from the processes so that the plan (which GPUs, which port, which flags) is a plain value that is
+tested, recorded with the run and shown by ``rcarun serve`` before anything is started. The runner builds a
+`ServeSpec` from ``[backbones.X.serve]``; this package imports nothing of the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeSpec"]
+
+# Flags rcarun sets on every replica; an ``extra_args`` entry naming one would contradict the plan.
+RESERVED_FLAGS = (
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--max-model-len",
+    "--tensor-parallel-size",
+    "-tp",
+    "--api-key",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlan:
+    """One replica: its GPUs (``CUDA_VISIBLE_DEVICES``), its port and its whole command line."""
+
+    index: int
+    gpus: tuple[int, ...]
+    port: int
+    argv: tuple[str, ...]
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(gpu) for gpu in self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSpec:
+    """How one backbone serves itself.
+
+    Attributes:
+        backbone: the backbone's name (every message names it).
+        served_model: the name requests carry (the backbone's ``model``), passed as ``--served-model-name``.
+        model: what the server loads: a hub name or a model directory (the positional argument of ``serve``).
+        gpus: the GPUs to use, split in order into groups of ``tensor_parallel``, one replica per group.
+        tensor_parallel: GPUs per replica (``--tensor-parallel-size``).
+        max_model_len: ``--max-model-len``; the served ``max_model_len`` must equal it. None: the model's own.
+        extra_args: more flags for every replica, as written.
+        command: the program and the words before ``serve`` (``("vllm",)``).
+        host: the address replicas listen on and are called at.
+        port_base: replica i listens on ``port_base + i``; None: free ports found at start.
+        startup_timeout_s: how long a replica may take to answer ``/health`` and ``/v1/models``.
+        restarts: how many times each replica is restarted after dying mid-run.
+        grace_s: how long a replica has to exit after SIGTERM before its process group gets SIGKILL.
+        log_dir: where each replica's output goes (``<backbone>-<index>.log``).
+        api_key_env: NAME of the variable holding the key the replicas require (handed over as ``VLLM_API_KEY``,
+            never on a command line).
+    """
+
+    backbone: str
+    served_model: str
+    model: str
+    gpus: tuple[int, ...]
+    tensor_parallel: int = 1
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    command: tuple[str, ...] = ("vllm",)
+    host: str = "127.0.0.1"
+    port_base: int | None = None
+    startup_timeout_s: float = 900.0
+    restarts: int = 2
+    grace_s: float = 30.0
+    log_dir: Path = Path(".")
+    api_key_env: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"backbone {self.backbone!r} serve"
+        if not self.gpus:
+            raise ValueError(f"{where}: gpus is empty")
+        if self.tensor_parallel < 1 or len(self.gpus) % self.tensor_parallel:
+            raise ValueError(
+                f"{where}: {len(self.gpus)} GPUs do not split into replicas of tensor_parallel = "
+                f"{self.tensor_parallel}"
+            )
+        if not self.command:
+            raise ValueError(f"{where}: command is empty")
+
+    @property
+    def replicas(self) -> int:
+        return len(self.gpus) // self.tensor_parallel
+
+    def gpu_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The GPUs of each replica, in order: ``gpus`` cut into runs of ``tensor_parallel``."""
+        step = self.tensor_parallel
+        return tuple(self.gpus[start : start + step] for start in range(0, len(self.gpus), step))
+
+    def plan(self, ports: tuple[int, ...]) -> tuple[ReplicaPlan, ...]:
+        """Each replica's command line on the given ports (one per replica)."""
+        if len(ports) != self.replicas:
+            raise ValueError(f"{self.replicas} replicas need {self.replicas} ports, got {len(ports)}")
+        plans = []
+        for index, (gpus, port) in enumerate(zip(self.gpu_groups(), ports, strict=True)):
+            argv = [*self.command, "serve", self.model, "--host", self.host, "--port", str(port)]
+            argv += ["--served-model-name", self.served_model]
+            argv += ["--tensor-parallel-size", str(self.tensor_parallel)]
+            if self.max_model_len is not None:
+                argv += ["--max-model-len", str(self.max_model_len)]
+            argv += self.extra_args
+            plans.append(ReplicaPlan(index=index, gpus=gpus, port=port, argv=tuple(argv)))
+        return tuple(plans)
