@@ -2,7 +2,8 @@
 
 `build_run` writes the trajectories, one done item and one prediction per `Pred`, and a stored sweep config
 naming each method label's registry name (which is how a report tells RCTA's component conditions and the
-paper's baselines apart).
+paper's baselines apart) and, when given, each backbone's provider (how it tells a local backbone, SOAP's, from
+the chat ones) and the ids a cell answers (a ``method_prepared`` event, as SOAP's test split).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcarun.store import ItemRow, PredictionRow, StoreWriter, TrajectoryRow, open_store
+from rcarun.store import (
+    METHOD_PREPARED,
+    EventRow,
+    ItemRow,
+    PredictionRow,
+    StoreWriter,
+    TrajectoryRow,
+    open_store,
+)
 
 __all__ = ["Pred", "Traj", "build_run"]
 
@@ -45,13 +54,27 @@ class Pred:
     realization: int = 0
 
 
-async def _build(db: Path, name: str, config: dict[str, Any], trajs: list[Traj], preds: list[Pred]) -> int:
+Scope = tuple[str, str, int]
+"""(backbone, method, realization) of a cell that answers only some of the run's trajectories."""
+
+
+async def _build(
+    db: Path,
+    name: str,
+    config: dict[str, Any],
+    trajs: list[Traj],
+    preds: list[Pred],
+    scopes: dict[Scope, list[str]],
+) -> int:
     store = open_store(db)
     try:
         run_id = store.get_or_create_run(name, json.dumps(config))
     finally:
         store.close()
     async with StoreWriter(db) as writer:
+        for (backbone, method, realization), items in scopes.items():
+            detail = {"backbone": backbone, "method": method, "realization": realization, "items": items}
+            writer.add_event(EventRow(run_id=run_id, kind=METHOD_PREPARED, detail_json=json.dumps(detail)))
         for traj in trajs:
             writer.add_trajectory(
                 TrajectoryRow(
@@ -97,6 +120,8 @@ def build_run(
     *,
     methods: list[dict[str, Any]] | None = None,
     manifest: str | None = None,
+    backbones: dict[str, str] | None = None,
+    scopes: dict[Scope, list[str]] | None = None,
 ) -> int:
     """Write one run into ``db`` (created when missing) and return its id.
 
@@ -108,6 +133,13 @@ def build_run(
         methods: the sweep config's ``methods`` (``{"name", "label", "options"}``); labels it does not name
             are read as their own registry names.
         manifest: ``sweep.manifest`` (a run drawn by a manifest, as LongRCA-Mini).
+        backbones: the stored config's backbones, name → provider (none: the config names no backbone).
+        scopes: per cell, the ids it answers, written as its ``method_prepared`` event.
     """
-    config = {"sweep": {"dataset": "hand-built", "manifest": manifest}, "methods": methods or []}
-    return asyncio.run(_build(db, name, config, trajs, preds))
+    config: dict[str, Any] = {
+        "sweep": {"dataset": "hand-built", "manifest": manifest},
+        "methods": methods or [],
+    }
+    if backbones:
+        config["backbones"] = {name: {"provider": provider} for name, provider in backbones.items()}
+    return asyncio.run(_build(db, name, config, trajs, preds, scopes or {}))

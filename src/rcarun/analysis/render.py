@@ -670,20 +670,21 @@ def _not_compared_notes(report: Mapping[str, Any]) -> list[str]:
 def _paired_section(report: Mapping[str, Any]) -> _Section:
     paired = _rows(report, "paired")
     across = _rows(report, "paired_backbones")  # the same method on two backbones, when the builder made them
+    kinds = _rows(report, "paired_across")  # a method on a local backbone against one on a chat backbone
     title = "Paired comparisons"
     excluded = [
         f"{_text(r, 'backbone')} · {_text(r, 'method')} ({_text(r, 'status')})"
         for r in _rows(report, "excluded")
     ]
     left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
-    if not paired and not across:
+    if not paired and not across and not kinds:
         notes_only = (
             "No paired comparisons in this report.",
             *((left_out,) if left_out else ()),
             *_not_compared_notes(report),
         )
         return _Section("paired", title, notes=notes_only)
-    family = any("family" in r for r in (*paired, *across))
+    family = any("family" in r for r in (*paired, *across, *kinds))
     tail = ("Family",) if family else ()
     tables = []
     if paired:
@@ -714,6 +715,21 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
         tables.append(
             _Table(("Method", "A vs B", *_PAIRED_STATS, *tail), rows, label_columns=3, caption=caption)
         )
+    if kinds:
+        rows = tuple(
+            _row(
+                f"{_text(r, 'method_a')} · {_text(r, 'backbone_a')}",
+                f"{_text(r, 'method_b')} · {_text(r, 'backbone_b')}",
+                *_paired_cells(r, False, family),
+            )
+            for r in kinds
+        )
+        caption = (
+            "Paired differences A − B between a method on a chat backbone and one on a local backbone (a model "
+            "read on this machine, as SOAP's), first realization, on the trajectories both answered (SOAP: its "
+            "test split); model and method differ together."
+        )
+        tables.append(_Table(("A", "B", *_PAIRED_STATS, *tail), rows, label_columns=3, caption=caption))
     notes = [
         *_rule_note(report),
         "Δ and its pointwise 95% source-stratified paired-bootstrap interval are in percentage points; W/L counts "
@@ -727,7 +743,7 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
         *_family_notes(report),
         *_not_compared_notes(report),
     ]
-    if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across)):
+    if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across, *kinds)):
         notes.append("Root MAE differences and intervals are in steps, not percentage points.")
     if left_out:
         notes.append(left_out)

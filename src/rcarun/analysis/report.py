@@ -23,6 +23,17 @@ methods), and ``protocol`` in the dict says what was chosen and why:
       metric in a family of its own; ablation, the (up to) four component conditions against full RCTA, per
       backbone (App. H). ``"metric"`` adjusts each metric's comparisons together; ``"all"`` adjusts every
       comparison of the report together. Each paired entry names its ``family``.
+    - Comparisons across kinds of backbone (``paired_across``): a method that reads a model (SOAP) runs on a
+      local backbone only (``provider = "local"``), where no chat method runs, so the per-backbone comparison
+      never meets it. Each compared method whose backbones are of the other kind than the reference's is
+      compared with the reference across them: its cell on every backbone of its kind against the
+      reference's on every backbone of the reference's kind (SOAP on its model against the reference on each
+      chat backbone; with ``--reference soap``, every chat method on every chat backbone against SOAP), on
+      the trajectories both answered (SOAP's test split, `common_items`), with the same statistics. Model and
+      method differ together in such a pair, and its n is the test split's: the comparisons are adjusted per
+      metric in a family of their own (``across/<metric>``), never joining App. B's family or changing the
+      p-values of the per-backbone ones (docs/fidelity.md); ``"metric"`` and ``"all"`` take them in as any
+      other comparison between methods.
     - Backbone comparisons (``compare_backbones``): for every method, each backbone against the first one
       named, with the same statistics, under ``paired_backbones``. When none are named and the run has a
       single method on several backbones, every backbone is compared with the first by name (there is no
@@ -303,7 +314,8 @@ def build_report(
     if not options.compare_backbones and len(scores.methods) == 1 and len(scores.backbones) > 1:
         options = replace(options, compare_backbones=tuple(scores.backbones))
     paired_backbones = _paired_backbones(scores, protocol, options)
-    paired, paired_backbones = _adjust(paired, paired_backbones)
+    paired_across = _paired_across(scores, reference, compared, protocol, options)
+    paired, paired_backbones, paired_across = _adjust(paired, paired_backbones, paired_across)
     components = _components(store, run, scores, kinds, protocol, options, study)
     left_out = sorted(m for m in scores.methods if m != reference and m not in compared)
     # The methods of the protocol's comparison: App. A and K.1 set these side by side, as the paper its six.
@@ -330,7 +342,7 @@ def build_report(
             "confidence": options.confidence,
             "holm_family": protocol.holm_family,
             "holm_backbones": list(options.holm_backbones),
-            "families": _families(paired + paired_backbones, options),
+            "families": _families(paired + paired_backbones + paired_across, options),
             "paired_metrics": list(protocol.paired_metrics),
             "not_compared": [
                 {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
@@ -347,6 +359,7 @@ def build_report(
         "metrics": _metrics(scores, protocol, options),
         "paired": [entry for entry, _ in paired],
         "paired_backbones": [entry for entry, _ in paired_backbones],
+        "paired_across": [entry for entry, _ in paired_across],
         "complementarity": _complementarity(scores, reference, compared),
         "components": components,
         "repeatability": _repeatability(scores, protocol),
@@ -524,9 +537,10 @@ def _holm_within(entries: Paired, family: Mapping[int, str]) -> dict[int, float 
     return adjusted
 
 
-def _adjust(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]:
-    """Holm within each entry's ``family``; ``p_holm_joint`` over App. B's family across both metrics."""
-    entries = paired + paired_backbones
+def _adjust(*groups: Paired) -> tuple[Paired, ...]:
+    """Holm within each entry's ``family`` over every group; ``p_holm_joint`` over App. B's family across both
+    metrics. The groups come back adjusted, in the order and sizes given."""
+    entries = [pair for group in groups for pair in group]
     p_holm = _holm_within(entries, {i: entry["family"] for i, (entry, _) in enumerate(entries)})
     joint = _holm_within(
         entries, {i: "app-b" for i, (entry, _) in enumerate(entries) if entry["family"].startswith("app-b/")}
@@ -537,7 +551,12 @@ def _adjust(paired: Paired, paired_backbones: Paired) -> tuple[Paired, Paired]:
         adjusted.append(
             ({**entry, **_comparison_json(comparison), "p_holm_joint": joint.get(index)}, comparison)
         )
-    return adjusted[: len(paired)], adjusted[len(paired) :]
+    split: list[Paired] = []
+    start = 0
+    for group in groups:
+        split.append(adjusted[start : start + len(group)])
+        start += len(group)
+    return tuple(split)
 
 
 _METRIC_WORDS = {"agent_acc": "Agent Acc", "step_acc": "Step Acc", "step_pm5": "Step ±5"}
@@ -581,6 +600,8 @@ def _families(entries: Paired, options: ReportOptions) -> list[dict[str, Any]]:
             "app-h": f"App. H: the component conditions against full RCTA on {rest.rpartition('/')[0]}, {metric}",
             "metric": f"every comparison of {metric} between methods (--holm-family metric)",
             "backbones": f"every comparison of {metric} between backbones",
+            "across": f"methods on a local backbone against methods on a chat backbone, {metric} (exploratory: "
+            "model and method differ together; on the trajectories both answered)",
             "all": "every comparison of the report (--holm-family all)",
         }.get(kind, family)
         found.append({"family": family, "tests": tests, "description": description})
@@ -659,6 +680,69 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
                     "family": family,
                 }
                 entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+    return entries
+
+
+def _across_pairs(
+    scores: RunScores, reference: str | None, compared: Sequence[str]
+) -> Iterator[tuple[Cell, Cell, list[ItemScore], list[ItemScore]]]:
+    """(reference's cell, method's cell, their scores on the trajectories both answered) for every compared
+    method on a backbone of the other kind (local or chat) than the reference's, realization 0, shown cells
+    only (module docstring)."""
+    if reference is None or not scores.local_backbones:
+        return
+    local = scores.local_backbones
+    for method in compared:
+        if method == reference:
+            continue
+        for reference_backbone in scores.backbones:
+            base_cell = Cell(reference_backbone, reference, 0)
+            base = scores.scores.get(base_cell)
+            if not base or not _shown(scores, base_cell):
+                continue
+            for backbone in scores.backbones:
+                cell = Cell(backbone, method, 0)
+                other = scores.scores.get(cell)
+                if (
+                    (backbone in local) == (reference_backbone in local)
+                    or not other
+                    or not _shown(scores, cell)
+                ):
+                    continue
+                paired_base, paired_other = common_items(base, other)
+                if paired_base:
+                    yield base_cell, cell, paired_base, paired_other
+
+
+def _across_family(protocol: Protocol, metric: str) -> str:
+    if protocol.holm_family == "all":
+        return "all"
+    if protocol.holm_family == "metric":
+        return f"metric/{metric}"
+    return f"across/{metric}"
+
+
+def _paired_across(
+    scores: RunScores,
+    reference: str | None,
+    compared: Sequence[str],
+    protocol: Protocol,
+    options: ReportOptions,
+) -> Paired:
+    """The reference against each compared method of the other kind of backbone (module docstring)."""
+    entries: Paired = []
+    for base_cell, cell, base, other in _across_pairs(scores, reference, compared):
+        for metric in protocol.paired_metrics:
+            comparison = _compare(base, other, metric, protocol, options.confidence)
+            entry = {
+                "method_a": base_cell.method,
+                "backbone_a": base_cell.backbone,
+                "method_b": cell.method,
+                "backbone_b": cell.backbone,
+                "metric": metric,
+                "family": _across_family(protocol, metric),
+            }
+            entries.append(({**entry, **_comparison_json(comparison)}, comparison))
     return entries
 
 

@@ -7,7 +7,10 @@ taken from the run's ``trajectories`` table (every labelled trajectory the run r
 of a method that learns from part of the run's trajectories (SOAP's reference and validation splits): its
 ``method_prepared`` event names the ids it answers (its test split), and the cell is scored on those alone
 (``RunScores.scopes``), so a trajectory it learnt from is neither an error nor a success. Cells with
-different scopes are compared on the trajectories both answer (`common_items`).
+different scopes are compared on the trajectories both answer (`common_items`). Which backbones are local
+(``provider = "local"`` in the run's stored config: a model read on this machine, for methods such as SOAP that
+no chat backbone can run) is kept too (``RunScores.local_backbones``), so the report can pair a method of a local
+backbone with the methods of the chat backbones.
 
 Beside the scores, every cell gets its `Outcome`: how many expected trajectories have a prediction, how many of
 those could not be read (``predictions.error``) or were decided by a method's fallback rule
@@ -105,6 +108,7 @@ class RunScores:
         outcomes: per cell, what became of its expected trajectories (module docstring).
         scopes: per cell of a method that answers only part of the run (SOAP's test split), the ids it answers;
             its scores and outcome cover the expected trajectories among them. Cells not here answer all.
+        local_backbones: the run's backbones with ``provider = "local"`` (its stored config).
     """
 
     run: RunRow
@@ -116,6 +120,7 @@ class RunScores:
     simulated: bool = False
     outcomes: dict[Cell, Outcome] = field(default_factory=dict)
     scopes: dict[Cell, frozenset[str]] = field(default_factory=dict)
+    local_backbones: frozenset[str] = frozenset()
 
     @property
     def backbones(self) -> list[str]:
@@ -208,6 +213,7 @@ def load_run_scores(
         diagnostics=dict(diagnostics),
         turns=dict(turns),
         simulated=_simulated(run),
+        local_backbones=_local_backbones(run),
     )
     fallbacks = _fallbacks(store, run.run_id)
     result.scopes = _scopes(store, run.run_id)
@@ -322,12 +328,26 @@ def _output(output_json: str | None) -> dict[str, Any]:
     return output if isinstance(output, dict) else {}
 
 
-def _simulated(run: RunRow) -> bool:
+def _config(run: RunRow) -> dict[str, Any]:
     try:
         config = json.loads(run.config_json)
     except json.JSONDecodeError:
-        return False
-    if not isinstance(config, dict):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _local_backbones(run: RunRow) -> frozenset[str]:
+    backbones = _config(run).get("backbones")
+    if not isinstance(backbones, dict):
+        return frozenset()
+    return frozenset(
+        str(name) for name, b in backbones.items() if isinstance(b, dict) and b.get("provider") == "local"
+    )
+
+
+def _simulated(run: RunRow) -> bool:
+    config = _config(run)
+    if not config:
         return False
     sweep = config.get("sweep")
     if isinstance(sweep, dict) and sweep.get("simulated") is True:
