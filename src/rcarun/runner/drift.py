@@ -41,10 +41,13 @@ def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     sweep = config.get("sweep") or {}
     simulated = bool(sweep.get("simulated"))
     settings: dict[str, Any] = {f"sweep.{key}": sweep.get(key) for key in _SWEEP_KEYS}
-    # How forward passes are kept decides what a local model's method reads (float16 rounds the pooled states);
-    # a config from before the setting had the default.
-    settings["sweep.forward_cache"] = sweep.get("forward_cache", "float16")
+    # How forward passes are kept decides what a local model's method reads (float16 rounds the pooled states),
+    # so it is a setting of each local backbone: a run without one is not held to it. A config from before the
+    # setting had the default.
+    forward_cache = sweep.get("forward_cache", "float16")
     for name, backbone in (config.get("backbones") or {}).items():
+        if backbone.get("provider") == "local":
+            settings[f"backbones.{name}.forward_cache"] = forward_cache
         endpoints = tuple(backbone.get("base_urls") or ()) or (
             (backbone["base_url"],) if backbone.get("base_url") else ()
         )
