@@ -308,6 +308,20 @@ def test_refusals_that_go_on_past_a_buckets_refill_read_the_first_window_as_full
     assert refused <= 12
 
 
+def test_a_probe_refused_at_the_counted_limit_ends_probing_and_sends_its_extra_slowly() -> None:
+    # The learned 200/min is probed up 5 % after a quiet minute; the strict window refuses the extra and holds
+    # 200 again: that is the provider's limit, so no later minute probes (and draws refusals) again. The extra
+    # goes out at 200/min, not at the declared pace, so the probe costs a few refusals, not all it allowed.
+    server = WindowServer(rpm=200, signal="bare")
+    gate = _run(server, BackboneLimits(concurrency=32, rpm=400.0), seconds=400.0, workers=32)
+    first = server.first_refusal()
+    assert first is not None
+    refused_later = [at for at, ok in server.log if not ok and at > first + 2 * _WINDOW_S]
+    assert len(refused_later) <= 5
+    assert max(refused_later, default=0.0) < first + 3 * _WINDOW_S
+    assert gate.learned_limits[0] == pytest.approx(200.0, rel=0.01)
+
+
 def test_a_provider_that_meters_per_second_is_detected_and_paced_at_the_limit() -> None:
     server = PerSecondServer(rpm=240, signal="bare")
     gate = _run(server, BackboneLimits(concurrency=8, rpm=480.0), seconds=400.0)

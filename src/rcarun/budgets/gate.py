@@ -286,6 +286,8 @@ class BackboneGate:
         # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
         # probed upward now and then, since the count is only a lower bound of what the provider allows.
         self._probing: set[str] = set()
+        # The limit each kind was probed up from, until the next refusal tells whether it was the provider's.
+        self._probed_from: dict[str, float] = {}
         # Kinds whose limit now is one the provider stated or one counted over a whole window: a window that
         # holds well under it when the provider refuses shows metering finer than the window.
         self._window_limits: set[str] = set()
@@ -497,6 +499,16 @@ class BackboneGate:
                     float(self._accepted_tokens), now, self._mean_call_tokens, wait, quiet_s=quiet_s
                 )
         lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
+        for kind, count in (("requests", counted_rpm), ("tokens", counted_tpm)):
+            probed_from = self._probed_from.pop(kind, None)
+            if (
+                count is not None
+                and probed_from is not None
+                and abs(count - probed_from) <= 0.02 * probed_from
+            ):
+                # The probe above a counted limit was refused and the window holds that limit again: it is the
+                # provider's, exactly (a strict window). Probing again would only draw a refusal every window.
+                self._probing.discard(kind)
         window = self.limits.window_s or 60.0
         if lowered and self._first_accepted_at is not None and now - self._first_accepted_at >= window:
             # A count over a whole window; in the first window each refusal may lower the estimate again, as
@@ -694,7 +706,18 @@ class BackboneGate:
                 self._probing.discard("requests")
             if raised_tpm is None or (self.limits.tpm is not None and raised_tpm >= self.limits.tpm):
                 self._probing.discard("tokens")
-            self.limiter.set_limits(raised_rpm, raised_tpm)
+            pace: dict[str, float] = {}
+            for kind, before, raised in (("requests", rpm, raised_rpm), ("tokens", tpm, raised_tpm)):
+                if before is not None and raised is not None:
+                    self._probed_from[kind] = before
+                    # The extra allowance goes out at the limit it probes from, not in a burst at the declared
+                    # pace: where it is refused, one or two requests are, not all it allows.
+                    pace[kind] = before
+            if raised_rpm is None and rpm is not None:
+                raised_rpm = rpm  # not probed (any more): back to its own pace
+            if raised_tpm is None and tpm is not None:
+                raised_tpm = tpm
+            self.limiter.set_limits(raised_rpm, raised_tpm, pace=pace)
 
     def _sent_in_window(self) -> dict[str, list[tuple[float, float]]]:
         """What the provider accepted in the window, as (time, amount) per slot (each at its slot's end, so it

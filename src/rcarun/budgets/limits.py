@@ -500,13 +500,16 @@ class RateLimiter:
         tokens_per_minute: float | None,
         *,
         sent: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+        pace: Mapping[str, float] | None = None,
     ) -> bool:
         """Pace to these limits from now on, up or down; None leaves that limit as it is.
 
         A limit on something not paced until now gets a bucket that starts EMPTY: it is set because the
         provider refused or counted what was sent, so its own window is full now. Its window log starts with
         ``sent[kind]``, (time, amount) pairs oldest first of what the provider already counted (the limiter
-        kept no log of a kind it did not pace). Returns True when anything changed.
+        kept no log of a kind it did not pace). ``pace[kind]`` sets that bucket's pace instead of the one the
+        limit gives (a probe above a learned limit sends its extra slowly); the next call without it restores
+        the limit's own. Returns True when anything changed.
         """
         now = self._now()
         changed = False
@@ -516,6 +519,7 @@ class RateLimiter:
             if not limit > 0 or math.isinf(limit):
                 raise ValueError(f"{kind} per minute must be positive and finite, got {limit!r}")
             bucket = self._requests if kind == "requests" else self._tokens
+            wanted_pace = pace[kind] if pace is not None and kind in pace else self._pace_for(kind, limit)
             if bucket is None:
                 bucket = _Bucket(
                     limit,
@@ -523,7 +527,7 @@ class RateLimiter:
                     self._full_slack_s,
                     window_s=self._window_s,
                     start_full=False,
-                    pace_per_minute=self._pace_for(kind, limit),
+                    pace_per_minute=wanted_pace,
                 )
                 if bucket.log is not None and sent is not None:
                     for at, amount in sent.get(kind, ()):
@@ -535,9 +539,9 @@ class RateLimiter:
                 else:
                     self._tokens = bucket
                 changed = True
-            elif limit != bucket.per_minute:
+            elif limit != bucket.per_minute or wanted_pace != bucket.pace_per_minute:
                 bucket.refill(now)
-                bucket.set_rate(limit, self._serial, self._pace_for(kind, limit))
+                bucket.set_rate(limit, self._serial, wanted_pace)
                 changed = True
         if changed and self._waiting:
             self._admit_ready()
