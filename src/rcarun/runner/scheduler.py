@@ -224,7 +224,7 @@ def _iter_records(
 async def run_sweep(
     config: SweepConfig,
     *,
-    db_path: Path,
+    db_path: Path | str,
     run_name: str,
     stop: StopController | None = None,
     show_progress: bool = True,
@@ -252,7 +252,7 @@ async def run_sweep(
     with _responsive_loop():
         return await _run_sweep(
             config,
-            db_path=db_path,
+            db_path=Path(db_path),
             run_name=run_name,
             stop=stop or StopController(),
             show_progress=show_progress,
