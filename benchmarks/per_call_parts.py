@@ -8,7 +8,9 @@ End-to-end CPU per call on this shared 2-core machine spreads over ±20 % from r
 
 Parts: rendering a request (the canonical JSON and the body sent: the standard library against
 `rcarun.jsonfast`), on the bench's small prompts and on a 350-KB prompt; compressing a stored blob (zlib level
-6 against 1) on a bench request body and on the bundled Who&When trajectories, with the sizes.
+6 against 1) on a bench request body and on the bundled Who&When trajectories, with the sizes; and (issue 19)
+what the store writer does with each new blob, compressing it (level 1, before migration 4) against
+`rcarun.store.blobs.blob_columns` (text up to 64 KiB kept as is, larger blobs compressed).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import rcarun.data
 from rcarun import jsonfast
+from rcarun.store.blobs import blob_columns, compress_blob
 
 
 def best_us(function: Callable[[], Any], number: int, repeat: int = 7) -> float:
@@ -93,6 +96,28 @@ def main() -> None:
             best_us(lambda: [zlib.compress(blob, 1) for blob in trajectories], 20) / len(trajectories),
         )
     )
+    # The writer's part of a call: one blob per request (and one per raw response) turned into the row it stores.
+    response = json.dumps(
+        {
+            "choices": [
+                {"message": {"content": json.dumps({"agent": "Coder", "step": 3, "reason": "x" * 400})}}
+            ]
+        }
+    ).encode()
+    long_prompt = json.dumps(_body(100_000, rng), ensure_ascii=False).encode()
+    for label, blobs, number in (
+        (f"store a bench request body ({len(bench_blob):,} B)", [bench_blob], 5_000),
+        (f"store a raw response body ({len(response):,} B)", [response], 5_000),
+        (f"store each bundled Who&When file ({average:,} B on average)", trajectories, 20),
+        (f"store a 100-KB prompt ({len(long_prompt):,} B, over 64 KiB)", [long_prompt], 200),
+    ):
+        rows.append(
+            (
+                label,
+                best_us(lambda blobs=blobs: [compress_blob(blob) for blob in blobs], number) / len(blobs),  # type: ignore[misc]
+                best_us(lambda blobs=blobs: [blob_columns(blob) for blob in blobs], number) / len(blobs),  # type: ignore[misc]
+            )
+        )
     sizes = [
         (len(zlib.compress(blob, 6)), len(zlib.compress(blob, 1)), len(blob))
         for blob in [bench_blob, *trajectories]

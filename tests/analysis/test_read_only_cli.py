@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,9 +87,18 @@ def test_report_cost_and_export_read_a_read_only_file_in_a_read_only_directory(
 
 
 def _downgrade_to_version_1(db: Path) -> None:
-    """What rcarun before migration 2 wrote: no run_leases, calls.usage_source or predictions.fallback."""
+    """What rcarun before migration 2 wrote: no run_leases, calls.usage_source or predictions.fallback (nor
+    migration 4's views and blob text: its text blobs go back to zlib)."""
     connection = sqlite3.connect(db, isolation_level=None)
     try:
+        for view in ("calls_text", "predictions_scored", "run_summary"):
+            connection.execute(f"DROP VIEW {view}")
+        texts = connection.execute("SELECT sha256, text FROM blobs WHERE text IS NOT NULL").fetchall()
+        for sha256, text in texts:
+            connection.execute(
+                "UPDATE blobs SET zlib_data = ? WHERE sha256 = ?", (zlib.compress(text.encode()), sha256)
+            )
+        connection.execute("ALTER TABLE blobs DROP COLUMN text")
         connection.execute("DROP TABLE run_leases")
         connection.execute("ALTER TABLE calls DROP COLUMN usage_source")
         connection.execute("ALTER TABLE predictions DROP COLUMN fallback")

@@ -522,8 +522,11 @@ def _row_class(status: str, http_status: int | None) -> str:
 def _blob(connection: sqlite3.Connection, sha256: str | None) -> bytes | None:
     if sha256 is None:
         return None
-    row = connection.execute("SELECT zlib_data FROM blobs WHERE sha256 = ?", (sha256,)).fetchone()
-    return zlib.decompress(row[0]) if row else None
+    row = connection.execute("SELECT zlib_data, text FROM blobs WHERE sha256 = ?", (sha256,)).fetchone()
+    if row is None:
+        return None
+    # Since migration 4 a blob under 64 KiB is kept as text, a larger one compressed.
+    return str(row[1]).encode() if row[1] is not None else zlib.decompress(row[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -760,7 +760,10 @@ def integrity_check(db: Path) -> str:
 
 
 def _blobs(connection: sqlite3.Connection) -> Iterator[tuple[str, bytes]]:
-    for sha, data in connection.execute("SELECT sha256, zlib_data FROM blobs"):
+    for sha, data, text in connection.execute("SELECT sha256, zlib_data, text FROM blobs"):
+        if text is not None:  # since migration 4 a blob under 64 KiB is kept as text, a larger one compressed
+            yield str(sha), str(text).encode()
+            continue
         try:
             yield str(sha), zlib.decompress(data)
         except zlib.error:

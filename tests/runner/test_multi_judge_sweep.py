@@ -156,11 +156,17 @@ async def test_continual_search_continues_rctas_final_attribution_package(tmp_pa
         "ORDER BY call_id DESC LIMIT 1",
         (qid,),
     )
-    blobs = dict(
-        rows(db, "SELECT sha256, zlib_data FROM blobs WHERE sha256 IN (?, ?)", (request_sha, attribution_sha))
-    )
-    continuation = json.loads(zlib.decompress(blobs[request_sha]))["messages"]
-    package = json.loads(zlib.decompress(blobs[attribution_sha]))["messages"]
+    # Since migration 4 a blob under 64 KiB is kept as text, a larger one compressed.
+    blobs = {
+        sha: text if text is not None else zlib.decompress(data)
+        for sha, data, text in rows(
+            db,
+            "SELECT sha256, zlib_data, text FROM blobs WHERE sha256 IN (?, ?)",
+            (request_sha, attribution_sha),
+        )
+    }
+    continuation = json.loads(blobs[request_sha])["messages"]
+    package = json.loads(blobs[attribution_sha])["messages"]
     assert continuation[: len(package)] == package
     assert [m["role"] for m in continuation[len(package) :]] == ["assistant", "user"]
     assert continuation[-1]["content"].startswith("Do not stop at your first diagnosis.")

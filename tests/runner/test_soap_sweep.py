@@ -227,9 +227,10 @@ async def test_soap_beside_all_at_once_answers_only_its_test_split_and_records_e
     with sqlite3.connect(db) as connection:
         request_sha, response_sha = passes[0][5], passes[0][6]
         stored = {
-            sha: json.loads(zlib_decompress(data))
-            for sha, data in connection.execute(
-                "SELECT sha256, zlib_data FROM blobs WHERE sha256 IN (?, ?)", (request_sha, response_sha)
+            sha: json.loads(text if text is not None else zlib_decompress(data))
+            for sha, data, text in connection.execute(
+                "SELECT sha256, zlib_data, text FROM blobs WHERE sha256 IN (?, ?)",
+                (request_sha, response_sha),
             )
         }
     assert stored[request_sha]["segments"][0].startswith("Task: ")

@@ -280,8 +280,10 @@ def test_read_blob_reports_missing_and_corrupt_blobs(db_path: Path, store: Store
     with pytest.raises(StoreError, match="no blob abc"):
         store.read_blob("abc")
     connection = sqlite3.connect(db_path)
-    connection.execute("INSERT INTO blobs VALUES ('bad', ?, 3)", (b"not zlib",))
-    connection.execute("INSERT INTO blobs VALUES ('wrong', ?, 3)", (zlib.compress(b"abc"),))
+    connection.execute("INSERT INTO blobs (sha256, zlib_data, size) VALUES ('bad', ?, 3)", (b"not zlib",))
+    connection.execute(
+        "INSERT INTO blobs (sha256, zlib_data, size) VALUES ('wrong', ?, 3)", (zlib.compress(b"abc"),)
+    )
     connection.commit()
     connection.close()
     with pytest.raises(StoreError, match="blob bad is corrupt"):

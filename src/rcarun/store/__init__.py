@@ -15,6 +15,7 @@ from rcarun.store.lease import (
     claim_lease,
     this_process,
 )
+from rcarun.store.merge import MergeConflict, MergeSummary, Reconcile, merge_databases
 from rcarun.store.migrations import (
     MIGRATIONS,
     Migration,
@@ -60,10 +61,13 @@ __all__ = [
     "ItemStatus",
     "LeaseHolder",
     "LeaseKeeper",
+    "MergeConflict",
+    "MergeSummary",
     "Migration",
     "PredictionRow",
     "ReadOnlyConnection",
     "ReadPlan",
+    "Reconcile",
     "RunBusy",
     "RunRow",
     "RunStatus",
@@ -76,6 +80,7 @@ __all__ = [
     "apply_migrations",
     "blob_sha256",
     "claim_lease",
+    "merge_databases",
     "open_connection",
     "open_read_only",
     "open_store",

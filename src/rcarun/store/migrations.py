@@ -70,6 +70,142 @@ _CALL_STATUS_CHECK = "status IN ('ok', 'length', 'rate_limited', 'error', 'cache
 _ITEM_STATUS_CHECK = "status IN ('done', 'failed', 'skipped_budget', 'interrupted')"
 _RUN_STATUS_CHECK = "status IN ('running', 'finished', 'stopped', 'failed')"
 
+
+# -- migration 4: readable text and the views over it ---------------------------------------------------------
+# Built once from these constants; like any applied migration, never edited (a later change is a new migration).
+
+_WS = "char(32, 9, 10, 13)"  # what Python's str.strip() removes in practice: space, tab, newline, return
+
+
+def _normal_role(column: str) -> str:
+    """SQL for the scorer's role normal form as far as SQLite can go: trimmed, one trailing ``(-> X)`` or
+    ``(→ X)`` handoff suffix dropped, ASCII letters lower-cased (no NFKC, no Unicode casefold, inner
+    whitespace not collapsed)."""
+    trimmed = f"trim({column}, {_WS})"
+    branches = " ".join(
+        f"WHEN {trimmed} LIKE '%)' AND instr({trimmed}, '({arrow}') > 0 "
+        f"THEN trim(substr({trimmed}, 1, instr({trimmed}, '({arrow}') - 1), {_WS})"
+        for arrow in ("->", "→")
+    )
+    return f"lower(CASE {branches} ELSE {trimmed} END)"
+
+
+def _stated_reason(column: str) -> str:
+    """SQL for the reason a prediction's output states, where `rcarun.analysis.viewer` looks for it: the first
+    non-blank string under ``reason``, ``rationale``, ``explanation`` or ``reasoning``, at the top level, then in
+    ``answer``, then in ``diagnostics``."""
+    paths = [
+        f"$.{place}{key}"
+        for place in ("", "answer.", "diagnostics.")
+        for key in ("reason", "rationale", "explanation", "reasoning")
+    ]
+    picks = ", ".join(
+        f"CASE WHEN json_type({column}, '{path}') = 'text' THEN nullif(trim(json_extract({column}, '{path}'), "
+        f"{_WS}), '') END"
+        for path in paths
+    )
+    return f"CASE WHEN json_valid({column}) THEN coalesce({picks}) END"
+
+
+def _json_text(body: str, *paths: str) -> str:
+    picks = [f"json_extract({body}, '{path}')" for path in paths]
+    found = picks[0] if len(picks) == 1 else f"coalesce({', '.join(picks)})"
+    return f"CASE WHEN json_valid({body}) THEN {found} END"
+
+
+_CALLS_TEXT_VIEW = f"""
+CREATE VIEW calls_text AS
+SELECT c.call_id, r.name AS run, c.run_id, c.item_id, c.backbone, c.model, c.method, c.qid, c.realization,
+       c.stage, c.attempt, c.status, c.finish_reason, c.prompt_tokens, c.completion_tokens, c.reasoning_tokens,
+       c.cached_tokens, c.cost_usd, c.latency_ms, c.error, c.error_kind, c.http_status, c.started_at, c.ended_at,
+       CASE WHEN json_valid(rq.text) THEN coalesce(
+           (SELECT group_concat(coalesce(json_extract(m.value, '$.role'), '?') || ': '
+                                || coalesce(json_extract(m.value, '$.content'), ''), char(10) || char(10))
+            FROM json_each(rq.text, '$.messages') AS m),
+           (SELECT group_concat(s.value, char(10) || char(10)) FROM json_each(rq.text, '$.segments') AS s)
+       ) ELSE rq.text END AS prompt,
+       coalesce(answer.text, {_json_text("rs.text", "$.choices[0].message.content")}) AS answer,
+       coalesce(
+           thinking.text,
+           {_json_text("rs.text", "$.choices[0].message.reasoning_content", "$.choices[0].message.reasoning")}
+       ) AS reasoning,
+       rq.text AS request_json,
+       rs.text AS response_body,
+       (c.request_sha256 IS NOT NULL AND rq.text IS NULL)
+           OR (c.response_sha256 IS NOT NULL AND rs.text IS NULL)
+           OR (c.response_text_sha256 IS NOT NULL AND answer.text IS NULL)
+           OR (c.reasoning_text_sha256 IS NOT NULL AND thinking.text IS NULL) AS text_compressed
+FROM calls AS c
+LEFT JOIN runs AS r ON r.run_id = c.run_id
+LEFT JOIN blobs AS rq ON rq.sha256 = c.request_sha256
+LEFT JOIN blobs AS rs ON rs.sha256 = c.response_sha256
+LEFT JOIN blobs AS answer ON answer.sha256 = c.response_text_sha256
+LEFT JOIN blobs AS thinking ON thinking.sha256 = c.reasoning_text_sha256
+"""
+
+_PREDICTIONS_SCORED_VIEW = f"""
+CREATE VIEW predictions_scored AS
+SELECT run_id, run, item_id, backbone, method, qid, realization, source, n_steps, pred_role, pred_step,
+       ref_role, ref_step, role_valid, step_valid, abstained, fallback, error, reason,
+       CASE WHEN ref_role IS NULL THEN NULL
+            ELSE coalesce(pred_normal <> '' AND pred_normal = ref_normal, 0) END AS role_correct,
+       CASE WHEN ref_step IS NULL THEN NULL
+            ELSE coalesce(step_valid = 1 AND pred_step = ref_step, 0) END AS step_exact,
+       CASE WHEN ref_step IS NULL THEN NULL
+            ELSE coalesce(step_valid = 1 AND abs(pred_step - ref_step) <= 5, 0) END AS step_pm5,
+       CASE WHEN ref_role IS NULL OR ref_step IS NULL THEN NULL
+            ELSE coalesce(pred_normal <> '' AND pred_normal = ref_normal AND step_valid = 1
+                          AND pred_step = ref_step, 0) END AS joint_exact,
+       output_json
+FROM (
+    SELECT p.run_id, r.name AS run, p.item_id, p.backbone, p.method, p.qid, p.realization, t.source, t.n_steps,
+           p.pred_role, p.pred_step, t.ref_role, t.ref_step, p.role_valid, p.step_valid, p.abstained, p.fallback,
+           p.error, {_stated_reason("p.output_json")} AS reason,
+           {_normal_role("p.pred_role")} AS pred_normal, {_normal_role("t.ref_role")} AS ref_normal,
+           p.output_json
+    FROM predictions AS p
+    LEFT JOIN runs AS r ON r.run_id = p.run_id
+    LEFT JOIN trajectories AS t ON t.run_id = p.run_id AND t.qid = p.qid
+)
+"""
+
+_RUN_SUMMARY_VIEW = """
+CREATE VIEW run_summary AS
+SELECT r.run_id, r.name AS run, r.status, r.created_at, r.updated_at,
+       coalesce(t.trajectories, 0) AS trajectories,
+       coalesce(i.backbones, 0) AS backbones, coalesce(i.methods, 0) AS methods,
+       coalesce(i.items, 0) AS items, coalesce(i.done, 0) AS items_done, coalesce(i.failed, 0) AS items_failed,
+       coalesce(i.skipped_budget, 0) AS items_skipped_budget, coalesce(i.interrupted, 0) AS items_interrupted,
+       coalesce(p.predictions, 0) AS predictions, coalesce(p.role_correct, 0) AS role_correct,
+       coalesce(p.step_exact, 0) AS step_exact,
+       coalesce(c.calls, 0) AS calls, coalesce(c.attempts, 0) AS attempts, coalesce(c.cached, 0) AS cached_calls,
+       coalesce(c.errors, 0) AS errors, coalesce(c.rate_limited, 0) AS rate_limited,
+       coalesce(c.prompt_tokens, 0) AS prompt_tokens, coalesce(c.completion_tokens, 0) AS completion_tokens,
+       coalesce(c.cost_usd, 0) AS cost_usd, c.first_call_at, c.last_call_at
+FROM runs AS r
+LEFT JOIN (SELECT run_id, count(*) AS trajectories FROM trajectories GROUP BY run_id) AS t
+    ON t.run_id = r.run_id
+LEFT JOIN (
+    SELECT run_id, count(DISTINCT backbone) AS backbones, count(DISTINCT method) AS methods, count(*) AS items,
+           sum(status = 'done') AS done, sum(status = 'failed') AS failed,
+           sum(status = 'skipped_budget') AS skipped_budget, sum(status = 'interrupted') AS interrupted
+    FROM items GROUP BY run_id
+) AS i ON i.run_id = r.run_id
+LEFT JOIN (
+    SELECT run_id, count(*) AS predictions, sum(role_correct) AS role_correct, sum(step_exact) AS step_exact
+    FROM predictions_scored GROUP BY run_id
+) AS p ON p.run_id = r.run_id
+LEFT JOIN (
+    SELECT run_id, sum(attempt = 1) AS calls, count(*) AS attempts, sum(status = 'cached') AS cached,
+           sum(status = 'error') AS errors, sum(status = 'rate_limited') AS rate_limited,
+           sum(CASE WHEN status = 'cached' THEN 0 ELSE prompt_tokens END) AS prompt_tokens,
+           sum(CASE WHEN status = 'cached' THEN 0 ELSE completion_tokens END) AS completion_tokens,
+           sum(CASE WHEN status = 'cached' THEN 0 ELSE cost_usd END) AS cost_usd,
+           min(started_at) AS first_call_at, max(coalesce(ended_at, started_at)) AS last_call_at
+    FROM calls GROUP BY run_id
+) AS c ON c.run_id = r.run_id
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         version=1,
@@ -212,6 +348,17 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         version=3,
         name="which published fallback, if any, decided a prediction",
         statements=("ALTER TABLE predictions ADD COLUMN fallback TEXT",),
+    ),
+    Migration(
+        version=4,
+        name="blob text SQLite can read; views calls_text, predictions_scored, run_summary",
+        statements=(
+            # Rows written before stay compressed and valid: `stored_bytes` reads both forms.
+            "ALTER TABLE blobs ADD COLUMN text TEXT",
+            _CALLS_TEXT_VIEW,
+            _PREDICTIONS_SCORED_VIEW,
+            _RUN_SUMMARY_VIEW,
+        ),
     ),
 )
 
@@ -494,8 +641,9 @@ class ReadOnlyConnection:
         path: the file.
         plan: how it was opened.
         schema_version: the file's own schema version (never above the code's).
-        filled_in: the parts of the current schema the file predates (``calls.usage_source``, ``run_leases``),
-            read as what their migration would have filled in: the column's default, an empty table.
+        filled_in: the parts of the current schema the file predates (``calls.usage_source``, ``run_leases``,
+            ``calls_text``), read as what their migration would have filled in: the column's default, an empty
+            table, the view.
         opened_as: the file's identity, size and mtime when opened (`changed`).
     """
 
@@ -553,15 +701,29 @@ def _current_schema() -> tuple[_Table, ...]:
         connection.close()
 
 
+@functools.cache
+def _current_views() -> tuple[tuple[str, str], ...]:
+    """(name, CREATE VIEW statement) of every view the migrations create, in creation order."""
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        apply_migrations(connection)
+        rows = connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY rowid")
+        return tuple((str(name), str(sql)) for name, sql in rows)
+    finally:
+        connection.close()
+
+
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\b", re.IGNORECASE)
+_CREATE_VIEW = re.compile(r"^\s*CREATE\s+VIEW\b", re.IGNORECASE)
 
 
 def _fill_in_later_schema(connection: sqlite3.Connection) -> tuple[str, ...]:
     """Show an older file as the current schema, in the connection's TEMP schema (which shadows ``main``).
 
     A table a later migration adds becomes an empty TEMP table; a table missing columns becomes a TEMP view of
-    it with each missing column as its default (NULL without one): exactly what migrating the file would have
-    filled in, so every read query runs unchanged. Nothing reaches the file.
+    it with each missing column as its default (NULL without one); a view a later migration adds becomes a TEMP
+    view: exactly what migrating the file would have filled in, so every read query runs unchanged. Nothing
+    reaches the file.
     """
     filled: list[str] = []
     for table in _current_schema():
@@ -579,6 +741,13 @@ def _fill_in_later_schema(connection: sqlite3.Connection) -> tuple[str, ...]:
                 f'CREATE TEMP VIEW "{table.name}" AS SELECT *, {added} FROM main."{table.name}"'
             )
             filled.extend(f"{table.name}.{name}" for name, _ in missing)
+    # The views read the tables by name, so over the filled-in ones they read old files too (older blobs as
+    # compressed: their text NULL).
+    for name, sql in _current_views():
+        found = connection.execute("SELECT 1 FROM main.sqlite_master WHERE name = ?", (name,)).fetchone()
+        if found is None:
+            connection.execute(_CREATE_VIEW.sub("CREATE TEMP VIEW", sql, count=1))
+            filled.append(name)
     return tuple(filled)
 
 

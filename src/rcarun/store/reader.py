@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from rcarun.errors import StoreError
-from rcarun.store.blobs import decompress_blob
+from rcarun.store.blobs import stored_bytes
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
 from rcarun.store.migrations import (
     DEFAULT_BUSY_TIMEOUT_S,
@@ -457,15 +457,17 @@ class Store:
         )
 
     def read_blob(self, sha256: str) -> bytes:
-        """The uncompressed bytes stored under ``sha256``.
+        """The bytes stored under ``sha256``, from either stored form (text, or compressed before migration 4
+        and above `BLOB_TEXT_MAX_BYTES`).
 
         Raises:
             StoreError: no such blob, or it is corrupt.
         """
-        rows = self._fetch("SELECT zlib_data FROM blobs WHERE sha256 = ?", (sha256,))
+        rows = self._fetch("SELECT zlib_data, text FROM blobs WHERE sha256 = ?", (sha256,))
         if not rows:
             raise StoreError(f"{self.path}: no blob {sha256}")
-        return decompress_blob(sha256, bytes(rows[0]["zlib_data"]))
+        compressed = rows[0]["zlib_data"]
+        return stored_bytes(sha256, None if compressed is None else bytes(compressed), rows[0]["text"])
 
     # -- totals and rows for analysis -----------------------------------------------------------------------
 

@@ -11,11 +11,22 @@ import argparse
 import sqlite3
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from rcarun.store.migrations import MIGRATIONS, open_connection
 
-__all__ = ["COLUMN_NOTES", "TABLE_NOTES", "main", "render_markdown"]
+__all__ = [
+    "COLUMN_NOTES",
+    "RECIPES",
+    "TABLE_NOTES",
+    "VIEW_COLUMN_NOTES",
+    "VIEW_NOTES",
+    "Recipe",
+    "main",
+    "render_markdown",
+    "view_column_note",
+]
 
 TABLE_NOTES: Final[dict[str, str]] = {
     "migrations": "Schema steps applied to this file, one row per migration (append-only).",
@@ -25,7 +36,11 @@ TABLE_NOTES: Final[dict[str, str]] = {
         "backbone, one row per forward pass (stage `forward`, or `forward/reference` and `forward/validation` "
         "while SOAP prepares; no completion, no USD; the arrays in `<db>.forward-cache/`)."
     ),
-    "blobs": "Prompts, raw responses and answer texts, stored once by content hash, zlib-compressed.",
+    "blobs": (
+        "Prompts, raw responses and answer texts, stored once by content hash: UTF-8 text up to 64 KiB as "
+        "`text` that SQLite (datasette, sqlite-utils) reads as is, anything larger or binary zlib-compressed "
+        "(every blob before migration 4); sizes below, at *Blob storage*."
+    ),
     "predictions": "A method's final answer per work item; a rerun replaces it (upsert), never duplicates.",
     "items": "Where each work item stands, for resume and the report; upserted.",
     "trajectories": "Reference facts of each trajectory a run used, so the file is self-contained.",
@@ -86,9 +101,12 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "ended_at": "ISO-8601 UTC, milliseconds",
     },
     "blobs": {
-        "sha256": "hex SHA-256 of the uncompressed bytes",
-        "zlib_data": "the bytes, zlib-compressed (level 1 since issue 17, level 6 before; any level reads the same)",
-        "size": "uncompressed length, bytes",
+        "sha256": "hex SHA-256 of the bytes",
+        "zlib_data": "the bytes, zlib-compressed, when `text` is NULL (level 1 since issue 17, level 6 before; "
+        "any level reads the same); empty when `text` holds them",
+        "size": "length of the bytes (uncompressed), bytes",
+        "text": "the bytes as text, when they are UTF-8 without NUL and at most 64 KiB (rows since migration 4); "
+        "NULL otherwise",
     },
     "predictions": {
         **_WORK_ITEM_NOTES,
@@ -145,6 +163,187 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
 }
 
 
+_CALLS = "`calls`, the same column"
+
+VIEW_NOTES: Final[dict[str, str]] = {
+    "calls_text": (
+        "Every call with its prompt, answer and thinking text as plain text, for datasette, sqlite-utils or the "
+        "`sqlite3` shell. Text stored compressed (a blob over 64 KiB, or any blob written before migration 4) "
+        "reads as NULL here, and `text_compressed` says so: `rcarun show --call ID` reads it."
+    ),
+    "predictions_scored": (
+        "Every prediction beside its trajectory's reference, with correctness as SQL can judge it: exact step "
+        "and ±5 steps on valid steps, and the role matched after trimming, dropping one trailing `(-> X)` / "
+        "`(→ X)` handoff suffix and lower-casing ASCII letters. Not applied here (`rcarun report` applies "
+        "them): NFKC and Unicode case folding of roles, collapsing inner whitespace, the ablation protocol's "
+        "kept handoff suffixes and abstentions-as-errors rule, and the missing predictions, which the report "
+        "scores as errors."
+    ),
+    "run_summary": "One row per run: trajectories, items by status, predictions, calls, tokens and USD.",
+}
+
+VIEW_COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
+    "calls_text": {
+        "run": "`runs.name`",
+        "prompt": "the request's messages as `role: content`, blank-line separated (a forward pass: its "
+        "segments; a request that is not JSON: as stored)",
+        "answer": "the answer text: its own blob, else `choices[0].message.content` of the raw body",
+        "reasoning": "the thinking text: its own blob, else `reasoning_content` or `reasoning` of the raw body",
+        "request_json": "the canonical request JSON as stored",
+        "response_body": "the raw response body as received",
+        "text_compressed": "1 when a blob of this call is stored compressed, so a text column above is NULL",
+    },
+    "predictions_scored": {
+        "run": "`runs.name`",
+        "source": "`trajectories.source`",
+        "n_steps": "`trajectories.n_steps`",
+        "ref_role": "`trajectories.ref_role` (NULL: unlabelled, or the trajectory row is missing)",
+        "ref_step": "`trajectories.ref_step`",
+        "reason": "the reason the method's output states (`reason`, `rationale`, `explanation` or `reasoning`, "
+        "at its top level, in `answer` or in `diagnostics`), as the trajectory viewer shows it",
+        "role_correct": "1 / 0; NULL without a reference role",
+        "step_exact": "1 when the step is valid and equals the reference step; NULL without one",
+        "step_pm5": "1 when the step is valid and within 5 of the reference step; NULL without one",
+        "joint_exact": "role and exact step both right; NULL without a reference",
+    },
+    "run_summary": {
+        "run": "`runs.name`",
+        "trajectories": "trajectory rows of the run",
+        "backbones": "distinct backbones of its items",
+        "methods": "distinct methods (labels) of its items",
+        "items": "item rows",
+        "items_done": "items with status `done`",
+        "items_failed": "items with status `failed`",
+        "items_skipped_budget": "items with status `skipped_budget`",
+        "items_interrupted": "items with status `interrupted`",
+        "predictions": "prediction rows",
+        "role_correct": "predictions with the role right (`predictions_scored`)",
+        "step_exact": "predictions with the exact step (`predictions_scored`)",
+        "calls": "logical calls (`attempt = 1`)",
+        "attempts": "call rows",
+        "cached_calls": "rows served by the call cache",
+        "errors": "rows with status `error`",
+        "rate_limited": "rows with status `rate_limited`",
+        "prompt_tokens": "tokens sent to a provider (cache hits not counted)",
+        "completion_tokens": "tokens received from a provider (cache hits not counted)",
+        "cost_usd": "US dollars charged (cache hits not counted)",
+        "first_call_at": "the first call's `started_at`",
+        "last_call_at": "the last call's `ended_at`",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """A query worth copying into datasette's SQL box or `sqlite3`; `:name` marks a parameter."""
+
+    title: str
+    sql: str
+
+
+RECIPES: Final[tuple[Recipe, ...]] = (
+    Recipe(
+        "Paired cross-backbone comparison: on the trajectories both backbones answered, how often each was "
+        "right where the other was not (joint exact; the discordant pairs are McNemar's)",
+        """SELECT a.method,
+       count(*) AS pairs,
+       sum(a.joint_exact AND b.joint_exact) AS both_right,
+       sum(a.joint_exact AND NOT b.joint_exact) AS only_a,
+       sum(NOT a.joint_exact AND b.joint_exact) AS only_b,
+       sum(NOT a.joint_exact AND NOT b.joint_exact) AS both_wrong
+FROM predictions_scored AS a
+JOIN predictions_scored AS b USING (run_id, method, qid, realization)
+WHERE a.run = :run AND a.backbone = :a AND b.backbone = :b AND a.realization = 0
+GROUP BY a.method
+ORDER BY a.method""",
+    ),
+    Recipe(
+        "Cost per stage: calls, tokens and USD of each backbone, method and stage (cache hits cost nothing)",
+        """SELECT backbone, method, stage,
+       sum(attempt = 1) AS calls,
+       count(*) AS attempts,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE prompt_tokens END) AS prompt_tokens,
+       sum(CASE WHEN status = 'cached' THEN 0 ELSE completion_tokens END) AS completion_tokens,
+       round(sum(CASE WHEN status = 'cached' THEN 0 ELSE cost_usd END), 4) AS usd
+FROM calls
+WHERE run_id = (SELECT run_id FROM runs WHERE name = :run)
+GROUP BY backbone, method, stage
+ORDER BY usd DESC""",
+    ),
+    Recipe(
+        "All calls of one item, in order, with the start of each prompt and the answer (calls a method made on "
+        "another backbone, as the judge panel's, keep the item's id)",
+        """SELECT call_id, backbone, stage, attempt, status, prompt_tokens, completion_tokens, cost_usd, latency_ms,
+       substr(prompt, 1, 300) AS prompt_start, answer
+FROM calls_text
+WHERE run = :run AND item_id = (
+    SELECT item_id FROM items JOIN runs USING (run_id)
+    WHERE name = :run AND backbone = :backbone AND method = :method AND qid = :qid AND realization = 0
+)
+ORDER BY call_id""",
+    ),
+    Recipe(
+        "Accuracy of each backbone and method over the predictions made (the report's denominators also count "
+        "the trajectories without a prediction)",
+        """SELECT backbone, method, count(*) AS predictions,
+       round(avg(role_correct), 3) AS agent_acc,
+       round(avg(step_exact), 3) AS step_acc,
+       round(avg(joint_exact), 3) AS joint_acc
+FROM predictions_scored
+WHERE run = :run AND realization = 0
+GROUP BY backbone, method
+ORDER BY backbone, method""",
+    ),
+)
+
+_READING = """\
+## Reading results.db
+
+Open the file with `datasette results.db` or `sqlite-utils`: the views above show prompts and answers as text.
+`rcarun db fts [--db F]` builds a full-text index over every answer, thinking text and prediction reason, in
+the table `search_texts` (`kind` is `answer`, `reasoning` or `reason`; `run`, `backbone`, `method`, `qid`,
+`realization`, `call_id` say whose; `text`), with sqlite-utils' `enable_fts` (FTS5, porter stemming): datasette
+shows a search box on it, and `sqlite-utils search results.db search_texts "timeout"` or
+`db["search_texts"].search("timeout")` query it. The index is a snapshot: run the command again after a sweep
+adds rows. `rcarun show --run R --qid Q` prints one item, or one call, with its texts whatever their storage.
+"""
+
+_STORAGE = """\
+## Blob storage
+
+How a blob is kept was chosen by measured size (`benchmarks/blob_storage.py`, which stores one sweep's blobs
+in each form, VACUUMs and weighs the file). Demo: `rcarun sweep` (10 trajectories, 15 methods, 5 backbones, 2
+realizations; 6,175 calls, 6,761 blobs, 44.5 MB of blob bytes, prompts 13 KB on average). Mini-sized: 200
+trajectories with the official LongRCA-Mini list's sources, ids and byte sizes (median 159 KB; step texts from
+the bundled Who&When files), all-at-once on one simulated backbone with a 131,072-token window (200 calls,
+400 blobs, 42.2 MB of blob bytes, prompts 210 KB on average).
+
+| storage of blobs | demo file, MB | demo blobs readable | Mini-sized file, MB | Mini-sized blobs readable |
+| --- | ---: | ---: | ---: | ---: |
+| all zlib (before migration 4) | 23.7 | 0 % | 12.5 | 0 % |
+| text up to 4 KiB, zlib above | 28.7 | 47 % | 12.5 | 50 % |
+| text up to 16 KiB, zlib above | 46.2 | 90 % | 12.6 | 50 % |
+| **text up to 64 KiB, zlib above (chosen)** | **57.3** | **100 %** | **13.5** | **60 %** |
+| text up to 256 KiB, zlib above | 58.0 | 100 % | 25.5 | 86 % |
+| text up to 4 KiB beside zlib of every blob | 31.3 | 47 % | 12.6 | 50 % |
+| text up to 64 KiB beside zlib of every blob | 70.4 | 100 % | 14.0 | 60 % |
+| all text | 58.0 | 100 % | 42.8 | 100 % |
+
+A compressed copy beside the text only adds bytes (text is never smaller compressed *and* readable), so a blob
+is kept one way. Up to 64 KiB every answer and all but the longest trajectory's prompts of the demo read in SQL
+(27 of 6,979 blobs, prompts of 66–73 KB, stay compressed: "100 %" above is rounded), and a long-trajectory
+run pays 8 %: its answers and raw responses are small, and its prompts above 64 KiB stay compressed (`rcarun
+show` reads them). Measured on real sweeps written by each writer (the file after a checkpoint): the demo 23.9 MB
+before, 59.9 MB after (6,952 of 6,979 blobs as text); the Mini-sized run 12.5 MB before, 13.5 MB after (238 of
+400 blobs as text: every answer and the prompts up to 64 KiB).
+
+The writer's CPU per call falls with it, since text is not compressed: `benchmarks/per_call_parts.py` times one
+blob turned into its row at 8.2 → 1.1 us for a bench request body, 160 → 32 us for a bundled Who&When file
+(22 KB) and 467 → 443 us for a 100-KB prompt (still compressed); the writer thread's CPU over 3,000 calls with
+demo-shaped blobs (a 17-KB request and a 2-KB raw response each) fell from 205 to 105–108 us a call.
+"""
+
+
 def _tables(connection: sqlite3.Connection) -> list[str]:
     rows = connection.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
@@ -186,6 +385,27 @@ def _index_lines(connection: sqlite3.Connection, table: str) -> list[str]:
     return lines
 
 
+def _views(connection: sqlite3.Connection) -> list[str]:
+    rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY rowid").fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def view_column_note(view: str, column: str) -> str:
+    """What a view's column means: its own note, else the `calls`, `predictions` or `runs` column it passes on."""
+    note = VIEW_COLUMN_NOTES.get(view, {}).get(column)
+    if note:
+        return note
+    source = {"calls_text": "calls", "predictions_scored": "predictions", "run_summary": "runs"}.get(view, "")
+    return f"`{source}.{column}`" if column in COLUMN_NOTES.get(source, {}) else ""
+
+
+def _view_column_lines(connection: sqlite3.Connection, view: str) -> list[str]:
+    lines = ["| column | meaning |", "| --- | --- |"]
+    for column in connection.execute(f"PRAGMA table_info({view})").fetchall():
+        lines.append(f"| `{column['name']}` | {_cell(view_column_note(view, str(column['name'])))} |")
+    return lines
+
+
 def render_markdown(connection: sqlite3.Connection | None = None) -> str:
     """The schema of a migrated results.db as Markdown (a blank in-memory one when no connection is given)."""
     own = connection is None
@@ -205,6 +425,12 @@ def render_markdown(connection: sqlite3.Connection | None = None) -> str:
             indexes = _index_lines(live, table)
             if indexes:
                 lines += ["Indexes:", "", *indexes, ""]
+        lines += ["# Views", ""]
+        for view in _views(live):
+            lines += [f"## `{view}`", "", VIEW_NOTES.get(view, ""), "", *_view_column_lines(live, view), ""]
+        lines += [_READING, _STORAGE, "## SQL recipes", ""]
+        for recipe in RECIPES:
+            lines += [f"{recipe.title}:", "", "```sql", recipe.sql + ";", "```", ""]
         return "\n".join(lines)
     finally:
         if own:

@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from rcarun.errors import StoreError
-from rcarun.store.blobs import blob_sha256, compress_blob
+from rcarun.store.blobs import blob_columns, blob_sha256
 from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import (
     CALL_STATUSES,
@@ -130,8 +130,8 @@ _WorkKey = tuple[int, str, str, str, int]
 # enqueue order is kept, so call_ids follow enqueue order and the last upsert of a key wins.
 _INSERTS: Final[dict[type, _Insert]] = {
     _Blob: _Insert(
-        "INSERT OR IGNORE INTO blobs (sha256, zlib_data, size) VALUES (?, ?, ?)",
-        lambda blob: (blob.sha256, compress_blob(blob.data), len(blob.data)),
+        "INSERT OR IGNORE INTO blobs (sha256, zlib_data, text, size) VALUES (?, ?, ?, ?)",
+        lambda blob: (blob.sha256, *blob_columns(blob.data), len(blob.data)),
     ),
     TrajectoryRow: _insert("trajectories", TrajectoryRow, unique=("run_id", "qid")),
     CallRow: _insert("calls", CallRow),
@@ -205,7 +205,7 @@ class _BatchWriter:
             batch = [fixed for row in batch if (fixed := self._as_failed_if_poisoned(row)) is not None]
         try:
             grouped: dict[type, list[tuple[Any, ...]]] = {row_type: [] for row_type in _INSERTS}
-            # Parameters (and blob compression) are built before BEGIN: the write lock is held only for inserts.
+            # Parameters (and compressed blobs) are built before BEGIN: the write lock is held only for inserts.
             for row in batch:
                 grouped[type(row)].append(_INSERTS[type(row)].params(row))
             self.connection.execute("BEGIN IMMEDIATE")

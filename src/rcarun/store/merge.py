@@ -1,0 +1,360 @@
+"""Merging results.db files: a sweep split across machines or people (per backbone, per method, per slice of
+trajectories) becomes one file, so that one report covers it.
+
+Nothing is lost and nothing is overwritten. The rules (`rcarun merge`, README):
+
+- Runs are matched by name. The same name must mean the same configuration: the caller's ``reconcile`` says
+  which answer-deciding settings differ (a backbone or method only one part has is the run's extent, not a
+  difference) and gives the configuration the merged run keeps; any difference refuses the whole merge before
+  anything is written.
+- Blobs are matched by their SHA-256, so each is stored once, in the current form (`blob_columns`): merging an
+  old file into a new one is also how its compressed text becomes readable.
+- A work item (run, backbone, method, qid, realization) comes with its calls from the first file that has its
+  prediction, or, where no file has one, from the first file that has the item. A later file's prediction for
+  the same item is a duplicate when it says the same (skipped with its calls) and a conflict otherwise: the
+  first is kept, the later one listed, never written. Calls are linked to their item by ``item_id`` (a judge's
+  call on another backbone keeps the item's id); calls of no item are copied.
+- Trajectory rows are matched by (run, qid); the same qid with another record hash is listed as a conflict.
+- Events, calls and items get new ids in the target; a row identical to one already there (the same file merged
+  twice) is not copied again, so merging is idempotent.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from rcarun.errors import StoreError
+from rcarun.store.blobs import blob_columns, stored_bytes
+from rcarun.store.migrations import open_connection, open_read_only
+
+__all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]
+
+Reconcile = Callable[[str, str], tuple[list[str], str]]
+"""``(kept config JSON, incoming config JSON) -> (answer-deciding differences, config JSON the run keeps)``."""
+
+_KEY: Final = ("backbone", "method", "qid", "realization")
+_PREDICTION_VALUES: Final = (
+    "pred_role",
+    "pred_step",
+    "role_valid",
+    "step_valid",
+    "abstained",
+    "output_json",
+    "error",
+    "fallback",
+)
+_CALL_IDENTITY: Final = (
+    "item_id",
+    "stage",
+    "attempt",
+    "started_at",
+    "request_sha256",
+    "response_sha256",
+    "status",
+)
+_RUN_ORDER: Final = {"failed": 0, "stopped": 1, "running": 2, "finished": 3}
+
+_WorkKey = tuple[str, str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MergeConflict:
+    """A later file's row that disagrees with the one kept.
+
+    Attributes:
+        run: run name.
+        key: ``backbone/method/qid/rN`` of a prediction, or ``trajectory qid``.
+        source: the file whose row was not written.
+        kept: the kept row, in short.
+        refused: the refused row, in short.
+    """
+
+    run: str
+    key: str
+    source: Path
+    kept: str
+    refused: str
+
+
+@dataclass(slots=True)
+class MergeSummary:
+    """What a merge did, counted over every source file."""
+
+    into: Path
+    runs_created: list[str] = field(default_factory=list)
+    runs_matched: list[str] = field(default_factory=list)
+    blobs_added: int = 0
+    calls_added: int = 0
+    predictions_added: int = 0
+    items_added: int = 0
+    trajectories_added: int = 0
+    events_added: int = 0
+    duplicates: int = 0
+    calls_not_copied: int = 0
+    conflicts: list[MergeConflict] = field(default_factory=list)
+
+
+def _rows(connection: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Iterator[sqlite3.Row]:
+    cursor = connection.execute(sql, tuple(params))
+    while batch := cursor.fetchmany(500):
+        yield from batch
+
+
+def _work_key(row: sqlite3.Row) -> _WorkKey:
+    return (str(row["backbone"]), str(row["method"]), str(row["qid"]), int(row["realization"]))
+
+
+def _shown(key: _WorkKey) -> str:
+    return f"{key[0]}/{key[1]}/{key[2]}/r{key[3]}"
+
+
+def _prediction_text(values: tuple[Any, ...]) -> str:
+    role, step, _, _, abstained, _, error = values[:7]
+    text = f"role {role!r}, step {step}" + (", abstained" if abstained else "")
+    return text + (f", error {str(error)[:60]!r}" if error else "")
+
+
+def _insert(connection: sqlite3.Connection, table: str, values: dict[str, Any]) -> None:
+    columns = ", ".join(values)
+    marks = ", ".join("?" for _ in values)
+    connection.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
+
+
+def _columns(connection: sqlite3.Connection, table: str) -> list[str]:
+    return [str(row[1]) for row in connection.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _check_configs(
+    target: sqlite3.Connection,
+    sources: Sequence[tuple[Path, sqlite3.Connection]],
+    into: Path,
+    reconcile: Reconcile,
+) -> dict[str, str]:
+    """The configuration each run name keeps; refuses (before any write) a name swept two ways."""
+    kept: dict[str, tuple[str, Path]] = {
+        str(row["name"]): (str(row["config_json"]), into) for row in target.execute("SELECT * FROM runs")
+    }
+    for path, connection in sources:
+        for row in connection.execute("SELECT name, config_json FROM runs ORDER BY run_id"):
+            name, config = str(row["name"]), str(row["config_json"])
+            if name not in kept:
+                kept[name] = (config, path)
+                continue
+            differences, merged = reconcile(kept[name][0], config)
+            if differences:
+                more = f" and {len(differences) - 1} more" if len(differences) > 1 else ""
+                raise StoreError(
+                    f"run {name!r} of {path} was swept with other answer-deciding settings than in "
+                    f"{kept[name][1]} ({differences[0]}{more}); merge only parts of one configuration"
+                )
+            kept[name] = (merged, kept[name][1])
+    return {name: config for name, (config, _) in kept.items()}
+
+
+class _Merger:
+    """Copies one source file into the target inside the caller's transaction."""
+
+    def __init__(self, target: sqlite3.Connection, configs: dict[str, str], summary: MergeSummary) -> None:
+        self.target = target
+        self.configs = configs
+        self.summary = summary
+        self.call_columns = [c for c in _columns(target, "calls") if c != "call_id"]
+
+    def merge(self, path: Path, source: sqlite3.Connection) -> None:
+        self._blobs(source)
+        for run in source.execute("SELECT * FROM runs ORDER BY run_id").fetchall():
+            run_id = self._run(run)
+            self._trajectories(path, source, run, run_id)
+            copied = self._work(path, source, run, run_id)
+            self._calls(source, run, run_id, copied)
+            self._events(source, run, run_id)
+
+    def _blobs(self, source: sqlite3.Connection) -> None:
+        for row in _rows(source, "SELECT sha256, zlib_data, text FROM blobs"):
+            sha = str(row["sha256"])
+            if self.target.execute("SELECT 1 FROM blobs WHERE sha256 = ?", (sha,)).fetchone():
+                continue
+            compressed = row["zlib_data"]
+            data = stored_bytes(sha, None if compressed is None else bytes(compressed), row["text"])
+            zlib_data, text = blob_columns(data)
+            self.target.execute(
+                "INSERT INTO blobs (sha256, zlib_data, text, size) VALUES (?, ?, ?, ?)",
+                (sha, zlib_data, text, len(data)),
+            )
+            self.summary.blobs_added += 1
+
+    def _run(self, run: sqlite3.Row) -> int:
+        name = str(run["name"])
+        found = self.target.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
+        if found is None:
+            cursor = self.target.execute(
+                "INSERT INTO runs (name, created_at, updated_at, config_json, status) VALUES (?, ?, ?, ?, ?)",
+                (name, run["created_at"], run["updated_at"], self.configs[name], run["status"]),
+            )
+            self.summary.runs_created.append(name)
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+        # A merged run is as finished as its least finished part, and spans both parts' times.
+        status = min((str(found["status"]), str(run["status"])), key=lambda s: _RUN_ORDER.get(s, 0))
+        self.target.execute(
+            "UPDATE runs SET created_at = min(created_at, ?), updated_at = max(updated_at, ?), config_json = ?, "
+            "status = ? WHERE run_id = ?",
+            (run["created_at"], run["updated_at"], self.configs[name], status, found["run_id"]),
+        )
+        if name not in self.summary.runs_matched and name not in self.summary.runs_created:
+            self.summary.runs_matched.append(name)
+        return int(found["run_id"])
+
+    def _trajectories(self, path: Path, source: sqlite3.Connection, run: sqlite3.Row, run_id: int) -> None:
+        for row in _rows(source, "SELECT * FROM trajectories WHERE run_id = ?", (run["run_id"],)):
+            kept = self.target.execute(
+                "SELECT sha256 FROM trajectories WHERE run_id = ? AND qid = ?", (run_id, row["qid"])
+            ).fetchone()
+            if kept is None:
+                _insert(self.target, "trajectories", {**dict(row), "run_id": run_id})
+                self.summary.trajectories_added += 1
+            elif kept["sha256"] != row["sha256"]:
+                self.summary.conflicts.append(
+                    MergeConflict(
+                        str(run["name"]),
+                        f"trajectory {row['qid']}",
+                        path,
+                        f"sha256 {kept['sha256'][:12]}",
+                        f"sha256 {str(row['sha256'])[:12]}",
+                    )
+                )
+
+    def _work(self, path: Path, source: sqlite3.Connection, run: sqlite3.Row, run_id: int) -> set[str]:
+        """Copy the run's predictions and items; return the item ids whose calls stay behind."""
+        source_run = run["run_id"]
+        kept_predictions = {
+            _work_key(row): tuple(row[c] for c in _PREDICTION_VALUES)
+            for row in _rows(self.target, "SELECT * FROM predictions WHERE run_id = ?", (run_id,))
+        }
+        kept_items = {
+            _work_key(row) for row in _rows(self.target, "SELECT * FROM items WHERE run_id = ?", (run_id,))
+        }
+        copied: set[str] = set()
+        skipped: set[str] = set()
+        predicted: set[_WorkKey] = set()
+        for row in _rows(source, "SELECT * FROM predictions WHERE run_id = ?", (source_run,)):
+            key = _work_key(row)
+            predicted.add(key)
+            values = tuple(row[c] for c in _PREDICTION_VALUES)
+            kept = kept_predictions.get(key)
+            if kept is not None:
+                skipped.add(str(row["item_id"]))
+                if kept == values:
+                    self.summary.duplicates += 1
+                else:
+                    self.summary.conflicts.append(
+                        MergeConflict(
+                            str(run["name"]),
+                            _shown(key),
+                            path,
+                            _prediction_text(kept),
+                            _prediction_text(values),
+                        )
+                    )
+                continue
+            _insert(self.target, "predictions", {**dict(row), "run_id": run_id})
+            self.summary.predictions_added += 1
+            copied.add(str(row["item_id"]))
+        for row in _rows(source, "SELECT * FROM items WHERE run_id = ?", (source_run,)):
+            key = _work_key(row)
+            item_id = str(row["item_id"])
+            if item_id in copied:
+                # The prediction is new here: its item row replaces a failed or interrupted attempt's.
+                self.target.execute(
+                    "DELETE FROM items WHERE run_id = ? AND backbone = ? AND method = ? AND qid = ? "
+                    "AND realization = ?",
+                    (run_id, *key),
+                )
+            elif key in kept_items or key in kept_predictions or key in predicted:
+                skipped.add(item_id)
+                continue
+            else:
+                copied.add(item_id)
+            _insert(self.target, "items", {**dict(row), "run_id": run_id})
+            self.summary.items_added += 1
+        return skipped - copied
+
+    def _calls(self, source: sqlite3.Connection, run: sqlite3.Row, run_id: int, skipped: set[str]) -> None:
+        present = set(_columns(source, "calls"))
+        columns = [c for c in self.call_columns if c in present]
+        identity = " AND ".join(f"{c} IS ?" for c in _CALL_IDENTITY)
+        for row in _rows(
+            source,
+            f"SELECT {', '.join(columns)} FROM calls WHERE run_id = ? ORDER BY call_id",
+            (run["run_id"],),
+        ):
+            if row["item_id"] in skipped:
+                self.summary.calls_not_copied += 1
+                continue
+            same = self.target.execute(
+                f"SELECT 1 FROM calls WHERE run_id = ? AND {identity} LIMIT 1",
+                (run_id, *(row[c] for c in _CALL_IDENTITY)),
+            ).fetchone()
+            if same is not None:
+                continue
+            _insert(self.target, "calls", {**{c: row[c] for c in columns}, "run_id": run_id})
+            self.summary.calls_added += 1
+
+    def _events(self, source: sqlite3.Connection, run: sqlite3.Row, run_id: int) -> None:
+        for row in _rows(
+            source,
+            "SELECT at, kind, detail_json FROM run_events WHERE run_id = ? ORDER BY event_id",
+            (run["run_id"],),
+        ):
+            same = self.target.execute(
+                "SELECT 1 FROM run_events WHERE run_id = ? AND at = ? AND kind = ? AND detail_json = ? LIMIT 1",
+                (run_id, row["at"], row["kind"], row["detail_json"]),
+            ).fetchone()
+            if same is None:
+                _insert(self.target, "run_events", {**dict(row), "run_id": run_id})
+                self.summary.events_added += 1
+
+
+def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -> MergeSummary:
+    """Merge ``sources`` (results.db files, read only) into ``into`` (created if new), in order.
+
+    Each source is copied in one transaction. Rules in the module docstring.
+
+    Raises:
+        StoreError: a source is the target or missing or not a results.db, or a run name was swept with two
+            configurations (nothing is written then).
+    """
+    resolved = into.resolve()
+    for path in sources:
+        if path.resolve() == resolved:
+            raise StoreError(f"{path} is both a source and --into; merge into a new file")
+    opened = [(path, open_read_only(path)) for path in sources]
+    summary = MergeSummary(into=into)
+    try:
+        target = open_connection(into)
+        try:
+            configs = _check_configs(
+                target, [(path, read.connection) for path, read in opened], into, reconcile
+            )
+            merger = _Merger(target, configs, summary)
+            for path, read in opened:
+                target.execute("BEGIN IMMEDIATE")
+                try:
+                    merger.merge(path, read.connection)
+                    target.execute("COMMIT")
+                except BaseException:
+                    if target.in_transaction:
+                        target.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as error:
+            raise StoreError(f"merging into {into} failed: {error}") from error
+        finally:
+            target.close()
+    finally:
+        for _, read in opened:
+            read.connection.close()
+    return summary
