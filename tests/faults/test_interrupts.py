@@ -10,6 +10,8 @@ item without paying again for an answer that was stored.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -157,3 +159,23 @@ def test_three_sigints_against_a_server_that_never_answers(
     assert result.returncode in (3, 130), result.describe()
     _check_stopped_cleanly(server, db)
     _resume(server, config, db, tmp_path)
+
+
+def test_a_signal_after_the_sweep_ended_exits_130_not_by_the_signal() -> None:
+    # Closing the loop would put Python's SIGINT handler back: a press during the loop's teardown, the closing
+    # summary or the exit would raise KeyboardInterrupt outside any handler, and the process would die by the
+    # signal (status -2), as the three-presses test saw now and then on a busy machine.
+    code = (
+        "import asyncio, os, signal, time\n"
+        "from rcarun.cli import _hand_late_signals_to_exit\n"
+        "async def main():\n"
+        "    loop = asyncio.get_running_loop()\n"
+        "    loop.add_signal_handler(signal.SIGINT, lambda: None)\n"
+        "    _hand_late_signals_to_exit(loop)\n"
+        "asyncio.run(main())\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(10)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert "interrupted after the sweep ended" in result.stderr

@@ -146,16 +146,19 @@ async def _run_with_signals(
     assert task is not None
     _install_stop_handlers(stop, task, config.sweep.drain_timeout_s)
     config = narrow_sweep(config, backbones=args.backbone or (), methods=args.method or ())
-    return await run_sweep(
-        config,
-        db_path=db,
-        run_name=run,
-        stop=stop,
-        show_progress=not args.no_progress,
-        retry_failed=args.retry_failed,
-        limit=args.limit,
-        accept_config_change=args.accept_config_change,
-    )
+    try:
+        return await run_sweep(
+            config,
+            db_path=db,
+            run_name=run,
+            stop=stop,
+            show_progress=not args.no_progress,
+            retry_failed=args.retry_failed,
+            limit=args.limit,
+            accept_config_change=args.accept_config_change,
+        )
+    finally:
+        _hand_late_signals_to_exit(asyncio.get_running_loop())
 
 
 async def _demo(db: Path, run: str, args: argparse.Namespace) -> SweepOutcome:
@@ -314,6 +317,27 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             lambda: _print_summary(db, outcome, simulated=simulated, resume=_resume_command(args, db, run))
         )
     return _exit_status(db, outcome)
+
+
+def _hand_late_signals_to_exit(loop: asyncio.AbstractEventLoop) -> None:
+    """Once the sweep has ended, a Ctrl-C (or SIGTERM) exits with 130, as a third press does.
+
+    The loop's own handlers go now, while it still runs: closing it would put Python's SIGINT handler back (and
+    SIG_DFL for SIGTERM), and a press landing while the process winds down (the loop's teardown, the closing
+    summary, the interpreter's exit) would raise KeyboardInterrupt outside any handler that turns it into the
+    documented status, or kill the process by the signal. The run has ended and released its lease by then.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, _exit_interrupted)
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    # SystemExit rather than os._exit: where this lands inside a caller's own handling (the tests run sweeps in
+    # their process), it unwinds like any exit instead of killing the process.
+    _tell("\nrcarun: interrupted after the sweep ended; results.db keeps every row.")
+    raise SystemExit(130)
 
 
 def _tell_outcome(show: Callable[[], object]) -> None:
