@@ -179,3 +179,21 @@ def test_a_signal_after_the_sweep_ended_exits_130_not_by_the_signal() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 130, result.stderr
     assert "interrupted after the sweep ended" in result.stderr
+
+
+def test_once_main_has_returned_the_program_exits_with_its_status_whatever_the_signals() -> None:
+    # Python's shutdown puts SIGINT back to its default action: a press landing there killed the process by the
+    # signal (-2) after main had chosen 130. `entry` leaves the signals ignored for the rest of the way out.
+    code = (
+        "import os, signal, sys\n"
+        "from rcarun.cli import entry\n"
+        "sys.argv = ['rcarun', 'methods']\n"
+        "status = entry()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('exiting with', status)\n"
+        "sys.exit(status)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "exiting with 0" in result.stdout

@@ -501,5 +501,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def entry() -> int:
+    """The ``rcarun`` program: `main`, then the process exits deaf to Ctrl-C.
+
+    Once `main` has returned its status, Python's own shutdown puts SIGINT and SIGTERM back to their default
+    action, and a press landing there (a user's third Ctrl-C a moment late) would kill the process by the signal
+    instead of letting it exit with the status `main` chose. Ignored signals stay ignored through shutdown.
+    """
+    status = main()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
+    return status
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

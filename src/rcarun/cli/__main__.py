@@ -1,5 +1,5 @@
 """``python -m rcarun.cli``: the same as the ``rcarun`` command."""
 
-from rcarun.cli import main
+from rcarun.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())
