@@ -35,10 +35,12 @@ FLAGS = (
     "--disable-sync",
 )
 WIDTH = 1280
+AGGREGATE_HEIGHT = 1350
 
 
 def _save(page: Page, out: Path, height: int) -> Path:
-    page.screenshot(path=str(out), clip={"x": 0, "y": 0, "width": WIDTH, "height": height})
+    # full_page: a clip taller than the viewport is cut at the viewport otherwise
+    page.screenshot(path=str(out), clip={"x": 0, "y": 0, "width": WIDTH, "height": height}, full_page=True)
     with Image.open(out) as shot:
         small = shot.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
     small.save(out, optimize=True)
@@ -53,7 +55,8 @@ def screenshots(site: Path, out: Path, qid: str, chromium: str) -> list[Path]:
         browser = playwright.chromium.launch(executable_path=chromium, args=list(FLAGS))
         page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         page.goto((site / "index.html").as_uri())
-        written.append(_save(page, out / "viewer_aggregate.png", 900))
+        # The first screen and a half: the summary, then Table 3 with its intervals.
+        written.append(_save(page, out / "viewer_aggregate.png", AGGREGATE_HEIGHT))
         page.click("#viewer-link")
         written.append(_save(page, out / "viewer_index.png", 520))
         page.goto((site / "t" / f"{page_name(qid)}.html").as_uri())

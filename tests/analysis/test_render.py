@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import io
 import re
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 
-from rcarun.analysis.render import render_html, render_text
+from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -356,3 +358,296 @@ def test_single_backbone_method_and_source_still_plot() -> None:
     assert len(_images(page)) == 3
     # A single value has nothing to beat: no marks.
     assert _table3_row(render_text(tiny), "all-at-once") == ["42.5", "7.5"]
+
+
+# --- the page reads at a glance: summary, intervals, failures, palette, served replicas ------------------------
+
+FAILED_MESSAGE = "HTTP 503: overloaded <b>"
+
+
+def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dict[str, Any]:
+    expected = 80
+    row = dict.fromkeys(("invalid", "fallback", "failed", "skipped_budget", "interrupted", "not_run"), 0)
+    row |= counts
+    unanswered = row["failed"] + row["skipped_budget"] + row["interrupted"] + row["not_run"]
+    predictions = expected - unanswered
+    readable = predictions - row["invalid"]
+    status = "complete" if readable == expected else "partial" if readable >= expected / 2 else "failed"
+    messages = {"failed": {"message": FAILED_MESSAGE, "count": row["failed"]}} if row["failed"] else {}
+    return {
+        "backbone": backbone,
+        "method": method,
+        "realization": realization,
+        "expected": expected,
+        "predictions": predictions,
+        "unanswered": unanswered,
+        "readable": readable,
+        "status": status,
+        "shown": status != "failed",
+        "messages": messages,
+        **row,
+    }
+
+
+def make_failing_report() -> dict[str, Any]:
+    """`make_report` with outcomes: on each backbone, the cell whose Step Acc is highest did not rest on answers.
+
+    mock-pro · binary search failed (70 of 80 items, its number not shown); mock-flash · binary search has 30
+    readable answers of 80, below the threshold, while its metrics row still says ``shown`` (the renderer checks
+    coverage itself). Both would be bolded by their numbers (28.0 and 13.0).
+    """
+    report = make_report()
+    outcomes = [
+        _outcome(b, m, r, fallback=3 if m == "all-at-once" else 0)
+        for r in (0, 1)
+        for b in BACKBONES
+        for m in METHODS
+        if (b, m, r) not in {("mock-pro", "binary search", 0), ("mock-flash", "binary search", 0)}
+    ]
+    outcomes.append(_outcome("mock-pro", "binary search", 0, failed=70))
+    low = _outcome("mock-flash", "binary search", 0, failed=20, skipped_budget=25, invalid=5)
+    outcomes.append(low | {"status": "partial", "shown": True, "readable": 30})
+    for row in report["metrics"]:
+        if (row["backbone"], row["method"], row["realization"]) == ("mock-pro", "binary search", 0):
+            row |= {"status": "failed", "shown": False}
+        elif (row["backbone"], row["method"], row["realization"]) == ("mock-flash", "binary search", 0):
+            row |= {"status": "partial", "shown": True}
+        else:
+            row |= {"status": "complete", "shown": True}
+    report["outcomes"] = outcomes
+    report["expected"] = 80
+    report["unlabelled"] = 3
+    report["protocol"] = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
+    return report
+
+
+def _summary_facts(page: str) -> dict[str, str]:
+    summary = page.split('<section id="summary">', 1)[1].split("</section>", 1)[0]
+    return {
+        label: re.sub(r"<details>.*?</details>", "", value, flags=re.S)
+        for label, value in re.findall(r"<tr><th>([^<]*)</th><td>(.*?)</td></tr>", summary, flags=re.S)
+    }
+
+
+def _accuracy_html(page: str) -> str:
+    return page.split('<section id="accuracy">', 1)[1].split("</section>", 1)[0]
+
+
+def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
+    report = make_failing_report()
+    page = render_html(report)
+    assert page.index('<section id="summary">') < page.index(
+        "<section", page.index('<section id="summary">') + 1
+    )
+    assert page.index("<section") == page.index('<section id="summary">')
+    facts = _summary_facts(page)
+    outcomes = report["outcomes"]
+    total = {k: sum(r[k] for r in outcomes) for k in ("expected", "predictions", "failed", "skipped_budget")}
+    assert total == {"expected": 960, "predictions": 845, "failed": 90, "skipped_budget": 25}
+    assert facts["Items"] == (
+        "960 expected over 12 cells (backbone × method × realization): 845 done, 90 failed, 25 skipped for "
+        "budget, 0 interrupted, 0 not run"
+    )
+    assert facts["Failed, by cause"] == f"{html_escaped(FAILED_MESSAGE)} ×90"
+    readable = sum(r["readable"] for r in outcomes)
+    invalid = sum(r["invalid"] for r in outcomes)
+    fallback = sum(r["fallback"] for r in outcomes)
+    assert (readable, invalid, fallback) == (840, 5, 12)
+    assert facts["Coverage"] == (
+        f"{readable:,} of 960 expected answers readable ({readable / 960 * 100:.1f}%; 5 unreadable, 12 "
+        "decided by a fallback); cells: 10 complete, 1 partial, not shown: 1 failed"
+    )
+    cost = report["cost"]
+    usd = sum(r["cost_usd"] for r in cost if r["cost_usd"] is not None)
+    prompt = sum(r["prompt_tokens"] for r in cost)
+    assert facts["Spend"].startswith(f"{usd:.4f} USD API; tokens: {prompt:,} prompt (1,200,000 cached)")
+    assert "GPU" not in page  # no self-hosted charge in this report
+    assert facts["Backbones"] == "2: mock-flash, mock-pro"
+    assert facts["Methods"] == f"3: all-at-once, binary search, {html_escaped(EVIL)}"
+    assert facts["Trajectories"] == "80 labelled, each expected in every cell; 3 unlabelled, left out"
+    assert facts["Simulated"].startswith("yes: ")
+
+
+def test_a_failed_cell_is_shown_as_a_failure_and_never_bolded() -> None:
+    report = make_failing_report()
+    accuracy = _accuracy_html(render_html(report))
+    rows = {
+        cells[0]: cells[1:]
+        for row in re.findall(r"<tr>(.*?)</tr>", accuracy, flags=re.S)
+        for cells in [re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)]
+        if cells
+    }
+    failed = (
+        f'<span class="fail">— <span class="na">failed</span>: {html_escaped(FAILED_MESSAGE)} (10 of 80 answers '
+        "readable)</span>"
+    )
+    low = (
+        f'<span class="fail">— <span class="na">too few readable</span>: {html_escaped(FAILED_MESSAGE)} (30 of 80 '
+        "answers readable)</span>"
+    )
+    assert rows["binary search"] == [low, low, failed, failed]
+    # Their numbers (13.0 and 28.0) are the highest Step Acc on each backbone, yet nothing of theirs is bold;
+    # mock-pro's Step goes to the best cell that rests on answers.
+    bold = re.findall(r"<strong>([^<]*)</strong>", accuracy)
+    assert "13.0" not in bold and "28.0" not in bold and "13.0" not in accuracy and "28.0" not in accuracy
+    assert sorted(bold) == ["11.5", "50.0", "50.0", "60.5"]
+    text_rows = {
+        _cells(line)[0]: _cells(line)[1:]
+        for line in _section(render_text(report), "Accuracy (Table 3 layout)")
+    }
+    assert text_rows["binary search"] == ["too few readable", "too few readable", "failed", "failed"]
+    assert text_rows["all-at-once"] == ["42.5", "7.5", "50.0*", "11.5*"]
+
+
+def _interval(estimates: list[tuple[int, float]], pooled: bool) -> tuple[float, float]:
+    """The stratified normal interval the page documents, computed independently of it."""
+    total = sum(n for n, _ in estimates)
+    estimate = (
+        sum(n * p for n, p in estimates) / total if pooled else sum(p for _, p in estimates) / len(estimates)
+    )
+    variance = 0.0
+    for n, p in estimates:
+        weight = n / total if pooled else 1 / len(estimates)
+        adjusted = (p * n + 2) / (n + 4)
+        variance += weight**2 * adjusted * (1 - adjusted) / (n + 4)
+    half = 1.959963984540054 * variance**0.5
+    return max(0.0, estimate - half), min(1.0, estimate + half)
+
+
+def test_table3_gives_each_number_its_interval(report: dict[str, Any], page: str) -> None:
+    accuracy = _accuracy_html(page)
+    # mock-pro · binary search, Step Acc (macro 28.0): its two sources at 33.0% and 23.0% of 40 each.
+    low, high = _interval([(40, 0.33), (40, 0.23)], pooled=False)
+    assert f'<strong>28.0</strong> <span class="ci">[{low * 100:.1f}, {high * 100:.1f}]</span>' in accuracy
+    assert (low * 100, high * 100) == pytest.approx((18.5, 37.5), abs=0.05)
+    # Every number in the table has an interval; a dash has none.
+    numbers = re.findall(r'<td class="num[^"]*">(\d+\.\d)(?:</strong>)? <span class="ci">\[', accuracy)
+    bolded = re.findall(r'<td class="num[^"]*"><strong>(\d+\.\d)</strong> <span class="ci">\[', accuracy)
+    assert (
+        len(numbers) + len(bolded) == 11
+    )  # 12 cells, one of them (mock-flash Step of the <script> method) a dash
+    assert "Cells: the number (%) and its 95% interval" in accuracy
+    pooled = render_html(copy.deepcopy(report) | {"aggregate": "pooled"})
+    row = next(r for r in report["metrics"] if r["backbone"] == "mock-pro" and r["method"] == "binary search")
+    low, high = _interval([(40, 0.33), (40, 0.23)], pooled=True)
+    assert row["step_acc"] == 0.28
+    assert (
+        f'<strong>28.0</strong> <span class="ci">[{low * 100:.1f}, {high * 100:.1f}]</span>'
+        in _accuracy_html(pooled)
+    )
+
+
+def _lab(color: str) -> tuple[float, float, float]:
+    """sRGB hex -> CIELAB (D65), for the palette's distances."""
+    rgb = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def test_the_palette_separates_fourteen_methods_and_more() -> None:
+    styles = method_styles(14)
+    colours = [s.color for s in styles]
+    assert len(set(colours)) == 14
+    distances = [
+        sum((p - q) ** 2 for p, q in zip(_lab(a), _lab(b), strict=True)) ** 0.5
+        for i, a in enumerate(colours)
+        for b in colours[i + 1 :]
+    ]
+    assert min(distances) > 25  # CIE76 ΔE: clearly different colours, as far apart as tab10's closest pair
+    # Past the palette the colours repeat, each with a hatch, so that no two methods look the same.
+    many = method_styles(40)
+    assert len({(s.color, s.hatch) for s in many}) == 40
+    assert all(s.hatch == "" for s in many[: len(PALETTE)])
+
+
+def test_fourteen_methods_plot_with_readable_labels() -> None:
+    methods = [f"method-{i:02d}-with-a-long-name" for i in range(14)]
+    rows = []
+    for b, backbone in enumerate(("alpha", "beta", "gamma", "delta")):
+        for i, method in enumerate(methods):
+            row = _metrics_row("mock-flash", "all-at-once", 0) | {"backbone": backbone, "method": method}
+            rows.append(row | {"macro": _metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)})
+    wide = {"run": {"name": "wide"}, "simulated": False, "aggregate": "macro", "metrics": rows}
+    page = render_html(wide)
+    images = _images(page)
+    assert len(images) == 2  # accuracy bars and the per-source heat map; no cost rows
+    from PIL import Image
+
+    with Image.open(io.BytesIO(images[0])) as bars:
+        # sized by the bars, and never wider than the page shows at 1:1 (so labels keep their size)
+        assert 1000 <= bars.width <= 1280
+        colours = {c for _, c in bars.convert("RGB").getcolors(1 << 20) or []}
+    assert {tuple(int(c[i : i + 2], 16) for i in (1, 3, 5)) for c in PALETTE[:14]} <= colours
+
+
+def test_served_replicas_and_gpu_cost_when_present() -> None:
+    report = make_failing_report()
+    report["served_by"] = [
+        {
+            "backbone": "mock-pro",
+            "vllm_version": "0.8.5",
+            "replicas": 2,
+            "gpus": 4,
+            "gpu_usd": 1.5,
+            "commands": [
+                f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}",
+                "vllm serve Qwen/Qwen3-8B --port 8002",
+            ],
+        }
+    ]
+    for row in report["cost"]:
+        row["gpu_usd"] = 0.75 if row["backbone"] == "mock-pro" else 0.0
+    page = render_html(report)
+    facts = _summary_facts(page)
+    assert facts["Served by"] == "mock-pro: served by vLLM 0.8.5, 2 replicas on 4 GPUs, GPU time 1.5000 USD"
+    usd = sum(r["cost_usd"] for r in report["cost"] if r["cost_usd"] is not None)
+    assert facts["Spend"].startswith(f"{usd:.4f} USD API + 1.5000 USD GPU time = {usd + 1.5:.4f} USD;")
+    assert f"--port 8001 {html_escaped(EVIL)}</pre>" in page
+    cost = page.split('<section id="cost">', 1)[1].split("</section>", 1)[0]
+    assert '<th class="num start">API USD</th><th class="num">GPU USD</th>' in cost
+    # mock-pro · all-at-once: API 20.0000, GPU 0.7500, per trajectory 0.25 + 0.75 / 80 items.
+    row = re.search(r"<td>all-at-once</td>(.*?)</tr>", cost, flags=re.S)
+    assert row is not None
+    assert re.findall(r">([\d.]+)</td>", row.group(1))[3:] == ["20.0000", "0.7500", f"{0.25 + 0.75 / 80:.4f}"]
+    assert "GPU USD: the self-hosted replicas&#x27; GPU time" in cost
+
+
+def test_the_page_is_balanced_html_with_every_section_in_its_contents() -> None:
+    page = render_html(make_failing_report())
+    checker = _Balance()
+    checker.feed(page)
+    assert checker.stack == [] and checker.errors == []
+    ids = re.findall(r'<section id="([^"]+)">', page)
+    toc = page.split('<nav id="toc"', 1)[1].split("</nav>", 1)[0]
+    assert re.findall(r'href="#([^"]+)"', toc) == ids
+    assert ids[:5] == ["summary", "accuracy", "paired", "repeatability", "cost"]
+    for folded in ("outcomes", "full-metrics", "per-source", "complementarity", "length-groups", "protocol"):
+        assert f'<section id="{folded}"><details class="tail">' in page, folded
+
+
+class _Balance(HTMLParser):
+    """Every element the page opens is closed, in order (void elements aside)."""
+
+    VOID = frozenset({"meta", "img", "br", "hr", "input", "link"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()

@@ -13,16 +13,28 @@ Conventions, as in the LongRCA paper's tables:
 * The headline table follows Table 3: rows are methods, columns are Agent and Step Acc per backbone, using the
   report's aggregate (``macro`` or ``pooled``) of each backbone × method's first realization. The highest point
   estimate per backbone and metric, as displayed, is marked (``*`` in text, bold in HTML); ties are all marked.
-  Only numbers the report ``shown`` (readable answers for at least half the expected trajectories) compete, and
-  only above 0: a cell that is not shown prints its status (``failed``, ``skipped``, ``unreadable``, ...)
-  instead of a number, and a shown number that counts failed, skipped or unreadable items as errors carries
-  ``†``. The footnotes say, per backbone × method, how many items each number counts as errors and why.
+  Only numbers that rest on answers compete, and only above 0: a cell fails when the report does not show it
+  (``shown`` false: readable answers for less than half the expected trajectories), when nothing of it was
+  scored, or when its outcome's readable answers fall below the report's ``min_readable_share`` (checked here
+  too, so that no flag alone decides). A failed cell prints its status (``failed``, ``skipped``,
+  ``unreadable``, ...) instead of a number, in HTML with its most frequent message; a shown number that counts
+  failed, skipped or unreadable items as errors carries ``†``. The footnotes say, per backbone × method, how
+  many items each number counts as errors and why.
 * The outcomes (predictions, unreadable answers, fallback decisions, failed, skipped, interrupted or never-run
   items) open the report: totals in the header, then the ``Outcomes`` section.
-* The HTML page has no external resources: inline CSS and three matplotlib plots embedded as base64 PNG, drawn
-  on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to close). A plot
-  without data is replaced by a sentence saying why. Every string that comes from the data (method, backbone and
-  source names are user-controlled) goes through `html.escape`.
+* The HTML page reads at a glance: a summary first (run, items and failures by cause, coverage, spend, what
+  served each self-hosted backbone), then Table 3 with an interval beside each number, paired comparisons,
+  repeatability and cost as compact tables with every row folded under them; the long tail (outcomes per
+  cell, full metrics, per-source tables, complementarity, the protocol's settings, ...) folded in
+  ``<details>``; a table of contents. The report dict carries bootstrap intervals for paired differences only,
+  so the per-cell interval is derived from its per-source counts (`_interval`). Keys that newer report dicts
+  add (``served_by``, cost rows' ``gpu_usd``) are shown when present.
+* The page has no external resources and no scripts: inline CSS and three matplotlib plots embedded as base64
+  PNG, drawn on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to
+  close). Plots run from 0 to 100%, carry intervals as error bars, size themselves by the number of bars, and
+  tell up to 16 methods apart by colour (`PALETTE`), more by hatch and marker; a failed cell is marked as one,
+  never drawn as a zero. A plot without data is replaced by a sentence saying why. Every string that comes
+  from the data (method, backbone and source names are user-controlled) goes through `html.escape`.
 * When the report is ``simulated``, both renderers open with a banner: the backbones were rcarun's mock server,
   and the numbers exercise the engine, not any model.
 """
@@ -36,13 +48,14 @@ import math
 import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["render_html", "render_text"]
+__all__ = ["PALETTE", "method_styles", "render_html", "render_text"]
 
 DASH = "–"
 _GAP = "  "  # between text columns; two spaces so that names with single spaces stay one cell
@@ -124,6 +137,8 @@ class _Cell:
     text: str
     best: bool = False
     muted: bool = False  # a status word where a number would be (HTML: italic, dark red)
+    interval: str = ""  # HTML only: the number's confidence interval, beside it
+    reason: str = ""  # HTML only: why a muted cell has no number
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,14 +258,28 @@ def _rule_note(report: Mapping[str, Any], *, full: bool = False) -> tuple[str, .
     return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
 
 
-def _usd_per_trajectory(report: Mapping[str, Any]) -> dict[tuple[str, str], float]:
-    """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped)."""
+def _has_gpu(report: Mapping[str, Any]) -> bool:
+    """Whether any cost row charges self-hosted GPU time (``gpu_usd``, present in newer reports only)."""
+    return any(_num(row, "gpu_usd") for row in _rows(report, "cost"))
+
+
+def _usd_per_trajectory(report: Mapping[str, Any], *, with_gpu: bool = False) -> dict[tuple[str, str], float]:
+    """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped); with
+    ``with_gpu``, plus the cell's GPU charge over its work items (the most items any of its stages saw)."""
     totals: dict[tuple[str, str], float] = {}
+    gpu: dict[tuple[str, str], float] = {}
+    items: dict[tuple[str, str], float] = {}
     for row in _rows(report, "cost"):
+        key = (_text(row, "backbone"), _text(row, "method"))
         value = _num(row, "usd_per_trajectory")
         if value is not None:
-            key = (_text(row, "backbone"), _text(row, "method"))
             totals[key] = totals.get(key, 0.0) + value
+        gpu[key] = gpu.get(key, 0.0) + (_num(row, "gpu_usd") or 0.0)
+        items[key] = max(items.get(key, 0.0), _num(row, "items") or 0.0)
+    if with_gpu:
+        for key, charge in gpu.items():
+            if charge and items[key]:
+                totals[key] = totals.get(key, 0.0) + charge / items[key]
     return totals
 
 
@@ -292,6 +321,87 @@ def _min_share(report: Mapping[str, Any]) -> float:
     found = report.get("protocol")
     share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
     return 0.5 if share is None else share
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Why a cell's number must not be read as a score: its status word and, for the page, the reason."""
+
+    word: str
+    reason: str
+
+
+def _failure(
+    report: Mapping[str, Any],
+    row: Mapping[str, Any],
+    outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
+) -> _Failure | None:
+    """The failure of a backbone × method × realization cell, or None when its number rests on answers.
+
+    A cell fails when the report does not show its number (``shown`` false in its metrics or outcome row), when
+    it has no scored prediction (``n`` 0), or when its readable answers cover less of its expected trajectories
+    than the report's threshold (``min_readable_share``): the last is checked here too, so a number is never
+    marked best on the word of a flag alone.
+    """
+    key = (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0))
+    outcome = (_outcomes(report) if outcomes is None else outcomes).get(key)
+    expected, readable = _int(outcome, "expected"), _int(outcome, "readable")
+    low = outcome is not None and (expected == 0 or readable < _min_share(report) * expected)
+    hidden = row.get("shown") is False or (outcome is not None and outcome.get("shown") is False)
+    if not (low or hidden or _num(row, "n") == 0):
+        return None
+    status = _text(row, "status") or _text(outcome or {}, "status")
+    word = status if status and status not in ("complete", "partial") else "too few readable"
+    found = outcome.get("messages") if outcome is not None else None
+    messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    entry = messages.get("invalid" if word == "unreadable" else "failed")
+    message = _text(entry, "message") if isinstance(entry, Mapping) else ""
+    if len(message) > _WHY_CHARS:
+        message = message[: _WHY_CHARS - 1] + "…"
+    counts = f"{readable} of {expected} answers readable" if outcome is not None else "no answers scored"
+    return _Failure(word, f"{message} ({counts})" if message else counts)
+
+
+_WHY_CHARS = 72
+
+
+def _confidence(report: Mapping[str, Any]) -> float:
+    level = _num(_protocol(report), "confidence")
+    return 0.95 if level is None or not 0 < level < 1 else level
+
+
+def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+    """A confidence interval (the protocol's level) for one cell's headline Agent or Step Acc.
+
+    The report dict has bootstrap intervals for paired differences only, so the page derives one per cell from
+    the counts the dict does hold: the headline is a weighted mean of source accuracies (weights n_s / N
+    pooled, 1 / K macro), and its variance the weighted sum of binomial variances, each source's with
+    Agresti–Coull's two added successes and failures so that a source at 0% or 100% still has width; normal
+    approximation, clipped to [0, 1]. None when the cell has no number.
+    """
+    headline = _headline(report, row)
+    estimate = _num(headline, metric)
+    if estimate is None:
+        return None
+    strata = []
+    found = row.get("per_source")
+    for metrics in found.values() if isinstance(found, Mapping) else ():
+        n, p = _num(metrics, "n"), _num(metrics, metric)
+        if isinstance(metrics, Mapping) and n and p is not None:
+            strata.append((n, p))
+    if not strata:  # a dict without sources: the headline as one binomial
+        n = _num(headline, "n") or _num(row, "n")
+        if not n:
+            return None
+        strata = [(n, estimate)]
+    total = sum(n for n, _ in strata)
+    variance = 0.0
+    for n, p in strata:
+        weight = n / total if _aggregate(report) == "pooled" else 1 / len(strata)
+        adjusted = (p * n + 2) / (n + 4)
+        variance += weight**2 * adjusted * (1 - adjusted) / (n + 4)
+    half = NormalDist().inv_cdf((1 + _confidence(report)) / 2) * math.sqrt(variance)
+    return max(0.0, estimate - half), min(1.0, estimate + half)
 
 
 def _totals(report: Mapping[str, Any]) -> str | None:
@@ -385,14 +495,15 @@ def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int
 # --- sections ----------------------------------------------------------------------------------------------------
 
 
-def _accuracy_cell(row: Mapping[str, Any] | None, value: float | None, best: bool) -> _Cell:
-    """A headline number, or the status word of a cell whose number is not shown (module docstring)."""
-    if row is not None and row.get("shown") is False:
-        return _Cell(_text(row, "status") or "n/a", muted=True)
-    text = _pct(value)
-    if row is not None and _text(row, "status") == "partial" and value is not None:
-        text += _PARTIAL
-    return _Cell(text, best)
+def _accuracy_cell(
+    failure: _Failure | None, value: float | None, best: bool, *, partial: bool = False, interval: str = ""
+) -> _Cell:
+    """A headline number, or the status word of a cell whose number is not to be read (module docstring)."""
+    if failure is not None:
+        return _Cell(failure.word, muted=True, reason=failure.reason)
+    if value is None:
+        return _Cell(DASH)
+    return _Cell(_pct(value) + (_PARTIAL if partial else ""), best, interval=interval)
 
 
 def _accuracy_section(report: Mapping[str, Any]) -> _Section:
@@ -402,6 +513,7 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
         return _Section("accuracy", title, notes=("No accuracy metrics in this report.",))
     backbones = _unique(b for b, _ in first)
     methods = _unique(m for _, m in first)
+    outcomes = _outcomes(report)
     grid: dict[tuple[str, str], list[float | None]] = {}
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
@@ -409,15 +521,19 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
     columns: list[list[_Cell]] = []  # one list per number column, in backbone order, Agent then Step
     for backbone in backbones:
         rows_in = [first.get((backbone, m)) for m in methods]
-        for index in (0, 1):
+        failures = [None if r is None else _failure(report, r, outcomes) for r in rows_in]
+        for index, metric in enumerate(("agent_acc", "step_acc")):
             values = [grid.get((backbone, m), [None, None])[index] for m in methods]
-            # Only shown numbers compete for "best": one resting on nothing is never marked.
-            eligible = [
-                v if r is None or r.get("shown") is not False else None
-                for v, r in zip(values, rows_in, strict=True)
-            ]
+            # Only numbers that rest on answers compete for "best": a failed or unreadable cell never does.
+            eligible = [None if f is not None else v for v, f in zip(values, failures, strict=True)]
             flags = _best_flags(eligible, _pct)
-            columns.append([_accuracy_cell(r, v, b) for r, v, b in zip(rows_in, values, flags, strict=True)])
+            column = []
+            for found, value, failure, best in zip(rows_in, values, failures, flags, strict=True):
+                bounds = None if found is None else _interval(report, found, metric)
+                interval = "" if bounds is None else f"[{_pct(bounds[0])}, {_pct(bounds[1])}]"
+                partial = found is not None and _text(found, "status") == "partial"
+                column.append(_accuracy_cell(failure, value, best, partial=partial, interval=interval))
+            columns.append(column)
     rows = tuple(
         _Row((_Cell(method), *(column[i] for column in columns))) for i, method in enumerate(methods)
     )
@@ -981,11 +1097,12 @@ def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(values) if values else None
 
 
-def _cost_cells(row: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+def _cost_cells(row: Mapping[str, Any], gpu: bool = False) -> tuple[list[str], list[str]]:
     usage = [_count(_num(row, k)) for k in ("items", *_COUNTS, *_TOKENS)]
     budget = _num(row, "budget_use")
     money = [
         _usd(_num(row, "cost_usd")),
+        *((_usd(_num(row, "gpu_usd")),) if gpu else ()),
         _usd(_num(row, "usd_per_trajectory")),
         _count(_num(row, "latency_p50_ms")),
         _count(_num(row, "latency_p95_ms")),
@@ -999,21 +1116,23 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
     title = "Cost"
     if not cost:
         return _Section("cost", title, notes=("No cost rows in this report (no recorded calls).",))
+    gpu = _has_gpu(report)
     usage_rows: list[_Row] = []
     money_rows: list[_Row] = []
     for backbone in _unique(_text(r, "backbone") for r in cost):
         mine = [r for r in cost if _text(r, "backbone") == backbone]
         for row in mine:
             labels = (backbone, _text(row, "method"), _text(row, "stage"))
-            usage, money = _cost_cells(row)
+            usage, money = _cost_cells(row, gpu)
             usage_rows.append(_row(*labels, *usage))
             money_rows.append(_row(*labels, *money))
         # Stage rows of one backbone × method add up to its USD per trajectory, so the sum over methods is the
         # cost of running every method once on one trajectory. Items and latencies do not add up.
-        totals = {k: _sum(mine, k) for k in (*_COUNTS, *_TOKENS, *_MONEY)}
-        usage, money = _cost_cells(totals)
+        totals = {k: _sum(mine, k) for k in (*_COUNTS, *_TOKENS, *_MONEY, "gpu_usd")}
+        usage, money = _cost_cells(totals, gpu)
         usage[0] = ""
-        money[2:4] = ["", ""]
+        latency = 3 if gpu else 2
+        money[latency : latency + 2] = ["", ""]
         usage_rows.append(_row(backbone, "total", "", *usage, total=True))
         money_rows.append(_row(backbone, "total", "", *money, total=True))
     labels = ("Backbone", "Method", "Stage")
@@ -1029,13 +1148,29 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
         caption="Calls and tokens (prompt tokens include cached ones, completion tokens include reasoning).",
     )
     money_table = _Table(
-        columns=(*labels, "USD", "USD / traj.", "p50 ms", "p95 ms", "Budget use"),
+        columns=(
+            *labels,
+            "USD",
+            *(("GPU USD",) if gpu else ()),
+            "USD / traj.",
+            "p50 ms",
+            "p95 ms",
+            "Budget use",
+        ),
         rows=tuple(money_rows),
         label_columns=3,
         caption="Money and time (budget use: share of the backbone's USD budget).",
     )
     notes = (
         "A backbone's total USD / traj. is the sum over its methods: running every method once on one trajectory.",
+        *(
+            (
+                "GPU USD: the self-hosted replicas' GPU time, charged to the calls they served; USD and USD / traj. "
+                "are the API's.",
+            )
+            if gpu
+            else ()
+        ),
     )
     return _Section("cost", title, (usage_table, money_table), notes)
 
@@ -1422,96 +1557,184 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _colors(n: int) -> list[Any]:
-    from matplotlib import colormaps
+# A qualitative palette of 16 colours that stay apart on white (tab10, then black, navy, magenta, olive, pink
+# and purple, each picked as the farthest in CIELAB from those before it; the closest pair is ΔE76 ≈ 28, as
+# within tab10 itself). Past 16 methods the colours repeat with a hatch (bars) or another marker (points).
+PALETTE = (
+    *("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"),
+    *("#17becf", "#000000", "#000075", "#f032e6", "#637939", "#fabed4", "#911eb4"),
+)
+_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "ooo")
+_MARKERS = "osD^v<>ph*X"
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20"]
-    return [cmap(i % cmap.N) for i in range(n)]
+
+@dataclass(frozen=True, slots=True)
+class _Style:
+    """How one method looks in every plot: its colour, and a hatch and marker that tell repeats apart."""
+
+    color: str
+    hatch: str
+    marker: str
+
+
+def method_styles(n: int) -> list[_Style]:
+    """Styles for ``n`` methods: distinct colours for up to 16, then the colours again with a hatch and a
+    different marker per round, so that no two methods look alike."""
+    styles = []
+    for i in range(n):
+        round_, index = divmod(i, len(PALETTE))
+        styles.append(
+            _Style(
+                PALETTE[index], _HATCHES[round_ % len(_HATCHES)], _MARKERS[(index + round_) % len(_MARKERS)]
+            )
+        )
+    return styles
 
 
 def _short(label: str, limit: int = 28) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
-def _not_shown(row: Mapping[str, Any] | None) -> bool:
-    """The report says the cell's number rests on nothing: plots leave it out as they leave out no value."""
-    return row is not None and row.get("shown") is False
+def _wrap(label: str, width: int = 14) -> str:
+    """A tick label on at most two lines, so that neighbouring labels do not run into each other."""
+    lines = textwrap.wrap(label, width, break_on_hyphens=True) or [label]
+    return "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
 
 
 def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
     first = _first_realizations(report)
-    values = {key: None if _not_shown(row) else _headline(report, row) for key, row in first.items()}
+    outcomes = _outcomes(report)
+    failures = {key: _failure(report, row, outcomes) for key, row in first.items()}
+    values = {key: None if failures[key] else _headline(report, row) for key, row in first.items()}
     if not any(_num(v, m) is not None for v in values.values() for m in ("agent_acc", "step_acc")):
         return "Accuracy plot omitted: no Agent or Step Acc in this report."
     backbones = _unique(b for b, _ in first)
     methods = _unique(m for _, m in first)
-    colors = _colors(len(methods))
-    figure = _figure(min(14.0, max(7.0, 3.0 + 0.9 * len(backbones) * len(methods))), 4.4)
-    axes = figure.subplots(1, 2, sharey=True)
-    width = 0.8 / len(methods)
-    top = 0.0
+    styles = method_styles(len(methods))
+    bars = len(backbones) * len(methods)
+    # Width grows with the bars (about 0.13 in each) up to the page's width at 1:1 (1280 px at _DPI), so that
+    # the labels keep their size; the two metrics are stacked, each over the full width.
+    figure = _figure(min(11.6, max(7.0, 2.0 + 0.13 * bars + 0.3 * len(backbones))), 7.4)
+    axes = figure.subplots(2, 1, sharex=True)
+    width = 0.84 / len(methods)
     for ax, metric in zip(axes, ("agent_acc", "step_acc"), strict=True):
         for j, method in enumerate(methods):
-            xs, heights = [], []
+            xs, heights, low, high = [], [], [], []
             for i, backbone in enumerate(backbones):
-                value = _num(values.get((backbone, method)), metric)
-                x = i - 0.4 + width * (j + 0.5)
+                key = (backbone, method)
+                value = _num(values.get(key), metric)
+                x = i - 0.42 + width * (j + 0.5)
                 if value is not None:
+                    bounds = _interval(report, first[key], metric) or (value, value)
                     xs.append(x)
                     heights.append(value * 100)
-                else:  # a missing value must not look like a zero score
-                    word = _text(first.get((backbone, method)) or {}, "status") or "n/a"
-                    word = word if _not_shown(first.get((backbone, method))) else "n/a"
-                    ax.text(x, 0.5, word, ha="center", va="bottom", fontsize=7, color="0.35", rotation=90)
-            bars = ax.bar(xs, heights, width * 0.92, color=colors[j], label=_short(method))
-            if len(backbones) * len(methods) <= 24:
-                ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
-            top = max([top, *heights])
-        ax.set_title(f"{_metric_label(metric)} ({_aggregate(report)})")
-        ax.set_xticks(range(len(backbones)), [_short(b, 18) for b in backbones])
+                    low.append((value - bounds[0]) * 100)
+                    high.append((bounds[1] - value) * 100)
+                elif key in first:  # a failed cell is marked as one, never drawn as a zero score
+                    failure = failures[key]
+                    word = failure.word if failure else "n/a"
+                    ax.plot([x], [1.5], marker="x", color="#b00020", markersize=5, linestyle="")
+                    ax.text(x, 4, word, ha="center", va="bottom", fontsize=6.5, color="#b00020", rotation=90)
+            style = styles[j]
+            drawn = ax.bar(
+                xs,
+                heights,
+                width * 0.9,
+                color=style.color,
+                hatch=style.hatch,
+                edgecolor="white" if not style.hatch else "0.2",
+                linewidth=0.4,
+                label=_short(method),
+                yerr=[low, high],
+                error_kw={"elinewidth": 0.8, "capsize": 1.5 if bars > 30 else 2.5, "ecolor": "0.25"},
+            )
+            if bars <= 16:
+                ax.bar_label(drawn, fmt="%.1f", fontsize=7, padding=2)
+        ax.set_ylabel(f"{_metric_label(metric)} (%)")
+        ax.set_ylim(0, 100)  # zero-based and the full scale: bar heights compare across backbones and pages
+        ax.set_yticks(range(0, 101, 20))
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    axes[0].set_ylabel("%")
-    axes[0].set_ylim(0, min(100.0, max(10.0, top * 1.2)))
+        ax.set_title(
+            f"{_metric_label(metric)} ({_aggregate(report)}), {_confidence(report):.0%} intervals",
+            fontsize=10,
+        )
+    labels = [_wrap(b) for b in backbones]
+    rotate = len(backbones) > 6 or max(len(b) for b in backbones) * len(backbones) > 90
+    axes[1].set_xticks(
+        range(len(backbones)), labels, rotation=30 if rotate else 0, ha="right" if rotate else "center"
+    )
+    axes[1].set_xlim(-0.5, len(backbones) - 0.5)
     figure.legend(
-        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(methods), 6)
+        *axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=min(len(methods), 7),
+        fontsize=8,
+        frameon=False,
     )
     caption = (
-        "Agent and Step Acc per backbone (groups) and method (bars), first realization; n/a: no value; a status "
-        "word (failed, skipped, unreadable, ...): a number that rests on too few readable answers (see Outcomes)."
+        f"Agent and Step Acc per backbone (groups) and method (bars), first realization, with "
+        f"{_confidence(report):.0%} intervals (error bars, as in the table); the axis runs from 0 to 100%. A red "
+        "× with a word (failed, skipped, unreadable, ...) marks a cell whose number rests on too few readable "
+        "answers: not a zero score (see Outcomes)."
     )
-    return _Plot(_png(figure), "Bar chart of Agent and Step Acc per backbone and method", caption)
+    return _Plot(
+        _png(figure), "Bar chart of Agent and Step Acc per backbone and method, with intervals", caption
+    )
 
 
 def _cost_plot(report: Mapping[str, Any]) -> _Plot | str:
-    usd = _usd_per_trajectory(report)
+    usd = _usd_per_trajectory(report, with_gpu=True)
     if not usd:
         return "Accuracy-versus-cost plot omitted: no USD per trajectory in this report."
+    first = _first_realizations(report)
+    outcomes = _outcomes(report)
     points = []
-    for (backbone, method), row in _first_realizations(report).items():
+    for (backbone, method), row in first.items():
         step = _num(_headline(report, row), "step_acc")
-        if (backbone, method) in usd and step is not None and not _not_shown(row):
-            points.append((backbone, method, usd[backbone, method], step * 100))
+        if (backbone, method) in usd and step is not None and _failure(report, row, outcomes) is None:
+            bounds = _interval(report, row, "step_acc") or (step, step)
+            points.append((backbone, method, usd[backbone, method], step * 100, bounds))
     if not points:
         return "Accuracy-versus-cost plot omitted: no backbone × method has both a cost and a Step Acc."
     backbones = _unique(p[0] for p in points)
     methods = _unique(p[1] for p in points)
-    colors = _colors(len(methods))
-    markers = "osD^v<>ph*X"
-    figure = _figure(8.0, 4.8)
+    styles = method_styles(len(methods))
+    figure = _figure(9.0, 4.2)
     ax = figure.subplots()
-    for backbone, method, x, y in points:
-        b, m = backbones.index(backbone), methods.index(method)
-        ax.scatter([x], [y], s=46, color=colors[m], marker=markers[b % len(markers)], zorder=3)
-        label = _short(method) if len(backbones) == 1 else f"{_short(backbone, 16)} · {_short(method, 16)}"
-        ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7)
+    annotate = _apart([(p[2], p[3]) for p in points])
+    for backbone, method, x, y, (low, high) in points:
+        style = styles[methods.index(method)]
+        marker = _MARKERS[backbones.index(backbone) % len(_MARKERS)] if len(backbones) > 1 else style.marker
+        ax.errorbar(
+            [x],
+            [y],
+            yerr=[[y - low * 100], [high * 100 - y]],
+            fmt=marker,
+            color=style.color,
+            markersize=6,
+            elinewidth=0.7,
+            capsize=2,
+            zorder=3,
+        )
+        if annotate:
+            label = (
+                _short(method) if len(backbones) == 1 else f"{_short(backbone, 16)} · {_short(method, 16)}"
+            )
+            ax.annotate(label, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=7)
     scale = _cost_scale(ax, [p[2] for p in points])
-    ax.set_xlabel(f"USD per trajectory, summed over stages ({scale})")
+    gpu = _has_gpu(report)
+    money = "API + GPU USD" if gpu else "USD"
+    ax.set_xlabel(f"{money} per trajectory, summed over stages ({scale})")
     ax.set_ylabel(f"Step Acc (%, {_aggregate(report)})")
-    ax.set_ylim(0, min(100.0, max(10.0, max(p[3] for p in points) * 1.25)))
+    ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    _cost_legend(ax, backbones, methods, colors, markers)
-    caption = "Step Acc against USD per trajectory, one point per backbone × method (first realization)."
+    _cost_legend(ax, backbones, methods, styles)
+    caption = (
+        f"Step Acc (with its {_confidence(report):.0%} interval) against {money} per trajectory, one point per "
+        "backbone × method (first realization); colour: method, marker: backbone. Cells whose number is not "
+        "shown are left out."
+    )
     return _Plot(_png(figure), "Scatter plot of Step Acc against USD per trajectory", caption)
 
 
@@ -1531,18 +1754,36 @@ def _cost_scale(ax: Axes, xs: Sequence[float]) -> str:
     return "linear scale"
 
 
+def _apart(points: Sequence[tuple[float, float]], limit: int = 12) -> bool:
+    """Whether names can stand beside the points without overprinting: few points, none close to another
+    (within 8% of the x range and 5 points of accuracy). Otherwise the legend alone says which is which."""
+    if len(points) > limit:
+        return False
+    xs = [x for x, _ in points]
+    width = (max(xs) - min(xs)) or 1.0
+    return all(
+        abs(a[0] - b[0]) / width > 0.08 or abs(a[1] - b[1]) > 5
+        for i, a in enumerate(points)
+        for b in points[i + 1 :]
+    )
+
+
 def _cost_legend(
-    ax: Axes, backbones: Sequence[str], methods: Sequence[str], colors: Sequence[Any], markers: str
+    ax: Axes, backbones: Sequence[str], methods: Sequence[str], styles: Sequence[_Style]
 ) -> None:
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    handles = [
-        Line2D([], [], linestyle="", marker="o", color=colors[i], label=_short(m))
-        for i, m in enumerate(methods)
+    single = len(backbones) == 1
+    handles: list[Any] = [
+        Line2D([], [], linestyle="", marker=s.marker, color=s.color, label=_short(m))
+        if single
+        else Patch(color=s.color, label=_short(m))  # colour alone: the markers name the backbones
+        for m, s in zip(methods, styles, strict=True)
     ]
-    if len(backbones) > 1:
+    if not single:
         handles += [
-            Line2D([], [], linestyle="", marker=markers[i % len(markers)], color="0.3", label=_short(b))
+            Line2D([], [], linestyle="", marker=_MARKERS[i % len(_MARKERS)], color="0.3", label=_short(b))
             for i, b in enumerate(backbones)
         ]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -1559,9 +1800,11 @@ def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
     single = len(_unique(b for b, _ in first)) == 1
     labels = [_short(m) if single else f"{_short(b, 18)} · {_short(m, 18)}" for b, m in first]
     grid = np.full((len(first), len(sources)), np.nan)
+    outcomes = _outcomes(report)
     for i, row in enumerate(first.values()):
+        failed = _failure(report, row, outcomes) is not None
         for j, source in enumerate(sources):
-            value = None if _not_shown(row) else _num(_per_source(row, source), "step_acc")
+            value = None if failed else _num(_per_source(row, source), "step_acc")
             if value is not None:
                 grid[i, j] = value * 100
     if np.isnan(grid).all():
@@ -1600,26 +1843,40 @@ _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1320px;
        padding: 0 16px; color: #1a1a1a; line-height: 1.4; }
 h1 { font-size: 1.5em; margin-bottom: 4px; }
-h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; padding-bottom: 2px; margin-top: 32px; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; padding-bottom: 2px; margin-top: 28px; }
 .meta { color: #555; margin: 0; }
-.banner { border: 2px solid #b00020; background: #fdecee; color: #6b0012; padding: 10px 14px; margin: 16px 0;
+.banner { border: 2px solid #b00020; background: #fdecee; color: #6b0012; padding: 8px 14px; margin: 12px 0;
           font-weight: 600; }
-nav { font-size: 0.9em; margin: 12px 0; }
-nav a { margin-right: 12px; color: #0b4f8a; }
-table { border-collapse: collapse; margin: 0 0 16px; font-size: 0.88em; }
+nav { font-size: 0.9em; margin: 12px 0; padding: 6px 10px; background: #f6f8fa; border: 1px solid #e1e4e8; }
+nav ol { display: inline; padding: 0; margin: 0; }
+nav li { display: inline-block; margin-right: 12px; white-space: nowrap; }
+nav a { color: #0b4f8a; }
+nav .more { color: #555; margin-right: 8px; }
+table { border-collapse: collapse; margin: 0 0 12px; font-size: 0.88em; }
 .scroll { overflow-x: auto; }
-.caption { font-weight: 600; margin: 12px 0 4px; color: #333; font-size: 0.92em; }
+.caption { font-weight: 600; margin: 10px 0 4px; color: #333; font-size: 0.92em; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; white-space: nowrap; }
 th { background: #f3f5f7; text-align: left; }
 th.group { text-align: center; border-left: 1px solid #d8d8d8; }
 th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.start, th.start { border-left: 1px solid #d8d8d8; }
 tr.total td { font-weight: 600; background: #fafafa; border-top: 1px solid #bbb; }
+table.kv th { background: none; width: 10em; vertical-align: top; }
+table.kv td { white-space: normal; max-width: 70em; }
 .note { color: #444; font-size: 0.9em; max-width: 60em; }
-figure { margin: 12px 0 20px; }
+.legend { color: #333; font-size: 0.88em; max-width: 70em; margin: 4px 0 8px; }
+figure { margin: 10px 0 16px; }
 figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figcaption { font-size: 0.88em; color: #444; }
+figcaption { font-size: 0.88em; color: #444; max-width: 70em; }
 .na { color: #8a1c1c; font-style: italic; }
+.fail { color: #8a1c1c; white-space: normal; }
+.ci { display: block; color: #666; font-size: 0.8em; line-height: 1.1; }
+details > summary { cursor: pointer; }
+details.notes > summary, details.rows > summary { color: #0b4f8a; font-size: 0.9em; margin: 4px 0; }
+details.tail { border-bottom: 1px solid #ddd; }
+details.tail > summary h2 { display: inline-block; border: none; margin: 14px 0 0; }
+details.tail .hint { color: #666; font-size: 0.88em; margin-left: 8px; }
+pre.command { font-size: 0.85em; background: #f6f8fa; padding: 6px; white-space: pre-wrap; }
 """
 
 
@@ -1653,16 +1910,26 @@ def _html_table(table: _Table) -> str:
     for row in table.rows:
         cells = []
         for i, cell in enumerate(row.cells):
-            text = html.escape(cell.text)
-            if cell.best:
-                text = f"<strong>{text}</strong>"
-            elif cell.muted:
-                text = f'<span class="na">{text}</span>'
-            cells.append(f"<td{classes(i)}>{text}</td>")
+            cells.append(f"<td{classes(i)}>{_html_cell(cell)}</td>")
         opening = '<tr class="total">' if row.total else "<tr>"
         out.append(f"{opening}{''.join(cells)}</tr>")
     out.append("</tbody></table></div>")
     return "\n".join(out)
+
+
+def _html_cell(cell: _Cell) -> str:
+    """A cell's text; a best number in bold, its interval beside it; a failure as one, with its reason."""
+    text = html.escape(cell.text)
+    if cell.muted:
+        text = f'<span class="na">{text}</span>'
+        if cell.reason:
+            return f'<span class="fail">— {text}: {html.escape(cell.reason)}</span>'
+        return text
+    if cell.best:
+        text = f"<strong>{text}</strong>"
+    if cell.interval:
+        text += f' <span class="ci">{html.escape(cell.interval)}</span>'
+    return text
 
 
 def _html_plot(plot: _Plot | str) -> str:
@@ -1675,22 +1942,368 @@ def _html_plot(plot: _Plot | str) -> str:
     )
 
 
-def _html_section(section: _Section, report: Mapping[str, Any]) -> str:
-    parts = [f'<section id="{section.key}">', f"<h2>{html.escape(section.title)}</h2>"]
-    parts += [_html_table(t) for t in section.tables]
-    parts += [f'<p class="note">{html.escape(n)}</p>' for n in section.notes]
+# The page's order: what a reader looks at first, then the long tail, each part folded (<details>). Sections
+# not named here (none today) would join the tail, so that nothing the text report has is ever dropped.
+_HEADLINE = ("accuracy", "paired", "components", "repeatability", "cost", "fidelity", "calibration")
+_TAIL = (
+    *("label-sensitivity", "outcomes", "full-metrics", "per-source", "complementarity", "recall", "turns"),
+    "length-groups",
+)
+_LEGEND = (
+    "Cells: the number (%) and its {level} interval in brackets; bold: the highest number per backbone and "
+    "metric among those that rest on answers; {partial}: a number that counts failed, skipped or unreadable "
+    "items as errors; “— failed: …” (or skipped, unreadable, …): a cell whose readable answers cover less than "
+    "{share} of its trajectories, never a score and never best."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One section of the page: the shared section, what shows before its fold, and whether it is folded."""
+
+    section: _Section
+    lead: tuple[_Table, ...] | None = None  # shown first, with the section's own tables folded under them
+    legend: str = ""
+    collapsed: bool = False
+
+
+def _rows_count(section: _Section) -> int:
+    return sum(len(t.rows) for t in section.tables)
+
+
+def _html_part(part: _Part, report: Mapping[str, Any]) -> str:
+    section = part.section
+    body: list[str] = []
+    if part.legend:
+        body.append(f'<p class="legend">{html.escape(part.legend)}</p>')
+    if part.lead is not None:
+        body += [_html_table(t) for t in part.lead]
+        if section.tables:
+            rows = _rows_count(section)
+            body.append(f'<details class="rows"><summary>Every row ({rows:,})</summary>')
+            body += [_html_table(t) for t in section.tables]
+            body.append("</details>")
+    else:
+        body += [_html_table(t) for t in section.tables]
     plot = _PLOTS.get(section.key)
     if plot is not None:
-        parts.append(_html_plot(plot(report)))
-    parts.append("</section>")
-    return "\n".join(parts)
+        body.append(_html_plot(plot(report)))
+    notes = [f'<p class="note">{html.escape(n)}</p>' for n in section.notes]
+    title = html.escape(section.title)
+    if part.collapsed:
+        rows = _rows_count(section)
+        hint = f"{rows:,} rows" if rows else "notes"
+        return "\n".join(
+            [
+                f'<section id="{section.key}"><details class="tail">',
+                f'<summary><h2>{title}</h2><span class="hint">{hint}</span></summary>',
+                *body,
+                *notes,
+                "</details></section>",
+            ]
+        )
+    if len(notes) == 1 and not section.tables:
+        folded = notes  # a section that is only a sentence ("No ... in this report.") says it openly
+    elif notes:
+        folded = [f'<details class="notes"><summary>Notes ({len(notes)})</summary>', *notes, "</details>"]
+    else:
+        folded = []
+    return "\n".join([f'<section id="{section.key}">', f"<h2>{title}</h2>", *body, *folded, "</section>"])
+
+
+def _parts(report: Mapping[str, Any]) -> list[_Part]:
+    sections = {s.key: s for s in _sections(report)}
+    level = f"{_confidence(report):.0%}"
+    legend = _LEGEND.format(level=level, partial=_PARTIAL, share=f"{_min_share(report):.0%}")
+    leads = {
+        "paired": _paired_lead(report),
+        "repeatability": _repeatability_lead(report),
+        "cost": _cost_lead(report),
+    }
+    parts = []
+    for key in _HEADLINE:
+        if key in sections:
+            lead = leads.get(key)
+            parts.append(
+                _Part(sections.pop(key), lead=lead or None, legend=legend if key == "accuracy" else "")
+            )
+    for key in (*_TAIL, *sections):
+        if key in sections:
+            parts.append(_Part(sections.pop(key), collapsed=True))
+    parts.append(_Part(_protocol_section(report), collapsed=True))
+    return parts
+
+
+def _protocol_section(report: Mapping[str, Any]) -> _Section:
+    """The header's long lines (database, protocol, scoring rule, aggregate, statistics, totals), folded."""
+    _, details = _header_lines(report)
+    return _Section("protocol", "Protocol and settings", notes=tuple(d[0].upper() + d[1:] for d in details))
+
+
+# --- the page's own condensed tables -------------------------------------------------------------------------
+
+
+def _pivot(
+    cells: Mapping[tuple[str, str], Sequence[str]], heads: Sequence[str], caption: str, label: str = "Method"
+) -> _Table:
+    """Rows of (backbone, row label) -> values as Table 3 lays them out: one row per label, a column group of
+    ``heads`` per backbone, a dash where a backbone has no such row."""
+    backbones = _unique(b for b, _ in cells)
+    labels = _unique(m for _, m in cells)
+    rows = []
+    for name in labels:
+        values = []
+        for backbone in backbones:
+            values += list(cells.get((backbone, name), [DASH] * len(heads)))
+        rows.append(_row(name, *values))
+    return _Table(
+        columns=(label, *(list(heads) * len(backbones))),
+        rows=tuple(rows),
+        groups=tuple((b, len(heads)) for b in backbones),
+        caption=caption,
+    )
+
+
+def _repeatability_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+    """Step Acc over realizations and the root-step agreement, one row per method, a column group per backbone."""
+    cells: dict[tuple[str, str], Sequence[str]] = {}
+    for row in _rows(report, "repeatability"):
+        found = row.get("metrics")
+        metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        stats = metrics.get("step_acc")
+        step: Mapping[str, Any] = stats if isinstance(stats, Mapping) else {}
+        cells[_text(row, "backbone"), _text(row, "method")] = (
+            f"{_pct(_num(step, 'mean'))} ± {_pct(_num(step, 'sd'))}",
+            _pct(_num(row, "mean_agreement")),
+        )
+    if not cells:
+        return ()
+    caption = (
+        "Step Acc over realizations (mean ± SD, %; SD with ddof = 1) and the mean pairwise agreement of root "
+        "steps (%); every metric and pair below the fold."
+    )
+    return (_pivot(cells, ("Step", "Agree"), caption),)
+
+
+def _paired_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+    """The comparisons between methods with both metrics on one row: Δ and interval, W/L, Holm p each."""
+    grouped: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for row in _rows(report, "paired"):
+        key = (_text(row, "backbone"), f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}")
+        grouped.setdefault(key, {})[_text(row, "metric")] = row
+    if not grouped:
+        return ()
+    metrics = _unique(m for found in grouped.values() for m in found)
+    rows = []
+    for (backbone, pair), found in grouped.items():
+        values = []
+        for metric in metrics:
+            entry = found.get(metric)
+            if entry is None:
+                values += [DASH] * 3
+                continue
+            _, delta, interval, wl, _, holm, *_ = _paired_cells(entry)
+            values += [f"{delta} {interval}", wl, holm]
+        rows.append(_row(backbone, pair, *values))
+    reference = report.get("reference_method")
+    table = _Table(
+        columns=("Backbone", "A vs B", *(["Δ (pp) [95% CI]", "W/L", "p (Holm)"] * len(metrics))),
+        rows=tuple(rows),
+        label_columns=2,
+        groups=tuple((_metric_label(m), 3) for m in metrics),
+        caption=f"Paired differences A − B between methods{f' against {reference}' if reference else ''}, first "
+        "realization; McNemar p, families and any other comparison below the fold.",
+    )
+    return (table,)
+
+
+def _cost_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+    """USD and USD per trajectory (API, and GPU time when charged), one row per method, a group per backbone."""
+    cost = _rows(report, "cost")
+    if not cost:
+        return ()
+    gpu = _has_gpu(report)
+    per_trajectory = _usd_per_trajectory(report, with_gpu=gpu)
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in cost:
+        grouped.setdefault((_text(row, "backbone"), _text(row, "method")), []).append(row)
+    cells: dict[tuple[str, str], Sequence[str]] = {}
+    for key, mine in grouped.items():
+        charged = (_usd(_sum(mine, "gpu_usd")),) if gpu else ()
+        cells[key] = (_usd(_sum(mine, "cost_usd")), *charged, _usd(per_trajectory.get(key)))
+    heads = ("API USD", "GPU USD", "per traj.") if gpu else ("USD", "per traj.")
+    per = "API + GPU USD" if gpu else "USD"
+    caption = (
+        f"USD spent per backbone × method (summed over stages and realizations) and {per} per trajectory; calls, "
+        "tokens, latency and budget use per stage below the fold."
+    )
+    return (_pivot(cells, heads, caption),)
+
+
+# --- the summary ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Fact:
+    label: str
+    text: str
+    more: tuple[str, ...] = ()  # folded lines under it (serve commands)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _failure_causes(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The failed items by their most frequent message per cell, largest first; the rest as "other"."""
+    causes: dict[str, int] = {}
+    for row in rows:
+        found = row.get("messages")
+        entry = found.get("failed") if isinstance(found, Mapping) else None
+        if isinstance(entry, Mapping):
+            message = _short(_text(entry, "message"), _WHY_CHARS)
+            causes[message] = causes.get(message, 0) + _int(entry, "count")
+    failed = sum(_int(r, "failed") for r in rows)
+    listed = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    parts = [f"{message} ×{count:,}" for message, count in listed]
+    other = failed - sum(count for _, count in listed)
+    if other > 0:
+        parts.append(f"other ×{other:,}")
+    return "; ".join(parts)
+
+
+def _summary(report: Mapping[str, Any]) -> list[_Fact]:
+    """The page's first section: what ran, what became of it and what it cost, in numbers from the dict."""
+    found = report.get("run")
+    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    facts = [
+        _Fact(
+            "Run",
+            f"{_text(run, 'name') or 'unnamed run'} (id {_text(run, 'run_id') or DASH}, "
+            f"{_text(run, 'status') or DASH}, created {_text(run, 'created_at') or DASH})",
+        ),
+        _Fact(
+            "Simulated",
+            "yes: every backbone was rcarun's mock server or a random-weight local model; the numbers exercise "
+            "the engine, not any model"
+            if report.get("simulated")
+            else "no",
+        ),
+    ]
+    metrics, outcomes = _rows(report, "metrics"), _rows(report, "outcomes")
+    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
+    for served in _rows(report, "served_by"):
+        replicas = _int(served, "replicas")
+        text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
+        text += _plural(replicas, "replica")
+        if _num(served, "gpus") is not None:
+            text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
+        if _num(served, "gpu_usd") is not None:
+            text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
+        commands = served.get("commands")
+        listed = (
+            tuple(str(c) for c in commands)
+            if isinstance(commands, Sequence) and not isinstance(commands, str)
+            else ()
+        )
+        facts.append(_Fact("Served by", text, listed))
+    facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
+    protocol = _protocol(report)
+    if protocol.get("name"):
+        resamples = _num(protocol, "resamples")
+        facts.append(
+            _Fact(
+                "Protocol",
+                f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
+                f"{_count(resamples)} bootstrap resamples; reference method "
+                f"{_text(report, 'reference_method') or DASH} (every rule under Protocol and settings)",
+            )
+        )
+    expected = _num(report, "expected")
+    if expected is not None:
+        facts.append(
+            _Fact(
+                "Trajectories",
+                f"{_count(expected)} labelled, each expected in every cell; "
+                f"{_count(_num(report, 'unlabelled') or 0)} unlabelled, left out",
+            )
+        )
+    if outcomes:
+        total = {k: sum(_int(r, k) for r in outcomes) for k in (*_OUTCOME_KEYS, "readable")}
+        facts.append(
+            _Fact(
+                "Items",
+                f"{total['expected']:,} expected over {_plural(len(outcomes), 'cell')} (backbone × method × "
+                f"realization): {total['predictions']:,} done, {total['failed']:,} failed, "
+                f"{total['skipped_budget']:,} skipped for budget, {total['interrupted']:,} interrupted, "
+                f"{total['not_run']:,} not run",
+            )
+        )
+        if total["failed"]:
+            facts.append(_Fact("Failed, by cause", _failure_causes(outcomes)))
+        statuses: dict[str, int] = {}
+        for row in outcomes:
+            statuses[_text(row, "status")] = statuses.get(_text(row, "status"), 0) + 1
+        hidden = ", ".join(f"{n} {w}" for w, n in statuses.items() if w not in ("complete", "partial"))
+        share = total["readable"] / total["expected"] if total["expected"] else None
+        facts.append(
+            _Fact(
+                "Coverage",
+                f"{total['readable']:,} of {total['expected']:,} expected answers readable ({_pct(share)}%; "
+                f"{total['invalid']:,} unreadable, {total['fallback']:,} decided by a fallback); cells: "
+                f"{statuses.get('complete', 0)} complete, {statuses.get('partial', 0)} partial"
+                + (f", not shown: {hidden}" if hidden else ""),
+            )
+        )
+    cost = _rows(report, "cost")
+    if cost:
+        api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
+        money = f"{_usd(api)} USD API"
+        if _has_gpu(report):
+            money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
+        tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
+        facts.append(
+            _Fact(
+                "Spend",
+                f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
+                f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
+                f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
+                "cache hits",
+            )
+        )
+    return facts
+
+
+def _html_summary(report: Mapping[str, Any]) -> str:
+    rows = []
+    for fact in _summary(report):
+        more = ""
+        if fact.more:
+            commands = "".join(f'<pre class="command">{html.escape(c)}</pre>' for c in fact.more)
+            more = f"<details><summary>commands</summary>{commands}</details>"
+        rows.append(f"<tr><th>{html.escape(fact.label)}</th><td>{html.escape(fact.text)}{more}</td></tr>")
+    return "\n".join(
+        [
+            '<section id="summary">',
+            "<h2>Summary</h2>",
+            '<table class="kv"><tbody>',
+            *rows,
+            "</tbody></table>",
+            "</section>",
+        ]
+    )
 
 
 def render_html(report: Mapping[str, Any]) -> str:
-    """Render a report as one self-contained HTML page: the text tables plus three embedded PNG plots.
+    """Render a report as one self-contained HTML page that reads at a glance.
 
-    The page has inline CSS, no scripts and no external URLs. The plots (accuracy per backbone and method,
-    Step Acc against USD per trajectory, Step Acc per source) are omitted with a sentence when there is no data.
+    A summary first (run, items and their failures by cause, coverage, spend, what served the backbones), then
+    the accuracy table with intervals and its plot, paired comparisons, repeatability and cost; the long tail
+    (outcomes per cell, full metrics, per-source tables, complementarity, protocol, ...) folded in
+    ``<details>``, every section in the table of contents. Inline CSS, no scripts and no external URLs; the
+    three plots are embedded PNGs, each replaced by a sentence when there is no data.
 
     Args:
         report: the report dict built by ``rcarun report``.
@@ -1699,20 +2312,29 @@ def render_html(report: Mapping[str, Any]) -> str:
         The HTML document.
     """
     title, details = _header_lines(report)
-    sections = _sections(report)
-    parts = [
+    parts = _parts(report)
+    head = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<header><h1>{html.escape(title)}</h1>",
-        *(f'<p class="meta">{html.escape(d)}</p>' for d in details),
+        *(
+            f'<p class="meta">{html.escape(d)}</p>' for d in details[:2]
+        ),  # run and database; the rest is folded
         "</header>",
     ]
     if report.get("simulated"):
-        parts.append(f'<div class="banner" role="alert">{html.escape(_SIMULATED)}</div>')
-    links = " ".join(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in sections)
-    parts.append(f"<nav>{links}</nav>")
-    parts += [_html_section(s, report) for s in sections]
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+        head.append(f'<div class="banner" role="alert">{html.escape(_SIMULATED)}</div>')
+    first = [("summary", "Summary")] + [(p.section.key, p.section.title) for p in parts if not p.collapsed]
+    folded = [(p.section.key, p.section.title) for p in parts if p.collapsed]
+
+    def links(entries: Sequence[tuple[str, str]]) -> str:
+        return "".join(f'<li><a href="#{key}">{html.escape(title)}</a></li>' for key, title in entries)
+
+    head.append(
+        f'<nav id="toc" aria-label="Contents"><ol>{links(first)}</ol>'
+        f'<span class="more">Folded:</span><ol>{links(folded)}</ol></nav>'
+    )
+    body = [_html_summary(report), *(_html_part(p, report) for p in parts)]
+    return "\n".join([*head, *body, "</body></html>"]) + "\n"
