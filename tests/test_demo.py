@@ -1,7 +1,9 @@
-"""The embedded demo (`make demo`): four simulated backbones with different limit styles, end to end."""
+"""The embedded demo (`make demo`): four simulated backbones with different limit styles, end to end; sim-qwen's two
+replicas started, checked, stopped and charged by the runner (the managed path, with the fake vllm command)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -57,3 +59,27 @@ def test_demo_sweep_runs_every_backbone_and_exercises_each_limit_style(demo_db: 
     assert short_budget_calls >= 10 * DEMO_REALIZATIONS and retried_at_double == short_budget_calls
     assert distinct_endpoints == 2  # both vLLM-style replicas served calls
     assert priced == {"sim-deepseek": 1, "sim-gpt": 1, "sim-kimi": 1, "sim-qwen": 0, DEMO_LOCAL_BACKBONE: 0}
+
+
+def test_the_demos_qwen_is_served_by_managed_replicas_that_are_recorded_and_charged(demo_db: Path) -> None:
+    with sqlite3.connect(demo_db) as connection:
+        events = connection.execute(
+            "SELECT kind, detail_json FROM run_events WHERE kind LIKE 'replica%'"
+        ).fetchall()
+        endpoints = {
+            row[0]
+            for row in connection.execute(
+                "SELECT DISTINCT endpoint FROM calls WHERE backbone = 'sim-qwen' AND status != 'cached'"
+            )
+        }
+    assert [kind for kind, _ in events] == ["replicas_started", "replicas_stopped"]  # no death, no restart
+    started, stopped = (json.loads(detail) for _, detail in events)
+    assert started["backbone"] == "sim-qwen" and started["vllm_version"] == "0.0.0+rcarun.fake"
+    assert started["model_root"] == "sim/Qwen3.5-35B-A3B" and started["gpu_hour_usd"] == 2.5
+    # Every qwen call went to one of the replicas the runner started, and the logs sit beside the db.
+    assert endpoints == {replica["base_url"] for replica in started["replicas"]}
+    assert sorted(path.name for path in (demo_db.parent / "results.db.serve-logs").iterdir()) == [
+        "sim-qwen-0.log",
+        "sim-qwen-1.log",
+    ]
+    assert stopped["gpus"] == 2 and 0 < stopped["up_s"] < stopped["held_s"]

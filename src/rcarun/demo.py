@@ -10,8 +10,11 @@ key or a network:
   is configured one slot too optimistic, so adaptive concurrency has something to do.
 - ``sim-gpt``: requests/min and tokens/min with ``x-ratelimit-*`` headers (OpenAI's style), limits declared.
 - ``sim-kimi``: a two-tier request limit (per second and per minute) with Moonshot-style headers and a few 503s.
-- ``sim-qwen``: two vLLM-like replicas that queue instead of refusing, reasoning text in ``reasoning`` and a
-  thinking budget large enough that the first output budget stops on length and is retried doubled.
+- ``sim-qwen``: a managed vLLM backbone (``[serve]``): the runner starts two replicas of the fake ``vllm``
+  command (``python -m rcarun.mock.fake_vllm``, the simulator behind vLLM's face, its behaviour handed over in
+  ``RCARUN_FAKE_VLLM``), checks them, balances over them, stops them and charges their GPU time at an
+  illustrative GPU-hour price; they queue instead of refusing, put reasoning text in ``reasoning`` and think
+  long enough that the first output budget stops on length and is retried doubled.
 
 SOAP, the method that reads a model's internals instead of chatting, runs on a fifth backbone,
 ``tiny-random-local``: a 3-layer model with seeded random weights built in code (no download), on the CPU, with
@@ -25,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,11 +56,53 @@ DEMO_LOCAL_BACKBONE = "tiny-random-local"
 _DEMO_CONTEXT_TOKENS = 1024
 
 
+# What the fake vllm command sets itself from its flags (served name, weights, window) or never takes from here.
+_SET_BY_FAKE_VLLM = frozenset(("model", "model_root", "context_window", "server_version", "api_key"))
+
+
 @dataclass(frozen=True, slots=True)
 class SimulatedBackbone:
+    """One demo backbone: its simulator(s) and its client settings.
+
+    Attributes:
+        servers: one `MockConfig` per replica.
+        client: the backbone's settings (provider, limits, prices ...), its model and endpoints aside.
+        serve: for a managed backbone, its ``[serve]`` table less the fake command's settings: the runner starts
+            one fake ``vllm`` per server (GPU ``i`` for server ``i``) instead of the demo starting `MockServer`s.
+    """
+
     name: str
     servers: tuple[MockConfig, ...]
     client: dict[str, Any]
+    serve: dict[str, Any] | None = None
+
+    def backbone_config(self, base_urls: tuple[str, ...], model_suffix: str = "") -> BackboneConfig:
+        """The backbone's config: served by ``base_urls``, or by its managed replicas when it has ``serve``."""
+        model = self.servers[0].model + model_suffix
+        if self.serve is None:
+            return BackboneConfig.model_validate({"model": model, "base_urls": base_urls, **self.client})
+        behaviour = {
+            "devices": {
+                str(index): {"mock": _mock_settings(server)} for index, server in enumerate(self.servers)
+            }
+        }
+        serve = {
+            **self.serve,
+            "gpus": list(range(len(self.servers))),
+            "command": [sys.executable, "-m", "rcarun.mock.fake_vllm"],
+            "env": {"RCARUN_FAKE_VLLM": json.dumps(behaviour, sort_keys=True)},
+        }
+        return BackboneConfig.model_validate({"model": model, "serve": serve, **self.client})
+
+
+def _mock_settings(server: MockConfig) -> dict[str, Any]:
+    """The fields of ``server`` that differ from the simulator's defaults, for the fake command's ``mock`` key."""
+    defaults = MockConfig(model=server.model).to_dict()
+    return {
+        key: value
+        for key, value in server.to_dict().items()
+        if key not in _SET_BY_FAKE_VLLM and value != defaults.get(key)
+    }
 
 
 def demo_backbones() -> tuple[SimulatedBackbone, ...]:
@@ -143,14 +190,18 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
                 "context_window": 32_768,
                 "max_output_tokens": 16_384,
                 "limits": {"concurrency": 8},
+                # Of the order of a rented data-centre GPU's hourly price; the GPU time is the fake's wall time.
+                "prices": {"gpu_hour_usd": 2.5},
             },
+            serve={"model": "sim/Qwen3.5-35B-A3B", "startup_timeout_s": 60.0, "grace_s": 5.0, "restarts": 1},
         ),
     )
 
 
 @contextlib.asynccontextmanager
 async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str, BackboneConfig]]:
-    """Start every demo mock server on loopback and yield backbone configs pointing at them.
+    """Start every demo mock server on loopback and yield backbone configs pointing at them (a managed
+    backbone's config says how to start its replicas instead: the sweep starts them).
 
     ``model_suffix`` renames every simulated model (client and server alike). The simulator seeds a
     temperature-0 answer by model and request, so a renamed demo is a new draw of every answer with the same
@@ -161,12 +212,13 @@ async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str,
         for backbone in demo_backbones():
             model = backbone.servers[0].model + model_suffix
             urls = []
-            for server_config in backbone.servers:
-                server = MockServer(dataclasses.replace(server_config, model=model), host="127.0.0.1", port=0)
-                urls.append((await stack.enter_async_context(server)).base_url)
-            configs[backbone.name] = BackboneConfig.model_validate(
-                {"model": model, "base_urls": tuple(urls), **backbone.client}
-            )
+            if backbone.serve is None:
+                for server_config in backbone.servers:
+                    server = MockServer(
+                        dataclasses.replace(server_config, model=model), host="127.0.0.1", port=0
+                    )
+                    urls.append((await stack.enter_async_context(server)).base_url)
+            configs[backbone.name] = backbone.backbone_config(tuple(urls), model_suffix)
         yield configs
 
 

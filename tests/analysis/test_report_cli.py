@@ -130,7 +130,8 @@ def test_report_json_agrees_with_the_tables(methods_db: Path, capsys: pytest.Cap
 
 
 def test_cost_json_reconciles_with_the_calls_table(demo_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = _json(capsys, ["cost", "--db", str(demo_db), "--json"])["rows"]
+    cost = _json(capsys, ["cost", "--db", str(demo_db), "--json"])
+    rows = cost["rows"]
     chat = {"sim-deepseek", "sim-gpt", "sim-kimi", "sim-qwen"}
     # The demo's local backbone (SOAP on the random tiny model) reads a model: its passes cost no USD.
     assert {row["backbone"] for row in rows} == chat | {"tiny-random-local"}
@@ -169,6 +170,22 @@ def test_cost_json_reconciles_with_the_calls_table(demo_db: Path, capsys: pytest
     assert sum(row["rate_limited"] for row in rows if row["backbone"] == "sim-deepseek") > 0
     total = _table(demo_db, "SELECT sum(cost_usd) AS usd FROM calls WHERE status != 'cached'")[0]["usd"]
     assert sum(row["cost_usd"] for row in rows) == pytest.approx(total)
+    # sim-qwen's managed replicas: 2 GPUs at $2.5 an hour for the seconds they were held, split by tokens.
+    (served,) = cost["served_by"]
+    stopped = json.loads(
+        _table(demo_db, "SELECT detail_json FROM run_events WHERE kind = 'replicas_stopped'")[0][
+            "detail_json"
+        ]
+    )
+    assert served["backbone"] == "sim-qwen" and served["replicas"] == 2
+    assert served["gpu_usd"] == pytest.approx(stopped["held_s"] * 2 * 2.5 / 3600)
+    qwen_rows = [row for row in rows if row["backbone"] == "sim-qwen"]
+    assert sum(row["gpu_usd"] for row in qwen_rows) == pytest.approx(served["gpu_usd"])
+    tokens = sum(row["prompt_tokens"] + row["completion_tokens"] for row in qwen_rows)
+    assert qwen["gpu_usd"] == pytest.approx(
+        served["gpu_usd"] * (qwen["prompt_tokens"] + qwen["completion_tokens"]) / tokens
+    )
+    assert all(row["gpu_usd"] == 0 for row in rows if row["backbone"] != "sim-qwen")
 
 
 def test_report_text_and_html_page_from_the_demo(

@@ -41,3 +41,42 @@ def test_a_run_with_a_local_model_may_not() -> None:
 
 def test_adding_a_local_backbone_is_the_runs_extent_not_a_change() -> None:
     assert _changes(_config("float16", local=False), _config("float16", local=True)) == []
+
+
+def _managed(**serve: Any) -> SweepConfig:
+    return SweepConfig.model_validate(
+        {
+            "sweep": {"dataset": "data"},
+            "methods": [{"name": "all-at-once"}],
+            "backbones": {
+                "qwen": {
+                    "provider": "vllm",
+                    "model": "qwen3",
+                    "context_window": 32768,
+                    "serve": {"model": "Qwen/Qwen3-32B", "gpus": [0, 1], **serve},
+                }
+            },
+        }
+    )
+
+
+def test_new_weights_under_the_same_served_name_are_a_change() -> None:
+    [change] = _changes(_managed(), _managed(model="Qwen/Qwen3-32B-AWQ"))
+    assert change == "backbones.qwen.serve.model: 'Qwen/Qwen3-32B' -> 'Qwen/Qwen3-32B-AWQ'"
+
+
+def test_a_flag_that_changes_what_vllm_computes_is_a_change_one_that_sizes_it_is_not() -> None:
+    sized = _managed(
+        extra_args=["--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--dtype", "bf16"]
+    )
+    resized = _managed(
+        extra_args=["--dtype", "bf16", "--max-num-seqs=64", "--gpu-memory-utilization", "0.8"],
+        gpus=[2, 3, 4, 5],
+        tensor_parallel=2,
+        command="/opt/vllm/bin/vllm",
+    )
+    assert _changes(sized, resized) == []
+    [change] = _changes(sized, _managed(extra_args=["--dtype", "fp16"]))
+    assert change == 'backbones.qwen.serve.extra_args: ["--dtype", "bf16"] -> ["--dtype", "fp16"]'
+    [change] = _changes(_managed(), _managed(env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
+    assert change.startswith("backbones.qwen.serve.env: {} -> ")

@@ -1,6 +1,7 @@
 """Managed vLLM backbones in a sweep, with the fake `vllm` command: the serve table's checks, replicas started
 before the run's calls and recorded with it, a replica that dies mid-run restarted while its calls are retried
-on the other (nothing lost), and Ctrl-C on a real `rcarun sweep` process leaving no replica behind."""
+on the other (nothing lost), Ctrl-C on a real `rcarun sweep` process leaving no replica behind, and the
+replicas' GPU time recorded and charged by tokens."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from typing import Any
 import pytest
 
 from helpers.sweeps import rows
+from rcarun.analysis.cost import cost_rows, served_by
+from rcarun.cli import main
 from rcarun.data import bundled_sample_path
 from rcarun.errors import ConfigError
 from rcarun.runner import SweepConfig, run_sweep
 from rcarun.runner.config import _SERVE_RESERVED_FLAGS, BackboneConfig
 from rcarun.serving import RESERVED_FLAGS, ServeError
+from rcarun.store import open_store
 from serving.fake import FAKE_COMMAND, alive, recorded_pids
 
 
@@ -228,3 +232,66 @@ def test_a_sweep_refuses_a_managed_backbone_whose_key_variable_is_unset(tmp_path
             run_sweep(_config(backbone), db_path=tmp_path / "r.db", run_name="t", show_progress=False)
         )
     assert not (tmp_path / "r.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("backbone", "expected"),
+    [
+        (
+            {
+                "provider": "vllm",
+                "model": "m",
+                "base_url": "http://127.0.0.1:8000/v1",
+                "prices": {"gpu_hour_usd": 2},
+            },
+            "gpu_hour_usd charges the GPU time of replicas rcarun runs",
+        ),
+        (_qwen(env={"HF_TOKEN": "x"}), "a credential in the serve environment"),
+        (_qwen(env={"VLLM_X": "Bearer abcdefghijklmnop"}), "looks like a secret"),
+    ],
+)
+def test_a_gpu_price_needs_managed_replicas_and_the_serve_environment_holds_no_key(
+    backbone: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ValueError, match=expected):
+        BackboneConfig.model_validate(backbone)
+
+
+@pytest.mark.slow
+async def test_the_replicas_gpu_time_is_recorded_and_charged_by_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The serve table's env reaches the replicas: the fake's behaviour comes from there, not this process's.
+    behaviour = {"mock": {"latency_s": 0.05, "seed": 3}}
+    backbone = {**_qwen(env={"RCARUN_FAKE_VLLM": json.dumps(behaviour)}), "prices": {"gpu_hour_usd": 3.6}}
+    db = tmp_path / "results.db"
+    outcome = await run_sweep(_config(backbone), db_path=db, run_name="t", show_progress=False)
+    assert outcome.status == "finished"
+
+    events = {
+        kind: json.loads(detail) for kind, detail in rows(db, "SELECT kind, detail_json FROM run_events")
+    }
+    started, stopped = events["replicas_started"], events["replicas_stopped"]
+    assert (
+        started["gpus"] == 2 and started["gpu_hour_usd"] == 3.6 and started["session"] == stopped["session"]
+    )
+    assert stopped["gpus"] == 2 and stopped["replicas"] == 2 and 0 < stopped["up_s"] < stopped["held_s"]
+    with open_store(db) as store:
+        cost = cost_rows(store, outcome.run_id)
+        (served,) = served_by(store, outcome.run_id)
+    # $3.6 per GPU-hour is $0.001 per GPU-second.
+    assert served.gpu_usd == pytest.approx(stopped["held_s"] * 2 * 0.001)
+    assert sum(row.gpu_usd for row in cost) == pytest.approx(served.gpu_usd)
+    assert sum(r.attempts for r in served.per_replica) == rows(db, "SELECT count(*) FROM calls")[0][0]
+    assert all(r.attempts > 0 and r.tokens_per_s for r in served.per_replica)  # both replicas served
+
+    assert main(["cost", "--db", str(db)]) == 0
+    table = capsys.readouterr().out
+    assert "GPU USD" in table.splitlines()[1]
+    assert "GPU time of qwen (vLLM 0.0.0+rcarun.fake, 2 replicas on 2 GPUs, 1 session(s))" in table
+    assert main(["report", "--db", str(db), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (entry,) = report["served_by"]
+    assert entry["vllm_version"] == "0.0.0+rcarun.fake" and entry["replicas"] == 2
+    assert "serve /models/Qwen3-test" in entry["commands"][0]
+    assert sum(row["gpu_usd"] for row in report["cost"]) == pytest.approx(served.gpu_usd)

@@ -81,7 +81,7 @@ from typing import Any
 from rcarun.errors import ConfigError, StoreError
 from rcarun.store import RunRow, Store
 
-from .cost import cost_rows
+from .cost import cost_rows, served_by
 from .fidelity import mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
@@ -370,6 +370,8 @@ def build_report(
         "calibration": _calibration(scores, members, options),
         "label_sensitivity": _label_sensitivity(scores, reference, members, options),
         "cost": [row.to_json() for row in cost_rows(store, run_id)],
+        # What served each managed backbone (vLLM version, command lines) and its GPU time's charge.
+        "served_by": [served.to_json() for served in served_by(store, run_id)],
     }
 
 

@@ -40,6 +40,7 @@ from rcarun.analysis import (
     summarize,
     write_predictions_jsonl,
 )
+from rcarun.analysis.cost import served_by
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, DataError
 from rcarun.store import RunRow, Store, open_store
@@ -361,17 +362,24 @@ def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
     with open_results(db) as store:
         run = resolve_run(store, run_name)
         rows = cost_rows(store, run.run_id)
+        served = served_by(store, run.run_id)
     if args.json:
         print(
             json.dumps(
-                {"run": run.name, "run_id": run.run_id, "rows": [row.to_json() for row in rows]}, indent=2
+                {
+                    "run": run.name,
+                    "run_id": run.run_id,
+                    "rows": [row.to_json() for row in rows],
+                    "served_by": [entry.to_json() for entry in served],
+                },
+                indent=2,
             )
         )
         return 0
     header = (
         f"{'backbone':<16} {'method':<16} {'stage':<12} {'items':>6} {'calls':>6} {'attempts':>8} {'len':>4} "
         f"{'429':>4} {'prompt':>11} {'cached':>10} {'completion':>11} {'reasoning':>10} {'USD':>10} "
-        f"{'USD/traj':>9} {'p50 ms':>8} {'p95 ms':>8} {'budget':>7}"
+        f"{'GPU USD':>10} {'USD/traj':>9} {'p50 ms':>8} {'p95 ms':>8} {'budget':>7}"
     )
     print(f"run {run.name!r} (id {run.run_id})")
     print(header)
@@ -381,11 +389,30 @@ def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
             f"{row.backbone:<16} {row.method:<16} {row.stage:<12} {row.items:>6} {row.calls:>6} {row.attempts:>8} "
             f"{row.length_retries:>4} {row.rate_limited:>4} {row.prompt_tokens:>11,} {row.cached_tokens:>10,} "
             f"{row.completion_tokens:>11,} {row.reasoning_tokens:>10,} {row.cost_usd:>10.4f} "
-            f"{_number(row.usd_per_trajectory, 5):>9} {_number(row.latency_p50_ms, 0):>8} "
+            f"{row.gpu_usd:>10.4f} {_number(row.usd_per_trajectory, 5):>9} {_number(row.latency_p50_ms, 0):>8} "
             f"{_number(row.latency_p95_ms, 0):>8} {'–' if row.budget_use is None else f'{row.budget_use:.1%}':>7}"
         )
     total = sum(row.cost_usd for row in rows)
-    print(f"total USD {total:.4f} over {sum(row.attempts for row in rows)} attempts")
+    gpu_total = sum(entry.gpu_usd for entry in served)
+    print(
+        f"total USD {total:.4f} over {sum(row.attempts for row in rows)} attempts"
+        + (f"; GPU USD {gpu_total:.4f}, together {total + gpu_total:.4f}" if served else "")
+    )
+    for entry in served:
+        rates = ", ".join(
+            f"{replica.index}: {_number(replica.tokens_per_s, 0)}" for replica in entry.per_replica
+        )
+        unclosed = (
+            f"; {entry.unclosed_sessions} session(s) never recorded their stop, charged to their last call"
+            if entry.unclosed_sessions
+            else ""
+        )
+        print(
+            f"GPU time of {entry.backbone} (vLLM {entry.vllm_version}, {entry.replicas} replicas on {entry.gpus} "
+            f"GPUs, {entry.sessions} session(s)): {entry.gpu_hours:.4f} GPU-hours × "
+            f"${entry.gpu_hour_usd:g}/GPU-hour = ${entry.gpu_usd:.4f}, split over its calls by tokens processed; "
+            f"tokens/s per replica {_number(entry.tokens_per_s_per_replica, 0)} ({rates}){unclosed}"
+        )
     estimated = [row for row in rows if row.estimated_calls]
     if estimated:
         where = ", ".join(

@@ -26,7 +26,7 @@ from rcarun.analysis import ChargedCost, charged_costs, resolve_run
 from rcarun.cli.analysis import check_names, open_results
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, StoreError
-from rcarun.runner import BackboneConfig, SweepConfig, load_sweep_config
+from rcarun.runner import SweepConfig, load_sweep_config
 from rcarun.runner.estimate import DEFAULT_SAMPLES, ChanceRange, EstimateRow, SweepEstimate, estimate_sweep
 
 __all__ = [
@@ -46,10 +46,7 @@ def demo_estimate_config() -> SweepConfig:
     from rcarun.demo import demo_backbones, demo_sweep_config
 
     backbones = {
-        backbone.name: BackboneConfig.model_validate(
-            {"model": backbone.servers[0].model, "base_url": _PLACEHOLDER_URL, **backbone.client}
-        )
-        for backbone in demo_backbones()
+        backbone.name: backbone.backbone_config((_PLACEHOLDER_URL,)) for backbone in demo_backbones()
     }
     return demo_sweep_config(backbones)
 

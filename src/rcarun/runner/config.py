@@ -173,11 +173,19 @@ class PriceWindowConfig(_Strict):
 
 
 class PricesConfig(_Strict):
-    """USD per million tokens. ``taken`` records the date the prices were read off the provider's page."""
+    """USD per million tokens. ``taken`` records the date the prices were read off the provider's page.
+
+    ``gpu_hour_usd`` is what one GPU costs per hour, for a backbone whose replicas rcarun runs (``[serve]``):
+    the report charges the replicas' GPU time to its calls by tokens (`rcarun.analysis.cost`), beside the
+    token prices' USD. Budgets (``max_usd``) count token prices only: GPU time is not known per call.
+    """
 
     input_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
+    gpu_hour_usd: float = Field(
+        0.0, ge=0, description="USD per GPU per hour of a [serve] backbone's replicas (charged by tokens)"
+    )
     taken: str | None = None
     source: str | None = None
     windows: tuple[PriceWindowConfig, ...] = ()
@@ -265,9 +273,19 @@ class ServeConfig(_Strict):
     startup_timeout_s: float = Field(900.0, gt=0, description="per replica, to answer /health and /v1/models")
     restarts: int = Field(2, ge=0, description="restarts of each replica that dies mid-run")
     grace_s: float = Field(30.0, gt=0, description="after SIGTERM, before SIGKILL")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="more environment variables for every replica (VLLM_*, HF_HOME ...); never a key: api_key_env",
+    )
 
     @model_validator(mode="after")
     def _coherent(self) -> ServeConfig:
+        for name, value in self.env.items():
+            if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
+                raise _Problem(
+                    f"a credential in the serve environment; {_USE_THE_ENVIRONMENT}", ("env", name)
+                )
+            _check_extra_value(value, ("env", name))
         if len(set(self.gpus)) != len(self.gpus) or any(gpu < 0 for gpu in self.gpus):
             raise _Problem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
         if len(self.gpus) % self.tensor_parallel:
@@ -360,6 +378,11 @@ class BackboneConfig(_Strict):
                     "prompts to one window while the server holds another; make them equal (or set one)"
                 )
             return self
+        if self.prices.gpu_hour_usd:
+            raise ValueError(
+                "prices.gpu_hour_usd charges the GPU time of replicas rcarun runs: add a [serve] table, or leave "
+                "the price out (the GPU time of servers started elsewhere is not known to rcarun)"
+            )
         if self.provider == "local":
             # Forward passes on this machine: no endpoint, no key, nothing priced.
             if self.base_url or self.base_urls:

@@ -7,6 +7,13 @@ config the run stored and lists what changed; the runner then refuses (unless to
 prices, budgets, retries, concurrency and timeouts decide how fast and how expensively answers come, not what
 they are, and may change freely; adding or dropping a backbone or a method changes the run's extent, not its
 existing answers. A simulated sweep's endpoints are loopback ports drawn anew each time and are not compared.
+
+A managed backbone (``[serve]``) has no endpoints to compare; what decides its answers is what the replicas
+load and how: the weights (``serve.model``: the served name requests carry may stay while the weights behind
+it change), ``serve.max_model_len``, ``serve.env`` (e.g. an attention backend) and ``serve.extra_args`` less
+the flags that size the server without changing what it computes (`_CAPACITY_FLAGS`: memory share, batch
+sizes, prefix caching, logging). Which GPUs, how many replicas, the command's path, ports and time-outs may
+move; so may the tensor-parallel size (it changes floating-point rounding, as batching does, not the model).
 """
 
 from __future__ import annotations
@@ -34,6 +41,54 @@ _BACKBONE_KEYS = (
     "local",  # a local model's dtype, device, revision and pass limit decide its numbers
 )
 _SWEEP_KEYS = ("dataset", "manifest")
+# A managed backbone's serve settings that decide what its replicas compute (module docstring).
+_SERVE_KEYS = ("model", "max_model_len", "env")
+# vllm serve flags that size or instrument the server without changing the model or its decoding; each may be
+# written ``--flag value`` or ``--flag=value`` (a bare boolean flag takes no value).
+_CAPACITY_FLAGS = frozenset(
+    (
+        "--gpu-memory-utilization",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--swap-space",
+        "--cpu-offload-gb",
+        "--block-size",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+    )
+)
+_BOOLEAN_CAPACITY_FLAGS = frozenset(
+    (
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--disable-log-requests",
+        "--disable-log-stats",
+    )
+)
+
+
+def _answer_args(extra_args: list[Any]) -> list[str]:
+    """``extra_args`` without the capacity flags (and their values), in their order."""
+    kept: list[str] = []
+    words = [str(word) for word in extra_args]
+    index = 0
+    while index < len(words):
+        word = words[index]
+        flag = word.split("=", 1)[0]
+        index += 1
+        if flag not in _CAPACITY_FLAGS:
+            kept.append(word)
+            continue
+        if "=" not in word and flag not in _BOOLEAN_CAPACITY_FLAGS and index < len(words):
+            index += 1  # the flag's value
+    return kept
 
 
 def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,6 +111,12 @@ def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
             if key == "endpoints" and (simulated or backbone.get("provider") == "simulated"):
                 continue
             settings[f"backbones.{name}.{key}"] = values.get(key)
+        serve = backbone.get("serve")
+        if isinstance(serve, dict):
+            for key in _SERVE_KEYS:
+                # A window left to the backbone is the context_window, compared above.
+                settings[f"backbones.{name}.serve.{key}"] = serve.get(key) or ({} if key == "env" else None)
+            settings[f"backbones.{name}.serve.extra_args"] = _answer_args(serve.get("extra_args") or [])
     for method in config.get("methods") or ():
         label = method.get("label") or method.get("name")
         settings[f"methods.{label}.name"] = method.get("name")

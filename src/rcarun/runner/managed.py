@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,21 @@ from rcarun.errors import RcarunError
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.serving import ManagedReplicas, ServeError, ServeSpec
 
-__all__ = ["METRICS_INTERVAL_S", "REPLICAS_STARTED", "managed_backbones", "replica_balancing", "serve_spec"]
+__all__ = [
+    "METRICS_INTERVAL_S",
+    "REPLICAS_STARTED",
+    "REPLICAS_STOPPED",
+    "managed_backbones",
+    "replica_balancing",
+    "serve_spec",
+]
 
-# The run_events kind that records what served a managed backbone (version, command lines, GPUs, ports).
+# The run_events kind that records what served a managed backbone (version, command lines, GPUs, ports, the
+# GPU-hour price in force).
 REPLICAS_STARTED = "replicas_started"
+# Its pair at the end of the session: how long the replicas held their GPUs (``held_s``, launch to stop) and
+# could serve (``up_s``). The report charges GPU time from these two events (`rcarun.analysis.cost`).
+REPLICAS_STOPPED = "replicas_stopped"
 # How often each replica's /metrics is read: a few hundred milliseconds, so a burst is seen within a call or two.
 METRICS_INTERVAL_S = 0.25
 
@@ -54,6 +66,7 @@ def serve_spec(name: str, backbone: BackboneConfig, log_dir: Path) -> ServeSpec:
         grace_s=serve.grace_s,
         log_dir=log_dir,
         api_key_env=backbone.api_key_env,
+        env=dict(serve.env),
     )
 
 
@@ -70,7 +83,8 @@ async def managed_backbones(
 
     Args:
         log_dir: where each replica's log goes.
-        on_event: hears ``replicas_started`` (with `FleetRecord.to_detail`) and the supervisors' events.
+        on_event: hears ``replicas_started`` (with `FleetRecord.to_detail`, the GPU count and price), the
+            supervisors' events, and ``replicas_stopped`` once the replicas of a started backbone are stopped.
         on_exit: registers a synchronous kill for a process about to exit at once (`StopController.on_exit`).
         announce: one line for the user per start.
 
@@ -82,10 +96,34 @@ async def managed_backbones(
         for name, backbone in config.backbones.items()
         if backbone.serve is not None
     }
+    prices = {name: config.backbones[name].prices.gpu_hour_usd for name in fleets}
+    # Pairs a start with its stop even where sessions interleave (a run merged from several machines).
+    sessions = {name: uuid.uuid4().hex[:16] for name in fleets}
+
+    async def stop(name: str, fleet: ManagedReplicas) -> None:
+        try:
+            await fleet.stop()
+        finally:
+            # Only replicas that came up served the run; a start that failed stopped the sweep before any call.
+            if fleet.started:
+                on_event(
+                    REPLICAS_STOPPED,
+                    {
+                        "backbone": name,
+                        "session": sessions[name],
+                        "replicas": fleet.spec.replicas,
+                        "gpus": fleet.spec.gpu_count,
+                        "held_s": round(fleet.held_s, 3),
+                        "up_s": round(fleet.up_s, 3),
+                        "restarts": sum(fleet.restarts_used),
+                        "gpu_hour_usd": prices[name],
+                    },
+                )
+
     async with contextlib.AsyncExitStack() as stack:
         for name, fleet in fleets.items():
             on_exit(fleet.kill_now)
-            stack.push_async_callback(fleet.stop)
+            stack.push_async_callback(stop, name, fleet)
             announce(
                 f"backbone {name!r}: starting {fleet.spec.replicas} vLLM replicas on GPUs {list(fleet.spec.gpus)} "
                 f"(logs in {log_dir})"
@@ -107,7 +145,15 @@ async def managed_backbones(
                 f"backbone {name!r}: {len(record.replicas)} replicas of {record.served_model!r} up in {slowest:.1f} s "
                 f"(vLLM {record.version}, max_model_len {record.max_model_len})"
             )
-            on_event(REPLICAS_STARTED, record.to_detail())
+            on_event(
+                REPLICAS_STARTED,
+                {
+                    **record.to_detail(),
+                    "session": sessions[name],
+                    "gpus": fleet.spec.gpu_count,
+                    "gpu_hour_usd": prices[name],
+                },
+            )
         yield fleets
 
 

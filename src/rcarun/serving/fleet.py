@@ -217,6 +217,11 @@ class ManagedReplicas:
         self._closing = False
         self._record: FleetRecord | None = None
         self.restarts_used: list[int] = []
+        # Monotonic seconds: the first replica launched, all of them ready, all of them stopped. GPU time is
+        # charged from launch (the GPUs are held while weights load) to stop.
+        self._launched_at: float | None = None
+        self._ready_at: float | None = None
+        self._stopped_at: float | None = None
 
     @property
     def record(self) -> FleetRecord:
@@ -225,8 +230,27 @@ class ManagedReplicas:
         return self._record
 
     @property
+    def started(self) -> bool:
+        """Every replica came up once (the record exists), whatever happened since."""
+        return self._record is not None
+
+    @property
     def base_urls(self) -> tuple[str, ...]:
         return tuple(replica.base_url for replica in self.record.replicas)
+
+    @property
+    def held_s(self) -> float:
+        """Seconds the replicas have held their GPUs: from the first launch to the end of the stop (or now)."""
+        if self._launched_at is None:
+            return 0.0
+        return (self._stopped_at or time.monotonic()) - self._launched_at
+
+    @property
+    def up_s(self) -> float:
+        """Seconds from every replica answering to the end of the stop (or now): the time they could serve."""
+        if self._ready_at is None:
+            return 0.0
+        return (self._stopped_at or time.monotonic()) - self._ready_at
 
     def pids(self) -> tuple[int, ...]:
         """The live replicas' process (and group) ids."""
@@ -252,7 +276,7 @@ class ManagedReplicas:
                 another model or context length (every replica started is stopped first).
         """
         spec = self.spec
-        env = dict(os.environ)
+        env = {**os.environ, **spec.env}
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
             if not key:
@@ -266,11 +290,12 @@ class ManagedReplicas:
         self.restarts_used = [0] * len(self._replicas)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S))
         try:
-            started = time.monotonic()
+            started = self._launched_at = time.monotonic()
+            self._stopped_at = None
             for replica in self._replicas:
                 await replica.start()
             cards = await asyncio.gather(*(self._wait_ready(replica) for replica in self._replicas))
-            ready_at = time.monotonic()
+            ready_at = self._ready_at = time.monotonic()
             version, source = await self._version()
             card = cards[0]
             self._record = FleetRecord(
@@ -324,6 +349,8 @@ class ManagedReplicas:
         await asyncio.gather(
             *(replica.stop(self.spec.grace_s) for replica in self._replicas), return_exceptions=True
         )
+        if self._launched_at is not None and self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         session, self._session = self._session, None
         if session is not None:
             await session.close()

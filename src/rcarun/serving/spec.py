@@ -7,7 +7,8 @@ tested, recorded with the run and shown by ``rcarun serve`` before anything is s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeSpec"]
@@ -59,6 +60,7 @@ class ServeSpec:
         log_dir: where each replica's output goes (``<backbone>-<index>.log``).
         api_key_env: NAME of the variable holding the key the replicas require (handed over as ``VLLM_API_KEY``,
             never on a command line).
+        env: more environment variables for every replica, over this process's own.
     """
 
     backbone: str
@@ -76,6 +78,7 @@ class ServeSpec:
     grace_s: float = 30.0
     log_dir: Path = Path(".")
     api_key_env: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"backbone {self.backbone!r} serve"
@@ -92,6 +95,11 @@ class ServeSpec:
     @property
     def replicas(self) -> int:
         return len(self.gpus) // self.tensor_parallel
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the replicas hold together (replicas × tensor_parallel): what GPU time is charged for."""
+        return len(self.gpus)
 
     def gpu_groups(self) -> tuple[tuple[int, ...], ...]:
         """The GPUs of each replica, in order: ``gpus`` cut into runs of ``tensor_parallel``."""
