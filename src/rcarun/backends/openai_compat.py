@@ -16,7 +16,7 @@ import time
 
 from rcarun.backends.presets import Preset, get_preset
 from rcarun.backends.registry import backend
-from rcarun.backends.replicas import ReplicaBalancer
+from rcarun.backends.replicas import ReplicaBalancer, prefix_key
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
 from rcarun.backends.transports import create_transport
 from rcarun.backends.types import ChatRequest, ChatResult
@@ -70,8 +70,14 @@ class OpenAICompatBackend:
             rcarun.errors.CallError: the subclass says whether to retry, pause the backbone or give up.
         """
         body = build_body(request, self.settings, self._preset)
+        replicas = self._replicas
+        # The affinity key is hashed only when it is used: a long first message costs a digest per call.
+        key = None
+        if replicas.affinity and len(replicas.urls) > 1 and request.messages:
+            first = request.messages[0]
+            key = prefix_key(first.role, first.content)
         try:
-            with self._replicas.lease() as base_url:
+            with replicas.lease(key) as base_url:
                 started = time.perf_counter()
                 raw = await self._transport.post_chat(base_url, body)
                 latency_s = time.perf_counter() - started

@@ -16,14 +16,20 @@ loaded replica by this rule:
   up evenly;
 - a replica marked down (`set_available`: its managed process died) gets nothing while another is up.
 
-Prefix affinity (one trajectory's calls kept on one replica for its prefix cache) is not done yet. Everything
-runs on one event loop, so the counters need no lock.
+Prefix affinity (``affinity``, ``balance = "affinity"``) keeps the calls that share a first message (one
+trajectory's stages, its self-consistency samples) on one replica, so the long shared prefix is prefilled once and
+then served from that replica's prefix cache: the call's key (`prefix_key`) picks a home replica by rendezvous
+hashing over the replicas that are up (a replica going down moves only its own keys), and the call goes to the
+least-loaded replica instead when the home one has more than ``affinity_factor`` times the mean load plus one
+(1.0 measured best: a looser bound let a hash-unlucky replica queue, docs/performance.md).
+Everything runs on one event loop, so the counters need no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import re
 import time
@@ -34,7 +40,7 @@ from types import TracebackType
 
 import aiohttp
 
-__all__ = ["MetricsPoller", "ReplicaBalancer", "ReplicaLoad", "parse_vllm_metrics"]
+__all__ = ["MetricsPoller", "ReplicaBalancer", "ReplicaLoad", "parse_vllm_metrics", "prefix_key"]
 
 # vLLM's gauges. The KV-cache one was renamed (gpu_cache_usage_perc until the V0 engine went, kv_cache_usage_perc
 # since); both are read, the current name first.
@@ -84,6 +90,22 @@ def parse_vllm_metrics(text: str) -> ReplicaLoad | None:
     return ReplicaLoad(running=sums.get(_RUNNING, 0.0), waiting=sums.get(_WAITING, 0.0), kv_usage=kv)
 
 
+def prefix_key(role: str, content: str) -> int:
+    """The affinity key of a call whose first message is ``role``/``content``: a stable 64-bit digest (not
+    Python's salted ``hash``), so every process, and every sweep sharing ``rcarun serve`` replicas, sends a
+    prefix to the same home replica."""
+    digest = hashlib.blake2b(
+        content.encode("utf-8", "surrogatepass"), digest_size=8, person=role[:16].encode()
+    )
+    return int.from_bytes(digest.digest(), "big")
+
+
+def _rendezvous_weight(key: int, index: int) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.to_bytes(8, "big") + index.to_bytes(4, "big"), digest_size=8).digest(), "big"
+    )
+
+
 class ReplicaBalancer:
     """Chooses the base URL for each call: least loaded by the rule in the module docstring.
 
@@ -91,6 +113,8 @@ class ReplicaBalancer:
         urls: the replicas' base URLs.
         stale_after_s: a scrape older than this is not used (the outstanding count decides alone).
         clock: monotonic seconds; replaceable for tests.
+        affinity: route a call that carries a key to its home replica (module docstring).
+        affinity_factor: the home replica is skipped when its load exceeds this times the mean load, plus one.
     """
 
     __slots__ = (
@@ -102,6 +126,8 @@ class ReplicaBalancer:
         "_reported_at",
         "_sent_since",
         "_urls",
+        "affinity",
+        "affinity_factor",
         "stale_after_s",
     )
 
@@ -111,6 +137,8 @@ class ReplicaBalancer:
         *,
         stale_after_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        affinity: bool = False,
+        affinity_factor: float = 1.0,
     ) -> None:
         if not urls:
             raise ValueError("ReplicaBalancer needs at least one URL")
@@ -125,6 +153,8 @@ class ReplicaBalancer:
         self._cursor = 0
         self._clock = clock
         self.stale_after_s = stale_after_s
+        self.affinity = affinity
+        self.affinity_factor = affinity_factor
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -155,35 +185,54 @@ class ReplicaBalancer:
             return float(own)
         return max(float(own), reported.requests + self._sent_since[index])
 
-    def acquire(self) -> int:
-        """Index of the replica for the next call; the caller must `release` it when the call ends."""
+    def home(self, key: int) -> int:
+        """The replica a key belongs to among those up (all of them when none is): highest rendezvous weight."""
+        count = len(self._urls)
+        candidates = [i for i in range(count) if self._available[i]] or list(range(count))
+        return max(candidates, key=lambda index: _rendezvous_weight(key, index))
+
+    def acquire(self, key: int | None = None) -> int:
+        """Index of the replica for the next call; the caller must `release` it when the call ends.
+
+        Args:
+            key: the call's `prefix_key`; used only when ``affinity`` is on.
+        """
         count = len(self._urls)
         if count == 1:
             best = 0
+        elif self.affinity and key is not None and not self._home_overloaded(home := self.home(key)):
+            best = home
         else:
             candidates = [i for i in range(count) if self._available[i]] or list(range(count))
             best = -1
-            best_key = (math.inf, math.inf, math.inf)
+            best_rank = (math.inf, math.inf, math.inf)
             for index in candidates:
                 reported = self._reported[index]
                 kv = reported.kv_usage if reported is not None and reported.kv_usage is not None else 0.0
                 # Distance from the cursor last: the first minimum met from the cursor on wins (round-robin).
-                key = (self.load(index), kv, float((index - self._cursor) % count))
-                if key < best_key:
-                    best, best_key = index, key
+                rank = (self.load(index), kv, float((index - self._cursor) % count))
+                if rank < best_rank:
+                    best, best_rank = index, rank
             self._cursor = (best + 1) % count
         self._outstanding[best] += 1
         self._sent_since[best] += 1
         return best
+
+    def _home_overloaded(self, home: int) -> bool:
+        """Whether the home replica carries more than its share: ``affinity_factor`` × the mean load over the
+        replicas up, plus one (so that a few calls on an idle fleet never count as a pile-up)."""
+        up = [i for i in range(len(self._urls)) if self._available[i]] or [home]
+        mean = sum(self.load(i) for i in up) / len(up)
+        return self.load(home) > self.affinity_factor * mean + 1.0
 
     def release(self, index: int) -> None:
         self._outstanding[index] -= 1
         self._sent_since[index] -= 1
 
     @contextmanager
-    def lease(self) -> Iterator[str]:
-        """The chosen base URL for the duration of one call."""
-        index = self.acquire()
+    def lease(self, key: int | None = None) -> Iterator[str]:
+        """The chosen base URL for the duration of one call (``key``: its `prefix_key`, for affinity)."""
+        index = self.acquire(key)
         try:
             yield self._urls[index]
         finally:

@@ -112,6 +112,13 @@ class MockConfig:
         kv_cache_tokens: KV-cache capacity in tokens: ``/metrics`` reports the prompt and completion tokens of the
             requests generating over it. None: the share of ``max_concurrency`` slots in use (0 without a cap).
         kv_cache_metric: the KV-cache gauge's name (vLLM renamed it; see `KvCacheMetric`).
+
+    The prefix cache (off by default, so that nothing else changes; it exists to measure prefix affinity):
+        prefix_cache_entries: how many distinct first messages (role + text: the prefix a trajectory's calls
+            share) this replica keeps, least recently used evicted first. 0: no capacity model; every first
+            message seen is reported as cached in ``usage`` and none makes a request faster.
+        latency_per_prompt_token_s: extra seconds per prompt token not served from the prefix cache (the
+            prefill), so that a hit on a long first message answers sooner and frees its slot sooner.
     """
 
     model: str = "sim-model"
@@ -153,6 +160,8 @@ class MockConfig:
     server_version: str = "0.0.0+rcarun.sim"
     kv_cache_tokens: int | None = None
     kv_cache_metric: KvCacheMetric = "kv_cache_usage_perc"
+    prefix_cache_entries: int = 0
+    latency_per_prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -162,6 +171,7 @@ class MockConfig:
             "hang_s",
             "rate_limit_retry_after_s",
             "startup_delay_s",
+            "latency_per_prompt_token_s",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -186,6 +196,14 @@ class MockConfig:
             problems.append(f"length_rate must be within [0, 1], got {self.length_rate!r}")
         if sum(rates) > 1.0 + 1e-9:
             problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
+        if (
+            isinstance(self.prefix_cache_entries, bool)
+            or not isinstance(self.prefix_cache_entries, int)
+            or self.prefix_cache_entries < 0
+        ):
+            problems.append(
+                f"prefix_cache_entries must be an integer >= 0, got {self.prefix_cache_entries!r}"
+            )
         if (
             isinstance(self.request_log_size, bool)
             or not isinstance(self.request_log_size, int)

@@ -27,6 +27,7 @@ import random
 import socket
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -106,6 +107,10 @@ class _State:
         self.variant_rng = random.Random(f"variants:{config.seed}")
         self.request_log = RequestLog(config.request_log_size) if config.request_log_size > 0 else None
         self.seen_first_messages: set[int] = set()
+        # The capacity-bounded prefix cache (``prefix_cache_entries`` > 0): first-message keys, oldest use first.
+        self.prefix_cache: OrderedDict[int, None] = OrderedDict()
+        self.prefix_hits = 0
+        self.prefix_misses = 0
         self.completion_ids = itertools.count(1)
         # Prompt + completion tokens of the requests generating now: what the simulated KV cache holds.
         self.kv_tokens = 0
@@ -238,6 +243,17 @@ class MockServer:
         """Counters since the last reset (or start)."""
         state = self._state
         return state.stats.snapshot(self._clock(), state.offered.overshoot())
+
+    @property
+    def prefix_hits(self) -> int:
+        """Requests since the last reset whose first message the prefix cache held (``prefix_cache_entries``
+        > 0 only): how a benchmark sees whether its routing kept prefixes warm."""
+        return self._state.prefix_hits
+
+    @property
+    def prefix_misses(self) -> int:
+        """Requests since the last reset whose first message the prefix cache did not hold."""
+        return self._state.prefix_misses
 
     def request_log(self) -> dict[str, Any]:
         """The request log since the last reset: ``{"size", "total", "dropped", "entries": [...]}``.
@@ -461,13 +477,19 @@ class MockServer:
         if length_fault:
             recorder.length_faults += 1
         first_message_key = hash((messages[0].get("role"), texts[0]))
+        first_message_tokens = math.ceil(len(texts[0]) / chars_per_token) + _MESSAGE_OVERHEAD_TOKENS
         cached_tokens = 0
-        if first_message_key in state.seen_first_messages:
-            cached_tokens = math.ceil(len(texts[0]) / chars_per_token) + _MESSAGE_OVERHEAD_TOKENS
+        if config.prefix_cache_entries > 0:
+            if _prefix_cache_hit(state, first_message_key, config.prefix_cache_entries):
+                cached_tokens = first_message_tokens
+        elif first_message_key in state.seen_first_messages:
+            cached_tokens = first_message_tokens
         else:
             if len(state.seen_first_messages) >= _PREFIX_CACHE_LIMIT:
                 state.seen_first_messages.clear()
             state.seen_first_messages.add(first_message_key)
+        # Prefill time counts only the tokens the cache did not hold (without a capacity model, all of them).
+        uncached_tokens = prompt_tokens - (cached_tokens if config.prefix_cache_entries > 0 else 0)
 
         streamed: web.StreamResponse | None = None
         if slots is not None and not holds_slot:
@@ -482,7 +504,11 @@ class MockServer:
                 holds_slot = True
         recorder.generation_started()
         state.kv_tokens += charged_tokens
-        latency = config.latency_s + config.latency_per_token_s * completion.completion_tokens
+        latency = (
+            config.latency_s
+            + config.latency_per_token_s * completion.completion_tokens
+            + config.latency_per_prompt_token_s * uncached_tokens
+        )
         try:
             remaining = latency - (self._clock() - arrived)
             if remaining > 0:
@@ -799,6 +825,22 @@ class _Completion:
         self.completion_tokens = completion_tokens
         self.finish_reason = finish_reason
         self.tool_calls = tool_calls
+
+
+def _prefix_cache_hit(state: _State, key: int, capacity: int) -> bool:
+    """Look ``key`` up in the LRU prefix cache and record it as most recently used (inserted on a miss, the
+    least recently used entry evicted beyond ``capacity``), as vLLM keeps a prefix's blocks until memory runs
+    short. The entry is made at admission, so calls that share a prefix and arrive together mostly hit."""
+    cache = state.prefix_cache
+    if key in cache:
+        cache.move_to_end(key)
+        state.prefix_hits += 1
+        return True
+    state.prefix_misses += 1
+    cache[key] = None
+    if len(cache) > capacity:
+        cache.popitem(last=False)
+    return False
 
 
 def _hostile_answer(

@@ -336,10 +336,11 @@ class BackboneConfig(_Strict):
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
     transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
     timeout_s: float = Field(600.0, gt=0)
-    balance: Literal["outstanding", "metrics"] = Field(
+    balance: Literal["outstanding", "metrics", "affinity"] = Field(
         "outstanding",
-        description="how calls are spread over several replicas: by our outstanding calls, or by what vLLM's "
-        "/metrics report (running + waiting); metrics measured no better (docs/performance.md)",
+        description="how calls are spread over several replicas: by our outstanding calls, by what vLLM's "
+        "/metrics report (running + waiting), or by prefix affinity (calls sharing a first message go to one "
+        "replica's prefix cache unless it is overloaded); see docs/performance.md",
     )
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)

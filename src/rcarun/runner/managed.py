@@ -5,7 +5,8 @@ and knows nothing of processes. This module joins them for the scheduler and ``r
 ``[backbones.X.serve]`` table into a `ServeSpec`, starts every managed backbone's replicas together (a failure
 stops them all, with the failing replica's one line), registers a synchronous kill for a process made to exit
 at once, and for the sweep's length runs one `MetricsPoller` per vLLM backbone with several replicas and
-``balance = "metrics"``, telling the balancer when a managed replica dies or comes back.
+``balance = "metrics"``, telling the balancer when a managed replica dies or comes back (and turning prefix
+affinity on for ``balance = "affinity"``).
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ async def replica_balancing(
             fleet = fleets.get(name)
             if fleet is not None:
                 fleet.on_availability = balancer.set_available
+            # Any backbone with several URLs may keep prefixes on one replica (a prefix cache is vLLM's, but
+            # an unmanaged OpenAI-compatible fleet may have one too).
+            balancer.affinity = backbone.balance == "affinity"
             if backbone.provider == "vllm" and backbone.balance == "metrics" and len(balancer.urls) > 1:
                 pollers[name] = await stack.enter_async_context(
                     MetricsPoller(balancer, interval_s=interval_s)
