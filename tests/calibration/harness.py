@@ -28,7 +28,7 @@ from pathlib import Path
 from rcarun.analysis import charged_costs, resolve_run
 from rcarun.cli.estimate import demo_estimate_config, demo_reasoning_tokens
 from rcarun.demo import demo_sweep_config, simulated_backbones
-from rcarun.runner import SweepConfig, run_sweep
+from rcarun.runner import SweepConfig, narrow_sweep, run_sweep
 from rcarun.runner.estimate import SweepEstimate, estimate_sweep
 from rcarun.store import open_store
 
@@ -46,9 +46,9 @@ def _only(config: SweepConfig, methods: Sequence[str] | None) -> SweepConfig:
     unknown = sorted(set(methods) - {m.resolved_label for m in config.methods})
     if unknown:
         raise ValueError(f"the demo runs no method called {unknown}")
-    return config.model_copy(
-        update={"methods": tuple(m for m in config.methods if m.resolved_label in methods)}
-    )
+    # As `rcarun sweep --method` slices it: the demo's local backbone goes when no method that reads a model is
+    # left to run on it.
+    return narrow_sweep(config, methods=methods)
 
 
 async def _run_draw(db: Path, draw: int, methods: Sequence[str] | None) -> None:

@@ -621,6 +621,12 @@ def narrow_sweep(
     """``config`` restricted to the named backbones and methods (by label, or by name for every label of it), for
     a slice of a sweep; an empty selection keeps all.
 
+    A slice by one side only drops what it leaves with nothing to do on the other: naming only chat methods
+    drops the local backbones (which run only methods that read a model, SOAP), naming only chat backbones drops
+    the methods that read a model, and the other way round; the sweep would otherwise be refused for a backbone
+    or a method with no partner (`rcarun.runner.scheduler.check_method_backbones`). A slice by both is taken as
+    given.
+
     Raises:
         ConfigError: a name the config does not define (the known ones are listed).
     """
@@ -645,4 +651,20 @@ def narrow_sweep(
         updates["methods"] = tuple(
             method for method in config.methods if method.resolved_label in methods or method.name in methods
         )
+    if bool(backbones) != bool(methods):
+        kept_methods: tuple[MethodConfig, ...] = updates.get("methods", config.methods)
+        kept_backbones: dict[str, BackboneConfig] = updates.get("backbones", config.backbones)
+        if methods:
+            kinds = {_reads_model(method) for method in kept_methods}
+            updates["backbones"] = {
+                name: backbone for name, backbone in kept_backbones.items() if backbone.is_local in kinds
+            }
+        else:
+            kinds = {backbone.is_local for backbone in kept_backbones.values()}
+            updates["methods"] = tuple(method for method in kept_methods if _reads_model(method) in kinds)
     return config.model_copy(update=updates) if updates else config
+
+
+def _reads_model(method: MethodConfig) -> bool:
+    """Whether the method reads a model's internals (runs on local backbones), as its class declares."""
+    return bool(create_method(method.name, label=method.resolved_label, options=method.options).reads_model)

@@ -1,11 +1,12 @@
-"""Which settings a resume may not change: the forward cache's precision binds only runs with a local model."""
+"""Which settings a resume may not change (the forward cache binds only runs with a local model), and how a
+sweep is sliced across backbone kinds."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from rcarun.runner import SweepConfig
+from rcarun.runner import SweepConfig, narrow_sweep
 from rcarun.runner.drift import answer_changes
 
 
@@ -80,3 +81,15 @@ def test_a_flag_that_changes_what_vllm_computes_is_a_change_one_that_sizes_it_is
     assert change == 'backbones.qwen.serve.extra_args: ["--dtype", "bf16"] -> ["--dtype", "fp16"]'
     [change] = _changes(_managed(), _managed(env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"}))
     assert change.startswith("backbones.qwen.serve.env: {} -> ")
+
+
+def test_a_slice_by_chat_methods_drops_the_local_backbones_and_one_by_chat_backbones_drops_soap() -> None:
+    config = _config("float16", local=True)
+    by_method = narrow_sweep(config, methods=["all-at-once"])
+    assert set(by_method.backbones) == {"gpt"}
+    by_backbone = narrow_sweep(config, backbones=["gpt"])
+    assert [m.name for m in by_backbone.methods] == ["all-at-once"]
+    only_soap = narrow_sweep(config, methods=["soap"])
+    assert set(only_soap.backbones) == {"tiny"}
+    both = narrow_sweep(config, backbones=["gpt"], methods=["all-at-once", "soap"])
+    assert set(both.backbones) == {"gpt"} and [m.name for m in both.methods] == ["all-at-once", "soap"]
