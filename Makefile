@@ -43,4 +43,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/performance.py --repeats 3
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache results.db results.db-*
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache results.db results.db-* results.db.forward-cache results.db.serve-logs
