@@ -178,6 +178,45 @@ async def test_flush_commits_everything_enqueued_before_it(
     assert _count(db_path, "SELECT count(*) FROM calls") == 6
 
 
+async def test_a_full_batch_commits_at_once_and_a_partial_one_waits_for_its_interval(
+    db_path: Path, run_id: int, make_call: RowMaker
+) -> None:
+    # The writer task sleeps through a batch's interval rather than waking for every row; what ends the wait
+    # early is the batch filling up.
+    async with StoreWriter(db_path, run_id, batch_size=5, flush_interval_s=60.0) as writer:
+        for attempt in range(1, 5):
+            writer.add_call(make_call(run_id, attempt=attempt))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.2)
+        assert writer.committed_rows == 0  # four rows of five: they wait for the minute
+        writer.add_call(make_call(run_id, attempt=5))
+        async with asyncio.timeout(GUARD_S):
+            while writer.committed_rows < 5:
+                await asyncio.sleep(0.01)
+        assert _count(db_path, "SELECT count(*) FROM calls") == 5
+
+
+async def test_rows_added_one_by_one_within_an_interval_commit_together(
+    db_path: Path, run_id: int, make_call: RowMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rcarun.store import writer as writer_module
+
+    batches: list[int] = []
+    original = writer_module._BatchWriter.write
+
+    def counting_write(self: Any, batch: Any) -> None:
+        batches.append(len(batch))
+        original(self, batch)
+
+    monkeypatch.setattr(writer_module._BatchWriter, "write", counting_write)
+    async with StoreWriter(db_path, run_id, batch_size=500, flush_interval_s=0.5) as writer:
+        for attempt in range(1, 41):
+            writer.add_call(make_call(run_id, attempt=attempt))
+            await asyncio.sleep(0.001)  # the loop turns between rows, as a sweep's answers arrive
+        await asyncio.wait_for(writer.flush(), GUARD_S)
+    assert batches == [40]
+
+
 async def test_close_drains_the_queue_when_the_body_raises(
     db_path: Path, run_id: int, make_call: RowMaker
 ) -> None:

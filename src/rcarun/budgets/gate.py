@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 
 from rcarun.backends.types import ChatRequest, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, ReportedLimits
@@ -233,6 +233,70 @@ class Ticket:
             self._gate.ledger.release(self._reservation)
 
 
+class _Admission:
+    """`BackboneGate.admit`'s block: a class rather than a generator-based context manager, since every attempt
+    enters one (`contextlib.asynccontextmanager` costs a generator and several calls more per attempt)."""
+
+    __slots__ = ("_estimated_prompt_tokens", "_gate", "_max_tokens", "_prompt_chars", "_slot", "_ticket")
+
+    def __init__(
+        self, gate: BackboneGate, estimated_prompt_tokens: int, max_tokens: int, prompt_chars: int | None
+    ) -> None:
+        self._gate = gate
+        self._estimated_prompt_tokens = estimated_prompt_tokens
+        self._max_tokens = max_tokens
+        self._prompt_chars = prompt_chars
+        self._slot: ConcurrencySlot | None = None
+        self._ticket: Ticket | None = None
+
+    async def __aenter__(self) -> Ticket:
+        gate = self._gate
+        estimated_prompt_tokens = self._estimated_prompt_tokens
+        max_tokens = self._max_tokens
+        prompt_chars = self._prompt_chars
+        await gate._wait_out_pause()
+        slot = await gate.concurrency.acquire()
+        try:
+            grant = await gate.limiter.acquire(
+                estimated_prompt_tokens + gate.expected_output_tokens(max_tokens)
+            )
+            # The budget reserves what the call may cost, not what it will likely cost: before the first
+            # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
+            reserved_prompt = (
+                max(estimated_prompt_tokens, gate.estimator.worst_case(prompt_chars))
+                if prompt_chars is not None
+                else estimated_prompt_tokens
+            )
+            try:
+                reservation = await gate._reserve_when_budget_allows(reserved_prompt, max_tokens)
+            except BaseException:
+                gate.limiter.give_back(grant)
+                raise
+            ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
+        except BaseException:
+            gate.concurrency.release(slot)
+            raise
+        gate._admitted += 1
+        gate._in_flight += 1
+        self._slot, self._ticket = slot, ticket
+        return ticket
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        gate, ticket, slot = self._gate, self._ticket, self._slot
+        assert ticket is not None and slot is not None, "left an admission that was never entered"
+        try:
+            gate._in_flight -= 1
+            ticket._abandon()
+        finally:
+            if not ticket.slot_released:
+                gate.concurrency.release(slot)
+
+
 class BackboneGate:
     """Admission, adaptation and accounting for one backbone.
 
@@ -344,45 +408,16 @@ class BackboneGate:
             self.estimator.estimate(prompt_chars), request.max_tokens, prompt_chars=prompt_chars
         )
 
-    @asynccontextmanager
-    async def admit(
+    def admit(
         self, estimated_prompt_tokens: int, max_tokens: int, *, prompt_chars: int | None = None
-    ) -> AsyncIterator[Ticket]:
+    ) -> AbstractAsyncContextManager[Ticket]:
         """Wait until this backbone may take one more attempt, and hold its resources for the block.
 
         Raises:
-            BudgetExhausted: the ledger refused the worst-case reservation; nothing is held.
+            BudgetExhausted: on entering the block, the ledger refused the worst-case reservation; nothing is
+                held.
         """
-        await self._wait_out_pause()
-        slot = await self.concurrency.acquire()
-        ticket: Ticket | None = None
-        try:
-            grant = await self.limiter.acquire(
-                estimated_prompt_tokens + self.expected_output_tokens(max_tokens)
-            )
-            # The budget reserves what the call may cost, not what it will likely cost: before the first
-            # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
-            reserved_prompt = (
-                max(estimated_prompt_tokens, self.estimator.worst_case(prompt_chars))
-                if prompt_chars is not None
-                else estimated_prompt_tokens
-            )
-            try:
-                reservation = await self._reserve_when_budget_allows(reserved_prompt, max_tokens)
-            except BaseException:
-                self.limiter.give_back(grant)
-                raise
-            ticket = Ticket(self, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
-            self._admitted += 1
-            self._in_flight += 1
-            try:
-                yield ticket
-            finally:
-                self._in_flight -= 1
-                ticket._abandon()
-        finally:
-            if ticket is None or not ticket.slot_released:
-                self.concurrency.release(slot)
+        return _Admission(self, estimated_prompt_tokens, max_tokens, prompt_chars)
 
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
         """Decide about a failed attempt and apply its consequences to this backbone only.

@@ -171,7 +171,9 @@ def count_entries(path: str | Path) -> int:
             if entry.suffix == ".jsonl" and entry.is_file():
                 count += _count_jsonl_lines(entry)
             elif entry.is_dir() and not entry.name.startswith((".", "__")):
-                count += sum(1 for file in entry.iterdir() if file.suffix == ".json" and file.is_file())
+                # As the walk lists a source (`_iter_source_dir`): no stat per file, no Path per file.
+                with os.scandir(entry) as files:
+                    count += sum(1 for file in files if _is_json_file(file))
     except OSError:
         return count
     return count

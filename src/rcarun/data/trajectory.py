@@ -30,7 +30,7 @@ Range is not part of the rule: ``"-1"`` reads as -1, which no trajectory contain
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .roles import Handoff, parse_handoff
 
@@ -127,10 +127,13 @@ class Trajectory:
     sha256: str
     ground_truth: str = ""
     task_source: str = ""
+    # `agents`, computed once: a sweep asks for it several times a call (prompt, schema, reference, row).
+    _agents: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.task_source:
             object.__setattr__(self, "task_source", "question" if self.task else "none")
+        object.__setattr__(self, "_agents", tuple(dict.fromkeys(step.agent for step in self.steps)))
         for position, step in enumerate(self.steps):
             if step.index != position:
                 raise ValueError(f"{self.qid}: step at position {position} has index {step.index}")
@@ -143,7 +146,7 @@ class Trajectory:
     @property
     def agents(self) -> tuple[str, ...]:
         """Distinct agents in order of first appearance: the recorded role set methods choose from."""
-        return tuple(dict.fromkeys(step.agent for step in self.steps))
+        return self._agents
 
     @property
     def handoffs(self) -> tuple[tuple[int, Handoff], ...]:

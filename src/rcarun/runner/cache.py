@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from rcarun.jsonfast import dumps_canonical
+
 __all__ = ["call_cache_key"]
 
 
@@ -40,9 +42,11 @@ def call_cache_key(
     }
     if sample:
         fields["sample"] = sample
-    identity = json.dumps(
-        fields,
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(identity.encode()).hexdigest()
+    texts = (backbone, model, stage, request_sha256, method_label or "")
+    if all(text.isascii() and "\x7f" not in text for text in texts):
+        # The same bytes as below (`ensure_ascii` escapes nothing below DEL that orjson does not), without the
+        # standard library's encoder: this runs once an attempt.
+        identity = dumps_canonical(fields)
+    else:
+        identity = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(identity).hexdigest()

@@ -384,9 +384,13 @@ class StoreWriter:
         self._queued_bytes = 0
         # Rows taken off the queue and not committed yet, oldest first (more than one batch while writes fail).
         self._pending: list[_Row] = []
-        # Both events are only touched from the loop's thread. _has_entries: the writer task may have work.
-        # _room: the queue is below both its bounds (or writes fail, so nobody should wait).
+        # The events are only touched from the loop's thread. _has_entries: the writer task may have work.
+        # _batch_due: a batch need not wait for its deadline (see `_push`). _room: the queue is below both its
+        # bounds (or writes fail, so nobody should wait).
         self._has_entries = asyncio.Event()
+        self._batch_due = asyncio.Event()
+        # Flush requests and the stop queued in ``_entries``: either ends the batch being collected.
+        self._control_queued = 0
         self._room = asyncio.Event()
         self._room.set()
         self._executor: ThreadPoolExecutor | None = None
@@ -574,8 +578,9 @@ class StoreWriter:
             raise StoreError("the StoreWriter is closed")
 
     def _enqueue(self, entry: _Row, *, run_id: int | None) -> None:
-        self._raise_if_failed()
-        self._require_open()
+        if self._failure is not None or self._task is None or self._closing:
+            self._raise_if_failed()
+            self._require_open()
         if run_id is not None and self._run_id is not None and run_id != self._run_id:
             raise StoreError(f"row for run {run_id} given to the writer of run {self._run_id}")
         self._push(entry)
@@ -584,40 +589,74 @@ class StoreWriter:
         return len(self._entries) >= self._max_queued_rows or self._queued_bytes >= self._max_queued_bytes
 
     def _push(self, entry: _Entry) -> None:
+        # The writer task is woken once a batch (the first entry, then the batch due), not once an entry: a
+        # wake-up per row cost a sweep more CPU than the rows' own inserts.
         self._entries.append(entry)
-        if isinstance(entry, _Blob):
-            self._queued_bytes += len(entry.data)
+        kind = type(entry)
+        if kind is _Blob:
+            self._queued_bytes += len(entry.data)  # type: ignore[union-attr]
+        elif kind is _FlushRequest or kind is _Stop:
+            self._control_queued += 1
+            self._batch_due.set()
         self._has_entries.set()
-        if self._trouble is None and self._full():
-            self._room.clear()
+        queued = len(self._entries)
+        if queued >= self._max_queued_rows or self._queued_bytes >= self._max_queued_bytes:  # `_full`
+            self._batch_due.set()
+            if self._trouble is None:
+                self._room.clear()
+        elif queued >= self._batch_size:
+            self._batch_due.set()
 
     def _pop(self) -> _Entry:
         """The oldest queued entry, taken off the queue."""
         entry = self._entries.popleft()
-        if isinstance(entry, _Blob):
-            self._queued_bytes -= len(entry.data)
+        kind = type(entry)
+        if kind is _Blob:
+            self._queued_bytes -= len(entry.data)  # type: ignore[union-attr]
+        elif kind is _FlushRequest or kind is _Stop:
+            self._control_queued -= 1
         return entry
+
+    def _batch_is_due(self) -> bool:
+        return self._control_queued > 0 or len(self._entries) >= self._batch_size or self._full()
 
     # -- the writer task ----------------------------------------------------------------------------------
 
-    async def _next_entry(self, timeout_s: float | None) -> _Entry | None:
-        """The oldest queued entry, waiting up to ``timeout_s`` (forever if None); None on timeout."""
+    async def _collect_batch(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> tuple[bool, list[asyncio.Future[None]]]:
+        """Wait for an entry, then until the batch is due, and move it to ``_pending``.
+
+        A batch starts with the first entry queued and is taken once ``batch_size`` rows are queued, the queue is
+        full, a flush or the stop is queued, or ``flush_interval_s`` has passed since its first entry. It ends
+        before a flush request or the stop, which are returned (stopping, flushes) and not moved.
+        """
         while not self._entries:
             self._has_entries.clear()
-            if timeout_s is None:
-                await self._has_entries.wait()
-                continue
-            if timeout_s <= 0:
-                return None
+            await self._has_entries.wait()
+        if not self._batch_is_due() and self._flush_interval_s > 0:
+            self._batch_due.clear()
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._has_entries.wait()
+                async with asyncio.timeout_at(loop.time() + self._flush_interval_s):
+                    await self._batch_due.wait()
             except TimeoutError:
-                return None
-        entry = self._pop()
+                pass
+        stopping = False
+        flushes: list[asyncio.Future[None]] = []
+        room = self._batch_size - len(self._pending)
+        while self._entries and room > 0:
+            entry = self._pop()
+            if isinstance(entry, _Stop):
+                stopping = True
+                break
+            if isinstance(entry, _FlushRequest):
+                flushes.append(entry.done)
+                break
+            self._pending.append(entry)
+            room -= 1
         if not self._full():
             self._room.set()
-        return entry
+        return stopping, flushes
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -640,19 +679,7 @@ class StoreWriter:
             elif stopping:
                 return
             else:
-                entry = await self._next_entry(None)
-                deadline = loop.time() + self._flush_interval_s
-                while entry is not None:
-                    if isinstance(entry, _Stop):
-                        stopping = True
-                        break
-                    if isinstance(entry, _FlushRequest):
-                        flushes.append(entry.done)
-                        break
-                    self._pending.append(entry)
-                    if len(self._pending) >= self._batch_size:
-                        break
-                    entry = await self._next_entry(deadline - loop.time())
+                stopping, flushes = await self._collect_batch(loop)
             if stopping and give_up_at is None:
                 give_up_at = loop.time() + self._give_up_after_s
             if self._pending and self._failure is None:
