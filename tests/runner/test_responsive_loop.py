@@ -1,8 +1,11 @@
-"""A sweep hands the GIL over every 0.5 ms while it runs, and leaves the interpreter as it found it."""
+"""A sweep hands the GIL over every 0.5 ms and keeps the objects alive at its start out of the garbage
+collector's passes while it runs, and leaves the interpreter as it found it."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -11,14 +14,16 @@ from helpers.sweeps import make_config
 from rcarun.backends import BackendSettings, create_backend
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
-from rcarun.runner.scheduler import _responsive_loop
+from rcarun.runner.scheduler import _heap_at_start_frozen, _responsive_loop
 
 
 async def test_the_switch_interval_is_short_during_the_sweep_and_restored_after(tmp_path: Path) -> None:
     seen: list[float] = []
+    frozen: list[int] = []
 
     def factory(settings: BackendSettings):  # type: ignore[no-untyped-def]
         seen.append(sys.getswitchinterval())
+        frozen.append(gc.get_freeze_count())
         return create_backend(settings)
 
     before = sys.getswitchinterval()
@@ -29,6 +34,9 @@ async def test_the_switch_interval_is_short_during_the_sweep_and_restored_after(
         )
     assert seen == [pytest.approx(0.0005, rel=0.02)]
     assert sys.getswitchinterval() == before
+    # The objects of the interpreter, pytest and rcarun's imports were frozen during the sweep, and are not now.
+    assert frozen[0] > 10_000
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_shorter_interval_someone_set_is_kept_and_a_change_meanwhile_is_not_undone() -> None:
@@ -43,3 +51,27 @@ def test_a_shorter_interval_someone_set_is_kept_and_a_change_meanwhile_is_not_un
         assert sys.getswitchinterval() == pytest.approx(0.002, rel=0.02)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_objects_someone_else_froze_stay_frozen_after_a_sweep() -> None:
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with _heap_at_start_frozen():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before  # not unfrozen: this sweep did not freeze them
+    finally:
+        gc.unfreeze()
+
+
+def test_garbage_made_during_a_sweep_is_still_collected() -> None:
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    with _heap_at_start_frozen():
+        cycle = Cycle()
+        ref = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert ref() is None

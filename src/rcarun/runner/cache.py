@@ -42,8 +42,8 @@ def call_cache_key(
     }
     if sample:
         fields["sample"] = sample
-    texts = (backbone, model, stage, request_sha256, method_label or "")
-    if all(text.isascii() and "\x7f" not in text for text in texts):
+    texts = f"{backbone}{model}{stage}{request_sha256}{method_label or ''}"
+    if texts.isascii() and "\x7f" not in texts:
         # The same bytes as below (`ensure_ascii` escapes nothing below DEL that orjson does not), without the
         # standard library's encoder: this runs once an attempt.
         identity = dumps_canonical(fields)

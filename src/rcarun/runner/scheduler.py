@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import sys
@@ -249,7 +250,7 @@ async def run_sweep(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {limit}")
-    with _responsive_loop():
+    with _responsive_loop(), _heap_at_start_frozen():
         return await _run_sweep(
             config,
             db_path=Path(db_path),
@@ -281,6 +282,28 @@ def _responsive_loop(switch_interval_s: float = _SWITCH_INTERVAL_S) -> Iterator[
     finally:
         if sys.getswitchinterval() == chosen:
             sys.setswitchinterval(previous)
+
+
+@contextlib.contextmanager
+def _heap_at_start_frozen() -> Iterator[None]:
+    """Keep the objects alive when a sweep starts (modules, the config, the libraries' own) out of the cyclic
+    garbage collector's passes while it runs (`gc.freeze`), and give them back after (`gc.unfreeze`).
+
+    A sweep allocates a few hundred container objects per call, so the collector runs often, and each of its
+    older-generation passes walked every object the imports left behind, none of which a sweep frees: with
+    them frozen the latency-bound benchmark spent about 9 % less CPU per call (docs/performance.md, "CPU per
+    call"). Garbage the sweep makes is still collected as before. Nothing is done when objects are frozen
+    already (a caller's own freeze, say before forking workers, or a sweep running inside another), so that
+    the exit never unfreezes what this did not freeze.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 async def _run_sweep(
