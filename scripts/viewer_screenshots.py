@@ -21,19 +21,10 @@ from pathlib import Path
 from PIL import Image
 from playwright.sync_api import Page, sync_playwright
 
+from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
 from rcarun.analysis.viewer.site import page_name
 from rcarun.cli import main as rcarun
 
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 WIDTH = 1280
 AGGREGATE_HEIGHT = 1350
 
@@ -52,7 +43,7 @@ def screenshots(site: Path, out: Path, qid: str, chromium: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=list(FLAGS))
+        browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS))
         page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         page.goto((site / "index.html").as_uri())
         # The first screen and a half: the summary, then Table 3 with its intervals.
@@ -78,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help="the run (default: the latest)")
     parser.add_argument("--qid", default="algorithm_generated/2", help="the trajectory to show")
     parser.add_argument("--out", type=Path, default=Path("docs/images"), help="where the PNGs go")
-    parser.add_argument("--chromium", default="/usr/bin/chromium", help="the Chromium binary")
+    parser.add_argument(
+        "--chromium",
+        default=None,
+        help="the Chromium binary (default: $RCARUN_CHROMIUM, chromium on the PATH)",
+    )
     args = parser.parse_args(argv)
-    if not Path(args.chromium).is_file():
-        print(f"no Chromium at {args.chromium}: apt-get install -y chromium", file=sys.stderr)
+    chromium = args.chromium or find_chromium()
+    if chromium is None or not Path(chromium).is_file():
+        print(f"no Chromium at {chromium or 'chromium'}: apt-get install -y chromium", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory() as folder:
         site = Path(folder) / "site"
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             status = rcarun(command)
         if status != 0:
             return status
-        for path in screenshots(site, args.out, args.qid, args.chromium):
+        for path in screenshots(site, args.out, args.qid, chromium):
             print(f"{path}\t{path.stat().st_size / 1024:.0f} KB")
     return 0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from analysis.test_viewer_browser import CHROMIUM_FLAGS, _chromium
+from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
 from rcarun.cli import main
 
 # The page's height at 1280 px on `methods_db` (three methods × two backbones × two realizations) before the
@@ -31,7 +31,7 @@ def report_page(methods_db: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture
 def page(report_page: Path) -> Iterator[Page]:
-    chromium = _chromium()
+    chromium = find_chromium()
     if chromium is None:
         pytest.skip(
             "Chromium is not installed and could not be (make test runs apt-get install chromium as root)"

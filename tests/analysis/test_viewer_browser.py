@@ -8,8 +8,6 @@ Playwright's own browser downloads are never used: the launch names the system b
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,27 +22,8 @@ from analysis.viewer_builders import (
     REASONING_MARKER,
     build_viewer_run,
 )
+from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
 from rcarun.cli import main
-
-# As the machine notes give them: without the background-networking flags Chromium tries Google's hosts at
-# every start, which this closed network refuses.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
-
-
-def _chromium() -> str | None:
-    wanted = os.environ.get("RCARUN_CHROMIUM")
-    if wanted:
-        return wanted if Path(wanted).is_file() else None
-    return shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else None)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +38,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser(site: Path) -> Iterator[Browser]:
     # Asks for the site so that it is written first: Playwright's sync API keeps an event loop running in this
     # thread, where the store writer's asyncio.run cannot start.
-    chromium = _chromium()
+    chromium = find_chromium()
     if chromium is None:
         pytest.skip(
             "Chromium is not installed and could not be (make test runs apt-get install chromium as root)"
