@@ -10,22 +10,27 @@ Parts: rendering a request (the canonical JSON and the body sent: the standard l
 `rcarun.jsonfast`), on the bench's small prompts and on a 350-KB prompt; compressing a stored blob (zlib level
 6 against 1) on a bench request body and on the bundled Who&When trajectories, with the sizes; and (issue 19)
 what the store writer does with each new blob, compressing it (level 1, before migration 4) against
-`rcarun.store.blobs.blob_columns` (text up to 64 KiB kept as is, larger blobs compressed).
+`rcarun.store.blobs.blob_columns` (text up to 64 KiB kept as is, larger blobs compressed); and (later) a row's
+timestamp and the call cache key, each before and after.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import timeit
 import zlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import rcarun.data
 from rcarun import jsonfast
+from rcarun.runner.cache import call_cache_key
 from rcarun.store.blobs import blob_columns, compress_blob
+from rcarun.store.rows import utc_timestamp
 
 
 def best_us(function: Callable[[], Any], number: int, repeat: int = 7) -> float:
@@ -118,6 +123,47 @@ def main() -> None:
                 best_us(lambda blobs=blobs: [blob_columns(blob) for blob in blobs], number) / len(blobs),  # type: ignore[misc]
             )
         )
+    # Stamping a row: `datetime.isoformat` each time, against `utc_timestamp` (the text to the second once a
+    # second). And the call cache key: the standard library's encoder, against orjson for ASCII names.
+    rows.append(
+        (
+            "stamp a row with the time (4 a call)",
+            best_us(
+                lambda: datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"), 100_000
+            ),
+            best_us(utc_timestamp, 100_000),
+        )
+    )
+    key_fields: dict[str, object] = {
+        "backbone": "deepseek",
+        "model": "deepseek-chat",
+        "stage": "attribution",
+        "realization": 0,
+        "method": "all-at-once",
+        "request": "0" * 64,
+    }
+    rows.append(
+        (
+            "the call cache key",
+            best_us(
+                lambda: hashlib.sha256(
+                    json.dumps(key_fields, sort_keys=True, separators=(",", ":")).encode()
+                ).hexdigest(),
+                50_000,
+            ),
+            best_us(
+                lambda: call_cache_key(
+                    backbone="deepseek",
+                    model="deepseek-chat",
+                    request_sha256="0" * 64,
+                    stage="attribution",
+                    realization=0,
+                    method_label="all-at-once",
+                ),
+                50_000,
+            ),
+        )
+    )
     sizes = [
         (len(zlib.compress(blob, 6)), len(zlib.compress(blob, 1)), len(blob))
         for blob in [bench_blob, *trajectories]
