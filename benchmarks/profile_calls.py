@@ -14,6 +14,7 @@ unprofiled run first (a profiler adds its own cost), then the profile of a secon
 pyinstrument (sampling, wall and CPU of the main thread) and cProfile (deterministic, every function) are both
 available: pyinstrument shows where a call's path spends, cProfile which functions cost most by their own time.
 Neither sees the store writer's thread; its share is the CPU figure minus the main thread's (printed too).
+The unprofiled run also reports the garbage collector's CPU per call and its collections (`gc.callbacks`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import gc
 import io
 import os
 import pstats
@@ -32,6 +34,22 @@ from rcarun.bench.client import measure
 from rcarun.bench.scenarios import get_scenario
 from rcarun.bench.throughput import scenario_server
 from rcarun.bench.workload import write_dataset
+
+
+class _CollectorClock:
+    """A `gc.callbacks` entry adding up the CPU time of the collections (the collecting thread's clock)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.cpu_s += time.thread_time() - self._started
+            self.collections[info["generation"]] += 1
 
 
 def main() -> None:
@@ -59,13 +77,20 @@ def main() -> None:
                 workdir.mkdir()
                 server.reset()
                 if attempt == 0:
+                    collector = _CollectorClock()
+                    gc.callbacks.append(collector)
                     thread_started = time.thread_time()
-                    run = measure(scenario, "rcarun", server.base_url, dataset, workdir)
+                    try:
+                        run = measure(scenario, "rcarun", server.base_url, dataset, workdir)
+                    finally:
+                        gc.callbacks.remove(collector)
                     main_thread_s = time.thread_time() - thread_started
                     print(
                         f"{run.calls} calls, ratio {run.calls / run.wall_s / (scenario.concurrency / scenario.latency_s):.3f} "
                         f"of the ceiling over the whole run, CPU {run.cpu_s * 1000 / run.calls:.3f} ms/call "
-                        f"(main thread {main_thread_s * 1000 / run.calls:.3f}), wall {run.wall_s:.1f} s"
+                        f"(main thread {main_thread_s * 1000 / run.calls:.3f}), wall {run.wall_s:.1f} s; "
+                        f"garbage collector {collector.cpu_s * 1e6 / run.calls:.1f} us/call in "
+                        f"{sum(collector.collections)} collections (by generation {collector.collections})"
                     )
                     continue
                 if args.cprofile:

@@ -290,14 +290,14 @@ def _responsive_loop(switch_interval_s: float = _SWITCH_INTERVAL_S) -> Iterator[
 def _collector_tuned_for_sweeps(young_threshold: int = _YOUNG_GC_THRESHOLD) -> Iterator[None]:
     """Make the cyclic garbage collector cheap while a sweep runs, and put it back as it was after.
 
-    With the interpreter's defaults the collector took about 60 us of CPU a call on the latency-bound bench
-    (7-8 % of it, `gc.callbacks` timing): a sweep holds tens of thousands of young objects in flight (every
+    With the interpreter's defaults the collector took 40-50 us of CPU a call on the latency-bound bench
+    (5-7 % of it, `gc.callbacks` timing): a sweep holds tens of thousands of young objects in flight (every
     call's coroutines, frames and rows), and a young collection, due every 700 net allocations, walked them
-    all, about 5 ms each. Two changes, each undone at the end:
+    all, 1.5-5 ms each. Two changes, each undone at the end:
 
-    - the first generation's threshold goes up to ``young_threshold`` (10,000): the collector then ran 7 times in
-      6,400 calls instead of 175, 2 us a call. A sweep makes little cyclic garbage (its memory is flat, see
-      docs/performance.md), and what it makes waits at most that many allocations to be collected;
+    - the first generation's threshold goes up to ``young_threshold`` (10,000): the collector then ran 72 times
+      in a 6,400-call run instead of about 190, 3-4 us a call. A sweep makes little cyclic garbage (its memory
+      is flat, see docs/performance.md), and what it makes waits at most that many allocations to be collected;
     - the objects alive at the start (modules, the config, the libraries' own) are frozen out of every pass
       (`gc.freeze`), so an old-generation pass does not walk what the imports left behind.
 
