@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
+from analysis.viewer_builders import launched_chromium
 from rcarun.cli import main
 
 # The page's height at 1280 px on `methods_db` (three methods × two backbones × two realizations) before the
@@ -31,25 +31,16 @@ def report_page(methods_db: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture
 def page(report_page: Path) -> Iterator[Page]:
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip(
-            "Chromium is not installed and could not be (make test runs apt-get install chromium as root)"
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS))
-        try:
-            opened = browser.new_page(viewport={"width": 1280, "height": 900})
-            requests: list[str] = []
-            problems: list[str] = []
-            opened.on("request", lambda request: requests.append(request.url))
-            opened.on("pageerror", lambda error: problems.append(str(error)))
-            opened.goto(report_page.as_uri())
-            yield opened
-            assert problems == []
-            assert all(url.startswith(("file://", "data:")) for url in requests), requests
-        finally:
-            browser.close()
+    with launched_chromium() as browser:
+        opened = browser.new_page(viewport={"width": 1280, "height": 900})
+        requests: list[str] = []
+        problems: list[str] = []
+        opened.on("request", lambda request: requests.append(request.url))
+        opened.on("pageerror", lambda error: problems.append(str(error)))
+        opened.goto(report_page.as_uri())
+        yield opened
+        assert problems == []
+        assert all(url.startswith(("file://", "data:")) for url in requests), requests
 
 
 def test_the_summary_comes_first_and_the_page_is_half_as_tall(page: Page) -> None:

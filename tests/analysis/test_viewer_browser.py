@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from analysis.viewer_builders import (
     HOSTILE,
@@ -21,8 +21,8 @@ from analysis.viewer_builders import (
     PROMPT_MARKER,
     REASONING_MARKER,
     build_viewer_run,
+    launched_chromium,
 )
-from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
 from rcarun.cli import main
 
 
@@ -38,17 +38,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser(site: Path) -> Iterator[Browser]:
     # Asks for the site so that it is written first: Playwright's sync API keeps an event loop running in this
     # thread, where the store writer's asyncio.run cannot start.
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip(
-            "Chromium is not installed and could not be (make test runs apt-get install chromium as root)"
-        )
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS))
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched_chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

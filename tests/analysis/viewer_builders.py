@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
+from playwright.sync_api import Browser, sync_playwright
+
+from rcarun.analysis.viewer.chromium import CHROMIUM_FLAGS, find_chromium
 from rcarun.data import iter_dataset
 from rcarun.store import CallRow, ItemRow, PredictionRow, StoreWriter, TrajectoryRow, open_store
 
@@ -228,3 +234,19 @@ def build_viewer_run(directory: Path, *, name: str = "viewer") -> ViewerRun:
     _write_dataset(dataset)
     asyncio.run(_build(db, dataset, name))
     return ViewerRun(db=db, dataset=dataset, run_name=name)
+
+
+@contextmanager
+def launched_chromium() -> Iterator[Browser]:
+    """Debian's Chromium through Playwright, closed on the way out; the test is skipped when there is none."""
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip(
+            "Chromium is not installed and could not be (make test runs apt-get install chromium as root)"
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS))
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from typing import Any
 
 import pytest
 
@@ -65,20 +66,14 @@ def test_the_key_is_the_standard_librarys_rendering_hashed(seed: int) -> None:
 
 def test_a_key_written_by_earlier_versions_is_unchanged() -> None:
     # Pinned: computed by rcarun before this encoder change (json.dumps), the key older results.db files hold.
-    key = call_cache_key(
-        backbone="deepseek",
-        model="deepseek-chat",
-        request_sha256="0" * 64,
-        stage="attribution",
-        realization=2,
-        method_label="all-at-once",
-    )
-    assert key == _standard_library_key(
-        backbone="deepseek",
-        model="deepseek-chat",
-        request_sha256="0" * 64,
-        stage="attribution",
-        realization=2,
-        method_label="all-at-once",
-    )
+    fields: dict[str, Any] = {
+        "backbone": "deepseek",
+        "model": "deepseek-chat",
+        "request_sha256": "0" * 64,
+        "stage": "attribution",
+        "realization": 2,
+        "method_label": "all-at-once",
+    }
+    key = call_cache_key(**fields)
+    assert key == _standard_library_key(**fields)
     assert key == "4c057e9bcd07d673d860c0e833c0f5685a125404a46282f08f890a8f12e30978"

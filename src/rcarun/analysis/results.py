@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,16 @@ from rcarun.store import METHOD_PREPARED, RunRow, Store
 
 from .scoring import AbstentionRule, Expected, ItemScore, Prediction, score_items
 
-__all__ = ["Cell", "Outcome", "RunScores", "common_items", "load_run_scores", "resolve_run"]
+__all__ = [
+    "Cell",
+    "Outcome",
+    "RunScores",
+    "backbone_providers",
+    "common_items",
+    "load_run_scores",
+    "resolve_run",
+    "run_config",
+]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -328,7 +338,8 @@ def _output(output_json: str | None) -> dict[str, Any]:
     return output if isinstance(output, dict) else {}
 
 
-def _config(run: RunRow) -> dict[str, Any]:
+def run_config(run: RunRow) -> dict[str, Any]:
+    """The sweep config stored with ``run``, as a dict ({} when it is not a JSON object)."""
     try:
         config = json.loads(run.config_json)
     except json.JSONDecodeError:
@@ -336,8 +347,20 @@ def _config(run: RunRow) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def backbone_providers(config: Mapping[str, Any]) -> dict[str, str]:
+    """Backbone name -> provider (its preset) in a stored sweep config (`run_config`); malformed entries left out."""
+    backbones = config.get("backbones")
+    if not isinstance(backbones, dict):
+        return {}
+    return {
+        str(name): str(b["provider"])
+        for name, b in backbones.items()
+        if isinstance(b, dict) and isinstance(b.get("provider"), str)
+    }
+
+
 def _local_backbones(run: RunRow) -> frozenset[str]:
-    backbones = _config(run).get("backbones")
+    backbones = run_config(run).get("backbones")
     if not isinstance(backbones, dict):
         return frozenset()
     return frozenset(
@@ -346,7 +369,7 @@ def _local_backbones(run: RunRow) -> frozenset[str]:
 
 
 def _simulated(run: RunRow) -> bool:
-    config = _config(run)
+    config = run_config(run)
     if not config:
         return False
     sweep = config.get("sweep")

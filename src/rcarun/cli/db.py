@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rcarun.analysis import resolve_run
+from rcarun.analysis.results import backbone_providers, run_config
 from rcarun.analysis.viewer.model import reason_and_evidence
 from rcarun.analysis.viewer.texts import prompt_text
 from rcarun.backends import get_preset, parse_completion
@@ -114,21 +115,6 @@ def _existing(db: Path) -> Path:
 
 
 # -- show -----------------------------------------------------------------------------------------------------
-
-
-def _providers(run: RunRow) -> dict[str, str]:
-    try:
-        config = json.loads(run.config_json)
-    except ValueError:
-        return {}
-    backbones = config.get("backbones") if isinstance(config, dict) else None
-    if not isinstance(backbones, dict):
-        return {}
-    return {
-        str(name): str(b["provider"])
-        for name, b in backbones.items()
-        if isinstance(b, dict) and isinstance(b.get("provider"), str)
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +222,7 @@ def _check_qid(store: Store, run: RunRow, qid: str) -> None:
 
 
 def _show_document(args: argparse.Namespace, store: Store, run: RunRow) -> dict[str, Any]:
-    reader = _Reader(store, _providers(run))
+    reader = _Reader(store, backbone_providers(run_config(run)))
     connection = store.connection
     if args.call is not None:
         call = _one_call(store, run, args.call)
@@ -512,7 +498,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 def _search_rows(store: Store) -> Iterator[dict[str, Any]]:
     runs = {run.run_id: run for run in store.runs()}
-    readers = {run_id: _Reader(store, _providers(run)) for run_id, run in runs.items()}
+    readers = {run_id: _Reader(store, backbone_providers(run_config(run))) for run_id, run in runs.items()}
     calls = store.connection.execute(
         "SELECT * FROM calls WHERE status IN ('ok', 'length') AND (response_sha256 IS NOT NULL "
         "OR response_text_sha256 IS NOT NULL) ORDER BY call_id"

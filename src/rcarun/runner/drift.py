@@ -45,23 +45,6 @@ _SWEEP_KEYS = ("dataset", "manifest")
 _SERVE_KEYS = ("model", "max_model_len", "env")
 # vllm serve flags that size or instrument the server without changing the model or its decoding; each may be
 # written ``--flag value`` or ``--flag=value`` (a bare boolean flag takes no value).
-_CAPACITY_FLAGS = frozenset(
-    (
-        "--gpu-memory-utilization",
-        "--max-num-seqs",
-        "--max-num-batched-tokens",
-        "--swap-space",
-        "--cpu-offload-gb",
-        "--block-size",
-        "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
-        "--enable-chunked-prefill",
-        "--no-enable-chunked-prefill",
-        "--disable-log-requests",
-        "--disable-log-stats",
-        "--uvicorn-log-level",
-    )
-)
 _BOOLEAN_CAPACITY_FLAGS = frozenset(
     (
         "--enable-prefix-caching",
@@ -72,6 +55,15 @@ _BOOLEAN_CAPACITY_FLAGS = frozenset(
         "--disable-log-stats",
     )
 )
+_CAPACITY_FLAGS = _BOOLEAN_CAPACITY_FLAGS | {
+    "--gpu-memory-utilization",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--swap-space",
+    "--cpu-offload-gb",
+    "--block-size",
+    "--uvicorn-log-level",
+}
 
 
 def _answer_args(extra_args: list[Any]) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from rcarun.analysis.protocol import scoring_rule
 from rcarun.analysis.render import render_html
+from rcarun.analysis.results import backbone_providers, run_config
 from rcarun.analysis.viewer.model import (
     CallView,
     PredictionView,
@@ -107,25 +108,6 @@ def _prepare(root: Path) -> None:
         shutil.rmtree(root / name, ignore_errors=True)
     (root / "t").mkdir()
     (root / "assets").mkdir()
-
-
-def _config(run: RunRow) -> Mapping[str, Any]:
-    try:
-        config = json.loads(run.config_json)
-    except ValueError:
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def _providers(config: Mapping[str, Any]) -> dict[str, str]:
-    backbones = config.get("backbones")
-    if not isinstance(backbones, dict):
-        return {}
-    return {
-        str(name): str(b["provider"])
-        for name, b in backbones.items()
-        if isinstance(b, dict) and isinstance(b.get("provider"), str)
-    }
 
 
 def _dataset(config: Mapping[str, Any]) -> Path | None:
@@ -268,9 +250,9 @@ def write_site(store: Store, run: RunRow, directory: Path, report: Mapping[str, 
     """
     root = Path(directory)
     _prepare(root)
-    config = _config(run)
+    config = run_config(run)
     rules = Rules.of_report(report)
-    texts = TextFiles(root, store, _providers(config))
+    texts = TextFiles(root, store, backbone_providers(config))
     writer = _Writer(store, run, root, rules, texts)
     facts = {row.qid: TrajectoryFacts.of(row) for row in store.trajectories(run.run_id)}
     rule = scoring_rule(rules.abstentions, rules.keep_handoff)
