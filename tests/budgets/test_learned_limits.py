@@ -19,6 +19,8 @@ import pytest
 
 from rcarun.backends.types import RateLimitInfo, Usage
 from rcarun.budgets import BackboneGate, BackboneLimits, RateLimiter, RetryPolicy
+from rcarun.budgets.limits import Grant
+from rcarun.budgets.refusals import RefusalCounting
 from rcarun.errors import RateLimited
 
 from .conftest import run_virtual
@@ -30,10 +32,12 @@ _LATENCY_S = 0.05
 
 @dataclass
 class WindowServer:
-    """A strict sliding minute: an arrival is refused when the last 60 s already hold ``rpm`` accepted ones."""
+    """A strict sliding minute: an arrival is refused when the last 60 s already hold ``rpm`` accepted ones
+    (``counts_refusals``: ``rpm`` arrivals, refused ones included, as OpenAI says it counts)."""
 
     rpm: int
     signal: Signal
+    counts_refusals: bool = False
     accepted: deque[float] = field(default_factory=deque)
     log: list[tuple[float, bool]] = field(default_factory=list)
 
@@ -42,8 +46,9 @@ class WindowServer:
             self.accepted.popleft()
         ok = len(self.accepted) < self.rpm
         self.log.append((at, ok))
-        if ok:
+        if ok or self.counts_refusals:
             self.accepted.append(at)
+        if ok:
             return None
         until_one_fits = self.accepted[0] + _WINDOW_S - at
         until_empty = self.accepted[-1] + _WINDOW_S - at  # OpenAI's reset: back to the initial state
@@ -76,7 +81,13 @@ class WindowServer:
         return most
 
 
-def _run(server: WindowServer, limits: BackboneLimits, seconds: float, workers: int = 8) -> BackboneGate:
+def _run(
+    server: WindowServer,
+    limits: BackboneLimits,
+    seconds: float,
+    workers: int = 8,
+    latency_s: float = _LATENCY_S,
+) -> BackboneGate:
     gate = BackboneGate("b", limits, retry=RetryPolicy(max_attempts=1_000, jitter=0.0))
 
     async def main() -> None:
@@ -86,9 +97,9 @@ def _run(server: WindowServer, limits: BackboneLimits, seconds: float, workers: 
             attempt = 0
             while loop.time() < seconds:
                 async with gate.admit(100, 100) as ticket:
-                    await asyncio.sleep(_LATENCY_S / 2)
+                    await asyncio.sleep(latency_s / 2)
                     refusal = server.arrive(loop.time())
-                    await asyncio.sleep(_LATENCY_S / 2)
+                    await asyncio.sleep(latency_s / 2)
                     if refusal is None:
                         ticket.settle(Usage(prompt_tokens=100, completion_tokens=10))
                         attempt = 0
@@ -183,18 +194,26 @@ def test_a_bare_refusal_learns_what_was_accepted_and_probes_upward_but_never_abo
         # A later refusal with more accepted in the window never raises the limit it set.
         gate.on_error(RateLimited("429"), 1)
         seen.append(gate.learned_limits[0])
-        # A refusal-free minute of calls raises it by 5 %, one step per quiet window.
+        # A refusal-free minute of calls (120 a minute, under the limit) sets a probe 5 % up, one step per
+        # quiet window; the limit itself climbs only as requests go over it and are accepted, one at a time.
         end = loop.time() + 61.0
         while loop.time() < end:
             async with gate.admit(10, 10) as ticket:
                 ticket.settle(Usage(prompt_tokens=10, completion_tokens=1))
             await asyncio.sleep(0.5)
         seen.append(gate.learned_limits[0])
+        seen.append(gate._probe_to.get("requests"))
+        for _ in range(100):  # back to back: the window fills to the limit, then goes over one at a time
+            async with gate.admit(10, 10) as ticket:
+                ticket.settle(Usage(prompt_tokens=10, completion_tokens=1))
+        seen.append(gate.learned_limits[0])
         return seen
 
-    learned, again, probed = run_virtual(main)
+    learned, again, untested, target, probed = run_virtual(main)
     assert learned == pytest.approx(180.0, rel=0.02)
     assert again is not None and learned is not None and again <= learned
+    assert untested == again
+    assert target == pytest.approx(again * 1.05)
     assert probed == pytest.approx(again * 1.05)
 
 
@@ -437,3 +456,119 @@ def test_the_count_of_accepted_calls_is_kept_per_time_slot_not_per_call() -> Non
     learned, held = run_virtual(main)
     assert learned == pytest.approx(12_000 * 60 / 40, rel=0.01)
     assert held <= 241
+
+
+@pytest.mark.parametrize(("latency_s", "workers"), [(0.05, 8), (0.5, 32)])
+def test_where_the_provider_does_not_count_refusals_their_room_is_sent_again_as_the_window_frees(
+    latency_s: float, workers: int
+) -> None:
+    # The first minute's 200 leave the server's window from 60 s on. The ten or so requests refused around
+    # 30 s are not in it (a strict window counts what it accepts): kept in the client's log, they held 5 % of
+    # the catch-up back (0.945-0.95 here). One request sent into the room of one of them, accepted, and nothing
+    # refused a round trip later, tells the gate; then they all leave its log.
+    server = WindowServer(rpm=200, signal="bare")
+    gate = _run(server, BackboneLimits(concurrency=workers, rpm=400.0), 130.0, workers, latency_s)
+    assert gate._refusals.counted is False
+    assert server.goodput(20.0, 80.0) >= 0.97
+    assert server.busiest_minute() <= 200
+    first = server.first_refusal()
+    assert first is not None
+    # Nothing refused while the window frees (the learned limit's probe comes a refusal-free minute later).
+    assert [at for at, ok in server.log if not ok and first + 10.0 < at < 110.0] == []
+
+
+@pytest.mark.parametrize(("latency_s", "workers"), [(0.05, 8), (0.5, 32)])
+def test_where_the_provider_counts_refusals_one_trial_shows_it_and_refusals_stay_counted(
+    latency_s: float, workers: int
+) -> None:
+    # OpenAI's rule: refused requests count too. The trial's one request (and what was sent beside it in the
+    # same round trip) is refused; that is the cost of asking, once, and no limit is learned from it. (A bare
+    # 429: a provider that states its limits and reset leaves nothing to ask while the gate waits the reset.)
+    server = WindowServer(rpm=200, signal="bare", counts_refusals=True)
+    gate = _run(server, BackboneLimits(concurrency=workers, rpm=400.0), 400.0, workers, latency_s)
+    assert gate._refusals.counted is True
+    assert gate.learned_limits[0] == pytest.approx(200.0, rel=0.01)
+    first = server.first_refusal()
+    assert first is not None
+    trial = [at for at, ok in server.log if not ok and first + 10.0 < at < first + 40.0]
+    assert 1 <= len(trial) <= 6
+    assert server.goodput(20.0, 80.0) >= 0.9
+    assert server.goodput(120.0, 400.0) >= 0.98
+    refused, total = server.refusals(first + 40.0, 400.0)
+    assert refused < 0.02 * total
+
+
+def test_a_provider_known_to_count_refusals_is_never_asked() -> None:
+    # The openai preset says so from OpenAI's guide: the refused requests stay in the log from the start, no
+    # request is sent into their room, and against a server that does count them nothing more is refused.
+    from rcarun.backends import get_preset
+
+    assert get_preset("openai").counts_refused_requests is True
+    assert get_preset("openai-compatible").counts_refused_requests is None
+    server = WindowServer(rpm=200, signal="bare", counts_refusals=True)
+    limits = BackboneLimits(concurrency=8, rpm=400.0, counts_refused_requests=True)
+    gate = _run(server, limits, 130.0)
+    assert gate._refusals.counted is True and not gate._refusals.deciding
+    first = server.first_refusal()
+    assert first is not None
+    # Nothing refused while the window frees (the learned limit's probe comes a refusal-free minute later).
+    assert [at for at, ok in server.log if not ok and first + 10.0 < at < first + 55.0] == []
+
+
+async def _full_window_with_refusals(
+    refused: int, counted: bool | None
+) -> tuple[RateLimiter, RefusalCounting, list[Grant]]:
+    """A 2-s window holding 10 requests (5 at once, then 5 a second), full after the 10th; ``refused`` of the
+    first ones refused."""
+    limiter = RateLimiter(300.0, None, burst_s=1.0, window_s=2.0)
+    refusals = RefusalCounting(limiter, 2.0, counted=counted)
+    grants = [await limiter.acquire(1) for _ in range(10)]
+    now = asyncio.get_running_loop().time()
+    for grant in grants[:refused]:
+        refusals.refused(grant, now, requests=True, tokens=False, explained=False)
+    return limiter, refusals, grants
+
+
+def test_a_trial_ends_undecided_when_its_request_goes_unanswered_or_a_probe_explains_its_refusal() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        limiter, refusals, grants = await _full_window_with_refusals(refused=3, counted=None)
+        assert refusals.watching and refusals.counted is None
+        assert limiter.room_in_window("requests") == 0.0  # the refusals still hold their room
+        # An admission that fills the window starts the trial: the oldest refusal leaves the log.
+        refusals.admitted(grants[-1], loop.time())
+        assert refusals.deciding and limiter.room_in_window("requests") == 1.0
+        user = await limiter.acquire(1)
+        refusals.admitted(user, loop.time())
+        assert not refusals.watching  # the trial's room is used up
+        refusals.abandoned(user)  # cancelled before any answer: nothing learned
+        assert refusals.counted is None and not refusals.deciding
+        assert limiter.room_in_window("requests") == -1.0  # the trial's refusal counted again
+        # Asked again at the next full window: this time its user is refused, but a probe explains it.
+        refusals.admitted(user, loop.time())
+        assert refusals.deciding and limiter.room_in_window("requests") == 0.0
+        limiter.give_back(user)
+        second_user = await limiter.acquire(1)
+        refusals.admitted(second_user, loop.time())
+        of_trial = refusals.refused(second_user, loop.time(), requests=True, tokens=False, explained=True)
+        assert of_trial and refusals.counted is None and not refusals.deciding
+        assert loop.time() < 2.0  # all inside one window
+
+    run_virtual(main)
+
+
+def test_once_refusals_are_known_not_to_count_a_refusal_their_room_explains_counts_them_again() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        limiter, refusals, _ = await _full_window_with_refusals(refused=3, counted=False)
+        assert limiter.room_in_window("requests") == 3.0  # known not to count: out of the log at once
+        sent = [await limiter.acquire(1) for _ in range(3)]
+        assert limiter.room_in_window("requests") == 0.0
+        # One of them is refused where the window would be over its limit with the three dropped refusals
+        # counted: the provider counted them after all.
+        refusals.refused(sent[0], loop.time(), requests=True, tokens=False, explained=False)
+        assert refusals.counted is True
+        assert limiter.room_in_window("requests") == -3.0
+        assert loop.time() < 2.0
+
+    run_virtual(main)

@@ -145,6 +145,10 @@ class Preset:
             e.g. 60,000 requests/minute may be enforced as 1,000 requests/second", from its rate-limit guide),
             so after a limit is lowered a client paces at limit / 60 rather than sending what leaves the
             provider's window as fast as it leaves (`BackboneLimits.meters_finer_than_window`).
+        counts_refused_requests: the provider counts the requests it refuses against its per-minute limits
+            (OpenAI: "unsuccessful requests contribute to your per-minute limit, so continuously resending a
+            request won't work", from its rate-limit guide); None where no source says, and rcarun asks with one
+            request after the first refusals (`rcarun.budgets.refusals`).
         refusals_count_a_window: a refusal that states no limit means a per-minute limit was reached, so the
             limit can be learned from what was accepted in the last minute (`BackboneGate.learn_from_refusal`).
             False where a 429 means too many requests at once (DeepSeek: concurrency per account), where a
@@ -168,6 +172,7 @@ class Preset:
     context_overflow_markers: tuple[str, ...] = _CONTEXT_MARKERS
     meters_output_budget: bool = False
     meters_finer_than_window: bool = False
+    counts_refused_requests: bool | None = None
     refusals_count_a_window: bool = True
 
 
@@ -210,6 +215,7 @@ register_preset(
         # on the character count of your request" (OpenAI's rate-limit guide).
         meters_output_budget=True,
         meters_finer_than_window=True,
+        counts_refused_requests=True,
     )
 )
 

@@ -37,6 +37,7 @@ from .estimate import TokenEstimator
 from .ledger import Reservation, SpendLedger
 from .limits import MAX_BURST_S, Clock, Grant, RateLimiter
 from .prices import PriceTable
+from .refusals import RefusalCounting
 from .retry import RetryDecision, RetryPolicy
 
 __all__ = ["BackboneGate", "BackboneLimits", "GateStats", "Ticket"]
@@ -74,6 +75,10 @@ class BackboneLimits:
             and the buckets keep the declared pace, so what leaves the provider's window is sent again as fast
             as it leaves (`RateLimiter`, ``window_catch_up``). A refusal while the window holds well under the
             limit shows the finer metering, and the gate turns it on.
+        counts_refused_requests: the provider counts the requests it refuses against its window (OpenAI:
+            "unsuccessful requests contribute to your per-minute limit"), so the limiter keeps them in its window
+            log; False: it counts only what it accepts, so they leave the log. None: asked once, with one
+            request, after the first refusals (`rcarun.budgets.refusals`).
     """
 
     concurrency: int
@@ -86,6 +91,7 @@ class BackboneLimits:
     window_s: float | None = 60.0
     learns_from_refusals: bool = True
     meters_finer_than_window: bool = False
+    counts_refused_requests: bool | None = None
 
     @property
     def client_burst_s(self) -> float:
@@ -212,6 +218,10 @@ class Ticket:
             else usage.total_tokens
         )
         gate.limiter.settle(self._grant, metered)
+        if gate._refusals.deciding:
+            gate._refusals.settled(self._grant, gate._now(), gate._round_trip_s)
+        if gate._probe_to:
+            gate._probe_answered(self._grant, accepted=True)
         gate._note_call_tokens(metered)
         gate._note_completion(usage.completion_tokens)
         gate._note_accepted(
@@ -231,6 +241,10 @@ class Ticket:
         """The attempt ended unsettled: free the budget, keep the tokens (the provider may count them)."""
         if not self._settled:
             self._gate.ledger.release(self._reservation)
+            if self._gate._refusals.deciding:
+                self._gate._refusals.abandoned(self._grant)
+            if self._gate._probe_to:
+                self._gate._probe_answered(self._grant, accepted=False)
 
 
 class _Admission:
@@ -260,6 +274,8 @@ class _Admission:
             grant = await gate.limiter.acquire(
                 estimated_prompt_tokens + gate.expected_output_tokens(max_tokens)
             )
+            if gate._refusals.watching:
+                gate._refusals.admitted(grant, gate._now())
             # The budget reserves what the call may cost, not what it will likely cost: before the first
             # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
             reserved_prompt = (
@@ -352,10 +368,21 @@ class BackboneGate:
         self._probing: set[str] = set()
         # The limit each kind was probed up from, until the next refusal tells whether it was the provider's.
         self._probed_from: dict[str, float] = {}
+        # The limit each kind's probe climbs to, one accepted request at a time (`_probe_answered`).
+        self._probe_to: dict[str, float] = {}
         # Kinds whose limit now is one the provider stated or one counted over a whole window: a window that
         # holds well under it when the provider refuses shows metering finer than the window.
         self._window_limits: set[str] = set()
         self._last_refusal_at = -math.inf
+        # Whether the provider counts refused requests in its window, and the limiter's log kept to match.
+        self._refusals = RefusalCounting(
+            self.limiter, limits.window_s or 60.0, counted=limits.counts_refused_requests
+        )
+        self._last_refused_at = -math.inf
+        # Smoothed seconds from admission to an accepted answer (None before the first).
+        self._round_trip_s: float | None = None
+        # When a limit the limiter paces by last changed (learned, stated, probed).
+        self._limits_changed_at = -math.inf
         # When the refusals since the last accepted call began (None: the last call answered was accepted).
         self._refusing_since: float | None = None
         self._first_accepted_at: float | None = None
@@ -433,8 +460,7 @@ class BackboneGate:
         asked_s = None
         if isinstance(error, RateLimited):
             self._rate_limited += 1
-            sent_at = ticket._grant.admitted_at if ticket is not None else None
-            asked_s = self.learn_from_refusal(error, sent_at=sent_at)
+            asked_s = self.learn_from_refusal(error, grant=ticket._grant if ticket is not None else None)
         decision = self.retry.decide(error, attempt, asked_s=asked_s)
         if decision.stop_backbone:
             return decision
@@ -479,16 +505,19 @@ class BackboneGate:
             self.pause_for(pause)
         return pause
 
-    def learn_from_refusal(self, error: RateLimited, *, sent_at: float | None = None) -> float | None:
+    def learn_from_refusal(
+        self, error: RateLimited, *, sent_at: float | None = None, grant: Grant | None = None
+    ) -> float | None:
         """Set this backbone's limits from a rate-limit refusal; return the pause the refusal calls for.
 
         Which limit refused: the one the headers report exhausted (``remaining`` at zero); when they say
         nothing, tokens if only tokens are declared, else requests. Its limit: the one the provider states in
         the headers; else what the provider accepted from this backbone in the last ``window_s`` (requests, or
         metered tokens), scaled to a minute when this backbone has been sending for less than that — a lower
-        bound of the real limit, probed upward by 5 % after every refusal-free window (`_note_accepted`),
-        never above a declared limit. A refusal lowers a limit, or sets one nothing declared; it never raises
-        one.
+        bound of the real limit, probed upward by up to 5 % after every refusal-free window (`_note_accepted`),
+        one accepted request over it at a time (`_probe_answered`), never above a declared limit; a refusal
+        while a probe is out sets the limit back to the one the probe started from. A refusal lowers a limit,
+        or sets one nothing declared; it never raises one.
 
         The pause: ``Retry-After`` when the provider sends it. Else, from the headers, the time until the
         provider's window holds one more unit of each exhausted limit (`_one_more_s`): a reset within
@@ -497,8 +526,13 @@ class BackboneGate:
         longer limit (per hour or day) and is waited out whole, or the backbone stopped when it is more than
         the retry policy waits. None when the refusal says nothing (a bare 429, an overload 503): the policy's
         backoff, with the limit just learned pacing what follows.
+
+        ``grant``, the refused request's admission (its time is ``sent_at``), keeps the window log as the
+        provider counts refusals (`rcarun.budgets.refusals`).
         """
         now = self._now()
+        if grant is not None:
+            sent_at = grant.admitted_at
         # A request sent a while into a run of refusals with nothing accepted since its first may show the
         # provider's window still full (`_accepted_per_minute`).
         if self._refusing_since is None:
@@ -516,14 +550,27 @@ class BackboneGate:
                 tokens_out = True
             else:
                 requests_out = True
-        if self.limiter.catches_up and self._refused_under_window_limit(requests_out, tokens_out):
+        of_trial = False
+        if grant is not None:
+            explained = bool(self._probed_from) or grant.admitted_at <= max(
+                self._last_refused_at, self._limits_changed_at
+            )
+            of_trial = self._refusals.refused(
+                grant, now, requests=requests_out, tokens=tokens_out, explained=explained
+            )
+        self._last_refused_at = now
+        if (
+            not of_trial
+            and self.limiter.catches_up
+            and self._refused_under_window_limit(requests_out, tokens_out)
+        ):
             self.limiter.pace_at_limits()
         if info is not None:
             self._adopt_stated(info)
             if tokens_out and info.limit_tokens is not None:
                 self._check_token_metering(info.limit_tokens, now)
         counted_rpm = counted_tpm = None
-        if self._may_count(now):
+        if not of_trial and self._may_count(now):
             wait = error.retry_after_s
             if requests_out and (info is None or info.limit_requests is None):
                 counted_rpm = self._accepted_per_minute(
@@ -533,17 +580,27 @@ class BackboneGate:
                 counted_tpm = self._accepted_per_minute(
                     float(self._accepted_tokens), now, self._mean_call_tokens, wait, quiet_s=quiet_s
                 )
-        lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
-        for kind, count in (("requests", counted_rpm), ("tokens", counted_tpm)):
+        # A refusal while a probe climbs above a counted limit: the limit it started from, which held a whole
+        # window, is the provider's (a strict window), unless the window now holds well under it: then the
+        # provider changed, and the count is news. (What the probe climbed to is not: a request over the old
+        # limit may be accepted because the provider's window freed one just before it arrived. And the count
+        # alone reads low by the calls accepted but not answered yet.) Probing again would only draw a refusal
+        # every window.
+        found: set[str] = set()
+        counts = {"requests": counted_rpm, "tokens": counted_tpm}
+        for kind in self._probe_to:
+            self.limiter.allow_one_beyond(kind, 0.0)
+        self._probe_to.clear()
+        for kind, count in counts.items():
             probed_from = self._probed_from.pop(kind, None)
-            if (
-                count is not None
-                and probed_from is not None
-                and abs(count - probed_from) <= 0.02 * probed_from
-            ):
-                # The probe above a counted limit was refused and the window holds that limit again: it is the
-                # provider's, exactly (a strict window). Probing again would only draw a refusal every window.
-                self._probing.discard(kind)
+            if probed_from is not None and (count is None or count >= _PROBE_HELD * probed_from):
+                counts[kind] = probed_from
+                found.add(kind)
+        counted_rpm, counted_tpm = counts["requests"], counts["tokens"]
+        lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
+        self._probing -= found
+        if found:
+            self._counted_at = now  # the count for this window is taken: the rest of the burst is not news
         window = self.limits.window_s or 60.0
         if lowered and self._first_accepted_at is not None and now - self._first_accepted_at >= window:
             # A count over a whole window; in the first window each refusal may lower the estimate again, as
@@ -658,6 +715,8 @@ class BackboneGate:
     def _lower_to(self, rpm: float | None, tpm: float | None, *, probe: bool) -> bool:
         """Pace to these limits where they are lower than today's (or where nothing is paced); True if any was."""
         lowered = self.limiter.lower_limits(rpm, tpm, set_unpaced=True, sent=self._sent_in_window())
+        if lowered:
+            self._limits_changed_at = self._now()
         if probe:
             self._probing |= lowered
         return bool(lowered)
@@ -729,6 +788,9 @@ class BackboneGate:
             accepted.append([slot, 1, used_tokens, budgeted_tokens])
         self._accepted_calls += 1
         self._refusing_since = None
+        round_trip = now - admitted_at
+        previous = self._round_trip_s
+        self._round_trip_s = round_trip if previous is None else previous + 0.1 * (round_trip - previous)
         self._accepted_used += used_tokens
         self._accepted_budgeted += budgeted_tokens
         self._drop_old_accepted(now)
@@ -741,18 +803,47 @@ class BackboneGate:
                 self._probing.discard("requests")
             if raised_tpm is None or (self.limits.tpm is not None and raised_tpm >= self.limits.tpm):
                 self._probing.discard("tokens")
-            pace: dict[str, float] = {}
             for kind, before, raised in (("requests", rpm, raised_rpm), ("tokens", tpm, raised_tpm)):
-                if before is not None and raised is not None:
-                    self._probed_from[kind] = before
-                    # The extra allowance goes out at the limit it probes from, not in a burst at the declared
-                    # pace: where it is refused, one or two requests are, not all it allows.
-                    pace[kind] = before
-            if raised_rpm is None and rpm is not None:
-                raised_rpm = rpm  # not probed (any more): back to its own pace
-            if raised_tpm is None and tpm is not None:
-                raised_tpm = tpm
-            self.limiter.set_limits(raised_rpm, raised_tpm, pace=pace)
+                if before is None or raised is None or not raised > before:
+                    self._probed_from.pop(kind, None)
+                    self._probe_to.pop(kind, None)
+                    continue
+                self._probed_from[kind] = before
+                self._probe_to[kind] = raised
+                # The limit climbs one accepted request at a time (`_probe_answered`): where it was the
+                # provider's, one request is refused, not all the raised limit would let out at once (the window
+                # frees in bursts where it filled in bursts).
+                self.limiter.allow_one_beyond(kind, self._probe_step(kind, raised - before))
+
+    def _probe_step(self, kind: str, per_minute: float) -> float:
+        """What one request may take the window log over its limit by while a probe climbs: one request, or
+        the probe's whole token step."""
+        return 1.0 if kind == "requests" else per_minute * (self.limits.window_s or 60.0) / 60.0
+
+    def _probe_answered(self, grant: Grant, *, accepted: bool) -> None:
+        """A call answered (or ended unanswered) while a probe climbs: if it was the one request over the limit,
+        accepted raises the limit by it, up to the probe's target, and lets the next one go over; unanswered
+        lets another try."""
+        window = self.limits.window_s or 60.0
+        for kind, target in list(self._probe_to.items()):
+            if self.limiter.beyond_serial(kind) != grant.serial:
+                continue
+            current = (
+                self.limiter.requests_per_minute if kind == "requests" else self.limiter.tokens_per_minute
+            )
+            if current is None:
+                continue
+            if accepted:
+                amount = 1.0 if kind == "requests" else float(grant.tokens)
+                current = min(target, current + amount * 60.0 / window)
+                self.limiter.set_limits(
+                    current if kind == "requests" else None, current if kind == "tokens" else None
+                )
+                self._limits_changed_at = self._now()
+            if current < target:
+                self.limiter.allow_one_beyond(kind, self._probe_step(kind, target - current))
+            else:
+                del self._probe_to[kind]
 
     def _sent_in_window(self) -> dict[str, list[tuple[float, float]]]:
         """What the provider accepted in the window, as (time, amount) per slot (each at its slot's end, so it
@@ -884,6 +975,8 @@ _OUTPUT_HEADROOM = 1.25
 # A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
 # edges); below it, the provider meters something the backbone does not.
 _METERING_AGREES = 0.9
+# A refused probe's window holding at least this share of the limit it started from: that limit is the provider's.
+_PROBE_HELD = 0.9
 # Slots per window in the log of accepted calls: a count off by at most one slot's calls (0.4 % of a window).
 _ACCEPTED_SLOTS = 240
 

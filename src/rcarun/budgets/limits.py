@@ -31,7 +31,7 @@ import asyncio
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["MAX_BURST_S", "Clock", "Grant", "RateLimiter"]
@@ -226,9 +226,11 @@ class _WindowLog:
 
     Entries are ``[time, amount, serial]`` in admission (serial) order; a settlement changes its grant's amount
     in place, so the log counts what the provider counted. Memory: one entry per admission in the window.
+    ``beyond``: how far over the cap one admission may take the log (a probe above a learned limit), spent by
+    the first admission that goes over, whose serial is then ``beyond_serial``.
     """
 
-    __slots__ = ("cap", "entries", "held_s", "total", "window_s")
+    __slots__ = ("beyond", "beyond_serial", "cap", "entries", "held_s", "total", "window_s")
 
     def __init__(self, window_s: float, cap: float, slack_s: float = 0.0) -> None:
         self.window_s = window_s
@@ -236,6 +238,8 @@ class _WindowLog:
         self.cap = cap
         self.entries: deque[list[float]] = deque()
         self.total = 0.0
+        self.beyond = 0.0
+        self.beyond_serial: int | None = None
 
     def expire(self, now: float) -> None:
         horizon = now - self.held_s
@@ -249,7 +253,7 @@ class _WindowLog:
         """Seconds until ``weight`` fits in the window (call right after `expire`). A weight above the whole
         cap fits an empty window."""
         tolerance = _LEVEL_TOLERANCE * max(1.0, self.cap)
-        excess = self.total + min(weight, self.cap) - self.cap
+        excess = self.total + min(weight, self.cap) - self.cap - self.beyond
         if excess <= tolerance:
             return 0.0
         for at, amount, _ in self.entries:
@@ -261,6 +265,8 @@ class _WindowLog:
     def add(self, at: float, amount: float, serial: int) -> None:
         self.entries.append([at, amount, float(serial)])
         self.total += amount
+        if self.beyond and self.total > self.cap + _LEVEL_TOLERANCE * max(1.0, self.cap):
+            self.beyond, self.beyond_serial = 0.0, serial
 
     def adjust(self, serial: int, delta: float) -> None:
         """Change the amount of the admission ``serial`` by ``delta`` (never below 0); gone entries are ignored."""
@@ -379,6 +385,11 @@ class RateLimiter:
         return self._admitted
 
     @property
+    def last_serial(self) -> int:
+        """The serial of the latest admission (or settlement charge): every grant admitted so far is at most it."""
+        return self._serial
+
+    @property
     def paused_until(self) -> float:
         """Clock time before which nothing is admitted (-inf when never paused)."""
         return self._paused_until
@@ -444,6 +455,40 @@ class RateLimiter:
         if self._waiting:
             self._admit_ready()
 
+    def allow_one_beyond(self, kind: str, amount: float) -> None:
+        """Let one admission take the window log of ``kind`` up to ``amount`` over its limit (0: none); that
+        admission's serial is then `beyond_serial`. Where the limit is the provider's, one request is refused,
+        not all a raised limit would let out at once."""
+        bucket = self._requests if kind == "requests" else self._tokens
+        if bucket is None or bucket.log is None:
+            return
+        bucket.log.beyond, bucket.log.beyond_serial = amount, None
+        if amount and self._waiting:
+            self._admit_ready()
+
+    def beyond_serial(self, kind: str) -> int | None:
+        """The serial of the admission that went over the limit of ``kind`` by `allow_one_beyond`, if any."""
+        bucket = self._requests if kind == "requests" else self._tokens
+        return bucket.log.beyond_serial if bucket is not None and bucket.log is not None else None
+
+    def uncount(self, grants: Iterable[Grant]) -> None:
+        """Take admitted grants out of the window logs (not the buckets): the provider refused them and did not
+        count them, so they hold no room in its window. `count_again` undoes it while they are in the window."""
+        for grant in grants:
+            self._adjust_logs(grant, -1)
+        if self._waiting:
+            self._admit_ready()
+
+    def count_again(self, grants: Iterable[Grant]) -> None:
+        """Put `uncount`-ed grants back into the window logs (the provider counted them after all)."""
+        for grant in grants:
+            self._adjust_logs(grant, 1)
+
+    def _adjust_logs(self, grant: Grant, sign: int) -> None:
+        for bucket, amount in ((self._requests, 1), (self._tokens, grant.tokens)):
+            if bucket is not None and bucket.log is not None:
+                bucket.log.adjust(grant.serial, sign * amount)
+
     @property
     def requests_per_minute(self) -> float | None:
         """The request limit paced to now, None when requests are unlimited."""
@@ -500,16 +545,13 @@ class RateLimiter:
         tokens_per_minute: float | None,
         *,
         sent: Mapping[str, Sequence[tuple[float, float]]] | None = None,
-        pace: Mapping[str, float] | None = None,
     ) -> bool:
         """Pace to these limits from now on, up or down; None leaves that limit as it is.
 
         A limit on something not paced until now gets a bucket that starts EMPTY: it is set because the
         provider refused or counted what was sent, so its own window is full now. Its window log starts with
         ``sent[kind]``, (time, amount) pairs oldest first of what the provider already counted (the limiter
-        kept no log of a kind it did not pace). ``pace[kind]`` sets that bucket's pace instead of the one the
-        limit gives (a probe above a learned limit sends its extra slowly); the next call without it restores
-        the limit's own. Returns True when anything changed.
+        kept no log of a kind it did not pace). Returns True when anything changed.
         """
         now = self._now()
         changed = False
@@ -519,7 +561,7 @@ class RateLimiter:
             if not limit > 0 or math.isinf(limit):
                 raise ValueError(f"{kind} per minute must be positive and finite, got {limit!r}")
             bucket = self._requests if kind == "requests" else self._tokens
-            wanted_pace = pace[kind] if pace is not None and kind in pace else self._pace_for(kind, limit)
+            wanted_pace = self._pace_for(kind, limit)
             if bucket is None:
                 bucket = _Bucket(
                     limit,
@@ -572,6 +614,23 @@ class RateLimiter:
             return None
         bucket.log.expire(self._now())
         return bucket.log.total
+
+    def room_in_window(self, kind: str, *, after: Grant | None = None) -> float | None:
+        """What the window log of ``kind`` ("requests" or "tokens") still has room for under its limit (negative
+        when over it); None when that kind keeps no window log. ``after``: as right after that grant's
+        admission, not counting the admissions since (waiters admitted together resume one by one)."""
+        bucket = self._requests if kind == "requests" else self._tokens
+        if bucket is None or bucket.log is None:
+            return None
+        log = bucket.log
+        log.expire(self._now())
+        total = log.total
+        if after is not None:
+            for _, amount, serial in reversed(log.entries):
+                if serial <= after.serial:
+                    break
+                total -= amount
+        return log.cap - total
 
     def _pace_for(self, kind: str, limit: float) -> float:
         if not self._catch_up:

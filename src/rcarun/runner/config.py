@@ -132,6 +132,11 @@ class LimitsConfig(_Strict):
         description="the provider also enforces rpm/tpm over shorter spans (OpenAI: per second), so a lowered "
         "limit paces at limit/60 instead of catching up in the window; None: the preset's answer",
     )
+    counts_refused_requests: bool | None = Field(
+        None,
+        description="the provider counts refused requests against rpm/tpm (OpenAI does), so they hold room in "
+        "the window; None: the preset's answer, or asked once with one request where it has none",
+    )
     window_s: float = Field(
         60.0,
         gt=0,

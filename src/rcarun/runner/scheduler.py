@@ -741,6 +741,11 @@ def _build_runtimes(
                     if limits.meters_finer_than_window is not None
                     else get_preset(backbone.provider).meters_finer_than_window
                 ),
+                counts_refused_requests=(
+                    limits.counts_refused_requests
+                    if limits.counts_refused_requests is not None
+                    else get_preset(backbone.provider).counts_refused_requests
+                ),
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,
