@@ -14,13 +14,14 @@ the log is full again with refusals in it, the oldest of them leaves the log on 
 request. Whatever is sent into that room (the admissions the window would not hold with the trial counted) and
 everything sent beside it is watched: where refusals count, the provider's window has no room for that one
 request, so it or a request sent beside it (whose room it took) is refused, and the trial's request is counted
-again for good. If nothing sent since the trial began is refused until a round trip after its users were accepted
-(the requests sent beside them answered too), the provider does not count refusals: every refused request in the
-window leaves the log, as every later one will. Asking costs one refusal, once, where refusals count; it is the
-trial's, so no limit is learned from it (the window it meets holds refusals: counting what the provider accepted
-would read a lower limit). A refusal that a probe above a learned limit, or a limit changed after the request was
-sent, explains decides nothing, nor does a user that ends unanswered: the trial ends undecided and the next full
-log asks again.
+again for good. If nothing sent since the trial began is refused until one and a half round trips after its users
+were accepted (the requests sent beside them answered too), the provider does not count refusals: every refused
+request in the window leaves the log, as every later one will. Where refusals count, asking costs a refusal, once,
+and the requests sent within its round trip (each refused and counted in turn: four at 0.5 s a call and 400 a
+minute, in virtual time); they are the trial's, so no limit is learned from them (the window they meet holds
+refusals: counting what the provider accepted would read a lower limit). A refusal that a probe above a learned
+limit, or a limit changed after the request was sent, explains decides nothing, nor does a user that ends
+unanswered: the trial ends undecided and the next full log asks again.
 
 Once refusals are known not to count, a refusal the dropped room made possible (the window would be over its
 limit with the dropped requests counted, and nothing above explains it) shows that they count after all, or that
