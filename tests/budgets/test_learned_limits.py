@@ -18,10 +18,19 @@ from typing import Literal
 import pytest
 
 from rcarun.backends.types import RateLimitInfo, Usage
-from rcarun.budgets import BackboneGate, BackboneLimits, RateLimiter, RetryPolicy
+from rcarun.budgets import (
+    BackboneGate,
+    BackboneLimits,
+    Budget,
+    Price,
+    PriceTable,
+    RateLimiter,
+    RetryPolicy,
+    SpendLedger,
+)
 from rcarun.budgets.limits import Grant
 from rcarun.budgets.refusals import RefusalCounting
-from rcarun.errors import RateLimited
+from rcarun.errors import BudgetExhausted, RateLimited
 
 from .conftest import run_virtual
 
@@ -570,5 +579,45 @@ def test_once_refusals_are_known_not_to_count_a_refusal_their_room_explains_coun
         assert refusals.counted is True
         assert limiter.room_in_window("requests") == -3.0
         assert loop.time() < 2.0
+
+    run_virtual(main)
+
+
+def test_a_trial_whose_user_never_answers_ends_undecided_a_window_later_and_excuses_nothing() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        limiter, refusals, grants = await _full_window_with_refusals(refused=3, counted=None)
+        refusals.admitted(grants[-1], loop.time())
+        user = await limiter.acquire(1)
+        refusals.admitted(user, loop.time())
+        assert refusals.deciding
+        # The user is lost (no answer, no abandon): a window on, the next event ends the trial undecided, and a
+        # refusal then is news again, not the trial's cost.
+        await asyncio.sleep(2.5)
+        late = await limiter.acquire(1)
+        of_trial = refusals.refused(late, loop.time(), requests=True, tokens=False, explained=False)
+        assert not of_trial and not refusals.deciding and refusals.counted is None
+
+    run_virtual(main)
+
+
+def test_an_admission_given_back_before_it_is_sent_does_not_hold_a_trial() -> None:
+    # A trial's user that the spend budget stops before it is sent: the gate hands its grant back, and the
+    # trial ends undecided instead of waiting for an answer that never comes.
+    prices = PriceTable(default=Price(input_per_mtok=1.0, cached_input_per_mtok=0.5, output_per_mtok=4.0))
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.01)})
+    limits = BackboneLimits(concurrency=4, rpm=600.0, window_s=2.0, burst_s=1.0)
+    gate = BackboneGate("b", limits, prices=prices, ledger=ledger)
+
+    async def main() -> None:
+        grants = [await gate.limiter.acquire(1) for _ in range(20)]  # the 2-s window's 20: full
+        for grant in grants[:3]:
+            gate._refusals.refused(grant, gate._now(), requests=True, tokens=False, explained=False)
+        gate._refusals.admitted(grants[-1], gate._now())
+        assert gate._refusals.deciding and gate._refusals.watching
+        with pytest.raises(BudgetExhausted):
+            async with gate.admit(1_000, 10_000):  # the trial's user, worst case $0.041 > $0.01
+                pytest.fail("admitted over budget")
+        assert not gate._refusals.deciding
 
     run_virtual(main)

@@ -241,10 +241,7 @@ class Ticket:
         """The attempt ended unsettled: free the budget, keep the tokens (the provider may count them)."""
         if not self._settled:
             self._gate.ledger.release(self._reservation)
-            if self._gate._refusals.deciding:
-                self._gate._refusals.abandoned(self._grant)
-            if self._gate._probe_to:
-                self._gate._probe_answered(self._grant, accepted=False)
+            self._gate._never_sent(self._grant)
 
 
 class _Admission:
@@ -287,6 +284,7 @@ class _Admission:
                 reservation = await gate._reserve_when_budget_allows(reserved_prompt, max_tokens)
             except BaseException:
                 gate.limiter.give_back(grant)
+                gate._never_sent(grant)
                 raise
             ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
         except BaseException:
@@ -814,6 +812,14 @@ class BackboneGate:
                 # provider's, one request is refused, not all the raised limit would let out at once (the window
                 # frees in bursts where it filled in bursts).
                 self.limiter.allow_one_beyond(kind, self._probe_step(kind, raised - before))
+
+    def _never_sent(self, grant: Grant) -> None:
+        """An admission that ends without an answer (given back before it was sent, or unsettled): a trial or a
+        probe that counted on its answer does not wait for it."""
+        if self._refusals.deciding:
+            self._refusals.abandoned(grant)
+        if self._probe_to:
+            self._probe_answered(grant, accepted=False)
 
     def _probe_step(self, kind: str, per_minute: float) -> float:
         """What one request may take the window log over its limit by while a probe climbs: one request, or

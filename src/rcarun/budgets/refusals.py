@@ -105,6 +105,7 @@ class RefusalCounting:
 
     def admitted(self, grant: Grant, now: float) -> None:
         """An admission while `watching`: a user of the trial's room, or the full log that starts a trial."""
+        self._expire_trial(now)
         if self._trial is not None:
             self._note_user(grant)
             return
@@ -121,6 +122,7 @@ class RefusalCounting:
     def settled(self, grant: Grant, now: float, round_trip_s: float | None) -> None:
         """An accepted call while `deciding`: the users all accepted, and a round trip later still no refusal
         of anything sent since the trial began, refusals are known not to count."""
+        self._expire_trial(now)
         users = self._users
         if grant.serial in users:
             users.discard(grant.serial)
@@ -138,6 +140,7 @@ class RefusalCounting:
         """A refusal of ``grant`` on the named limits; ``explained``: a probe or a limit changed since it was
         sent accounts for it. True when it is the trial's (sent since a trial began, or refused since and sent
         before it was decided): the question's cost, which says nothing new about the provider's limit."""
+        self._expire_trial(now)
         of_trial = self._of_trial(grant, now)
         if self.counted:
             return of_trial
@@ -156,6 +159,13 @@ class RefusalCounting:
         self._refused_kinds.update(kinds)
         self.watching = self._trial is None or bool(self._trial_room)
         return of_trial
+
+    def _expire_trial(self, now: float) -> None:
+        """A trial still running a window after it began (a user never answered, its room never used) ends
+        undecided: it must not hold the question, or excuse refusals, any longer."""
+        if self._trial is not None and now - self._trial_started_at > self._window_s:
+            self._end_trial_undecided()
+            self._trial_ended_after = None
 
     def _of_trial(self, grant: Grant, now: float) -> bool:
         if self._trial is None and self._trial_ended_after is None:
