@@ -376,6 +376,7 @@ class BackboneGate:
         self._refusals = RefusalCounting(
             self.limiter, limits.window_s or 60.0, counted=limits.counts_refused_requests
         )
+        # When the last refusal came (`_last_refusal_at` also moves at each probe step, for its own pacing).
         self._last_refused_at = -math.inf
         # Smoothed seconds from admission to an accepted answer (None before the first).
         self._round_trip_s: float | None = None
@@ -840,8 +841,7 @@ class BackboneGate:
             if current is None:
                 continue
             if accepted:
-                amount = 1.0 if kind == "requests" else float(grant.tokens)
-                current = min(target, current + amount * 60.0 / window)
+                current = min(target, current + grant.amount(kind) * 60.0 / window)
                 self.limiter.set_limits(
                     current if kind == "requests" else None, current if kind == "tokens" else None
                 )

@@ -61,6 +61,10 @@ class Grant:
     admitted_at: float
     serial: int
 
+    def amount(self, kind: str) -> float:
+        """What it takes of ``kind`` ("requests": one; "tokens": its tokens)."""
+        return 1.0 if kind == "requests" else float(self.tokens)
+
 
 # Level peaks a bucket remembers for refunds (bounds memory and the cost of a refund); grants older than the
 # remembered peaks get no refund, which is safe.
@@ -459,17 +463,17 @@ class RateLimiter:
         """Let one admission take the window log of ``kind`` up to ``amount`` over its limit (0: none); that
         admission's serial is then `beyond_serial`. Where the limit is the provider's, one request is refused,
         not all a raised limit would let out at once."""
-        bucket = self._requests if kind == "requests" else self._tokens
-        if bucket is None or bucket.log is None:
+        log = self._window_log(kind)
+        if log is None:
             return
-        bucket.log.beyond, bucket.log.beyond_serial = amount, None
+        log.beyond, log.beyond_serial = amount, None
         if amount and self._waiting:
             self._admit_ready()
 
     def beyond_serial(self, kind: str) -> int | None:
         """The serial of the admission that went over the limit of ``kind`` by `allow_one_beyond`, if any."""
-        bucket = self._requests if kind == "requests" else self._tokens
-        return bucket.log.beyond_serial if bucket is not None and bucket.log is not None else None
+        log = self._window_log(kind)
+        return log.beyond_serial if log is not None else None
 
     def uncount(self, grants: Iterable[Grant]) -> None:
         """Take admitted grants out of the window logs (not the buckets): the provider refused them and did not
@@ -485,9 +489,10 @@ class RateLimiter:
             self._adjust_logs(grant, 1)
 
     def _adjust_logs(self, grant: Grant, sign: int) -> None:
-        for bucket, amount in ((self._requests, 1), (self._tokens, grant.tokens)):
-            if bucket is not None and bucket.log is not None:
-                bucket.log.adjust(grant.serial, sign * amount)
+        for kind in ("requests", "tokens"):
+            log = self._window_log(kind)
+            if log is not None:
+                log.adjust(grant.serial, sign * grant.amount(kind))
 
     @property
     def requests_per_minute(self) -> float | None:
@@ -609,20 +614,19 @@ class RateLimiter:
     def counted_in_window(self, kind: str) -> float | None:
         """What this limiter admitted of ``kind`` ("requests" or "tokens") in the window, at settled amounts;
         None when that kind keeps no window log."""
-        bucket = self._requests if kind == "requests" else self._tokens
-        if bucket is None or bucket.log is None:
+        log = self._window_log(kind)
+        if log is None:
             return None
-        bucket.log.expire(self._now())
-        return bucket.log.total
+        log.expire(self._now())
+        return log.total
 
     def room_in_window(self, kind: str, *, after: Grant | None = None) -> float | None:
         """What the window log of ``kind`` ("requests" or "tokens") still has room for under its limit (negative
         when over it); None when that kind keeps no window log. ``after``: as right after that grant's
         admission, not counting the admissions since (waiters admitted together resume one by one)."""
-        bucket = self._requests if kind == "requests" else self._tokens
-        if bucket is None or bucket.log is None:
+        log = self._window_log(kind)
+        if log is None:
             return None
-        log = bucket.log
         log.expire(self._now())
         total = log.total
         if after is not None:
@@ -631,6 +635,11 @@ class RateLimiter:
                     break
                 total -= amount
         return log.cap - total
+
+    def _window_log(self, kind: str) -> _WindowLog | None:
+        """The window log of ``kind`` ("requests" or "tokens"); None when that kind keeps none."""
+        bucket = self._requests if kind == "requests" else self._tokens
+        return bucket.log if bucket is not None else None
 
     def _pace_for(self, kind: str, limit: float) -> float:
         if not self._catch_up:
@@ -651,8 +660,7 @@ class RateLimiter:
             if bucket is not None:
                 bucket.refill(now)
                 bucket.refund(amount, grant.serial)
-                if bucket.log is not None:
-                    bucket.log.adjust(grant.serial, -amount)
+        self._adjust_logs(grant, -1)
 
     def _wait_s(self, tokens: int, now: float) -> float:
         wait = max(0.0, self._paused_until - now)

@@ -116,7 +116,7 @@ class RefusalCounting:
             self._refused_kinds.clear()
             self.watching = False
             return
-        if any(self._over_with(kind, _amount(kind, grant), grant) for kind in self._refused_kinds):
+        if any(self._full_after(kind, grant) for kind in self._refused_kinds):
             self._start_trial(now, grant)
 
     def settled(self, grant: Grant, now: float, round_trip_s: float | None) -> None:
@@ -177,7 +177,7 @@ class RefusalCounting:
     def _start_trial(self, now: float, full_after: Grant) -> None:
         trial = self._pending.popleft()
         self._trial = trial
-        self._trial_room = {kind: _amount(kind, trial[1]) for kind in self._refused_kinds}
+        self._trial_room = {kind: trial[1].amount(kind) for kind in self._refused_kinds}
         self._users = set()
         self._decide_at = math.inf
         self._trial_started_after = full_after.serial
@@ -190,28 +190,30 @@ class RefusalCounting:
         """An admission into the trial's room is a user. One that fits with the trial counted shows that the
         window freed more than the trial's room before it was used, which then asks nothing: undecided."""
         room = self._trial_room
-        used = [kind for kind in room if self._over_with(kind, 0.0, grant, trial=True)]
+        used = [kind for kind in room if self._used_trial_room(kind, grant)]
         if not used:
             self._end_trial_undecided()
             return
         self._users.add(grant.serial)
         for kind in used:
-            room[kind] -= _amount(kind, grant)
+            room[kind] -= grant.amount(kind)
             if room[kind] <= 0:
                 del room[kind]
         if not room:
             self.watching = False
 
-    def _over_with(self, kind: str, amount: float, admitted: Grant, *, trial: bool = False) -> bool:
-        """Whether the window of ``kind``, as ``admitted`` left it, would be over its limit with ``amount``
-        more in it (with ``trial``: with the trial's request counted again, whatever of its room is used)."""
+    def _full_after(self, kind: str, admitted: Grant) -> bool:
+        """Whether the window of ``kind``, as ``admitted`` left it, has no room for one more like it."""
         room = self._limiter.room_in_window(kind, after=admitted)
-        if room is None:
-            return False
-        if trial:
-            assert self._trial is not None
-            return room - _amount(kind, self._trial[1]) < 0
-        return amount > 0 and amount > room
+        amount = admitted.amount(kind)
+        return room is not None and amount > 0 and amount > room
+
+    def _used_trial_room(self, kind: str, admitted: Grant) -> bool:
+        """Whether the window of ``kind``, as ``admitted`` left it, would be over its limit with the trial's
+        request counted again: ``admitted`` fits only thanks to the trial's room."""
+        assert self._trial is not None
+        room = self._limiter.room_in_window(kind, after=admitted)
+        return room is not None and room - self._trial[1].amount(kind) < 0
 
     def _dropped_room_refused(self, now: float, kinds: Iterable[str]) -> bool:
         """Known not to count, yet refused where the window would be over its limit with the dropped refusals
@@ -224,7 +226,7 @@ class RefusalCounting:
             return False
         for kind in kinds:
             room = self._limiter.room_in_window(kind)
-            if room is not None and sum(_amount(kind, grant) for grant in dropped) > room:
+            if room is not None and sum(grant.amount(kind) for grant in dropped) > room:
                 self.counted = True
                 self._limiter.count_again(dropped)
                 self._uncounted.clear()
@@ -258,7 +260,3 @@ class RefusalCounting:
         self._trial, self._trial_room, self._users, self._decide_at = None, {}, set(), math.inf
         self._trial_ended_after = self._limiter.last_serial
         self.deciding = False
-
-
-def _amount(kind: str, grant: Grant) -> float:
-    return 1.0 if kind == "requests" else float(grant.tokens)
