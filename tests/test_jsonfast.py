@@ -3,6 +3,7 @@ the same error. The canonical JSON is the call cache's key, so a single differin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from typing import Any
@@ -82,3 +83,60 @@ def test_renderings_are_the_standard_librarys_bytes_for_random_values(seed: int)
         assert _outcome(jsonfast.dumps_compact, value) == _outcome(
             lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode(), value
         )
+
+
+def _parsed(function: Any, document: str | bytes) -> tuple[str, str]:
+    """What parsing gave, told apart where ``==`` would not: 1 from 1.0, -0.0 from 0.0, nan from nan."""
+    try:
+        return "value", repr(function(document))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return type(error).__name__, str(error)
+
+
+def _random_document(rng: random.Random) -> str:
+    value = _random_value(rng)
+    try:
+        text = json.dumps(value, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1]))
+    except (TypeError, ValueError):
+        text = "{}"
+    damage = rng.randrange(8)
+    if damage == 0 and text:
+        position = rng.randrange(len(text))
+        text = text[:position] + rng.choice([",", "}", "\x01", "\\", '"', "1" * 25, "]"]) + text[position:]
+    elif damage == 1:
+        text = "\ufeff" + text
+    elif damage == 2:
+        text = f"  {text}\n\n"
+    return text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parsing_gives_the_standard_librarys_value_or_error_for_random_documents(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(3_000):
+        text = _random_document(rng)
+        documents: list[str | bytes] = [text, text.encode("utf-8", "surrogatepass")]
+        with contextlib.suppress(UnicodeEncodeError):  # an unpaired surrogate: no UTF-16 can carry it
+            documents.append(text.encode("utf-16"))
+        for document in documents:
+            assert _parsed(jsonfast.loads, document) == _parsed(json.loads, document), document
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "18446744073709551616",  # 2**64: orjson alone would read a float
+        "-9223372036854775809",  # -(2**63) - 1
+        '{"step": 123456789012345678901234567890}',
+        "[1e400, -1e400]",
+        "NaN",
+        '"\\ud800"',
+        "\ufeff[1]",
+        '{"a": 1, "a": 2}',
+        "[1,]",
+        "[" * 5_000 + "]" * 5_000,
+    ],
+)
+def test_parsing_what_orjson_reads_otherwise_or_refuses(document: str) -> None:
+    for given in (document, document.encode("utf-8", "surrogatepass")):
+        assert _parsed(jsonfast.loads, given) == _parsed(json.loads, given)

@@ -10,8 +10,14 @@ separators, ``ensure_ascii=False``) render strings, integers, booleans and null 
 written with an exponent (``1e-05`` against ``1e-5``), on numbers beyond 64 bits, on NaN, on keys that are not
 strings and on unpaired surrogates. A value holding any of those, or anything but dicts, lists, tuples and those
 scalars, is rendered by ``json`` instead (which also raises its own errors). `tests/test_jsonfast.py` checks
-the agreement on random values. Parsing stays with ``json``: orjson reads an integer beyond 64 bits as a float,
-and telling those apart afterwards costs what it saves.
+the agreement on random values.
+
+Parsing (`loads`) goes the same way: a sweep parses three documents a call (the trajectory file, the provider's
+answer body, the model's JSON answer), 2.9 us each with ``json`` for a bench body of 1.3 KB, 1.9 with orjson
+behind its screen. orjson refuses everything ``json`` reads but it does not (NaN, 1e400, an unpaired surrogate
+escape, a byte-order mark, UTF-16), and the standard library then parses it, raising its own errors; the one
+thing orjson reads differently without refusing it is an integer beyond 64 bits (as a float), so a text holding
+19 digits in a row anywhere (one pass of ``bytes.translate``) is parsed by ``json`` too.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["dumps_canonical", "dumps_compact"]
+__all__ = ["dumps_canonical", "dumps_compact", "loads"]
 
 _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
@@ -51,6 +57,23 @@ def dumps_compact(value: Any) -> bytes:
         except orjson.JSONEncodeError:
             pass
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def loads(document: str | bytes) -> Any:
+    """``json.loads(document)``, faster: the same value, or the same error (see the module docstring)."""
+    screened = document.encode("utf-8", "surrogatepass") if type(document) is str else document
+    if _LONG_DIGIT_RUN not in screened.translate(_DIGITS_AS_ZERO):
+        try:
+            return orjson.loads(document)
+        except orjson.JSONDecodeError:
+            pass  # NaN, an unpaired surrogate, UTF-16, or not JSON: the standard library decides, in its words
+    return json.loads(document)
+
+
+# Every byte to a space but the ASCII digits, which become "0": a run of 19 of them may be an integer beyond
+# 64 bits (2**63 has 19 digits), which orjson would read as a float.
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
 
 
 def _orjson_renders_as_json(value: Any) -> bool:

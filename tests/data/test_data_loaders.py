@@ -350,6 +350,27 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert (raised.value.path, raised.value.record) == (str(missing), "src/9")
 
 
+@pytest.mark.parametrize("padding", [0, 65_536 - 400, 65_536, 65_536 * 3 + 7])
+def test_files_of_any_size_are_read_whole(
+    padding: int, write_record: RecordWriter, good_record: dict[str, Any]
+) -> None:
+    # Around the loader's first read (64 KiB), where a larger file is sized and read in one more call.
+    good_record["history"][2]["content"] = "x" * padding
+    file = write_record(good_record)
+    raw = file.read_bytes()
+    record = load_trajectory_file(file, "src")
+    assert record.trajectory.steps[2].content == "x" * padding
+    assert record.trajectory.sha256 == hashlib.sha256(raw).hexdigest()
+
+
+def test_a_directory_named_like_a_record_is_not_readable(tmp_path: Path) -> None:
+    directory = tmp_path / "src" / "4.json"
+    directory.mkdir(parents=True)
+    with pytest.raises(DataError, match="cannot read file: Is a directory") as raised:
+        load_trajectory_file(directory, "src")
+    assert (raised.value.path, raised.value.record) == (str(directory), "src/4")
+
+
 def test_duplicate_qids_within_a_dataset(write_record: RecordWriter) -> None:
     first = write_record(_longrca("dup__001"), source="a", name="dup__001")
     second = write_record(_longrca("dup__001"), source="b", name="dup__001")

@@ -99,3 +99,11 @@ def test_who_and_when_handoffs_are_orchestrator_instructions_to_recorded_agents(
             assert handoff.sender == "Orchestrator"
             assert normalize_role(handoff.recipient) in agents
     assert found > 20  # every Magentic-One log hands off; the AG2 group chats never do
+
+
+def test_long_names_follow_the_same_rule_as_short_ones() -> None:
+    # Short names are remembered (a sweep meets the same few), long ones computed each time: one rule for both.
+    for stem in ("Planner", "P" * 400):
+        assert normalize_role(f"  {stem}  Agent (-> Coder) ") == f"{stem.casefold()} agent"
+        assert normalize_role(f"{stem} (-> Coder)", keep_handoff=True) == f"{stem.casefold()} (-> coder)"
+        assert normalize_role(f"{stem} (-> Coder)") == stem.casefold()

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from rcarun import jsonfast
 from rcarun.backends.presets import Preset
 from rcarun.backends.ratelimits import longest_reset_s, parse_rate_limit_headers
 from rcarun.backends.settings import BackendSettings, redact_secrets
@@ -301,7 +302,7 @@ def _load_json(body: bytes) -> Any:
     try:
         # json.loads skips leading whitespace itself; the strip also covers bodies that are only blank lines.
         stripped = body.strip()
-        return json.loads(stripped) if stripped else None
+        return jsonfast.loads(stripped) if stripped else None
     except (ValueError, UnicodeDecodeError):
         return None
 

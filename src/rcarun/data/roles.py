@@ -27,6 +27,7 @@ Other suffixes (``"Orchestrator (thought)"``) are not handoffs.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -64,8 +65,20 @@ def normalize_role(role: str, *, keep_handoff: bool = False) -> str:
     Returns:
         The normal form; ``""`` when nothing is left.
     """
+    if len(role) <= _MEMO_MAX_CHARS:
+        return _memo_normal_form(role, keep_handoff)
+    return _normal_form(role, keep_handoff)
+
+
+def _normal_form(role: str, keep_handoff: bool) -> str:
     trimmed = role.strip() if keep_handoff else strip_handoff_suffix(role)
     return " ".join(unicodedata.normalize("NFKC", trimmed).casefold().split())
+
+
+# A sweep normalises the same few agent names for every record it loads and every answer it scores; a bounded
+# memo of the short ones (agent names are) saves the regex and NFKC each time, and its size stays fixed.
+_MEMO_MAX_CHARS = 200
+_memo_normal_form = functools.lru_cache(maxsize=4096)(_normal_form)
 
 
 def role_matches(predicted: str | None, reference: str, *, keep_handoff: bool = False) -> bool:

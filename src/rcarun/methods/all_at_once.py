@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from importlib import resources
-from string import Template
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
@@ -66,6 +64,7 @@ from rcarun.methods.context import (
     task_text,
 )
 from rcarun.methods.llm import LLM, Message, Reply
+from rcarun.methods.prompt_files import load_prompt
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import method
 
@@ -114,14 +113,14 @@ def render_log(trajectory: Trajectory, *, step_numbers: bool, step_char_cap: int
     return render_steps(trajectory.steps, step_numbers=step_numbers, step_char_cap=step_char_cap)
 
 
+# `json.dumps(schema, ensure_ascii=False)` (the prompt's text, so its cache key, stays the same) without
+# building an encoder for every prompt.
+_SCHEMA_JSON = json.JSONEncoder(ensure_ascii=False)
+
 _MAX_RESULT_CHARS = 12_000
 _MIN_RESULT_CHARS = 500
 # Conservative characters per token for sizing tool results to the context left (most tokenizers give more).
 _RESULT_CHARS_PER_TOKEN = 3
-
-
-def _load_prompt(name: str) -> Template:
-    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
 
 class AllAtOnce(Method):
@@ -130,16 +129,16 @@ class AllAtOnce(Method):
     def __init__(self, label: str, options: AllAtOnceOptions) -> None:
         self.label = label
         self.options = options
-        self._system = _load_prompt("all_at_once_system.txt").template.strip()
-        self._user = _load_prompt("all_at_once_user.txt")
-        self._agentic_user = _load_prompt("all_at_once_agentic_user.txt")
+        self._system = load_prompt("all_at_once_system.txt").template.strip()
+        self._user = load_prompt("all_at_once_user.txt")
+        self._agentic_user = load_prompt("all_at_once_agentic_user.txt")
 
     def build_messages(
         self, trajectory: Trajectory, llm: TokenCounter, schema: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """The prompt for ``trajectory``, and what truncation (if any) was applied to fit ``llm``'s context."""
         schema = schema if schema is not None else answer_schema(trajectory)
-        schema_text = json.dumps(schema, ensure_ascii=False)
+        schema_text = _SCHEMA_JSON.encode(schema)
         agents = ", ".join(trajectory.agents)
         step_format = (
             'Each step is shown as "[step k] agent: content".'

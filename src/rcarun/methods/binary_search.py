@@ -47,8 +47,6 @@ import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
-from string import Template
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt
@@ -68,6 +66,7 @@ from rcarun.methods.context import (
     truncation_summary,
 )
 from rcarun.methods.llm import LLM, Message, Reply
+from rcarun.methods.prompt_files import load_prompt
 from rcarun.methods.registry import method
 
 __all__ = [
@@ -175,18 +174,14 @@ def read_half(reply: Reply) -> HalfChoice:
     return HalfChoice(None, reason, "half is missing or not 'earlier' or 'later'")
 
 
-def _load_prompt(name: str) -> Template:
-    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
-
-
 class BinarySearch(Method):
     """Recursive halving of the log with one ``bisect`` call per level, down to a single step."""
 
     def __init__(self, label: str, options: BinarySearchOptions) -> None:
         self.label = label
         self.options = options
-        self._system = _load_prompt("binary_search_system.txt").template.strip()
-        self._user = _load_prompt("binary_search_user.txt")
+        self._system = load_prompt("binary_search_system.txt").template.strip()
+        self._user = load_prompt("binary_search_user.txt")
         self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
 
     @property

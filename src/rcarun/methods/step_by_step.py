@@ -57,8 +57,6 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
-from string import Template
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt
@@ -78,6 +76,7 @@ from rcarun.methods.context import (
     truncation_summary,
 )
 from rcarun.methods.llm import LLM, Message, Reply
+from rcarun.methods.prompt_files import load_prompt
 from rcarun.methods.registry import method
 
 __all__ = [
@@ -166,18 +165,14 @@ def read_verdict(reply: Reply) -> Verdict:
     return Verdict("yes" if flag else "no", reason)
 
 
-def _load_prompt(name: str) -> Template:
-    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
-
-
 class StepByStep(Method):
     """One ``step_check`` call per step, from step 0, until a step is judged to introduce the decisive error."""
 
     def __init__(self, label: str, options: StepByStepOptions) -> None:
         self.label = label
         self.options = options
-        self._system = _load_prompt("step_by_step_system.txt").template.strip()
-        self._user = _load_prompt("step_by_step_user.txt")
+        self._system = load_prompt("step_by_step_system.txt").template.strip()
+        self._user = load_prompt("step_by_step_user.txt")
         self._schema_text = json.dumps(ANSWER_SCHEMA, ensure_ascii=False)
 
     def worst_case(self, trajectory: Trajectory, counter: TokenCounter) -> CostBound:

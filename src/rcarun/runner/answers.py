@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from rcarun import jsonfast
 from rcarun.text import repair_surrogates
 
 __all__ = ["parse_json_answer"]
@@ -45,7 +46,7 @@ def parse_json_answer(text: str, schema: Mapping[str, Any] | None = None) -> tup
     if not stripped:
         return None, "empty answer"
     try:
-        return _storable(json.loads(stripped)), None
+        return _storable(jsonfast.loads(stripped)), None
     except json.JSONDecodeError as exc:
         whole_error = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     body = _OPEN_THINKING.sub("", _THINKING.sub(" ", stripped)).strip()

@@ -115,6 +115,8 @@ _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _SWITCH_INTERVAL_S = 0.0005
 # The collector's first-generation threshold during a sweep (`_collector_tuned_for_sweeps`); Python's is 700.
 _YOUNG_GC_THRESHOLD = 10_000
+# `json.dumps(output, ensure_ascii=False, default=str)` for every prediction, without an encoder built per call.
+_OUTPUT_JSON = json.JSONEncoder(ensure_ascii=False, default=str)
 # SQLite's INTEGER range: a step beyond it is no step of any trajectory.
 _INT64 = range(-(2**63), 2**63)
 
@@ -1192,7 +1194,7 @@ def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribu
             role_valid=attribution.role_valid,
             step_valid=attribution.step_valid and storable_step is not None,
             abstained=attribution.abstained,
-            output_json=repair_surrogates(json.dumps(attribution.output, ensure_ascii=False, default=str)),
+            output_json=repair_surrogates(_OUTPUT_JSON.encode(attribution.output)),
             error=repair_surrogates(attribution.error[:2000]) if attribution.error is not None else None,
             fallback=repair_surrogates(attribution.fallback[:2000])
             if attribution.fallback is not None

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from string import Template
 
 from rcarun.data import Step, Trajectory
 from rcarun.methods.context import Truncation, TruncationPolicy, cut_middle, fit_prompt
@@ -24,12 +22,9 @@ from rcarun.methods.falat.schemas import FailurePoint, locate_schema, verify_sch
 from rcarun.methods.falat.search import Candidate, path_to_failure
 from rcarun.methods.falat.step_types import StepType, TypedStep
 from rcarun.methods.llm import LLM, Message
+from rcarun.methods.prompt_files import PromptTemplate, load_prompt
 
 __all__ = ["Templates", "locate_messages", "render_step", "verify_messages", "weighted_caps"]
-
-
-def _load_prompt(name: str) -> Template:
-    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,16 +32,16 @@ class Templates:
     """FALAT's prompt texts: the system prompt shared by both stages and the two user prompts."""
 
     system: str
-    locate: Template
-    verify: Template
+    locate: PromptTemplate
+    verify: PromptTemplate
 
     @classmethod
     def load(cls) -> Templates:
         """The texts from ``rcarun/methods/prompts``."""
         return cls(
-            system=_load_prompt("falat_system.txt").template.strip(),
-            locate=_load_prompt("falat_locate_user.txt"),
-            verify=_load_prompt("falat_verify_user.txt"),
+            system=load_prompt("falat_system.txt").template.strip(),
+            locate=load_prompt("falat_locate_user.txt"),
+            verify=load_prompt("falat_verify_user.txt"),
         )
 
 

@@ -107,8 +107,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from importlib import resources
-from string import Template
 from typing import Any, Literal
 
 from pydantic import PositiveInt, model_validator
@@ -119,6 +117,7 @@ from rcarun.methods._options import MethodOptions, parse_options
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import TruncationPolicy, cut_middle, fit_prompt, ground_truth_line, task_text
 from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.prompt_files import load_prompt
 from rcarun.methods.registry import method
 
 from .candidates import DEFAULT_CAP, CandidatePool, pool_candidates
@@ -277,10 +276,6 @@ def uniform_ids(n_steps: int, count: int) -> tuple[int, ...]:
     return tuple(((2 * i + 1) * n_steps) // (2 * count) for i in range(count))
 
 
-def _load(name: str) -> Template:
-    return Template(resources.files("rcarun.methods").joinpath("prompts", name).read_text(encoding="utf-8"))
-
-
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -424,17 +419,19 @@ class RCTA(Method):
         }
         self.ablation: Ablation | None = options.ablation
         self._segmentation = options.segmentation_config()
-        self._summary_system = _load("rcta_summary_system.txt").template.strip()
-        self._summary_user = _load("rcta_summary_user.txt")
-        self._outline_system = _load("rcta_outline_system.txt").template.strip()
-        self._outline_user = _load("rcta_outline_user.txt")
+        self._summary_system = load_prompt("rcta_summary_system.txt").template.strip()
+        self._summary_user = load_prompt("rcta_summary_user.txt")
+        self._outline_system = load_prompt("rcta_outline_system.txt").template.strip()
+        self._outline_user = load_prompt("rcta_outline_user.txt")
         backward = (
-            "" if self.ablation == "no-a3" else "\n" + _load("rcta_attribution_backward.txt").template.strip()
+            ""
+            if self.ablation == "no-a3"
+            else "\n" + load_prompt("rcta_attribution_backward.txt").template.strip()
         )
         self._attribution_system = (
-            _load("rcta_attribution_system.txt").substitute(backward_rules=backward).strip()
+            load_prompt("rcta_attribution_system.txt").substitute(backward_rules=backward).strip()
         )
-        self._attribution_user = _load("rcta_attribution_user.txt")
+        self._attribution_user = load_prompt("rcta_attribution_user.txt")
 
     # --- shared prompt pieces ------------------------------------------------------------------------------
 
