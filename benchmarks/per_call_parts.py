@@ -11,23 +11,32 @@ Parts: rendering a request (the canonical JSON and the body sent: the standard l
 6 against 1) on a bench request body and on the bundled Who&When trajectories, with the sizes; and (issue 19)
 what the store writer does with each new blob, compressing it (level 1, before migration 4) against
 `rcarun.store.blobs.blob_columns` (text up to 64 KiB kept as is, larger blobs compressed); and (later) a row's
-timestamp and the call cache key, each before and after.
+timestamp and the call cache key, each before and after; and (later still) reading a trajectory file (``open``
+against `rcarun.data.loaders`' four system calls), parsing JSON (``json`` against `rcarun.jsonfast.loads`),
+filling the all-at-once prompt (`string.Template` against `rcarun.methods.prompt_files.PromptTemplate`) and
+normalising an agent's name (computed against remembered).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import tempfile
 import timeit
 import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import rcarun.data
 from rcarun import jsonfast
+from rcarun.data.loaders import _read_file as read_file
+from rcarun.data.roles import _normal_form, normalize_role
+from rcarun.methods.prompt_files import load_prompt
 from rcarun.runner.cache import call_cache_key
 from rcarun.store.blobs import blob_columns, compress_blob
 from rcarun.store.rows import utc_timestamp
@@ -61,6 +70,67 @@ def _body(prompt_chars: int, rng: random.Random) -> dict[str, Any]:
         "temperature": 0.0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "attribution", "schema": schema}},
     }
+
+
+def _add_loading_and_prompt_parts(
+    rows: list[tuple[str, float, float]], trajectories: list[bytes], response: bytes
+) -> None:
+    """The parts of the later cut: reading a trajectory file, parsing JSON, filling a prompt, a role's name."""
+    with tempfile.TemporaryDirectory(prefix="rcarun-parts-") as tmp:
+        files = []
+        for index, blob in enumerate(trajectories):
+            file = os.path.join(tmp, f"{index}.json")
+            Path(file).write_bytes(blob)
+            files.append(file)
+
+        def read_with_open() -> None:
+            for file in files:
+                with open(file, "rb") as handle:
+                    handle.read()
+
+        rows.append(
+            (
+                f"read each bundled Who&When file ({len(files)})",
+                best_us(read_with_open, 200) / len(files),
+                best_us(lambda: [read_file(file) for file in files], 200) / len(files),
+            )
+        )
+    for label, document, number in (
+        ("parse a bundled Who&When file", trajectories[0], 2_000),
+        (f"parse a raw response body ({len(response):,} B)", response, 20_000),
+    ):
+        rows.append(
+            (
+                label,
+                best_us(lambda document=document: json.loads(document), number),  # type: ignore[misc]
+                best_us(lambda document=document: jsonfast.loads(document), number),  # type: ignore[misc]
+            )
+        )
+    prompt = load_prompt("all_at_once_user.txt")
+    names = {
+        "task": "Find the value asked for and report it.",
+        "ground_truth": "",
+        "agents": "Orchestrator, WebSurfer, Coder",
+        "n_steps": 7,
+        "step_format": 'Each step is shown as "[step k] agent: content".',
+        "log": "[step 0] Orchestrator: plan\n" * 30,
+        "truncation_note": "",
+        "schema": json.dumps(_body(0, random.Random(0))["response_format"], ensure_ascii=False),
+    }
+    rows.append(
+        (
+            "fill the all-at-once prompt",
+            best_us(lambda: Template(prompt.template).substitute(**names), 20_000),
+            best_us(lambda: prompt.substitute(**names), 20_000),
+        )
+    )
+    rows.append(
+        (
+            "normalise an agent's name",
+            best_us(lambda: _normal_form("WebSurfer (-> Coder)", False), 100_000),
+            best_us(lambda: normalize_role("WebSurfer (-> Coder)"), 100_000),
+        )
+    )
 
 
 def main() -> None:
@@ -164,6 +234,7 @@ def main() -> None:
             ),
         )
     )
+    _add_loading_and_prompt_parts(rows, trajectories, response)
     sizes = [
         (len(zlib.compress(blob, 6)), len(zlib.compress(blob, 1)), len(blob))
         for blob in [bench_blob, *trajectories]
