@@ -14,10 +14,11 @@ the agreement on random values.
 
 Parsing (`loads`) goes the same way: a sweep parses three documents a call (the trajectory file, the provider's
 answer body, the model's JSON answer), 2.9 us each with ``json`` for a bench body of 1.3 KB, 1.9 with orjson
-behind its screen. orjson refuses everything ``json`` reads but it does not (NaN, 1e400, an unpaired surrogate
-escape, a byte-order mark, UTF-16), and the standard library then parses it, raising its own errors; the one
-thing orjson reads differently without refusing it is an integer beyond 64 bits (as a float), so a text holding
-19 digits in a row anywhere (one pass of ``bytes.translate``) is parsed by ``json`` too.
+behind its screen. What ``json`` reads and orjson does not (NaN, 1e400, an unpaired surrogate escape, a
+byte-order mark, UTF-16), orjson refuses, and the standard library then parses it, raising its own errors; the
+one thing orjson reads differently without refusing it is an integer beyond 64 bits (as a float), so a text
+holding 19 digits in a row anywhere (one pass of ``bytes.translate``, about 0.5 us a kilobyte) is parsed by
+``json`` too.
 """
 
 from __future__ import annotations
