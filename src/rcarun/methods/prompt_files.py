@@ -24,11 +24,11 @@ class PromptTemplate(Template):
         super().__init__(template)
         # Literal text at even positions, placeholder names at odd ones; None where the text holds a "$" that
         # starts no placeholder (`string.Template.substitute` raises for it, with its own message).
+        self._pieces: tuple[str, ...] | None = None
         pieces: list[str] = []
         literal_start = 0
         for match in self.pattern.finditer(template):
             if match.group("invalid") is not None:
-                self._pieces: tuple[str, ...] | None = None
                 return
             name = match.group("named") or match.group("braced")
             if name is None:  # "$$"
