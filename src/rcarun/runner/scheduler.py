@@ -229,8 +229,9 @@ def _iter_records(
 # A producer loads this many records (or records holding this many characters of steps, whichever comes first)
 # back to back before it queues their items, instead of one record each time a queue slot frees. The loader's
 # code and data are then warm: in the bench's latency-bound run, where every call is a trajectory of its own,
-# a call took 0.92 of its CPU time (docs/performance.md, "Reading ahead"). The records wait in memory until
-# their items are queued, so both bounds cap what the read-ahead adds to a producer's memory.
+# a call takes 0.945 of the CPU it took (median of 10 paired runs; batches of 16 and 64 gave about 0.975 and
+# 0.955: docs/performance.md, "Reading ahead"). The records wait in memory until their items are queued, so
+# both bounds cap what the read-ahead adds to a producer's memory.
 _READ_AHEAD_RECORDS = 256
 _READ_AHEAD_CHARS = 4 * 2**20
 
