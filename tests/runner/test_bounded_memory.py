@@ -7,8 +7,7 @@ elements — and size every container found. A set of trajectory ids, a dict of 
 list of results or the run's finished keys would each hold hundreds of entries here; what the sweep needs (the
 items in flight, a trajectory's steps, the config) holds a few dozen at most. The store writer is left out of the
 walk: its queue and its memory of recent blobs have bounds of their own, tested in tests/store. Two structures
-do grow with the sweep and are named below with the reason they may (`_GROWS_BY_DESIGN`); one more may hold
-more than a few dozen entries but never more than a constant (`_BOUNDED_BY_A_CONSTANT`). Nothing is timed.
+do grow with the sweep and are named below with the reason they may (`_GROWS_BY_DESIGN`). Nothing is timed.
 """
 
 from __future__ import annotations
@@ -53,16 +52,10 @@ _GROWS_BY_DESIGN = {
     # rcarun.data.loaders: a duplicate qid can come at any point of the walk, and its message names the first.
     "_deliver:first_seen": "the qids the dataset walk has met (a qid per trajectory read)",
 }
-# Containers that may hold more than `_MOST_ENTRIES` entries, but never more than their bound, however large the
-# sweep: each one's path (its end) and that bound.
-# The read-ahead is set below the dataset's size here (`_small_read_ahead`), so that midway the dataset walk is
-# still going and its own structures are seen.
+# A producer loads a batch of records before it queues their items (`scheduler._READ_AHEAD_RECORDS`, 256). Here
+# the batch is set below `_MOST_ENTRIES` and the dataset's size, so that a read-ahead overrunning its bound shows
+# as unexplained, and midway the dataset walk is still going and its own structures are seen.
 _READ_AHEAD = 16
-_BOUNDED_BY_A_CONSTANT = {
-    # rcarun.runner.scheduler: a producer loads a batch of records before it queues their items.
-    "_read_ahead:batch": _READ_AHEAD,
-    "_read_ahead:met": _READ_AHEAD,
-}
 # Tasks that are not the sweep's: the simulator's, and the store writer's (its batch has its own bound).
 _NOT_THE_SWEEPS = ("rcarun/store/writer.py",)
 
@@ -229,15 +222,7 @@ async def _sweep(
 
 
 def _unexplained(found: list[_Container]) -> list[_Container]:
-    return [
-        c
-        for c in found
-        if c.entries > _MOST_ENTRIES
-        and not c.path.endswith(tuple(_GROWS_BY_DESIGN))
-        and not any(
-            c.path.endswith(end) and c.entries <= most for end, most in _BOUNDED_BY_A_CONSTANT.items()
-        )
-    ]
+    return [c for c in found if c.entries > _MOST_ENTRIES and not c.path.endswith(tuple(_GROWS_BY_DESIGN))]
 
 
 def _entries_of(found: list[_Container], path_end: str) -> int:
