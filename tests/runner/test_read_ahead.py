@@ -83,38 +83,39 @@ class _CountingWalk:
             yield record
 
 
+def _loaded_when_taken(monkeypatch: pytest.MonkeyPatch, dataset: Path, **bounds: int) -> list[int]:
+    """For each record the producer takes, how many records the walk had loaded by then (bounds: the module's
+    `_READ_AHEAD_*` constants to set, by name)."""
+    for name, value in bounds.items():
+        monkeypatch.setattr(scheduler, name, value)
+    walk = _CountingWalk()
+    monkeypatch.setattr(scheduler, "_iter_records", walk)
+    events = scheduler._read_ahead(_config(dataset), None, None)
+    return [walk.loaded for event in events if not isinstance(event, DataError)]
+
+
 def test_no_more_than_a_batch_of_records_is_loaded_ahead_of_the_producer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler, "_READ_AHEAD_RECORDS", 6)
-    walk = _CountingWalk()
-    monkeypatch.setattr(scheduler, "_iter_records", walk)
-    events = scheduler._read_ahead(_config(_write_dataset(tmp_path, 40)), None, None)
+    loaded = _loaded_when_taken(monkeypatch, _write_dataset(tmp_path, 40), _READ_AHEAD_RECORDS=6)
 
-    loaded_when_taken = []
-    for event in events:
-        if not isinstance(event, DataError):
-            loaded_when_taken.append(walk.loaded)
-    # Problems count towards a batch as records do: both are held until the producer takes them.
-    assert walk.loaded == 40 - len(_BAD)
-    assert all(loaded - index <= 6 for index, loaded in enumerate(loaded_when_taken))
-    # The first batch: records 0-2, the problem of 3, records 4-5; the second: 6-8, the problems of 9 and 10, 11.
-    assert loaded_when_taken[:10] == [5] * 5 + [9] * 4 + [15]
+    assert len(loaded) == 40 - len(_BAD)
+    assert all(count - index <= 6 for index, count in enumerate(loaded))
+    # Problems count towards a batch as records do (both are held until the producer takes them). The first batch:
+    # records 0-2, the problem of 3, records 4-5; the second: 6-8, the problems of 9 and 10, 11.
+    assert loaded[:10] == [5] * 5 + [9] * 4 + [15]
 
 
 def test_a_batch_ends_once_its_records_hold_the_character_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Each record here holds three steps of about 1,000 characters: 3,000 characters a record.
-    monkeypatch.setattr(scheduler, "_READ_AHEAD_CHARS", 7_000)
-    walk = _CountingWalk()
-    monkeypatch.setattr(scheduler, "_iter_records", walk)
-    events = scheduler._read_ahead(_config(_write_dataset(tmp_path, 12, content_chars=1_000)), None, None)
+    dataset = _write_dataset(tmp_path, 12, content_chars=1_000)
 
-    loaded_when_taken = [walk.loaded for event in events if not isinstance(event, DataError)]
+    loaded = _loaded_when_taken(monkeypatch, dataset, _READ_AHEAD_CHARS=7_000)
 
     # Nine good records (3, 9 and 10 are bad), three to a batch: the third reaches 9,000 characters.
-    assert loaded_when_taken == [3, 3, 3, 6, 6, 6, 9, 9, 9]
+    assert loaded == [3, 3, 3, 6, 6, 6, 9, 9, 9]
 
 
 def test_a_strict_datasets_error_comes_after_every_record_met_before_it(
