@@ -97,9 +97,11 @@ def test_fairness_miniature() -> None:
     for row in rows:
         assert row.server_429 == 0 or row.client != "rcarun"
     ours = rows[0]
-    # Declared limits are never exceeded at the server, and each item's queueing delay was measured.
+    # Declared limits are never exceeded at the server, and the items' queueing delays were measured (there is no
+    # ratio below ten). Not that the median item waited: in this miniature its wait ran from 0.05 to 20 ms over
+    # ten runs, and the call rows stamp to the millisecond, so a run where it waits less reads 0.
     assert ours.server_max_overshoot == 0
-    assert ours.median_delay_ms > 0
+    assert ours.delay_ratio is not None
     text = format_table(rows)
     assert "delay top decile / median" in text
 
