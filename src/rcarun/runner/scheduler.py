@@ -260,9 +260,9 @@ def _read_ahead(
         except Exception:
             yield from met
             raise
-        batch = met.copy()
+        # The walk is paused while the batch is handed on: nothing is added to it meanwhile.
+        yield from met
         met.clear()
-        yield from batch
         if exhausted:
             return
 
