@@ -22,7 +22,7 @@ from rcarun.bench import (
 )
 from rcarun.bench.clients import unavailable_reason
 from rcarun.bench.metrics import Allowance, ResultRow, allowance_used
-from rcarun.bench.throughput import format_markdown, median_rows, round_order
+from rcarun.bench.throughput import format_markdown, format_table, median_rows, round_order
 
 _FIELDS = {
     "name",
@@ -186,21 +186,40 @@ def test_rounds_rotate_the_clients_so_each_runs_in_every_position() -> None:
     assert round_order(clients, 3) == orders[0]
 
 
-def _row(ratio: float, wall_s: float) -> ResultRow:
+def _row(
+    ratio: float, wall_s: float, client: str = "rcarun", cpu_ms_per_call: float = 1.0, calls: int = 10
+) -> ResultRow:
     return ResultRow(
         name="concurrency-cap",
-        client="rcarun",
-        calls=10,
+        client=client,
+        calls=calls,
         wall_s=wall_s,
         achieved_rps=ratio * 320,
         ceiling_rps=320.0,
         ratio=ratio,
         server_429=0,
         server_max_overshoot=0.0,
-        cpu_ms_per_call=1.0,
+        cpu_ms_per_call=cpu_ms_per_call,
         peak_rss_mb=60.0,
-        recorded_calls=10,
+        recorded_calls=10 if client == "rcarun" else 0,
     )
+
+
+def test_the_table_gives_rcaruns_cpu_per_call_against_the_leanest_peers() -> None:
+    rows = [
+        _row(0.97, 1.0, cpu_ms_per_call=0.69),
+        _row(0.88, 1.0, client="naive-gather", cpu_ms_per_call=1.93),
+        _row(0.96, 1.0, client="aiolimiter-loop", cpu_ms_per_call=0.345),
+        # A peer that completed nothing has no CPU per call worth comparing against.
+        _row(0.0, 1.0, client="litellm-router", cpu_ms_per_call=0.01, calls=0),
+    ]
+
+    text = format_table(rows)
+
+    assert "rcarun's CPU per call / leanest peer's (aiolimiter-loop): 2.00" in text
+    assert "rcarun's ratio / best peer's (aiolimiter-loop): 1.010" in text
+    assert "leanest peer" not in format_table(rows[:1])  # no peer ran
+    assert "leanest peer" not in format_table(rows[1:])  # rcarun did not run
 
 
 def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> None:
