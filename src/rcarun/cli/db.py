@@ -20,10 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rcarun.analysis import resolve_run
-from rcarun.analysis.results import backbone_providers, run_config
-from rcarun.analysis.viewer.model import reason_and_evidence
-from rcarun.analysis.viewer.texts import prompt_text
 from rcarun.backends import get_preset, parse_completion
 from rcarun.cli.analysis import check_names, open_results
 from rcarun.cli.output import survives_closed_stdout
@@ -153,6 +149,8 @@ class _Reader:
 
 
 def _call_json(reader: _Reader, call: sqlite3.Row) -> dict[str, Any]:
+    from rcarun.analysis.viewer.texts import prompt_text
+
     request = reader.blob(call["request_sha256"])
     answer, reasoning = reader.answer(call)
     fields = (
@@ -169,6 +167,8 @@ def _call_json(reader: _Reader, call: sqlite3.Row) -> dict[str, Any]:
 
 
 def _prediction_json(row: sqlite3.Row, reference: sqlite3.Row | None) -> dict[str, Any]:
+    from rcarun.analysis.viewer.model import reason_and_evidence
+
     try:
         output = json.loads(row["output_json"]) if row["output_json"] else {}
     except ValueError:
@@ -222,6 +222,8 @@ def _check_qid(store: Store, run: RunRow, qid: str) -> None:
 
 
 def _show_document(args: argparse.Namespace, store: Store, run: RunRow) -> dict[str, Any]:
+    from rcarun.analysis.results import backbone_providers, run_config
+
     reader = _Reader(store, backbone_providers(run_config(run)))
     connection = store.connection
     if args.call is not None:
@@ -397,6 +399,8 @@ def _show_text(document: Mapping[str, Any], full: bool) -> str:
 
 @survives_closed_stdout
 def _cmd_show(args: argparse.Namespace, db: Path) -> int:
+    from rcarun.analysis import resolve_run
+
     with open_results(db) as store:
         run = resolve_run(store, args.run or os.environ.get("RCARUN_RUN") or None)
         document = _show_document(args, store, run)
@@ -497,6 +501,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _search_rows(store: Store) -> Iterator[dict[str, Any]]:
+    from rcarun.analysis.results import backbone_providers, run_config
+    from rcarun.analysis.viewer.model import reason_and_evidence
+
     runs = {run.run_id: run for run in store.runs()}
     readers = {run_id: _Reader(store, backbone_providers(run_config(run))) for run_id, run in runs.items()}
     calls = store.connection.execute(

@@ -20,14 +20,16 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rcarun.analysis import ChargedCost, charged_costs, resolve_run
 from rcarun.cli.analysis import check_names, open_results
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, StoreError
 from rcarun.runner import SweepConfig, load_sweep_config
 from rcarun.runner.estimate import DEFAULT_SAMPLES, ChanceRange, EstimateRow, SweepEstimate, estimate_sweep
+
+if TYPE_CHECKING:
+    from rcarun.analysis import ChargedCost  # the analysis (numpy) loads only with `--against`
 
 __all__ = [
     "Comparison",
@@ -138,6 +140,8 @@ def _measured(
     """The run's paid tokens per backbone × method, shared requests charged in the config's method order."""
     if not db.is_file():
         raise StoreError(f"{db}: no such results database (run the sweep first)")
+    from rcarun.analysis import charged_costs, resolve_run
+
     with open_results(db) as store:
         run = resolve_run(store, run_name)
         return run.name, charged_costs(store, run.run_id, [m.resolved_label for m in config.methods])
@@ -201,6 +205,8 @@ def _percent(error: float | None, width: int) -> str:
 
 def _compare(estimate: SweepEstimate, measured: dict[tuple[str, str], ChargedCost]) -> list[Comparison]:
     """Each row, then each method over its backbones (a method's range is drawn jointly over them)."""
+    from rcarun.analysis import ChargedCost
+
     nothing = ChargedCost("", "", 0, 0, 0, 0, 0.0)
 
     def comparison(
