@@ -220,6 +220,14 @@ def test_the_table_gives_rcaruns_cpu_per_call_against_the_leanest_peers() -> Non
     assert "rcarun's ratio / best peer's (aiolimiter-loop): 1.010" in text
     assert "leanest peer" not in format_table(rows[:1])  # no peer ran
     assert "leanest peer" not in format_table(rows[1:])  # rcarun did not run
+    cells = {line.split(" | ")[1]: line.split(" | ")[9] for line in format_markdown(rows).splitlines()[2:]}
+    assert cells == {
+        "rcarun": "2.00",
+        "naive-gather": "5.59",
+        "aiolimiter-loop": "1.00",
+        "litellm-router": "—",
+    }
+    assert format_markdown(rows[:1]).splitlines()[2].split(" | ")[9] == "—"
 
 
 def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> None:

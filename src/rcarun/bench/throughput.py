@@ -446,17 +446,25 @@ def _ratio_text(row: ResultRow) -> str:
 
 
 def format_markdown(rows: Sequence[ResultRow]) -> str:
-    """One Markdown table of every scenario and client (what docs/performance.md shows)."""
+    """One Markdown table of every scenario and client (what docs/performance.md shows); each client's CPU per call
+    is also given over the scenario's leanest peer's (see `format_table`)."""
     lines = [
         "| scenario | client | req/s | counted req/s | ceiling | ratio | server 429s | overshoot | CPU ms/call "
-        "| peak RSS MB | recorded | scenario figures |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| CPU / leanest peer's | peak RSS MB | recorded | scenario figures |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    leanest = {
+        name: _leanest_peer([row for row in rows if row.name == name]) for name in {row.name for row in rows}
+    }
     for row in rows:
+        lean = leanest[row.name]
+        relative = (
+            "—" if lean is None or row.calls == 0 else f"{row.cpu_ms_per_call / lean.cpu_ms_per_call:.2f}"
+        )
         lines.append(
             f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.window_rps:.1f} | {row.ceiling_rps:.1f} "
             f"| {_ratio_text(row)} "
-            f"| {row.server_429} | {row.server_max_overshoot:g} | {row.cpu_ms_per_call:.2f} | {row.peak_rss_mb:.0f} "
-            f"| {row.recorded_calls} | {headline(row)} |"
+            f"| {row.server_429} | {row.server_max_overshoot:g} | {row.cpu_ms_per_call:.2f} | {relative} "
+            f"| {row.peak_rss_mb:.0f} | {row.recorded_calls} | {headline(row)} |"
         )
     return "\n".join(lines)
