@@ -428,7 +428,7 @@ def format_table(rows: Sequence[ResultRow]) -> str:
             lines.append(f"{'':<{width}} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         leanest = _leanest_peer(group)
         if ours is not None and leanest is not None:
-            # CPU per call moves with the machine's spell (every client's rose by a tenth to a fifth between two
+            # CPU per call moves with the machine's spell (every client's rose by a tenth to a half between
             # spells of one day here); the ratio to a peer of the same rounds moves far less (docs/performance.md).
             lines.append(
                 f"{'':<{width}} rcarun's CPU per call / leanest peer's ({leanest.client}): "
