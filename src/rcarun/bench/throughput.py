@@ -398,6 +398,17 @@ def _leanest_peer(group: Sequence[ResultRow]) -> ResultRow | None:
     return min(peers, key=lambda row: row.cpu_ms_per_call) if peers else None
 
 
+def _cpu_over_leanest(row: ResultRow, leanest: ResultRow | None) -> float | None:
+    """``row``'s CPU per call over the leanest peer's; None without a peer, or for a client that completed nothing.
+
+    CPU per call moves with the machine's spell (every client's rose by a tenth to a half between spells of one day
+    here); this ratio, against a peer of the same rounds, moves far less (docs/performance.md).
+    """
+    if leanest is None or row.calls == 0:
+        return None
+    return row.cpu_ms_per_call / leanest.cpu_ms_per_call
+
+
 def format_table(rows: Sequence[ResultRow]) -> str:
     """The human-readable report: one line per client, then per scenario rcarun's ratio against the best
     peer's and its CPU per call against the leanest peer's."""
@@ -427,12 +438,10 @@ def format_table(rows: Sequence[ResultRow]) -> str:
             relative = ours.ratio / best.ratio if best.ratio else float("inf")
             lines.append(f"{'':<{width}} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         leanest = _leanest_peer(group)
-        if ours is not None and leanest is not None:
-            # CPU per call moves with the machine's spell (every client's rose by a tenth to a half between
-            # spells of one day here); the ratio to a peer of the same rounds moves far less (docs/performance.md).
+        cpu_relative = None if ours is None else _cpu_over_leanest(ours, leanest)
+        if leanest is not None and cpu_relative is not None:
             lines.append(
-                f"{'':<{width}} rcarun's CPU per call / leanest peer's ({leanest.client}): "
-                f"{ours.cpu_ms_per_call / leanest.cpu_ms_per_call:.2f}"
+                f"{'':<{width}} rcarun's CPU per call / leanest peer's ({leanest.client}): {cpu_relative:.2f}"
             )
         lines.append("")
     return "\n".join(lines).rstrip()
@@ -457,10 +466,8 @@ def format_markdown(rows: Sequence[ResultRow]) -> str:
         name: _leanest_peer([row for row in rows if row.name == name]) for name in {row.name for row in rows}
     }
     for row in rows:
-        lean = leanest[row.name]
-        relative = (
-            "—" if lean is None or row.calls == 0 else f"{row.cpu_ms_per_call / lean.cpu_ms_per_call:.2f}"
-        )
+        cpu_relative = _cpu_over_leanest(row, leanest[row.name])
+        relative = "—" if cpu_relative is None else f"{cpu_relative:.2f}"
         lines.append(
             f"| {row.name} | {row.client} | {row.achieved_rps:.1f} | {row.window_rps:.1f} | {row.ceiling_rps:.1f} "
             f"| {_ratio_text(row)} "

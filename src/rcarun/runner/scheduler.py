@@ -240,7 +240,7 @@ def _read_ahead(
     config: SweepConfig, manifest: Manifest | None, limit: int | None
 ) -> Iterator[Record | DataError]:
     """`_iter_records` (at most ``limit`` records) and the problems it meets, in the order met, loaded a batch at
-    a time (`_READ_AHEAD_RECORDS`).
+    a time (`_READ_AHEAD_RECORDS` records or `_READ_AHEAD_CHARS` characters of steps, whichever comes first).
 
     Every walk of the dataset sees the same events in the same order, as `_TrajectoryRecorder` needs. An error
     (a strict dataset's first problem) is raised once the events met before it are delivered.
