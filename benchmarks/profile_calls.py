@@ -149,13 +149,20 @@ def main() -> None:
                     )
 
 
+# perf report's column separator: a tab, which no share, thread or library name holds.
+_FIELDS = "\t"
+
+
 def _perf_shares(
     scenario: Scenario, base_url: str, dataset: Path, workdir: Path, data: Path, top: int
 ) -> str:
     """One run under ``perf record`` (this process only, from just before the run to its end; threads started
     during the run are followed): the ``top`` largest shares of the samples by thread and shared object."""
     recorder = subprocess.Popen(
-        ["perf", "record", "--quiet", "-F", "2000", "-p", str(os.getpid()), "-o", str(data)],
+        [
+            *("perf", "record", "--quiet", "-e", "cpu-clock", "-F", "2000"),
+            *("-p", str(os.getpid()), "-o", str(data)),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -178,9 +185,6 @@ def _perf_shares(
         check=True,
     ).stdout
     return format_perf_shares(report, os.getpid(), top)
-
-
-_FIELDS = "\t"
 
 
 def format_perf_shares(report: str, main_tid: int, top: int) -> str:
