@@ -1,0 +1,187 @@
+"""What aiohttp costs a call, beside the least an asyncio HTTP client could: the price of the default transport.
+
+Issue 17 asks for 0.6 ms of CPU per call in the bench's latency-bound scenario, and docs/performance.md finds
+aiohttp's share of a call the largest single part left. This script posts the same JSON body to the bench's
+simulator (its own process, 100 ms latency) with 64 requests in flight, in alternating rounds, two ways:
+
+- **aiohttp**: one `ClientSession` over a 64-connection `TCPConnector`, as rcarun's default transport uses it
+  (`rcarun.backends.transports.AiohttpTransport`: `session.post`, the body read whole);
+- **bare protocol**: 64 keep-alive connections, each an `asyncio.Protocol` that writes the request in one
+  `transport.write` and reads a ``Content-Length`` response. It has no timeouts, redirects, chunked bodies,
+  compression, TLS or error handling: a floor for what any HTTP client on asyncio could cost, not a client.
+
+It prints the process's CPU per post for each round and the ratio of the medians. Usage:
+
+    .venv/bin/python benchmarks/http_client_floor.py              # 3,200 posts a round, four rounds each
+    .venv/bin/python benchmarks/http_client_floor.py --pin        # the simulator on CPU 0, the client on CPU 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from rcarun.bench.scenarios import get_scenario
+from rcarun.bench.throughput import scenario_server
+
+IN_FLIGHT = 64
+BODY = json.dumps(
+    {
+        "model": "sim-bench",
+        "messages": [{"role": "system", "content": "x" * 300}, {"role": "user", "content": "y" * 800}],
+        "max_tokens": 256,
+        "temperature": 0,
+        "response_format": {"type": "json_object"},
+    }
+).encode()
+
+
+class _BareConnection(asyncio.Protocol):
+    """One keep-alive connection: one request at a time, a response read by its Content-Length."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._answer: asyncio.Future[tuple[int, bytes]] | None = None
+        self._status = 0
+        self._body_length: int | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        try:
+            self._read_response()
+        except (ValueError, KeyError, IndexError) as error:  # not the response this client can read
+            self._fail(ConnectionError(f"unreadable response: {error!r}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionError(f"connection lost: {exc!r}"))
+
+    def _read_response(self) -> None:
+        if self._body_length is None:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = bytes(self._buffer[:end]).split(b"\r\n")
+            del self._buffer[: end + 4]
+            self._status = int(lines[0].split(b" ", 2)[1])
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            self._body_length = int(headers[b"content-length"])
+        if len(self._buffer) >= self._body_length and self._answer is not None:
+            body = bytes(self._buffer[: self._body_length])
+            del self._buffer[: self._body_length]
+            self._body_length = None
+            self._answer.set_result((self._status, body))
+
+    def _fail(self, error: Exception) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(error)
+
+    def post(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        assert self.transport is not None
+        self._answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self._answer
+
+
+async def _bare(base_url: str, posts: int) -> float:
+    url = urlsplit(base_url)
+    assert url.hostname is not None and url.port is not None, base_url
+    host, port = url.hostname, url.port
+    head = (
+        f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer bench\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    remaining = iter(range(posts))
+
+    async def worker() -> None:
+        _, connection = await loop.create_connection(_BareConnection, host, port)
+        try:
+            for _ in remaining:
+                status, _body = await connection.post(head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+                assert status == 200, status
+        finally:
+            assert connection.transport is not None
+            connection.transport.close()
+
+    started = time.process_time()
+    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    return time.process_time() - started
+
+
+async def _aiohttp(base_url: str, posts: int) -> float:
+    connector = aiohttp.TCPConnector(limit=IN_FLIGHT, limit_per_host=IN_FLIGHT, keepalive_timeout=60.0)
+    timeout = aiohttp.ClientTimeout(total=600, sock_connect=30)
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "Authorization": "Bearer bench",
+    }
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+        url = f"{base_url}/chat/completions"
+        remaining = iter(range(posts))
+
+        async def worker() -> None:
+            for _ in remaining:
+                async with session.post(url, data=BODY, headers=headers) as response:
+                    await response.read()
+                    assert response.status == 200, response.status
+
+        started = time.process_time()
+        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+        return time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--posts", type=int, default=3200, help="posts a round (default 3,200)")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="rounds of each client, alternating (default 4)"
+    )
+    parser.add_argument("--pin", action="store_true", help="the simulator on CPU 0, this process on CPU 1")
+    args = parser.parse_args()
+    scenario = dataclasses.replace(get_scenario("latency-bound", quick=False), calls=args.posts)
+    clients: dict[str, Callable[[str, int], Coroutine[Any, Any, float]]] = {
+        "aiohttp": _aiohttp,
+        "bare protocol": _bare,
+    }
+    per_post: dict[str, list[float]] = {name: [] for name in clients}
+    with scenario_server(scenario) as server:
+        if args.pin:
+            os.sched_setaffinity(server.pid, {0})
+            os.sched_setaffinity(0, {1})
+        for round_number in range(1, args.rounds + 1):
+            for name, client in clients.items():
+                server.reset()
+                cpu_s = asyncio.run(client(server.base_url, args.posts))
+                per_post[name].append(cpu_s * 1000 / args.posts)
+                print(
+                    f"round {round_number}  {name:<14} {per_post[name][-1]:.3f} ms of CPU a post", flush=True
+                )
+    medians = {name: statistics.median(values) for name, values in per_post.items()}
+    print(
+        f"medians: aiohttp {medians['aiohttp']:.3f}, bare protocol {medians['bare protocol']:.3f} ms a post; "
+        f"aiohttp costs {medians['aiohttp'] - medians['bare protocol']:.3f} ms a post more "
+        f"({medians['aiohttp'] / medians['bare protocol']:.1f} x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`benchmarks/http_client_floor.py`, behind docs/performance.md's figure for what aiohttp costs a call: both
+clients complete their posts against the bench's simulator and the script reports each round and the medians."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "http_client_floor.py"
+
+
+def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--posts", "200", "--rounds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # Each client asserts a 200 for every post: a refused or unread post fails the run.
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    rounds = [
+        re.match(r"round (\d)  (aiohttp|bare protocol)\s+([\d.]+) ms of CPU a post$", line)
+        for line in lines[:-1]
+    ]
+    assert [(m[1], m[2]) for m in rounds if m] == [
+        ("1", "aiohttp"),
+        ("1", "bare protocol"),
+        ("2", "aiohttp"),
+        ("2", "bare protocol"),
+    ], lines
+    assert all(float(m[3]) > 0 for m in rounds if m)
+    medians = re.match(
+        r"medians: aiohttp ([\d.]+), bare protocol ([\d.]+) ms a post; aiohttp costs (-?[\d.]+) ms a post more",
+        lines[-1],
+    )
+    assert medians, lines[-1]
+    aiohttp_ms, bare_ms, difference_ms = (float(medians[i]) for i in (1, 2, 3))
+    assert (
+        difference_ms == round(aiohttp_ms - bare_ms, 3)
+        or abs(difference_ms - (aiohttp_ms - bare_ms)) < 0.0015
+    )
