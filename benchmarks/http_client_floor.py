@@ -4,8 +4,8 @@ Issue 17 asks for 0.6 ms of CPU per call in the bench's latency-bound scenario, 
 aiohttp's share of a call the largest single part left. This script posts the same JSON body to the bench's
 simulator (its own process, 100 ms latency) with 64 requests in flight, in alternating rounds, two ways:
 
-- **aiohttp**: one `ClientSession` over a 64-connection `TCPConnector`, as rcarun's default transport uses it
-  (`rcarun.backends.transports.AiohttpTransport`: `session.post`, the body read whole);
+- **aiohttp**: rcarun's default transport itself (`rcarun.backends.transports.AiohttpTransport`, a pool of 64
+  connections: the body rendered by `rcarun.jsonfast`, posted, read whole);
 - **bare protocol**: 64 keep-alive connections, each an `asyncio.Protocol` that writes the request in one
   `transport.write` and reads a ``Content-Length`` response. It has no timeouts, redirects, chunked bodies,
   compression, TLS or error handling: a floor for what any HTTP client on asyncio could cost, not a client.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -29,21 +28,20 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
+from rcarun.backends.settings import BackendSettings
+from rcarun.backends.transports import AiohttpTransport
 from rcarun.bench.scenarios import get_scenario
 from rcarun.bench.throughput import scenario_server
+from rcarun.jsonfast import dumps_compact
 
 IN_FLIGHT = 64
-BODY = json.dumps(
-    {
-        "model": "sim-bench",
-        "messages": [{"role": "system", "content": "x" * 300}, {"role": "user", "content": "y" * 800}],
-        "max_tokens": 256,
-        "temperature": 0,
-        "response_format": {"type": "json_object"},
-    }
-).encode()
+BODY: dict[str, Any] = {
+    "model": "sim-bench",
+    "messages": [{"role": "system", "content": "x" * 300}, {"role": "user", "content": "y" * 800}],
+    "max_tokens": 256,
+    "temperature": 0,
+    "response_format": {"type": "json_object"},
+}
 
 
 class _BareConnection(asyncio.Protocol):
@@ -106,16 +104,19 @@ async def _bare(base_url: str, posts: int) -> float:
     host, port = url.hostname, url.port
     head = (
         f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
-        "Content-Type: application/json\r\nAccept: application/json\r\nAuthorization: Bearer bench\r\n"
+        "Content-Type: application/json\r\nAccept: application/json\r\n"
     ).encode()
     loop = asyncio.get_running_loop()
     remaining = iter(range(posts))
+    # The bytes the transport renders for every post; the bare client renders them once.
+    body = dumps_compact(BODY)
+    request = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
     async def worker() -> None:
         _, connection = await loop.create_connection(_BareConnection, host, port)
         try:
             for _ in remaining:
-                status, _body = await connection.post(head + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+                status, _body = await connection.post(request)
                 assert status == 200, status
         finally:
             assert connection.transport is not None
@@ -127,26 +128,23 @@ async def _bare(base_url: str, posts: int) -> float:
 
 
 async def _aiohttp(base_url: str, posts: int) -> float:
-    connector = aiohttp.TCPConnector(limit=IN_FLIGHT, limit_per_host=IN_FLIGHT, keepalive_timeout=60.0)
-    timeout = aiohttp.ClientTimeout(total=600, sock_connect=30)
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json",
-        "Authorization": "Bearer bench",
-    }
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
-        url = f"{base_url}/chat/completions"
-        remaining = iter(range(posts))
+    settings = BackendSettings(
+        name="floor", provider="simulated", model="sim-bench", base_urls=(base_url,), pool_size=IN_FLIGHT
+    )
+    transport = AiohttpTransport(settings, api_key=None)
+    remaining = iter(range(posts))
 
-        async def worker() -> None:
-            for _ in remaining:
-                async with session.post(url, data=BODY, headers=headers) as response:
-                    await response.read()
-                    assert response.status == 200, response.status
+    async def worker() -> None:
+        for _ in remaining:
+            response = await transport.post_chat(base_url, BODY)
+            assert response.status == 200, response.status
 
+    try:
         started = time.process_time()
         await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
         return time.process_time() - started
+    finally:
+        await transport.aclose()
 
 
 def main() -> None:
