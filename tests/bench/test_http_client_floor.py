@@ -3,6 +3,7 @@ clients complete their posts against the bench's simulator and the script report
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -43,3 +44,24 @@ def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
         difference_ms == round(aiohttp_ms - bare_ms, 3)
         or abs(difference_ms - (aiohttp_ms - bare_ms)) < 0.0015
     )
+
+
+def test_another_client_is_posted_beside_them_or_skipped_with_a_line_saying_why() -> None:
+    name, module = "pyreqwest", "pyreqwest"
+    installed = importlib.util.find_spec(module) is not None
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--posts", "100", "--rounds", "1", "--client", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    if installed:
+        assert re.match(rf"round 1  {name}\s+[\d.]+ ms of CPU a post$", lines[2]), lines
+        assert re.match(rf"median: {name} [\d.]+ ms a post \([\d.]+ x aiohttp's\)$", lines[3]), lines
+    else:
+        assert lines[0] == f"skipped: {name}: {module} is not installed", lines
+        assert [line.split()[2] for line in lines[1:3]] == ["aiohttp", "bare"], lines
+    assert lines[-1].startswith("medians: aiohttp "), lines
