@@ -104,7 +104,10 @@ class BareConnection(asyncio.Protocol):
     def post(self, request: bytes) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
         assert self.transport is not None
         self._answer = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
+        if self.transport.is_closing():  # the server hung up while the connection sat idle
+            self._answer.set_exception(ConnectionError("connection lost: closed while idle"))
+        else:
+            self.transport.write(request)
         return self._answer
 
 

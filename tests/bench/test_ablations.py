@@ -59,8 +59,9 @@ def test_each_variant_answers_every_call_and_records_what_it_keeps() -> None:
 
 
 def test_a_lost_connection_is_a_transport_error_as_rcarun_transports_raise() -> None:
-    """The bare transport against a server that reads the request and hangs up without answering: the post fails
-    with the error rcarun's runner records a failed call by (`TransportError`), not a hang or a stray error."""
+    """The bare transport against a server that answers the first request and hangs up, and hangs up on every
+    later one without answering: the post on the connection closed while idle and the post cut off both fail with
+    the error rcarun's runner records a failed call by (`TransportError`), not a hang or a stray error."""
     done = subprocess.run(
         [sys.executable, "-c", _LOST_CONNECTION_RUN, str(SCRIPT.parent)],
         capture_output=True,
@@ -69,7 +70,11 @@ def test_a_lost_connection_is_a_transport_error_as_rcarun_transports_raise() -> 
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "TransportError: bare-http lost"
+    assert done.stdout.splitlines() == [
+        "200",
+        "TransportError: bare-http lost",
+        "TransportError: bare-http lost",
+    ]
 
 
 _LOST_CONNECTION_RUN = """
@@ -79,16 +84,24 @@ from ablations import BareTransport
 from rcarun.errors import TransportError
 
 async def main():
-    async def hang_up(reader, writer):
+    answered = []
+    async def answer_once_then_hang_up(reader, writer):
         await reader.readuntil(b"\\r\\n\\r\\n")
+        if not answered:
+            answered.append(True)
+            writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+            await writer.drain()
         writer.close()
-    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = await asyncio.start_server(answer_once_then_hang_up, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
     transport = BareTransport(None, None)
-    try:
-        await transport.post_chat(f"http://127.0.0.1:{port}/v1", {"model": "m", "messages": []})
-    except TransportError as error:
-        print("TransportError:", str(error).split(":")[0], "lost" if "connection lost" in str(error) else error)
+    print((await transport.post_chat(url, {"model": "m", "messages": []})).status)
+    await asyncio.sleep(0.2)  # the hang-up reaches the idle connection
+    for _ in range(2):  # the idle connection, then a new one cut off before its answer
+        try:
+            await asyncio.wait_for(transport.post_chat(url, {"model": "m", "messages": []}), 10)
+        except TransportError as error:
+            print("TransportError:", str(error).split(":")[0], "lost" if "connection lost" in str(error) else error)
     await transport.aclose()
     server.close()
 
