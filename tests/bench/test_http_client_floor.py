@@ -12,17 +12,17 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "http_client_floor.py"
 
 
-def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
+def _floor(*args: str) -> list[str]:
+    """The script's output lines; each client asserts a 200 for every post, so a refused or unread post fails."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--posts", "200", "--rounds", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, check=False
     )
-    # Each client asserts a 200 for every post: a refused or unread post fails the run.
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
+    lines = _floor("--posts", "200", "--rounds", "2")
     rounds = [
         re.match(r"round (\d)  (aiohttp|bare protocol)\s+([\d.]+) ms of CPU a post$", line)
         for line in lines[:-1]
@@ -49,15 +49,7 @@ def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
 def test_another_client_is_posted_beside_them_or_skipped_with_a_line_saying_why() -> None:
     name, module = "pyreqwest", "pyreqwest"
     installed = importlib.util.find_spec(module) is not None
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--posts", "100", "--rounds", "1", "--client", name],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    lines = _floor("--posts", "100", "--rounds", "1", "--client", name)
     if installed:
         assert re.match(rf"round 1  {name}\s+[\d.]+ ms of CPU a post$", lines[2]), lines
         assert re.match(rf"median: {name} [\d.]+ ms a post \([\d.]+ x aiohttp's\)$", lines[3]), lines
