@@ -23,6 +23,7 @@ from rcarun.bench import (
 from rcarun.bench.clients import unavailable_reason
 from rcarun.bench.metrics import Allowance, ResultRow, allowance_used
 from rcarun.bench.throughput import format_markdown, format_table, median_rows, round_order
+from rcarun.cli import main as cli_main
 
 _FIELDS = {
     "name",
@@ -228,6 +229,39 @@ def test_the_table_gives_rcaruns_cpu_per_call_against_the_leanest_peers() -> Non
         "litellm-router": "—",
     }
     assert format_markdown(rows[:1]).splitlines()[2].split(" | ")[9] == "—"
+
+
+def test_rcarun_over_another_transport_is_compared_with_the_peers_and_is_not_one() -> None:
+    rows = [
+        _row(0.97, 1.0, cpu_ms_per_call=0.60),
+        _row(0.99, 1.0, client="rcarun-httptools", cpu_ms_per_call=0.45),
+        _row(0.96, 1.0, client="aiolimiter-loop", cpu_ms_per_call=0.30),
+    ]
+
+    text = format_table(rows)
+
+    assert "rcarun's ratio / best peer's (aiolimiter-loop): 1.010" in text
+    assert "rcarun's CPU per call / leanest peer's (aiolimiter-loop): 2.00" in text
+    assert "rcarun-httptools's CPU per call / leanest peer's (aiolimiter-loop): 1.50" in text
+
+
+@pytest.mark.slow
+def test_the_bench_runs_the_clients_asked_for_rcarun_over_httptools_among_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    scenario = get_scenario("latency-bound", quick=True)
+    argv = ["bench", "throughput", "--quick", "--json", "--scenario", "latency-bound"]
+
+    assert cli_main([*argv, "--client", "rcarun-httptools", "--client", "naive-gather"]) == 0
+
+    rows = json.loads(capsys.readouterr().out)["scenarios"]
+    recorded = {row["client"]: (row["calls"], row["recorded_calls"]) for row in rows}
+    assert recorded == {
+        "rcarun-httptools": (scenario.calls, scenario.calls),
+        "naive-gather": (scenario.calls, 0),
+    }
+    assert cli_main([*argv, "--client", "rcarun-h2"]) == 2
+    assert "unknown clients ['rcarun-h2'] (known: rcarun, rcarun-httptools," in capsys.readouterr().err
 
 
 def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> None:

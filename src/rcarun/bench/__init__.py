@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from .clients import CLIENTS
 from .metrics import ClientRun, Completion, ResultRow, steady_window
 from .scenarios import SCENARIO_NAMES, Scenario, get_scenario, scenarios
 from .throughput import (
@@ -47,7 +48,8 @@ __all__ = [
 
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``rcarun bench``: ``args.suite`` ("throughput"), ``args.json``, ``args.markdown``,
-    ``args.quick``, ``args.scenario`` (names to run; all when empty) and ``args.repeats`` (runs per client)."""
+    ``args.quick``, ``args.scenario`` (names to run; all when empty), ``args.client`` (clients to run; rcarun
+    and its peers when empty) and ``args.repeats`` (runs per client)."""
     if args.suite != "throughput":
         print(f"rcarun bench: unknown suite {args.suite!r} (known: throughput)", file=sys.stderr)
         return 2
@@ -62,8 +64,13 @@ def main(args: argparse.Namespace) -> int:
     if repeats < 1:
         print(f"rcarun bench: --repeats must be at least 1, got {repeats}", file=sys.stderr)
         return 2
-    rows = run_throughput(quick=bool(args.quick), names=names, repeats=repeats)
-    skipped = skipped_clients()
+    clients = tuple(getattr(args, "client", None) or CLIENT_ORDER)
+    unknown = sorted(set(clients) - set(CLIENTS))
+    if unknown:
+        print(f"rcarun bench: unknown clients {unknown} (known: {', '.join(CLIENTS)})", file=sys.stderr)
+        return 2
+    rows = run_throughput(quick=bool(args.quick), clients=clients, names=names, repeats=repeats)
+    skipped = skipped_clients(clients)
     if args.json:
         print(json.dumps(json_document(rows, skipped), indent=2))
     elif getattr(args, "markdown", False):

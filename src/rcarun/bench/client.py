@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .clients import CLIENTS, import_optional_packages
+from .clients import CLIENTS, RCARUN_CLIENTS, import_optional_packages
 from .metrics import (
     ClientRun,
     allowance,
@@ -67,7 +67,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
     started = time.perf_counter()
     lateness: list[float] = []
     work = _with_lag_probe(runner(scenario, dataset, base_url, workdir), lateness)
-    if client == "rcarun":
+    if client in RCARUN_CLIENTS:
         # On the loop `rcarun sweep` runs on, as its users run it. Imported inside the measured span, as the rest
         # of rcarun's runner is.
         from rcarun.runner.loop import run as run_on_sweep_loop

@@ -7,6 +7,9 @@
   window server its burst is rcarun's default, as a user leaves it. Nothing is bypassed: dataset loading, the
   session, the gate, the aiohttp backend, the store writer. The method is all-at-once wrapped only to note
   when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
+- ``rcarun-httptools``: the same with ``transport = "httptools"`` (`rcarun.backends.httptools_transport`) in
+  place of aiohttp; run only when asked for (``rcarun bench throughput --client rcarun-httptools``), and never
+  counted as a peer.
 - ``naive-gather``: the plain AsyncOpenAI + semaphore loop (issue 17's "plain SDK") — `asyncio.gather` over
   every call, an `asyncio.Semaphore` around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a
   429 (or a 503 overload, Kimi's way of saying the same) a sleep of Retry-After (or 1 s) and a retry. No
@@ -35,8 +38,8 @@ preset), built before the clock starts for the peers' requests but inside the me
 its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`)
 times the run and measures the process. Every client prices its tokens with the same `PRICES`, so its own cost
 can be compared with the server's accounting. The peers that need a package outside rcarun's own
-dependencies (the ``bench`` extra: aiolimiter, litellm) name it in `OPTIONAL_PACKAGES`; where it is not
-installed the benchmark skips the peer with a one-line reason (`unavailable_reason`).
+dependencies (the ``bench`` extra: aiolimiter, litellm, httptools) name it in `OPTIONAL_PACKAGES`; where it is
+not installed the benchmark skips the client with a one-line reason (`unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ __all__ = [
     "CLIENTS",
     "OPTIONAL_PACKAGES",
     "PRICES",
+    "RCARUN_CLIENTS",
     "ClientOutcome",
     "Price",
     "import_optional_packages",
@@ -89,7 +93,11 @@ _LITELLM_RETRIES = 10
 # How long to wait for LiteLLM's callbacks (run as tasks) to report the last answers after the calls return.
 _LITELLM_CALLBACK_DRAIN_S = 5.0
 
-OPTIONAL_PACKAGES: dict[str, str] = {"aiolimiter-loop": "aiolimiter", "litellm-router": "litellm"}
+OPTIONAL_PACKAGES: dict[str, str] = {
+    "aiolimiter-loop": "aiolimiter",
+    "litellm-router": "litellm",
+    "rcarun-httptools": "httptools",
+}
 """The module each peer needs beyond rcarun's dependencies (the ``bench`` extra installs them)."""
 
 
@@ -175,7 +183,7 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 # --------------------------------------------------------------------------------------------------- rcarun
 
 
-def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
+def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, transport: str = "aiohttp") -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
     from rcarun.bench.timed import TIMED_METHOD
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
@@ -196,6 +204,7 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str) -> Any:
                 provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
+                transport=transport,
                 limits=LimitsConfig(
                     concurrency=scenario.concurrency,
                     min_concurrency=1,
@@ -244,7 +253,9 @@ def _read_calls(
             outcome.retries_429 += 1
 
 
-async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: Path) -> ClientOutcome:
+async def run_rcarun(
+    scenario: Scenario, dataset: Path, base_url: str, workdir: Path, transport: str = "aiohttp"
+) -> ClientOutcome:
     """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
     from rcarun.bench.timed import asked_at, register_timed_method
     from rcarun.runner import run_sweep
@@ -253,7 +264,7 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
     asked_at.clear()
     db_path = workdir / "results.db"
     sweep = await run_sweep(
-        _sweep_config(scenario, dataset, base_url),
+        _sweep_config(scenario, dataset, base_url, transport),
         db_path=db_path,
         run_name=f"bench-{scenario.name}",
         show_progress=False,
@@ -282,6 +293,13 @@ async def run_rcarun(scenario: Scenario, dataset: Path, base_url: str, workdir: 
         for (asked, prompt_chars), sent in zip(sorted(asked_at.get(qid, ())), sorted(sends), strict=False):
             outcome.delays.append(QueueDelay(prompt_chars, max(0.0, sent - asked)))
     return outcome
+
+
+async def run_rcarun_httptools(
+    scenario: Scenario, dataset: Path, base_url: str, workdir: Path
+) -> ClientOutcome:
+    """rcarun with ``transport = "httptools"`` on its backbone (not one of the default clients: `--client`)."""
+    return await run_rcarun(scenario, dataset, base_url, workdir, transport="httptools")
 
 
 # ---------------------------------------------------------------------------------------------- naive-gather
@@ -531,8 +549,12 @@ def _retry_after_s(seconds: str | None, milliseconds: str | None) -> float:
     return 1.0
 
 
+RCARUN_CLIENTS = ("rcarun", "rcarun-httptools")
+"""The clients that are rcarun itself (its runner, its loop, results.db), not peers it is compared with."""
+
 CLIENTS: dict[str, ClientRunner] = {
     "rcarun": run_rcarun,
+    "rcarun-httptools": run_rcarun_httptools,
     "naive-gather": run_naive_gather,
     "aiolimiter-loop": run_aiolimiter_loop,
     "litellm-router": run_litellm_router,

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from rcarun.mock import MockProcess, MockStats
 
-from .clients import CLIENTS, PRICES, unavailable_reason
+from .clients import CLIENTS, PRICES, RCARUN_CLIENTS, unavailable_reason
 from .metrics import (
     ClientRun,
     ResultRow,
@@ -385,16 +385,21 @@ def headline(row: ResultRow) -> str:
     return ""
 
 
+def _is_peer(client: str) -> bool:
+    """Whether ``client`` is one of the tools rcarun is compared with (rcarun run another way is not)."""
+    return client not in RCARUN_CLIENTS
+
+
 def _best_peer(group: Sequence[ResultRow]) -> tuple[ResultRow | None, ResultRow | None]:
     ours = next((row for row in group if row.client == "rcarun"), None)
-    peers = [row for row in group if row.client != "rcarun"]
+    peers = [row for row in group if _is_peer(row.client)]
     # By ratio, not req/s: in token-limited scenarios each window holds different calls with different sizes.
     return ours, max(peers, key=lambda row: row.ratio) if peers else None
 
 
 def _leanest_peer(group: Sequence[ResultRow]) -> ResultRow | None:
     """The peer that spent the least CPU per call (of those that completed any call)."""
-    peers = [row for row in group if row.client != "rcarun" and row.calls > 0 and row.cpu_ms_per_call > 0]
+    peers = [row for row in group if _is_peer(row.client) and row.calls > 0 and row.cpu_ms_per_call > 0]
     return min(peers, key=lambda row: row.cpu_ms_per_call) if peers else None
 
 
@@ -438,11 +443,15 @@ def format_table(rows: Sequence[ResultRow]) -> str:
             relative = ours.ratio / best.ratio if best.ratio else float("inf")
             lines.append(f"{'':<{width}} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
         leanest = _leanest_peer(group)
-        cpu_relative = None if ours is None else _cpu_over_leanest(ours, leanest)
-        if leanest is not None and cpu_relative is not None:
-            lines.append(
-                f"{'':<{width}} rcarun's CPU per call / leanest peer's ({leanest.client}): {cpu_relative:.2f}"
-            )
+        for row in group:
+            if _is_peer(row.client) or leanest is None:
+                continue
+            cpu_relative = _cpu_over_leanest(row, leanest)
+            if cpu_relative is not None:
+                lines.append(
+                    f"{'':<{width}} {row.client}'s CPU per call / leanest peer's ({leanest.client}): "
+                    f"{cpu_relative:.2f}"
+                )
         lines.append("")
     return "\n".join(lines).rstrip()
 

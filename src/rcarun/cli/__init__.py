@@ -446,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
         "simulator scenario)",
     )
     bench.add_argument(
+        "--client",
+        action="append",
+        metavar="NAME",
+        help="run only this client (repeatable; default: rcarun and its peers; 'rcarun-httptools' is rcarun with "
+        'transport = "httptools")',
+    )
+    bench.add_argument(
         "--repeats",
         type=int,
         default=1,
