@@ -57,6 +57,7 @@ class HttptoolsConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[_Answer] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._headers_done = False
@@ -106,8 +107,16 @@ class HttptoolsConnection(asyncio.Protocol):
         self.reusable = self._parser.should_keep_alive()
         self._complete()
 
-    def _complete(self) -> None:
+    def _take_answer(self) -> asyncio.Future[_Answer] | None:
+        """The request's future, now no longer this connection's, its deadline cancelled."""
         answer, self._answer = self._answer, None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        return answer
+
+    def _complete(self) -> None:
+        answer = self._take_answer()
         if answer is not None and not answer.done():
             answer.set_result((self._parser.get_status_code(), self._headers, b"".join(self._body)))
 
@@ -116,7 +125,7 @@ class HttptoolsConnection(asyncio.Protocol):
         self.reusable = False
         if self.transport is not None:
             self.transport.close()
-        answer, self._answer = self._answer, None
+        answer = self._take_answer()
         if answer is not None and not answer.done():
             answer.set_exception(error)
 
@@ -127,8 +136,9 @@ class HttptoolsConnection(asyncio.Protocol):
         answer: asyncio.Future[_Answer] = loop.create_future()
         self._answer = answer
         self._headers_done = False
-        deadline = loop.call_later(timeout_s, self._time_out, answer)
-        answer.add_done_callback(lambda _: deadline.cancel())
+        # Cancelled where the answer is settled (`_take_answer`), not from a done callback: that would cost every
+        # post one more turn of the loop. A cancelled post reaches `abort` through the transport's `post_chat`.
+        self._deadline = loop.call_later(timeout_s, self._time_out, answer)
         self.transport.write(request)
         return answer
 
