@@ -331,11 +331,21 @@ def test_an_older_schema_is_read_as_its_migration_would_fill_it_in(tmp_path: Pat
     opened = open_read_only(db)
     try:
         assert opened.schema_version == 1
-        assert set(opened.filled_in) >= {"run_leases", "calls.usage_source", "predictions.fallback"}
+        assert set(opened.filled_in) >= {
+            "run_leases",
+            "calls.usage_source",
+            "predictions.fallback",
+            "calls.streamed",
+            "calls.ttft_ms",
+            "calls.decode_tokens_per_s",
+        }
         connection = opened.connection
-        assert [tuple(row) for row in connection.execute("SELECT usage_source, cost_usd FROM calls")] == [
-            ("reported", 0.5)
-        ]
+        assert [
+            tuple(row)
+            for row in connection.execute(
+                "SELECT usage_source, cost_usd, streamed, ttft_ms, decode_tokens_per_s FROM calls"
+            )
+        ] == [("reported", 0.5, None, None, None)]
         assert connection.execute("SELECT count(*) FROM run_leases").fetchone()[0] == 0
         # Indexes of the file still serve queries through the views.
         plan = " ".join(

@@ -206,6 +206,12 @@ LEFT JOIN (
 ) AS c ON c.run_id = r.run_id
 """
 
+# -- migration 5: how each answer came over HTTP, and calls_text with it --------------------------------------
+# The view of migration 4 with the three columns beside latency_ms; migration 5 drops that view and creates this.
+
+_CALLS_TEXT_TIMING = "c.latency_ms, c.streamed, c.ttft_ms, c.decode_tokens_per_s,"
+_CALLS_TEXT_VIEW_5 = _CALLS_TEXT_VIEW.replace("c.latency_ms,", _CALLS_TEXT_TIMING, 1)
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         version=1,
@@ -358,6 +364,17 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             _CALLS_TEXT_VIEW,
             _PREDICTIONS_SCORED_VIEW,
             _RUN_SUMMARY_VIEW,
+        ),
+    ),
+    Migration(
+        version=5,
+        name="how each answer came: streamed or one body, time to first token, decode rate; in calls_text too",
+        statements=(
+            "ALTER TABLE calls ADD COLUMN streamed INTEGER CHECK (streamed IN (0, 1))",
+            "ALTER TABLE calls ADD COLUMN ttft_ms REAL",
+            "ALTER TABLE calls ADD COLUMN decode_tokens_per_s REAL",
+            "DROP VIEW calls_text",
+            _CALLS_TEXT_VIEW_5,
         ),
     ),
 )
@@ -642,8 +659,8 @@ class ReadOnlyConnection:
         plan: how it was opened.
         schema_version: the file's own schema version (never above the code's).
         filled_in: the parts of the current schema the file predates (``calls.usage_source``, ``run_leases``,
-            ``calls_text``), read as what their migration would have filled in: the column's default, an empty
-            table, the view.
+            ``calls_text``, ``calls.ttft_ms``), read as what their migration would have filled in: the column's
+            default, an empty table, the view (a view the file holds in an older definition, too).
         opened_as: the file's identity, size and mtime when opened (`changed`).
     """
 
@@ -721,9 +738,9 @@ def _fill_in_later_schema(connection: sqlite3.Connection) -> tuple[str, ...]:
     """Show an older file as the current schema, in the connection's TEMP schema (which shadows ``main``).
 
     A table a later migration adds becomes an empty TEMP table; a table missing columns becomes a TEMP view of
-    it with each missing column as its default (NULL without one); a view a later migration adds becomes a TEMP
-    view: exactly what migrating the file would have filled in, so every read query runs unchanged. Nothing
-    reaches the file.
+    it with each missing column as its default (NULL without one); a view a later migration adds or redefines
+    becomes a TEMP view: exactly what migrating the file would have filled in, so every read query runs
+    unchanged. Nothing reaches the file.
     """
     filled: list[str] = []
     for table in _current_schema():
@@ -742,10 +759,11 @@ def _fill_in_later_schema(connection: sqlite3.Connection) -> tuple[str, ...]:
             )
             filled.extend(f"{table.name}.{name}" for name, _ in missing)
     # The views read the tables by name, so over the filled-in ones they read old files too (older blobs as
-    # compressed: their text NULL).
+    # compressed: their text NULL). A view a later migration redefined (calls_text in migration 5) is stored in
+    # the file as it was: the current definition shadows it, as the migration's DROP and CREATE would have.
     for name, sql in _current_views():
-        found = connection.execute("SELECT 1 FROM main.sqlite_master WHERE name = ?", (name,)).fetchone()
-        if found is None:
+        found = connection.execute("SELECT sql FROM main.sqlite_master WHERE name = ?", (name,)).fetchone()
+        if found is None or found[0] != sql:
             connection.execute(_CREATE_VIEW.sub("CREATE TEMP VIEW", sql, count=1))
             filled.append(name)
     return tuple(filled)

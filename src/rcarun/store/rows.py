@@ -78,11 +78,19 @@ class CallRow:
     ``request_sha256`` / ``response_sha256`` hold the raw request JSON and the raw response body.
 
     Attributes:
-        cost_usd: US dollars charged for this attempt.
+        cost_usd: US dollars charged for this attempt; a cut generation (silence timeout, disconnect, size cap,
+            call deadline: status ``error``, or ``cancelled`` on Ctrl-C) is charged an estimate of what it
+            generated, its partial body in ``response_sha256``.
         usage_source: ``reported`` when the token counts are the provider's, ``estimated`` when rcarun charged
-            a conservative estimate because the answer had no usable usage.
+            a conservative estimate because the answer had no usable usage (a cut generation among them).
         latency_ms: wall time of the attempt, in milliseconds.
         started_at / ended_at: ISO-8601 UTC with milliseconds (see `utc_timestamp`).
+        streamed: True when the answer came as a server-sent-event stream, False when as one body; None when
+            no answer came over HTTP (a cache hit, a forward pass, a refusal before any answer).
+        ttft_ms: time to first token: milliseconds from sending the request to the first chunk carrying
+            answer, thinking or tool-call text; None when unknown (unstreamed, or nothing arrived).
+        decode_tokens_per_s: decode rate: completion tokens after the first over the seconds from the first
+            token to the last; None when unknown (fewer than 2 tokens, unstreamed).
     """
 
     run_id: int
@@ -115,6 +123,9 @@ class CallRow:
     reasoning_text_sha256: str | None = None
     endpoint: str | None = None
     usage_source: UsageSource = "reported"
+    streamed: bool | None = None
+    ttft_ms: float | None = None
+    decode_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,8 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "completion_tokens": "tokens; includes `reasoning_tokens`",
         "reasoning_tokens": "tokens",
         "cached_tokens": "prompt tokens served from the provider's prompt cache",
-        "cost_usd": "US dollars charged for this attempt",
+        "cost_usd": "US dollars charged for this attempt; a cut generation (silence timeout, disconnect, size "
+        "cap, call deadline: status `error`, `cancelled` on Ctrl-C): charged an estimate of what it generated",
         "latency_ms": "wall time of the attempt, milliseconds",
         "error": "error message (never contains secrets)",
         "error_kind": "stable error label (`rate_limited`, `server_error`, ...)",
@@ -96,7 +97,14 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "response_text_sha256": "blob: the answer's content (UTF-8), what a cache hit replays",
         "reasoning_text_sha256": "blob: the thinking text (UTF-8), when returned",
         "endpoint": "replica or base URL that served the attempt",
-        "usage_source": "`reported` (the provider's counts) or `estimated` (no usage, or usage no bill can be)",
+        "usage_source": "`reported` (the provider's counts) or `estimated` (no usage, or usage no bill can be; "
+        "a cut generation: charged an estimate, its partial answer's body in `response_sha256`)",
+        "streamed": "1: the answer came as a server-sent-event stream, 0: as one body; NULL when no answer came "
+        "over HTTP (a cache hit, a forward pass, a refusal before any answer)",
+        "ttft_ms": "time to first token: milliseconds from sending the request to the first chunk carrying "
+        "answer, thinking or tool-call text; NULL when unknown (unstreamed, or nothing arrived)",
+        "decode_tokens_per_s": "decode rate: completion tokens after the first over the seconds from the first "
+        "token to the last; NULL when unknown (fewer than 2 tokens, unstreamed)",
         "started_at": "ISO-8601 UTC, milliseconds",
         "ended_at": "ISO-8601 UTC, milliseconds",
     },
@@ -386,8 +394,12 @@ def _index_lines(connection: sqlite3.Connection, table: str) -> list[str]:
 
 
 def _views(connection: sqlite3.Connection) -> list[str]:
+    """The views in the order `VIEW_NOTES` names them (a view a migration recreated moves to the end of
+    ``sqlite_master``), any other after them in creation order."""
     rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY rowid").fetchall()
-    return [str(row[0]) for row in rows]
+    order = list(VIEW_NOTES)
+    names = [str(row[0]) for row in rows]
+    return sorted(names, key=lambda name: order.index(name) if name in order else len(order))
 
 
 def view_column_note(view: str, column: str) -> str:
