@@ -22,10 +22,6 @@ of the bench's latency-bound workload through rcarun's real runner (`rcarun.benc
   pool, timeouts and TLS on threads of its own, whose CPU the figure includes): what a real client leaner than
   aiohttp would give. Skipped where pyreqwest is not installed (``pip install pyreqwest``; not one of rcarun's
   dependencies).
-- ``httptools-http``: rcarun's ``httptools`` transport (`rcarun.backends.httptools_transport`: HTTP/1.1 of its
-  own, handling what a provider's answers ask) in the default's place, as ``transport = "httptools"`` would put
-  it: how much of ``bare-http``'s saving a real transport keeps. Skipped where httptools is not installed
-  (``pip install 'rcarun[httptools]'``).
 - ``aiolimiter-loop``: the bench's leanest peer (a plain asyncio loop paced by aiolimiter), for the ratio;
   skipped where aiolimiter is not installed (``pip install -e '.[bench]'``).
 
@@ -68,7 +64,6 @@ VARIANTS = (
     "bare-http",
     "bare-http+no-store-writes",
     "pyreqwest-http",
-    "httptools-http",
     "aiolimiter-loop",
 )
 _CALLS_INDEXES = ("calls_cache_key", "calls_run_backbone", "calls_run_item")
@@ -162,16 +157,10 @@ def _apply(variant: str) -> None:
         from rcarun import jsonfast
 
         jsonfast._orjson_renders_as_json = lambda value: True
-    from rcarun.backends import transports
+    if "bare-http" in parts or "pyreqwest-http" in parts:
+        from rcarun.backends import transports
 
-    replacements = {
-        "bare-http": BareTransport,
-        "pyreqwest-http": PyreqwestTransport,
-        "httptools-http": transports._TRANSPORTS["httptools"],
-    }
-    for part, replacement in replacements.items():
-        if part in parts:
-            transports._TRANSPORTS["aiohttp"] = replacement
+        transports._TRANSPORTS["aiohttp"] = BareTransport if "bare-http" in parts else PyreqwestTransport
 
 
 def _child(variant: str, calls: int, pin: bool) -> None:
@@ -225,11 +214,9 @@ def main() -> None:
     if (reason := unavailable_reason("aiolimiter-loop")) is not None and "aiolimiter-loop" in variants:
         print(f"skipped: {reason}")
         variants.remove("aiolimiter-loop")
-    for variant, module in (("pyreqwest-http", "pyreqwest"), ("httptools-http", "httptools")):
-        if importlib.util.find_spec(module) is None and variant in variants:
-            extra = "'rcarun[httptools]'" if module == "httptools" else module
-            print(f"skipped: {variant}: {module} is not installed (pip install {extra})")
-            variants.remove(variant)
+    if importlib.util.find_spec("pyreqwest") is None and "pyreqwest-http" in variants:
+        print("skipped: pyreqwest-http: pyreqwest is not installed (pip install pyreqwest)")
+        variants.remove("pyreqwest-http")
     cpu_ms: dict[str, list[float]] = {variant: [] for variant in variants}
     for round_number in range(1, args.rounds + 1):
         for variant in variants:

@@ -231,37 +231,29 @@ def test_the_table_gives_rcaruns_cpu_per_call_against_the_leanest_peers() -> Non
     assert format_markdown(rows[:1]).splitlines()[2].split(" | ")[9] == "—"
 
 
-def test_rcarun_over_another_transport_is_compared_with_the_peers_and_is_not_one() -> None:
-    rows = [
-        _row(0.97, 1.0, cpu_ms_per_call=0.60),
-        _row(0.99, 1.0, client="rcarun-httptools", cpu_ms_per_call=0.45),
-        _row(0.96, 1.0, client="aiolimiter-loop", cpu_ms_per_call=0.30),
-    ]
-
-    text = format_table(rows)
-
-    assert "rcarun's ratio / best peer's (aiolimiter-loop): 1.010" in text
-    assert "rcarun's CPU per call / leanest peer's (aiolimiter-loop): 2.00" in text
-    assert "rcarun-httptools's CPU per call / leanest peer's (aiolimiter-loop): 1.50" in text
-
-
 @pytest.mark.slow
-def test_the_bench_runs_the_clients_asked_for_rcarun_over_httptools_among_them(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_the_bench_runs_only_the_clients_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
     scenario = get_scenario("latency-bound", quick=True)
     argv = ["bench", "throughput", "--quick", "--json", "--scenario", "latency-bound"]
 
-    assert cli_main([*argv, "--client", "rcarun-httptools", "--client", "naive-gather"]) == 0
+    assert cli_main([*argv, "--client", "rcarun", "--client", "naive-gather"]) == 0
 
     rows = json.loads(capsys.readouterr().out)["scenarios"]
     recorded = {row["client"]: (row["calls"], row["recorded_calls"]) for row in rows}
-    assert recorded == {
-        "rcarun-httptools": (scenario.calls, scenario.calls),
-        "naive-gather": (scenario.calls, 0),
-    }
-    assert cli_main([*argv, "--client", "rcarun-h2"]) == 2
-    assert "unknown clients ['rcarun-h2'] (known: rcarun, rcarun-httptools," in capsys.readouterr().err
+    assert recorded == {"rcarun": (scenario.calls, scenario.calls), "naive-gather": (scenario.calls, 0)}
+
+
+@pytest.mark.parametrize("client", ["rcarun-h2", "rcarun-httptools"])  # rcarun-httptools: removed (issue 34)
+def test_an_unknown_client_is_refused_with_the_known_ones(
+    client: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "throughput", "--quick", "--json", "--scenario", "latency-bound", "--client", client]
+
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"rcarun bench: unknown clients [{client!r}] "
+        "(known: rcarun, naive-gather, aiolimiter-loop, litellm-router)\n"
+    )
 
 
 def test_repeated_runs_are_reported_by_the_median_run_with_their_spread() -> None:

@@ -104,3 +104,25 @@ api_key_env = "sk-proj-abc-def-ghi"
     with pytest.raises(ConfigError, match="api_key_env must be the NAME") as caught:
         load_sweep_config(path)
     assert "sk-proj-abc-def-ghi" not in str(caught.value)
+
+
+def test_a_removed_transport_is_refused_naming_the_ones_there_are(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[sweep]
+dataset = "data"
+
+[[methods]]
+name = "all-at-once"
+
+[backbones.sim]
+provider = "simulated"
+model = "m"
+base_url = "http://127.0.0.1:1/v1"
+transport = "httptools"
+""",
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_sweep_config(path)
+    assert str(caught.value) == f"{path}: backbones.sim.transport: Input should be 'aiohttp' or 'openai-sdk'"

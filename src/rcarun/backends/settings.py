@@ -36,7 +36,7 @@ class BackendSettings:
         base URLs ending in ``/v1``; more than one is balanced by fewest
             outstanding requests.
         api_key_env: NAME of the environment variable holding the key; None sends no Authorization header.
-        transport: ``aiohttp`` (default), ``openai-sdk`` or ``httptools`` (`rcarun.backends.transports`).
+        transport: ``aiohttp`` (default) or ``openai-sdk`` (`rcarun.backends.transports`).
         timeout_s: whole-request deadline in seconds (queueing at the provider included).
         connect_timeout_s: TCP/TLS connect deadline in seconds.
         pool_size: HTTP connections kept per backend; must be at least the runner's concurrency for it.

@@ -5,11 +5,9 @@ included) and raises `rcarun.errors.TransportError` only when there is no answer
 refused). Translating the answer is `rcarun.backends.wire`'s job, so every transport yields the same
 `ChatResult`.
 
-Three are registered: ``aiohttp`` (the default: about 0.3 ms of CPU per call against 2.4-4.3 ms for the SDK on
-this machine, raw headers and bodies visible), ``openai-sdk`` (the official client, for those who want it;
-imported only when chosen because the SDK takes a noticeable time to import) and ``httptools``
-(`rcarun.backends.httptools_transport`: HTTP/1.1 of rcarun's own for the one exchange a sweep makes, a quarter of
-a call's CPU less than aiohttp; the ``httptools`` extra, imported only when chosen).
+Two are registered: ``aiohttp`` (the default: about 0.3 ms of CPU per call against 2.4-4.3 ms for the SDK on
+this machine, raw headers and bodies visible) and ``openai-sdk`` (the official client, for those who want it;
+imported only when chosen because the SDK takes a noticeable time to import).
 """
 
 from __future__ import annotations
@@ -184,15 +182,3 @@ def _openai_sdk_transport(settings: BackendSettings, api_key: Secret | None) -> 
     from rcarun.backends.sdk_transport import OpenAISDKTransport
 
     return OpenAISDKTransport(settings, api_key)
-
-
-@transport("httptools")
-def _httptools_transport(settings: BackendSettings, api_key: Secret | None) -> Transport:
-    try:
-        from rcarun.backends.httptools_transport import HttptoolsTransport
-    except ImportError as error:
-        raise ConfigError(
-            f"backbone {settings.name!r}: transport 'httptools' needs the httptools package "
-            f"({error}); install it with: pip install 'rcarun[httptools]'"
-        ) from None
-    return HttptoolsTransport(settings, api_key)

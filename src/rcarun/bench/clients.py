@@ -7,9 +7,6 @@
   window server its burst is rcarun's default, as a user leaves it. Nothing is bypassed: dataset loading, the
   session, the gate, the aiohttp backend, the store writer. The method is all-at-once wrapped only to note
   when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
-- ``rcarun-httptools``: the same with ``transport = "httptools"`` (`rcarun.backends.httptools_transport`) in
-  place of aiohttp; run only when asked for (``rcarun bench throughput --client rcarun-httptools``), and never
-  counted as a peer.
 - ``naive-gather``: the plain AsyncOpenAI + semaphore loop (issue 17's "plain SDK") — `asyncio.gather` over
   every call, an `asyncio.Semaphore` around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a
   429 (or a 503 overload, Kimi's way of saying the same) a sleep of Retry-After (or 1 s) and a retry. No
@@ -38,7 +35,7 @@ preset), built before the clock starts for the peers' requests but inside the me
 its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`)
 times the run and measures the process. Every client prices its tokens with the same `PRICES`, so its own cost
 can be compared with the server's accounting. The peers that need a package outside rcarun's own
-dependencies (the ``bench`` extra: aiolimiter, litellm, httptools) name it in `OPTIONAL_PACKAGES`; where it is
+dependencies (the ``bench`` extra: aiolimiter, litellm) name it in `OPTIONAL_PACKAGES`; where it is
 not installed the benchmark skips the client with a one-line reason (`unavailable_reason`).
 """
 
@@ -96,7 +93,6 @@ _LITELLM_CALLBACK_DRAIN_S = 5.0
 OPTIONAL_PACKAGES: dict[str, str] = {
     "aiolimiter-loop": "aiolimiter",
     "litellm-router": "litellm",
-    "rcarun-httptools": "httptools",
 }
 """The module each peer needs beyond rcarun's dependencies (the ``bench`` extra installs them)."""
 
@@ -293,13 +289,6 @@ async def run_rcarun(
         for (asked, prompt_chars), sent in zip(sorted(asked_at.get(qid, ())), sorted(sends), strict=False):
             outcome.delays.append(QueueDelay(prompt_chars, max(0.0, sent - asked)))
     return outcome
-
-
-async def run_rcarun_httptools(
-    scenario: Scenario, dataset: Path, base_url: str, workdir: Path
-) -> ClientOutcome:
-    """rcarun with ``transport = "httptools"`` on its backbone (not one of the default clients: `--client`)."""
-    return await run_rcarun(scenario, dataset, base_url, workdir, transport="httptools")
 
 
 # ---------------------------------------------------------------------------------------------- naive-gather
@@ -549,12 +538,11 @@ def _retry_after_s(seconds: str | None, milliseconds: str | None) -> float:
     return 1.0
 
 
-RCARUN_CLIENTS = ("rcarun", "rcarun-httptools")
+RCARUN_CLIENTS = ("rcarun",)
 """The clients that are rcarun itself (its runner, its loop, results.db), not peers it is compared with."""
 
 CLIENTS: dict[str, ClientRunner] = {
     "rcarun": run_rcarun,
-    "rcarun-httptools": run_rcarun_httptools,
     "naive-gather": run_naive_gather,
     "aiolimiter-loop": run_aiolimiter_loop,
     "litellm-router": run_litellm_router,

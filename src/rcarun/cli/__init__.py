@@ -449,8 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--client",
         action="append",
         metavar="NAME",
-        help="run only this client (repeatable; default: rcarun and its peers; 'rcarun-httptools' is rcarun with "
-        'transport = "httptools")',
+        help="run only this client (repeatable; default: rcarun and its peers)",
     )
     bench.add_argument(
         "--repeats",

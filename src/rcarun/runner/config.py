@@ -339,7 +339,7 @@ class BackboneConfig(_Strict):
     base_url: _HttpUrl | None = None
     base_urls: tuple[_HttpUrl, ...] = ()
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
-    transport: Literal["aiohttp", "openai-sdk", "httptools"] = "aiohttp"
+    transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
     timeout_s: float = Field(600.0, gt=0)
     balance: Literal["outstanding", "metrics", "affinity"] = Field(
         "outstanding",
