@@ -44,6 +44,9 @@ _FAULT_RATE_FIELDS = (
     "surrogate_rate",
     "bad_usage_rate",
     "long_pause_rate",
+    # Appended after those for the same reason: a seed's earlier faults stay where they were.
+    "stream_stall_rate",
+    "stream_drop_rate",
 )
 
 
@@ -86,6 +89,13 @@ class MockConfig:
             A "huge_step" or "surrogate" answer that the output budget cuts before the fault is served as a
             plain one. "long_pause" is a 429 whose ``Retry-After`` asks for far longer than any client should
             wait ("86400", an HTTP date in 2099, or "1e400"; a seeded draw), as in an outage; not charged.
+        stream_stall_rate / stream_drop_rate: probability of an answer cut off on the wire, drawn after all the
+            kinds above (so a seed's earlier faults never move). The answer is admitted and charged like any
+            (the provider generated it); a streamed one stops after about half of its chunks and then either
+            goes silent for ``hang_s`` before the connection is dropped ("stream_stall") or has its connection
+            closed at once, without ``[DONE]`` ("stream_drop"). An unstreamed one sends the first half of its
+            JSON body (Content-Length says the whole) and then stalls or closes the same way. The request log
+            says how many completion tokens went out before the cut (``completion_tokens_sent``).
         rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
         length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
@@ -102,6 +112,14 @@ class MockConfig:
         quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
         tool_rounds_max: most tool rounds a conversation offered tools makes before answering (a seeded draw
             in 0..max per conversation; see `rcarun.mock.answers.simulate_tool_calls`).
+
+    Streaming (a request with ``"stream": true`` is answered as server-sent events in OpenAI's chunk shape; see
+    `rcarun.mock.server`):
+        tokens_per_chunk: completion tokens (``chars_per_token`` characters each) per content-bearing chunk. The
+            first one goes out ``latency_s`` (plus the prefill) after arrival, each further token
+            ``latency_per_token_s`` later, so a stream ends when the unstreamed answer would have.
+        refuse_stream: answer ``"stream": true`` with a 400 naming ``stream``, as a server that cannot stream;
+            unstreamed requests are served as usual.
 
     The vLLM face (``/health``, ``/version``, ``/metrics``, and ``max_model_len`` in ``/v1/models``):
         startup_delay_s: ``/health`` answers 503 for this long after the server starts, as a server that listens
@@ -144,6 +162,8 @@ class MockConfig:
     surrogate_rate: float = 0.0
     bad_usage_rate: float = 0.0
     long_pause_rate: float = 0.0
+    stream_stall_rate: float = 0.0
+    stream_drop_rate: float = 0.0
     rate_limit_retry_after_s: float = 1.0
     hang_s: float = 30.0
     length_rate: float = 0.0
@@ -162,6 +182,8 @@ class MockConfig:
     kv_cache_metric: KvCacheMetric = "kv_cache_usage_perc"
     prefix_cache_entries: int = 0
     latency_per_prompt_token_s: float = 0.0
+    tokens_per_chunk: int = 1
+    refuse_stream: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -228,6 +250,14 @@ class MockConfig:
             problems.append(f"tool_rounds_max must be an integer, got {self.tool_rounds_max!r}")
         elif self.tool_rounds_max < 0:
             problems.append(f"tool_rounds_max must be >= 0, got {self.tool_rounds_max}")
+        if (
+            isinstance(self.tokens_per_chunk, bool)
+            or not isinstance(self.tokens_per_chunk, int)
+            or self.tokens_per_chunk < 1
+        ):
+            problems.append(f"tokens_per_chunk must be a positive integer, got {self.tokens_per_chunk!r}")
+        if not isinstance(self.refuse_stream, bool):
+            problems.append(f"refuse_stream must be true or false, got {self.refuse_stream!r}")
         if problems:
             raise ValueError("invalid MockConfig: " + "; ".join(problems))
 

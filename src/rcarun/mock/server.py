@@ -7,6 +7,16 @@ faults, and measures what the client offered (`stats`). The request path is kept
 logging unless the request log is switched on, stdlib JSON, O(1) bookkeeping — because the benchmark needs it
 to sustain ~1,000 requests/s on one core.
 
+A request with ``"stream": true`` is answered as server-sent events, as OpenAI's chat completions stream: a
+role chunk at once, then the thinking text (in ``reasoning_field``) and the content or tool-call deltas about a
+token a chunk (``tokens_per_chunk``), timed as a model generates them (the first ``latency_s`` plus the prefill
+after arrival, each further token ``latency_per_token_s`` later, so the stream ends when the whole body would
+have left), a last choice chunk with the ``finish_reason``, the usage chunk when ``stream_options.include_usage``
+asks for it (Moonshot style: ``usage`` inside that last choice, always) and ``data: [DONE]``. The chunks add up
+to exactly the message the unstreamed body carries. A queued stream is kept alive with ``: keep-alive``
+comments, as DeepSeek does; chunks due within 5 ms of each other go out in one write, so fast tokens cost the
+simulator little CPU.
+
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /mock/stats``, ``GET /mock/log`` (the request
 log, when ``request_log_size`` > 0), ``POST /mock/reset``, and vLLM's face, so that rcarun's managed replicas
 are tested without a GPU: ``GET /health`` (503 during ``startup_delay_s``), ``GET /version``, ``GET /metrics``
@@ -28,9 +38,10 @@ import socket
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -70,6 +81,17 @@ _BAD_USAGE_KINDS = ("missing", "huge", "infinity", "negative")
 _LONG_PAUSES = ("86400", "Wed, 21 Oct 2099 07:28:00 GMT", "1e400")
 _HUGE_STEP_TEXT = str(HUGE_STEP)
 _DETAILED_OUTCOMES = _ANSWER_FAULTS | {"long_pause"}
+# Fault kinds served as answers (admitted, charged) that the wire cuts off after about half of them.
+_CUT_FAULTS = frozenset(("stream_stall", "stream_drop"))
+_EVENT_STREAM_CONTENT_TYPE = "text/event-stream"
+_DONE_EVENT = b"data: [DONE]\n\n"
+# What a queued request is kept alive with: blank lines before a JSON body, SSE comments before a stream.
+_KEEPALIVE_BODY = b"\n"
+_KEEPALIVE_STREAM = b": keep-alive\n\n"
+# A stream writes at most once per this many seconds: chunks falling due in between go out together, so tokens
+# faster than this cost one write (and one wake-up) each 5 ms rather than one each, whatever the concurrency.
+_MIN_WRITE_GAP_S = 0.005
+_REFUSED_STREAM_MESSAGE = "stream is not supported by this server"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -165,6 +187,8 @@ class MockServer:
                 ("surrogate", self.config.surrogate_rate),
                 ("bad_usage", self.config.bad_usage_rate),
                 ("long_pause", self.config.long_pause_rate),
+                ("stream_stall", self.config.stream_stall_rate),
+                ("stream_drop", self.config.stream_drop_rate),
             )
             if rate > 0
         )
@@ -395,12 +419,27 @@ class MockServer:
         if state.request_log is not None:
             notes.digest = request_digest(body["messages"], body["max_tokens"])
             notes.max_tokens = body["max_tokens"]
+        stream: bool = body["stream"]
+        if stream and config.refuse_stream:
+            recorder.errors_4xx += 1
+            notes.outcome = "stream_refused"
+            return _error_response(
+                400,
+                _REFUSED_STREAM_MESSAGE,
+                "invalid_request_error",
+                None,
+                self._limit_headers(state),
+                "stream",
+            )
         answer_fault: str | None = None
+        cut_fault: str | None = None
         if self._fault_table:
             fault = self._draw_fault(state)
             if fault in _ANSWER_FAULTS:
                 # Served as an answer, below; counted only once it is (a limit may still refuse the request).
                 answer_fault = fault
+            elif fault in _CUT_FAULTS:
+                cut_fault = fault  # an answer too, cut off on the wire once it is being sent
             elif fault is not None:
                 recorder.fault(fault)
                 notes.outcome = fault
@@ -442,6 +481,7 @@ class MockServer:
             and state.length_rng.random() < config.length_rate
             and isinstance(answer, str)
             and answer_fault is None
+            and cut_fault is None
         ):
             cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
             if cut is not None:
@@ -472,6 +512,8 @@ class MockServer:
         recorder.accept(now, prompt_tokens, completion.completion_tokens)
         if answer_fault is not None:
             recorder.fault(answer_fault)
+        if cut_fault is not None:
+            recorder.fault(cut_fault)
         if completion.finish_reason == "length":
             recorder.length_stops += 1
         if length_fault:
@@ -496,7 +538,7 @@ class MockServer:
             if slots.try_take():
                 holds_slot = True
             else:
-                queued = await self._wait_in_queue(request, state, slots)
+                queued = await self._wait_in_queue(request, state, slots, stream)
                 if queued is None:  # the client left while queued; nothing more can be sent
                     notes.outcome = "client_left"
                     return web.Response(status=200)
@@ -504,6 +546,28 @@ class MockServer:
                 holds_slot = True
         recorder.generation_started()
         state.kv_tokens += charged_tokens
+        if stream:
+            return await self._stream_answer(
+                request,
+                state,
+                notes,
+                _StreamJob(
+                    completion=completion,
+                    model=model,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=cached_tokens,
+                    answer_fault=answer_fault,
+                    detail=notes.detail,
+                    cut_fault=cut_fault,
+                    include_usage=body["include_usage"],
+                    first_token_at=(
+                        arrived + config.latency_s + config.latency_per_prompt_token_s * uncached_tokens
+                    ),
+                    charged_tokens=charged_tokens,
+                    holds_slot=holds_slot,
+                ),
+                streamed,
+            )
         latency = (
             config.latency_s
             + config.latency_per_token_s * completion.completion_tokens
@@ -520,15 +584,16 @@ class MockServer:
                 # The scheduled end, even when this task woke late: the slot's next holder starts from there.
                 slots.release(min(self._clock(), arrived + latency))
 
+        completion_id = _completion_id(state)
         payload = self._completion_body(
-            state, model, completion, prompt_tokens, cached_tokens, answer_fault, notes.detail
+            completion_id, model, completion, prompt_tokens, cached_tokens, answer_fault, notes.detail
         )
         if state.request_log is not None:
-            if answer_fault is not None:
-                notes.outcome = answer_fault
-            else:
-                notes.outcome = "length" if completion.finish_reason == "length" else "ok"
-            notes.completion_id = json.loads(payload).get("id")
+            notes.outcome = _answer_outcome(completion, answer_fault)
+            notes.completion_id = completion_id
+        if cut_fault is not None:
+            return await self._cut_body(request, state, streamed, payload, cut_fault, notes)
+        notes.completion_tokens_sent = completion.completion_tokens
         if streamed is not None:
             await streamed.write(payload)
             await streamed.write_eof()
@@ -536,6 +601,214 @@ class MockServer:
         return web.Response(
             status=200, body=payload, content_type=_JSON_CONTENT_TYPE, headers=self._limit_headers(state)
         )
+
+    # ------------------------------------------------------------------------------------------ streaming
+
+    async def _stream_answer(
+        self,
+        request: web.Request,
+        state: _State,
+        notes: _RequestNotes,
+        job: _StreamJob,
+        queued: web.StreamResponse | None,
+    ) -> web.StreamResponse:
+        """Send ``job``'s answer as server-sent events, each chunk when the model would have generated it.
+
+        The generation (the ``generating`` count, the KV tokens, the concurrency slot) is held until the last
+        chunk is written, the stream is cut ("stream_stall", "stream_drop") or the client goes away; a client
+        that leaves is logged as "client_left" with the tokens sent so far, and nothing raises out.
+        """
+        recorder = state.stats
+        slots = self._slots
+        generating = True
+
+        def end_generation(at: float) -> None:
+            nonlocal generating
+            if generating:
+                generating = False
+                recorder.generation_finished()
+                state.kv_tokens -= job.charged_tokens
+                if job.holds_slot and slots is not None:
+                    slots.release(at)
+
+        completion_id = _completion_id(state)
+        notes.completion_id = completion_id
+        plan = self._stream_plan(job, completion_id)
+        chunks = plan.chunks if job.cut_fault is None else plan.chunks[: plan.pieces // 2]
+        response = queued if queued is not None else self._event_stream(state)
+        try:
+            await response.prepare(request)  # at once when it was queued: its headers went out then
+            await response.write(plan.role)
+            notes.completion_tokens_sent = 0
+            await self._write_on_time(response, chunks, job.first_token_at, notes)
+        except ConnectionError:
+            notes.outcome = "client_left"
+            return response
+        finally:
+            # The stream's scheduled end, even when this task woke late: the slot's next holder starts there.
+            scheduled_end = job.first_token_at + self.config.latency_per_token_s * (
+                chunks[-1].due_tokens if chunks else 0
+            )
+            end_generation(min(self._clock(), scheduled_end))
+        if job.cut_fault is None:
+            notes.outcome = _answer_outcome(job.completion, job.answer_fault)
+            return response
+        notes.outcome = job.cut_fault
+        await self._cut_connection(request, job.cut_fault)
+        return response
+
+    async def _write_on_time(
+        self,
+        response: web.StreamResponse,
+        chunks: Sequence[_Chunk],
+        first_token_at: float,
+        notes: _RequestNotes,
+    ) -> None:
+        """Write each chunk when it falls due (``first_token_at`` + its tokens before × ``latency_per_token_s``).
+
+        Whatever is due goes out in one write, and writes are at least `_MIN_WRITE_GAP_S` apart (the last one
+        is never held past its own time for that), so a request costs at most ~200 wake-ups a second however
+        fast its tokens come. ``notes.completion_tokens_sent`` follows each write.
+
+        Raises:
+            ConnectionError: the client went away.
+        """
+        if not chunks:
+            return
+        clock = self._clock
+        per_token = self.config.latency_per_token_s
+        count = len(chunks)
+        end_at = first_token_at + chunks[-1].due_tokens * per_token
+        next_write_at = -math.inf
+        index = 0
+        while index < count:
+            due = first_token_at + chunks[index].due_tokens * per_token
+            wake = min(max(due, next_write_at), end_at)
+            now = clock()
+            if wake > now:
+                await asyncio.sleep(wake - now)
+                now = clock()
+            stop = index + 1
+            while stop < count and first_token_at + chunks[stop].due_tokens * per_token <= now:
+                stop += 1
+            if stop == index + 1:
+                await response.write(chunks[index].data)
+            else:
+                await response.write(b"".join(chunk.data for chunk in chunks[index:stop]))
+            notes.completion_tokens_sent = chunks[stop - 1].tokens_sent
+            next_write_at = now + _MIN_WRITE_GAP_S
+            index = stop
+
+    def _stream_plan(self, job: _StreamJob, completion_id: str) -> _StreamPlan:
+        """The events of ``job``'s answer: the role chunk, then every chunk with its time in tokens.
+
+        The thinking text (when ``reasoning_field`` shows it) and the content or tool-call deltas are cut into
+        pieces of ``tokens_per_chunk`` tokens; each part's tokens are spread evenly over its pieces (hidden
+        thinking takes its time without a chunk). The last choice chunk, the usage chunk and ``[DONE]`` fall
+        due with the last token. Chunk JSON is compact and written in key order, as ``json.dumps`` of the whole
+        chunk would write it; a "surrogate" answer's with ASCII escapes, so its lone ``\\ud800`` survives.
+        """
+        config = self.config
+        completion = job.completion
+        ascii_only = job.answer_fault == "surrogate"
+
+        def dumps(value: Any) -> str:
+            return json.dumps(value, ensure_ascii=ascii_only, separators=(",", ":"))
+
+        envelope = (
+            f'{{"id":{dumps(completion_id)},"object":"chat.completion.chunk","created":{int(time.time())},'
+            f'"model":{dumps(job.model)}'
+        )
+        head = f'data: {envelope},"choices":[{{"index":0,"delta":'.encode()
+        open_tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        chunks: list[_Chunk] = []
+        done = 0
+
+        def add(deltas: list[str], tokens: int) -> None:
+            nonlocal done
+            count = len(deltas)
+            for index, delta in enumerate(deltas):
+                data = head + delta.encode() + open_tail
+                chunks.append(
+                    _Chunk(done + index * tokens // count, done + (index + 1) * tokens // count, data)
+                )
+            done += tokens
+
+        chars = max(1.0, config.tokens_per_chunk * config.chars_per_token)
+        reasoning_tokens = completion.reasoning_tokens
+        field = config.reasoning_field
+        thinking = ""
+        if field is not None and reasoning_tokens > 0:
+            thinking = filler_text(reasoning_tokens, config.chars_per_token)
+        add([f'{{"{field}":{dumps(piece)}}}' for piece in _text_pieces(thinking, chars)], reasoning_tokens)
+        answer_tokens = completion.completion_tokens - reasoning_tokens
+        if completion.tool_calls is not None:
+            add(_tool_call_deltas(completion.tool_calls, chars, dumps), answer_tokens)
+        else:
+            pieces = _text_pieces(completion.content, chars)
+            add([f'{{"content":{dumps(piece)}}}' for piece in pieces], answer_tokens)
+        content_chunks = len(chunks)
+
+        usage = self._usage(completion, job.prompt_tokens, job.cached_tokens, job.answer_fault, job.detail)
+        finish = f',"logprobs":null,"finish_reason":{dumps(completion.finish_reason)}'
+        moonshot = config.headers == "moonshot"
+        if moonshot and usage is not None:  # Kimi: usage inside the last choice, asked for or not
+            finish += f',"usage":{dumps(usage)}'
+        chunks.append(_Chunk(done, done, head + b"{}" + finish.encode() + b"}]}\n\n"))
+        if job.include_usage and not moonshot and usage is not None:
+            usage_event = f'data: {envelope},"choices":[],"usage":{dumps(usage)}}}\n\n'
+            chunks.append(_Chunk(done, done, usage_event.encode()))
+        chunks.append(_Chunk(done, done, _DONE_EVENT))
+        role = head + b'{"role":"assistant","content":""}' + open_tail
+        return _StreamPlan(role, chunks, content_chunks)
+
+    def _event_stream(self, state: _State) -> web.StreamResponse:
+        """A 200 response for server-sent events, with the rate-limit headers (not yet prepared)."""
+        headers = self._limit_headers(state)
+        headers["Cache-Control"] = "no-cache"
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_type = _EVENT_STREAM_CONTENT_TYPE
+        response.charset = "utf-8"
+        return response
+
+    async def _cut_body(
+        self,
+        request: web.Request,
+        state: _State,
+        queued: web.StreamResponse | None,
+        payload: bytes,
+        kind: str,
+        notes: _RequestNotes,
+    ) -> web.StreamResponse:
+        """An unstreamed answer cut off on the wire: the first half of ``payload`` (its Content-Length says the
+        whole, unless the queue already started the body), then a stall or a close as ``kind`` says."""
+        response = queued
+        if response is None:
+            response = web.StreamResponse(status=200, headers=self._limit_headers(state))
+            response.content_type = _JSON_CONTENT_TYPE
+            response.content_length = len(payload)
+        try:
+            await response.prepare(request)
+            await response.write(payload[: len(payload) // 2])
+        except ConnectionError:
+            notes.outcome = "client_left"
+            return response
+        notes.outcome = kind
+        notes.completion_tokens_sent = 0  # half a JSON body: no completion a client could read
+        await self._cut_connection(request, kind)
+        return response
+
+    async def _cut_connection(self, request: web.Request, kind: str) -> None:
+        """End an answer cut off on the wire: "stream_stall" holds the connection silent for ``hang_s`` and then
+        drops it; "stream_drop" closes it at once (what was written still goes out)."""
+        if kind == "stream_stall":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.config.hang_s)
+            _drop_connection(request)
+            return
+        transport = request.transport
+        if transport is not None:
+            transport.close()
 
     # ------------------------------------------------------------------------------------ answer and body
 
@@ -563,7 +836,7 @@ class MockServer:
 
     def _completion_body(
         self,
-        state: _State,
+        completion_id: str,
         model: str,
         completion: _Completion,
         prompt_tokens: int,
@@ -585,9 +858,34 @@ class MockServer:
                 if completion.reasoning_tokens > 0
                 else None
             )
+        body: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": completion.finish_reason}
+            ],
+        }
+        usage = self._usage(completion, prompt_tokens, cached_tokens, answer_fault, detail)
+        if usage is not None:
+            body["usage"] = usage
+        # json.dumps writes float("inf") as the bare word Infinity, as the "infinity" usage means to.
+        return json.dumps(body, ensure_ascii=answer_fault == "surrogate").encode()
+
+    def _usage(
+        self,
+        completion: _Completion,
+        prompt_tokens: int,
+        cached_tokens: int,
+        answer_fault: str | None,
+        detail: str | None,
+    ) -> dict[str, Any] | None:
+        """The answer's ``usage`` in the configured style; a "bad_usage" answer's ``detail`` variant of it
+        (None: the usage is missing)."""
         total = prompt_tokens + completion.completion_tokens
         usage: dict[str, Any]
-        if config.usage_style == "deepseek":
+        if self.config.usage_style == "deepseek":
             usage = {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion.completion_tokens,
@@ -604,20 +902,9 @@ class MockServer:
                 "prompt_tokens_details": {"cached_tokens": cached_tokens},
                 "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
             }
-        body: dict[str, Any] = {
-            "id": f"chatcmpl-mock{next(state.completion_ids):012x}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": completion.finish_reason}
-            ],
-            "usage": usage,
-        }
         if answer_fault == "bad_usage":
-            _spoil_usage(body, detail)
-        # json.dumps writes float("inf") as the bare word Infinity, as the "infinity" usage means to.
-        return json.dumps(body, ensure_ascii=answer_fault == "surrogate").encode()
+            return _spoiled_usage(usage, detail)
+        return usage
 
     # ----------------------------------------------------------------------------------- limits and queue
 
@@ -658,17 +945,24 @@ class MockServer:
         return _error_response(429, message, error_type, "rate_limit_exceeded", headers)
 
     async def _wait_in_queue(
-        self, request: web.Request, state: _State, slots: FifoSlots
+        self, request: web.Request, state: _State, slots: FifoSlots, stream: bool
     ) -> tuple[web.StreamResponse, float] | None:
-        """Hold the request FIFO until it gets a slot, keeping the connection alive with blank lines.
+        """Hold the request FIFO until it gets a slot, keeping the connection alive with blank lines (with
+        ``: keep-alive`` comments when it asked for a stream).
 
-        Like DeepSeek, the 200 status and headers go out at once; the JSON body follows the blank lines.
-        Returns the started response holding a slot with the moment that slot came free (where the request's
-        answer time starts), or None when the client left while queued.
+        Like DeepSeek, the 200 status and headers go out at once; the JSON body (or the event stream) follows
+        the keep-alive lines. Returns the started response holding a slot with the moment that slot came free
+        (where the request's answer time starts), or None when the client left while queued.
         """
         waiter = slots.enqueue()
-        response = web.StreamResponse(status=200, headers=self._limit_headers(state))
-        response.content_type = _JSON_CONTENT_TYPE
+        response = (
+            self._event_stream(state)
+            if stream
+            else web.StreamResponse(status=200, headers=self._limit_headers(state))
+        )
+        if not stream:
+            response.content_type = _JSON_CONTENT_TYPE
+        keepalive = _KEEPALIVE_STREAM if stream else _KEEPALIVE_BODY
         try:
             await response.prepare(request)
             keepalive_s = self.config.keepalive_s
@@ -676,7 +970,7 @@ class MockServer:
                 done, _ = await asyncio.wait((waiter,), timeout=keepalive_s)
                 if done:
                     return response, waiter.result()
-                await response.write(b"\n")
+                await response.write(keepalive)
         except ConnectionError:
             slots.abandon(waiter)
             return None
@@ -779,7 +1073,7 @@ class MockServer:
 class _RequestNotes:
     """What the handler decided about one chat request, for the request log (filled on the deciding paths)."""
 
-    __slots__ = ("completion_id", "detail", "digest", "max_tokens", "outcome")
+    __slots__ = ("completion_id", "completion_tokens_sent", "detail", "digest", "max_tokens", "outcome")
 
     def __init__(self) -> None:
         self.outcome: str | None = None
@@ -787,6 +1081,7 @@ class _RequestNotes:
         self.max_tokens: int | None = None
         self.completion_id: str | None = None
         self.detail: str | None = None
+        self.completion_tokens_sent: int | None = None
 
     def log_entry(self, seq: int, arrived_at: float, response: web.StreamResponse | None) -> RequestLogEntry:
         outcome = self.outcome
@@ -804,6 +1099,7 @@ class _RequestNotes:
             completion_id=self.completion_id,
             # A hostile answer that a limit refused (or a queue lost) went out as that, not as the fault.
             detail=self.detail if outcome in _DETAILED_OUTCOMES else None,
+            completion_tokens_sent=self.completion_tokens_sent,
         )
 
 
@@ -825,6 +1121,77 @@ class _Completion:
         self.completion_tokens = completion_tokens
         self.finish_reason = finish_reason
         self.tool_calls = tool_calls
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamJob:
+    """What a streamed answer needs once its request is admitted and holds its slot."""
+
+    completion: _Completion
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    answer_fault: str | None
+    detail: str | None
+    cut_fault: str | None
+    include_usage: bool
+    first_token_at: float  # clock time the first token falls due: arrival (or slot) + latency_s + prefill
+    charged_tokens: int
+    holds_slot: bool
+
+
+class _Chunk(NamedTuple):
+    """One server-sent event of a stream and when it falls due."""
+
+    due_tokens: (
+        int  # completion tokens generated before it goes out: it is due at first token + this × per-token
+    )
+    tokens_sent: int  # completion tokens delivered once it is written
+    data: bytes
+
+
+class _StreamPlan(NamedTuple):
+    role: bytes  # the first chunk (``role`` and empty content), written at once
+    chunks: list[_Chunk]  # content-bearing chunks first, then the last choice, usage and [DONE] events
+    pieces: int  # how many of ``chunks`` carry thinking, content or tool-call text
+
+
+def _completion_id(state: _State) -> str:
+    return f"chatcmpl-mock{next(state.completion_ids):012x}"
+
+
+def _answer_outcome(completion: _Completion, answer_fault: str | None) -> str:
+    """The request log's outcome of an answer sent whole."""
+    if answer_fault is not None:
+        return answer_fault
+    return "length" if completion.finish_reason == "length" else "ok"
+
+
+def _text_pieces(text: str, chars: float) -> list[str]:
+    """``text`` in consecutive, non-empty pieces of about ``chars`` (>= 1) characters each."""
+    length = len(text)
+    if length == 0:
+        return []
+    bounds = [math.floor(index * chars) for index in range(math.ceil(length / chars))] + [length]
+    return [text[start:end] for start, end in itertools.pairwise(bounds) if end > start]
+
+
+def _tool_call_deltas(calls: list[dict[str, Any]], chars: float, dumps: Callable[[Any], str]) -> list[str]:
+    """OpenAI's tool-call deltas: per call, one with its ``index``, ``id``, type and name (arguments ""), then
+    its arguments in pieces, each with only the ``index`` and ``function.arguments``."""
+    deltas: list[str] = []
+    for index, call in enumerate(calls):
+        function = call["function"]
+        opening = {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": function["name"], "arguments": ""},
+        }
+        deltas.append(dumps({"tool_calls": [opening]}))
+        for piece in _text_pieces(str(function["arguments"]), chars):
+            deltas.append(dumps({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+    return deltas
 
 
 def _prefix_cache_hit(state: _State, key: int, capacity: int) -> bool:
@@ -866,12 +1233,11 @@ def _still_hostile(kind: str, completion: _Completion) -> bool:
     return LONE_SURROGATE in completion.content
 
 
-def _spoil_usage(body: dict[str, Any], kind: str | None) -> None:
-    """Replace the body's usage by the "bad_usage" variant ``kind``."""
-    usage = body["usage"]
+def _spoiled_usage(usage: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
+    """``usage`` made into the "bad_usage" variant ``kind`` (None for "missing")."""
     if kind == "missing":
-        del body["usage"]
-    elif kind == "huge":
+        return None
+    if kind == "huge":
         usage["prompt_tokens"] = 10**20
         usage["total_tokens"] = 10**20 + usage["completion_tokens"]
     elif kind == "infinity":
@@ -880,6 +1246,7 @@ def _spoil_usage(body: dict[str, Any], kind: str | None) -> None:
     else:  # "negative"
         for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
             usage[name] = -max(1, usage[name])
+    return usage
 
 
 def _fit_to_budget(
@@ -923,7 +1290,8 @@ def _cut_short(
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body with ``max_tokens``, ``temperature`` and ``model`` normalised.
+    """The request body with ``max_tokens``, ``temperature``, ``model`` and ``stream`` normalised (and
+    ``include_usage`` added: whether ``stream_options`` asked for the usage chunk).
 
     Raises:
         _RequestError: the body is not a valid chat-completion request.
@@ -956,6 +1324,22 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     body["temperature"] = temperature
     model = body.get("model")
     body["model"] = model if isinstance(model, str) else ""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _RequestError(f"stream must be a boolean, got {stream!r}.", "stream")
+    body["stream"] = stream is True
+    options = body.get("stream_options")
+    include_usage: object = None
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _RequestError(f"stream_options must be an object, got {options!r}.", "stream_options")
+        include_usage = options.get("include_usage")
+        if include_usage is not None and not isinstance(include_usage, bool):
+            raise _RequestError(
+                f"stream_options.include_usage must be a boolean, got {include_usage!r}.",
+                "stream_options.include_usage",
+            )
+    body["include_usage"] = include_usage is True
     return body
 
 

@@ -40,6 +40,8 @@ FAULT_KINDS = (
     "surrogate",
     "bad_usage",
     "long_pause",
+    "stream_stall",
+    "stream_drop",
 )
 REJECTION_KINDS = ("rpm", "rps", "tpm", "concurrency", "quota")
 
@@ -59,7 +61,9 @@ class MockStats:
         faults: injected faults by kind: error_500, error_503, timeout, reset, malformed, rate_limit (a 429
             that no limit asked for; not in ``rejected_429``, which counts the limits' own), long_pause (a 429
             asking for an absurd wait; not in ``rejected_429`` either), and the hostile answers huge_step,
-            surrogate and bad_usage (200 answers, also counted in ``accepted`` and its tokens).
+            surrogate and bad_usage (200 answers, also counted in ``accepted`` and its tokens), and the answers
+            cut off on the wire, stream_stall and stream_drop (admitted and charged too: counted in
+            ``accepted`` with every token generated, whatever reached the client).
         length_stops: accepted answers cut by max_tokens (finish_reason "length"), ``length_faults`` included.
         length_faults: accepted answers cut short by the ``length_rate`` fault.
         max_in_flight: most chat requests open at once (queued and hanging ones included).
@@ -257,16 +261,26 @@ class RequestLogEntry:
         at: wall-clock time (Unix seconds) when the answer left or the connection was dropped.
         status: the HTTP status sent; None when the connection was dropped without an answer.
         outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>`` (a limit's 429),
-            ``bad_request``, ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued).
-            ``huge_step``, ``surrogate`` and ``bad_usage`` are 200 answers like ``ok`` (their
-            ``finish_reason`` may still be "length" when the budget cut them).
+            ``bad_request``, ``stream_refused`` (``"stream": true`` to a server set to refuse it),
+            ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued, or went away in
+            the middle of a streamed answer). ``huge_step``, ``surrogate`` and ``bad_usage`` are 200 answers
+            like ``ok`` (their ``finish_reason`` may still be "length" when the budget cut them);
+            ``stream_stall`` and ``stream_drop`` are 200 answers cut off on the wire.
         request_digest: `request_digest` of the request; None when its body did not parse.
         max_tokens: the output budget asked for.
-        completion_id: the ``id`` of the completion body sent (ok, length and the three hostile answers).
+        completion_id: the ``id`` of the completion body or chunks sent (ok, length, the three hostile answers,
+            the two cut off on the wire, and a stream the client left).
         detail: which variant a fault took, where it has several: the fields a ``huge_step`` changed
             (``root_step``, ``root_cause.step``), the field a ``surrogate`` ended (``reason``, or ``(text)``),
             the ``bad_usage`` kind (``missing``, ``huge``, ``infinity``, ``negative``), the ``Retry-After`` of
             a ``long_pause``; None otherwise.
+        completion_tokens_sent: completion tokens that reached the wire, counted as ``usage`` counts them: the
+            whole ``completion_tokens`` of an answer sent whole (streamed or not, the true count even when a
+            ``bad_usage`` answer misreports it); for a stream cut off (``stream_stall``, ``stream_drop``) or
+            left by its client, the tokens generated up to the last chunk written (thinking tokens a hidden
+            ``reasoning_field`` kept off the wire included); 0 for an unstreamed body cut in half (no
+            completion a client could read); None where no answer was generated (faults, rejections, 4xx, a
+            request left while queued).
     """
 
     seq: int
@@ -278,6 +292,7 @@ class RequestLogEntry:
     max_tokens: int | None
     completion_id: str | None = None
     detail: str | None = None
+    completion_tokens_sent: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
