@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from rcarun.mock import MockConfig, MockServer, RequestLogEntry
+from rcarun.mock.cli import build_parser, config_from_args
 
 PostChat = Callable[..., Awaitable[Any]]
 Body = Callable[..., dict[str, Any]]
@@ -650,3 +651,19 @@ async def test_stream_false_is_the_plain_json_body(post_chat: PostChat, make_bod
 def test_stream_knobs_are_validated(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MockConfig(**changes)
+
+
+def test_stream_knobs_have_command_line_flags() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            *("--stream-stall-rate", "0.02", "--stream-drop-rate", "0.03"),
+            *("--tokens-per-chunk", "4", "--refuse-stream"),
+        ]
+    )
+    config = config_from_args(args)
+    assert (config.stream_stall_rate, config.stream_drop_rate) == (0.02, 0.03)
+    assert (config.tokens_per_chunk, config.refuse_stream) == (4, True)
+    assert MockConfig.from_json(config.to_json()) == config
+    defaults = config_from_args(parser.parse_args([]))
+    assert (defaults.tokens_per_chunk, defaults.refuse_stream) == (1, False)

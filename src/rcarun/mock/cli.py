@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("surrogate", "a 200 answer holding a lone UTF-16 surrogate"),
         ("bad-usage", "a 200 answer whose usage is missing, huge, Infinity or negative"),
         ("long-pause", "a 429 whose Retry-After asks for a day or more"),
+        ("stream-stall", "an answer that stops about half way and then hangs until the connection drops"),
+        ("stream-drop", "an answer whose connection closes about half way"),
     ):
         parser.add_argument(f"--{kind}-rate", type=float, help=f"probability of {what}")
     parser.add_argument(
@@ -71,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="field of the thinking text",
     )
     parser.add_argument("--usage-style", choices=["openai", "deepseek"], help="shape of usage details")
+    parser.add_argument(
+        "--tokens-per-chunk", type=int, help="completion tokens per streamed chunk (default 1)"
+    )
+    parser.add_argument(
+        "--refuse-stream",
+        action="store_true",
+        default=None,
+        help='answer "stream": true with a 400, as a server that cannot stream',
+    )
     parser.add_argument("--context-window", type=int, help="vLLM-style context limit in tokens")
     parser.add_argument("--api-key-env", help="name of an environment variable holding the key to require")
     parser.add_argument("--seed", type=int, help="seed of the server's random draws")
@@ -109,6 +120,10 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
         "surrogate_rate": args.surrogate_rate,
         "bad_usage_rate": args.bad_usage_rate,
         "long_pause_rate": args.long_pause_rate,
+        "stream_stall_rate": args.stream_stall_rate,
+        "stream_drop_rate": args.stream_drop_rate,
+        "tokens_per_chunk": args.tokens_per_chunk,
+        "refuse_stream": args.refuse_stream,
         "request_log_size": args.request_log_size,
     }
     values.update({name: value for name, value in flag_fields.items() if value is not None})
