@@ -1,9 +1,10 @@
 """rcarun's OpenAI-compatible simulator: a backbone on loopback for tests, the demo and the benchmark.
 
 It stands alone (it imports nothing else of rcarun), answers chat completions with values generated from the
-JSON schema each request carries, enforces rate and concurrency limits the way providers do, injects
-reproducible faults, measures what clients offered at ``GET /mock/stats`` and, when asked, logs every request
-with its outcome at ``GET /mock/log``.
+JSON schema each request carries (as one JSON body, or streamed as server-sent events in each provider's chunk
+shape when the request says ``"stream": true``), enforces rate and concurrency limits the way providers do,
+injects reproducible faults, measures what clients offered at ``GET /mock/stats`` and, when asked, logs every
+request with its outcome at ``GET /mock/log``.
 
     async with MockServer(MockConfig(rpm=600)) as server:   # in this event loop
         ... server.base_url, server.stats(), server.reset()
