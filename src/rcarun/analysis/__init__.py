@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rcarun.data import parse_step
 
-from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
+from .cost import CallTiming, ChargedCost, CostRow, call_timing, charged_costs, cost_rows, nearest_rank
 from .fidelity import CALIBRATION_SIZES, mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, scoring_rule
 from .render import render_html, render_text
@@ -74,6 +74,7 @@ __all__ = [
     "STEP_TOLERANCE",
     "AbstentionRule",
     "BootstrapInterval",
+    "CallTiming",
     "Cell",
     "ChargedCost",
     "Complementarity",
@@ -98,6 +99,7 @@ __all__ = [
     "build_report",
     "by_length_group",
     "by_source",
+    "call_timing",
     "cell_status",
     "charged_costs",
     "complementarity",

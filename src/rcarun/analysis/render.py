@@ -28,7 +28,7 @@ Conventions, as in the LongRCA paper's tables:
   cell, full metrics, per-source tables, complementarity, the protocol's settings, ...) folded in
   ``<details>``; a table of contents. The report dict carries bootstrap intervals for paired differences only,
   so the per-cell interval is derived from its per-source counts (`_interval`). Keys that newer report dicts
-  add (``served_by``, cost rows' ``gpu_usd``) are shown when present.
+  add (``served_by``, cost rows' ``gpu_usd``, ``call_timing``) are shown when present.
 * The page has no external resources and no scripts: inline CSS and three matplotlib plots embedded as base64
   PNG, drawn on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to
   close). Plots run from 0 to 100%, carry intervals as error bars, size themselves by the number of bars, and
@@ -1175,6 +1175,53 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
     return _Section("cost", title, (usage_table, money_table), notes)
 
 
+def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
+    """Per backbone: streamed answers, time to first token, decode rate and cut generations (``call_timing``,
+    in newer report dicts only)."""
+    timing = _rows(report, "call_timing")
+    if not timing:
+        return None
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            _count(_num(row, "attempts")),
+            _count(_num(row, "streamed_calls")),
+            _seconds(_num(row, "ttft_p50_s")),
+            _seconds(_num(row, "ttft_p95_s")),
+            _rate(_num(row, "decode_p50_tokens_per_s")),
+            _rate(_num(row, "decode_p95_tokens_per_s")),
+            _count(_num(row, "cut_calls")),
+            _usd(_num(row, "cut_usd")),
+        )
+        for row in timing
+    )
+    table = _Table(
+        columns=(
+            *("Backbone", "Attempts", "Streamed", "TTFT p50 s", "TTFT p95 s"),
+            *("Decode p50 tok/s", "Decode p95 tok/s", "Cut", "Cut USD"),
+        ),
+        rows=rows,
+        caption="How the answers came, over attempts sent (cache hits left out).",
+    )
+    notes = (
+        "Streamed: answers that came as a server-sent-event stream. TTFT: time to first token, from sending the "
+        "request to the first chunk of answer, thinking or tool-call text; decode: completion tokens after the "
+        "first over the seconds from the first token to the last. Nearest-rank percentiles over the attempts that "
+        "have them; – where unknown (no streamed answer, or a file from before they were recorded).",
+        "Cut: generations cut short (silence timeout, disconnect, size cap, call deadline, Ctrl-C) and charged an "
+        "estimate of what they generated; their USD is in the cost above too.",
+    )
+    return _Section("call-timing", "Call timing", (table,), notes)
+
+
+def _seconds(value: float | None) -> str:
+    return DASH if value is None else f"{value:.2f}"
+
+
+def _rate(value: float | None) -> str:
+    return DASH if value is None else f"{value:.1f}"
+
+
 def _pp(value: float | None) -> str:
     """A difference of fractions in percentage points, two decimals (App. A reports 1.665, 3.771)."""
     return DASH if value is None else f"{value * 100:.2f}"
@@ -1415,6 +1462,7 @@ def _sections(report: Mapping[str, Any]) -> list[_Section]:
         _calibration_section(report),
         _sensitivity_section(report),
         _cost_section(report),
+        _call_timing_section(report),
     ]
     return [s for s in sections if s is not None]
 
@@ -1510,7 +1558,7 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
         report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
         sections: only these section keys (``accuracy``, ``outcomes``, ``full-metrics``, ``per-source``, ``paired``,
             ``components``, ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``,
-            ``fidelity``, ``calibration``, ``label-sensitivity``, ``cost``); all when None.
+            ``fidelity``, ``calibration``, ``label-sensitivity``, ``cost``, ``call-timing``); all when None.
 
     Returns:
         The text, ending with a newline.
@@ -1948,6 +1996,7 @@ _HEADLINE = ("accuracy", "paired", "components", "repeatability", "cost", "fidel
 _TAIL = (
     *("label-sensitivity", "outcomes", "full-metrics", "per-source", "complementarity", "recall", "turns"),
     "length-groups",
+    "call-timing",
 )
 _LEGEND = (
     "Cells: the number (%) and its {level} interval in brackets; bold: the highest number per backbone and "

@@ -68,6 +68,9 @@ methods), and ``protocol`` in the dict says what was chosen and why:
       shown is never marked best, is left out of paired comparisons and complementarity (listed under
       ``excluded``), and its status names the main reason; a cell without any prediction is not scored at all
       (``n`` 0, every metric null) instead of scoring 0 as if it had answered.
+    - Call timing (``call_timing``): per backbone, over the attempts sent, how many answers were streamed, time
+      to first token and decode rate (nearest-rank p50 / p95; null when unknown) and the generations cut short
+      and charged an estimate (`rcarun.analysis.cost.call_timing`).
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ from typing import Any
 from rcarun.errors import ConfigError, StoreError
 from rcarun.store import RunRow, Store
 
-from .cost import cost_rows, served_by
+from .cost import call_timing, cost_rows, served_by
 from .fidelity import mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
@@ -372,6 +375,8 @@ def build_report(
         "cost": [row.to_json() for row in cost_rows(store, run_id)],
         # What served each managed backbone (vLLM version, command lines) and its GPU time's charge.
         "served_by": [served.to_json() for served in served_by(store, run_id)],
+        # How each backbone's answers came: streamed, time to first token, decode rate, cut generations.
+        "call_timing": [timing.to_json() for timing in call_timing(store, run_id)],
     }
 
 

@@ -25,7 +25,7 @@ from rcarun.store import RunRow, Store, open_store
 # `rcarun.analysis` (numpy with it) is imported by the commands that use it, not when the `rcarun` command starts:
 # `rcarun sweep`, `rcarun --help` and the other commands then start in 0.36 s of CPU instead of 0.55 (12 MB less).
 if TYPE_CHECKING:
-    from rcarun.analysis import Expected, Metrics, ReportOptions
+    from rcarun.analysis import CallTiming, Expected, Metrics, ReportOptions
 
 __all__ = [
     "add_analysis_commands",
@@ -62,7 +62,11 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     export.add_argument("--realization", type=int, default=0, help="0-based (default 0)")
     export.add_argument("--out", required=True, help="directory for predictions.jsonl and leaderboard.json")
 
-    cost = commands.add_parser("cost", help="tokens, USD and latency per backbone x method x stage")
+    cost = commands.add_parser(
+        "cost",
+        help="tokens, USD and latency per backbone x method x stage; per backbone, streamed answers, time to "
+        "first token, decode rate and cut generations",
+    )
     _db_and_run(cost, default_db)
     cost.add_argument("--json", action="store_true", help="print the rows as JSON")
 
@@ -354,13 +358,14 @@ def cmd_export(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
 
 @survives_closed_stdout
 def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
-    from rcarun.analysis import cost_rows, resolve_run
+    from rcarun.analysis import call_timing, cost_rows, resolve_run
     from rcarun.analysis.cost import served_by
 
     with open_results(db) as store:
         run = resolve_run(store, run_name)
         rows = cost_rows(store, run.run_id)
         served = served_by(store, run.run_id)
+        timing = call_timing(store, run.run_id)
     if args.json:
         print(
             json.dumps(
@@ -369,6 +374,7 @@ def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
                     "run_id": run.run_id,
                     "rows": [row.to_json() for row in rows],
                     "served_by": [entry.to_json() for entry in served],
+                    "call_timing": [entry.to_json() for entry in timing],
                 },
                 indent=2,
             )
@@ -420,7 +426,32 @@ def cmd_cost(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
             f"estimated usage: {sum(row.estimated_calls for row in estimated)} attempts had no usable usage from "
             f"the provider and are charged rcarun's conservative estimate ({where})"
         )
+    if timing:
+        print()
+        print("\n".join(_timing_table(timing)))
     return 0
+
+
+def _timing_table(timing: Sequence[CallTiming]) -> list[str]:
+    """Per backbone, over attempts sent: streamed answers, TTFT and decode rate percentiles, cut generations."""
+    header = (
+        f"{'backbone':<16} {'attempts':>8} {'streamed':>8} {'TTFT p50 s':>10} {'TTFT p95 s':>10} "
+        f"{'tok/s p50':>9} {'tok/s p95':>9} {'cut':>5} {'cut USD':>10}"
+    )
+    lines = [
+        "call timing (attempts sent): streamed answers, time to first token, decode rate; cut generations "
+        "(charged an estimate)",
+        header,
+        "-" * len(header),
+    ]
+    for entry in timing:
+        streamed = "–" if entry.streamed_calls is None else f"{entry.streamed_calls:,}"
+        lines.append(
+            f"{entry.backbone:<16} {entry.attempts:>8,} {streamed:>8} {_number(entry.ttft_p50_s, 2):>10} "
+            f"{_number(entry.ttft_p95_s, 2):>10} {_number(entry.decode_p50_tokens_per_s, 1):>9} "
+            f"{_number(entry.decode_p95_tokens_per_s, 1):>9} {entry.cut_calls:>5,} {entry.cut_usd:>10.4f}"
+        )
+    return lines
 
 
 # -- report ---------------------------------------------------------------------------------------------------
