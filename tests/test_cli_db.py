@@ -60,7 +60,7 @@ def _without_timing(value: Any) -> Any:
         return {
             key: _without_timing(item)
             for key, item in value.items()
-            if not (key.endswith("_at") or "latency" in key or key in ("run_id", "db"))
+            if not (key.endswith(("_at", "_s", "_per_s")) or "latency" in key or key in ("run_id", "db"))
         }
     if isinstance(value, list):
         return [_without_timing(item) for item in value]

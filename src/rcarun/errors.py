@@ -14,18 +14,26 @@ data. Messages never contain secrets: they name the backbone, the call or the fi
         ├── RetryableError       worth another attempt after a backoff
         │   ├── RateLimited      429 or a provider's equivalent: pause the backbone and shrink concurrency
         │   ├── ServerError      5xx other than a rate-limit signal
-        │   ├── TransportError   timeout, connection reset or refused
-        │   │   └── ConnectionFailed  no connection could be made at all (refused, unknown host)
+        │   ├── TransportError   no complete answer: connection reset or refused, an answer cut off
+        │   │   ├── ConnectionFailed  no connection could be made at all (refused, unknown host)
+        │   │   ├── SilenceTimeout    nothing arrived for ``timeout_s`` (before the answer or within it)
+        │   │   └── CallDeadline      the call ran past ``max_call_s``
         │   └── MalformedResponse  a body that is not a chat completion
         └── FatalCallError       another attempt would fail the same way; stored and the item moves on
             ├── BadRequest       400/422: bad parameters
             │   ├── ContextOverflow  prompt + max_tokens exceed the context window
-            │   └── ModelNotFound    404: no such model (or no such endpoint) at this base URL
+            │   ├── ModelNotFound    404: no such model (or no such endpoint) at this base URL
+            │   └── StreamRefused    the server does not stream: the call is sent again unstreamed
+            ├── ResponseTooLarge a response past ``max_response_mb``: read no further
             ├── AuthError        401/403
             └── QuotaExhausted   the account is out of credit (a 429 that must not be retried)
 
 `ConnectionFailed`, `ModelNotFound`, `AuthError` and `QuotaExhausted` are about the backbone, not the call: the
 runner stops a backbone that keeps meeting them (`BACKBONE_FAULTS`) instead of failing every item in turn.
+
+A `TransportError` other than `ConnectionFailed`, or a `ResponseTooLarge`, after the request went out is a cut
+generation: the provider may have generated (and billed) the answer, so the runner stores what arrived and
+charges an estimate for it.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "AuthError",
     "BadRequest",
     "BudgetExhausted",
+    "CallDeadline",
     "CallError",
     "ConfigError",
     "ConnectionFailed",
@@ -50,9 +59,12 @@ __all__ = [
     "RateLimited",
     "RcarunError",
     "ReportedLimits",
+    "ResponseTooLarge",
     "RetryableError",
     "ServerError",
+    "SilenceTimeout",
     "StoreError",
+    "StreamRefused",
     "TransportError",
     "data_location",
 ]
@@ -178,7 +190,7 @@ class ServerError(RetryableError):
 
 
 class TransportError(RetryableError):
-    """The request did not complete: timeout, connection reset or refused."""
+    """The request did not complete: connection reset or refused, an answer cut off, a deadline."""
 
     kind = "transport_error"
 
@@ -187,6 +199,18 @@ class ConnectionFailed(TransportError):
     """No connection could be made to the endpoint (refused, unreachable, unknown host): nothing was sent."""
 
     kind = "connection_failed"
+
+
+class SilenceTimeout(TransportError):
+    """Nothing arrived for ``timeout_s``: no first byte, or a pause within the answer that long."""
+
+    kind = "silence_timeout"
+
+
+class CallDeadline(TransportError):
+    """The call ran longer than ``max_call_s``, however steadily its answer was arriving."""
+
+    kind = "call_deadline"
 
 
 class MalformedResponse(RetryableError):
@@ -217,6 +241,19 @@ class ModelNotFound(BadRequest):
     """404 from the chat endpoint: the model (or the endpoint path) does not exist at this base URL."""
 
     kind = "model_not_found"
+
+
+class StreamRefused(BadRequest):
+    """The server refused the request for asking to stream (a 400 naming ``stream``): the backbone stops
+    streaming and the call is sent again unstreamed."""
+
+    kind = "stream_refused"
+
+
+class ResponseTooLarge(FatalCallError):
+    """The response grew past the backbone's ``max_response_mb``: an endless or oversized answer, not read on."""
+
+    kind = "response_too_large"
 
 
 class AuthError(FatalCallError):

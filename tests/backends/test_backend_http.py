@@ -39,6 +39,7 @@ from rcarun.errors import (
     QuotaExhausted,
     RateLimited,
     ServerError,
+    SilenceTimeout,
     TransportError,
 )
 from rcarun.mock import MockConfig, MockServer
@@ -130,7 +131,7 @@ async def test_both_transports_send_the_same_body_and_get_the_same_result(
             extra_headers={"X-Run": "r1"},
         )
         results.append(await call_once(settings, request))
-        expected_body = build_body(request, settings, get_preset("vllm"))
+        expected_body = build_body(request, settings, get_preset("vllm"), stream=True)
         assert server.seen[-1].body == expected_body
         assert server.seen[-1].headers["Authorization"] == f"Bearer {planted_key}"
         assert server.seen[-1].headers.get("X-Run") == "r1", transport
@@ -166,7 +167,9 @@ async def test_tool_calls_travel_identically_over_both_transports(canned: Canned
     for transport in ("aiohttp", "openai-sdk"):
         settings = settings_for(server.base_url, provider="vllm", transport=transport)
         results.append(await call_once(settings, request))
-        assert server.seen[-1].body == build_body(request, settings, get_preset("vllm")), transport
+        assert server.seen[-1].body == build_body(request, settings, get_preset("vllm"), stream=True), (
+            transport
+        )
     assert server.seen[-1].body["messages"][1]["content"] is None
     assert server.seen[-1].body["tools"] == list(tools)
     first, second = (dataclasses.replace(result, latency_s=0.0) for result in results)
@@ -279,7 +282,12 @@ async def test_simulator_results_identical_across_transports() -> None:
     for transport in ("aiohttp", "openai-sdk"):  # a fresh server each: same ids, same cache state
         async with MockServer(config, host="127.0.0.1", port=0) as server:
             result = await call_once(mock_settings(server, transport))
-            results.append(dataclasses.replace(result, latency_s=0.0, raw_body=b"", endpoint=""))
+            assert result.streamed and result.ttft_s is not None and result.ttft_s > 0
+            results.append(
+                dataclasses.replace(
+                    result, latency_s=0.0, raw_body=b"", endpoint="", ttft_s=None, decode_tokens_per_s=None
+                )
+            )
     assert results[0].rate_limit is not None and results[0].rate_limit.limit_requests == 6000
     assert results[0] == results[1]
     answer = json.loads(results[0].text)  # json_schema response_format: the simulator follows the schema
@@ -300,7 +308,7 @@ async def test_simulator_length_stop_with_empty_content(transport_name: str) -> 
 async def test_simulator_queue_mode_blank_lines(transport_name: str) -> None:
     config = MockConfig(latency_s=0.15, max_concurrency=1, over_concurrency="queue", keepalive_s=0.01)
     async with MockServer(config, host="127.0.0.1", port=0) as server:
-        backend = create_backend(mock_settings(server, transport_name, provider="deepseek"))
+        backend = create_backend(mock_settings(server, transport_name, provider="deepseek", stream=False))
         try:
             results = await asyncio.gather(*(backend.chat(chat_request()) for _ in range(3)))
         finally:
@@ -309,6 +317,21 @@ async def test_simulator_queue_mode_blank_lines(transport_name: str) -> None:
     queued = [result for result in results if result.raw_body.startswith(b"\n")]
     assert queued, "at least one request waited in the queue behind blank lines"
     assert all(isinstance(json.loads(result.text), dict) for result in results)
+
+
+async def test_simulator_queue_mode_keep_alive_comments_while_streaming(transport_name: str) -> None:
+    # DeepSeek writes ": keep-alive" comments while a streamed request is queued: the answer still adds up.
+    config = MockConfig(latency_s=0.15, max_concurrency=1, over_concurrency="queue", keepalive_s=0.01)
+    async with MockServer(config, host="127.0.0.1", port=0) as server:
+        backend = create_backend(mock_settings(server, transport_name, provider="deepseek"))
+        try:
+            results = await asyncio.gather(*(backend.chat(chat_request()) for _ in range(3)))
+        finally:
+            await backend.aclose()
+    assert [(result.finish_reason, result.streamed) for result in results] == [("stop", True)] * 3
+    assert all(isinstance(json.loads(result.text), dict) for result in results)
+    # Queued behind one another, the last waited two answers' time for its first token.
+    assert max(result.ttft_s or 0.0 for result in results) >= 0.25
 
 
 @pytest.mark.parametrize(
@@ -360,8 +383,9 @@ async def test_timeout_is_a_transport_error(transport_name: str) -> None:
     config = MockConfig(latency_s=0.0, timeout_rate=1.0, hang_s=30.0)
     async with MockServer(config, host="127.0.0.1", port=0) as server:
         error = await failure(mock_settings(server, transport_name, timeout_s=0.3))
-    assert type(error) is TransportError
+    assert type(error) is SilenceTimeout and isinstance(error, TransportError)
     assert error.status is None
+    assert "nothing arrived for timeout_s = 0.3 s before an answer" in str(error)
     assert "test-simulated" in str(error)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.sweeps import make_config, rows
-from rcarun.backends import Backend, BackendSettings, ChatRequest, ChatResult, create_backend
+from rcarun.backends import Backend, BackendSettings, CallProgress, ChatRequest, ChatResult, create_backend
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 
@@ -26,8 +26,8 @@ class _CancelsItsCallerOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
-        result = await self._backend.chat(request)
+    async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
+        result = await self._backend.chat(request, progress)
         if not self.cancelled:
             task = asyncio.current_task()
             assert task is not None

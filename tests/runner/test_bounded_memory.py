@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from helpers.sweeps import make_config, rows
-from rcarun.backends import Backend, BackendSettings, ChatRequest, ChatResult, create_backend
+from rcarun.backends import Backend, BackendSettings, CallProgress, ChatRequest, ChatResult, create_backend
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import SweepConfig, run_sweep, scheduler
 from rcarun.store import StoreWriter
@@ -174,11 +174,11 @@ class _Inspector:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
+    async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
         self.calls += 1
         if self.calls in self.at_calls:
             self.found[self.calls] = [c for c in _reachable_containers(_sweep_tasks()) if c.entries > 8]
-        return await self.backend.chat(request)
+        return await self.backend.chat(request, progress)
 
 
 def _write_dataset(root: Path, count: int) -> Path:

@@ -18,7 +18,8 @@ from rcarun.backends.ratelimits import (
 from rcarun.backends.registry import backend, backend_names, create_backend, register_lazy_backend
 from rcarun.backends.replicas import ReplicaBalancer
 from rcarun.backends.settings import BackendSettings, Secret
-from rcarun.backends.transports import RawResponse, Transport, create_transport, transport, transport_names
+from rcarun.backends.streaming import CallProgress
+from rcarun.backends.transports import ResponseStream, Transport, create_transport, transport, transport_names
 from rcarun.backends.types import (
     Backend,
     ChatMessage,
@@ -31,12 +32,13 @@ from rcarun.backends.types import (
     Usage,
     prompt_chars,
 )
-from rcarun.backends.wire import build_body, parse_completion, replay_body
+from rcarun.backends.wire import build_body, completion_result, parse_completion, replay_body
 
 __all__ = [
     "PRESETS",
     "Backend",
     "BackendSettings",
+    "CallProgress",
     "ChatMessage",
     "ChatRequest",
     "ChatResult",
@@ -44,9 +46,9 @@ __all__ = [
     "OpenAICompatBackend",
     "Preset",
     "RateLimitInfo",
-    "RawResponse",
     "ReasoningSetting",
     "ReplicaBalancer",
+    "ResponseStream",
     "Secret",
     "ToolChoice",
     "Transport",
@@ -54,6 +56,7 @@ __all__ = [
     "backend",
     "backend_names",
     "build_body",
+    "completion_result",
     "create_backend",
     "create_transport",
     "get_preset",

@@ -1,8 +1,14 @@
 """The backend for every OpenAI-compatible chat API: DeepSeek, OpenAI, Kimi, vLLM servers, the mock.
 
-It does one thing per call: pick a replica, build the body (`wire.build_body`), hand it to the transport,
-and turn the answer into a `ChatResult` or an rcarun error (`wire.parse_completion`). It never sleeps, loops
-or retries: the runner wraps it in limiter -> retry -> record, and needs every failure as a typed error.
+It does one thing per call: pick a replica, build the body (`wire.build_body`), hand it to the transport, read
+the answer as it arrives (server-sent events, `streaming`, or one body) under the backbone's size cap and call
+deadline, and turn it into a `ChatResult` or an rcarun error (`wire.parse_completion`). It never sleeps, loops
+or retries: the runner wraps it in limiter -> retry -> record, and needs every failure as a typed error. What
+an attempt received is kept in the `CallProgress` the runner passes, so a cut answer is still stored and charged.
+
+Answers stream by default (``stream``, per backbone; the preset's default otherwise). A server that refuses to
+stream (a 400 naming ``stream``) raises `StreamRefused` once; the backend remembers it and sends unstreamed from
+then on.
 
 The API key is read once from the environment variable the settings name, kept in a `Secret`, and scrubbed
 from any error message on the way out (a provider may echo the key in a 401 body): the parser scrubs the
@@ -11,6 +17,8 @@ provider's whole text with `redact_secrets` before shortening it, and every mess
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import time
 
@@ -18,12 +26,37 @@ from rcarun.backends.presets import Preset, get_preset
 from rcarun.backends.registry import backend
 from rcarun.backends.replicas import ReplicaBalancer, prefix_key
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
-from rcarun.backends.transports import create_transport
+from rcarun.backends.streaming import (
+    CallProgress,
+    ChunkAssembler,
+    EventDecoder,
+    StreamError,
+    render_completion,
+)
+from rcarun.backends.transports import ResponseStream, create_transport
 from rcarun.backends.types import ChatRequest, ChatResult
-from rcarun.backends.wire import Redactor, build_body, parse_completion
-from rcarun.errors import CallError
+from rcarun.backends.wire import (
+    Redactor,
+    build_body,
+    completion_result,
+    error_for_status,
+    parse_completion,
+    provider_message,
+    refuses_streaming,
+)
+from rcarun.errors import (
+    CallDeadline,
+    CallError,
+    MalformedResponse,
+    ResponseTooLarge,
+    ServerError,
+    StreamRefused,
+    TransportError,
+)
 
 __all__ = ["OpenAICompatBackend"]
+
+_EVENT_STREAM = "text/event-stream"
 
 
 @backend("openai-compat")
@@ -37,7 +70,7 @@ class OpenAICompatBackend:
         ConfigError: unknown preset or transport, or the key's environment variable is not set.
     """
 
-    __slots__ = ("_api_key", "_preset", "_redact", "_replicas", "_transport", "name", "settings")
+    __slots__ = ("_api_key", "_preset", "_redact", "_replicas", "_stream", "_transport", "name", "settings")
 
     def __init__(self, settings: BackendSettings) -> None:
         self.name = settings.name
@@ -47,6 +80,7 @@ class OpenAICompatBackend:
         self._redact: Redactor = functools.partial(redact_secrets, secret=self._api_key)
         self._transport = create_transport(settings, self._api_key)
         self._replicas = ReplicaBalancer(settings.base_urls)
+        self._stream = settings.stream if settings.stream is not None else self._preset.streams
 
     @property
     def preset(self) -> Preset:
@@ -56,20 +90,33 @@ class OpenAICompatBackend:
     def replicas(self) -> ReplicaBalancer:
         return self._replicas
 
+    @property
+    def streams(self) -> bool:
+        """Whether answers are asked for as server-sent events now (False once the server refused to stream)."""
+        return self._stream
+
     def __repr__(self) -> str:
         settings = self.settings
         return (
             f"OpenAICompatBackend(name={settings.name!r}, provider={settings.provider!r}, "
-            f"model={settings.model!r}, transport={settings.transport!r}, replicas={len(settings.base_urls)})"
+            f"model={settings.model!r}, transport={settings.transport!r}, replicas={len(settings.base_urls)}, "
+            f"stream={self._stream})"
         )
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
+    async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
         """Send one request and translate the answer.
+
+        Args:
+            request: what to ask.
+            progress: kept up to date with what arrives, for the caller to read when the call ends early.
 
         Raises:
             rcarun.errors.CallError: the subclass says whether to retry, pause the backbone or give up.
         """
-        body = build_body(request, self.settings, self._preset)
+        stream = self._stream
+        body = build_body(request, self.settings, self._preset, stream=stream)
+        if progress is None:
+            progress = CallProgress()
         replicas = self._replicas
         # The affinity key is hashed only when it is used: a long first message costs a digest per call.
         key = None
@@ -78,26 +125,184 @@ class OpenAICompatBackend:
             key = prefix_key(first.role, first.content)
         try:
             with replicas.lease(key) as base_url:
-                started = time.perf_counter()
-                raw = await self._transport.post_chat(base_url, body)
-                latency_s = time.perf_counter() - started
-            return parse_completion(
-                raw.status,
-                raw.headers,
-                raw.body,
-                self._preset,
-                latency_s,
-                base_url,
-                backbone=self.name,
-                redact=self._redact,
-            )
+                progress.sent_at = time.perf_counter()
+                deadline = asyncio.timeout(self.settings.max_call_s)
+                try:
+                    async with deadline:
+                        return await self._exchange(base_url, body, progress, stream)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    raise CallDeadline(
+                        f"{self.name}: the call ran past max_call_s = {self.settings.max_call_s:g} s"
+                        f"{_received(progress)}"
+                    ) from None
         except CallError as error:
             if self._api_key is not None:
                 _scrub(error, self._api_key)
             raise
 
+    async def _exchange(
+        self, base_url: str, body: dict[str, object], progress: CallProgress, stream: bool
+    ) -> ChatResult:
+        async with self._transport.post_chat(base_url, body) as response:
+            status, headers = response.status, response.headers
+            progress.status = status
+            if stream and 200 <= status < 300 and _is_event_stream(response):
+                return await self._read_stream(response, progress, base_url)
+            raw = await self._read_body(response, progress)
+        latency_s = time.perf_counter() - progress.sent_at
+        if stream and refuses_streaming(status, raw):
+            # Remembered for every later call of this backbone: it is the server, not this request.
+            self._stream = False
+            message = provider_message(None, raw, redact=self._redact)
+            raise StreamRefused(
+                f"{self.name}: HTTP {status}: the server refuses to stream ({message}); "
+                "answers are asked for unstreamed from now on (set stream = false to say so in the config)",
+                status=status,
+            )
+        return parse_completion(
+            status,
+            headers,
+            raw,
+            self._preset,
+            latency_s,
+            base_url,
+            backbone=self.name,
+            redact=self._redact,
+        )
+
+    async def _read_body(self, response: ResponseStream, progress: CallProgress) -> bytes:
+        """The whole body, read as it arrives, refused past the size cap (never held whole beyond it)."""
+        cap = self.settings.max_response_bytes
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in response.chunks():
+            size += len(chunk)
+            progress.bytes_received = size
+            if size > cap:
+                raise self._too_large(progress)
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _read_stream(
+        self, response: ResponseStream, progress: CallProgress, base_url: str
+    ) -> ChatResult:
+        """Server-sent events added up to one completion, with the time to the first token and the decode rate."""
+        cap = self.settings.max_response_bytes
+        decoder = EventDecoder()
+        assembler = ChunkAssembler()
+        progress.assembler = assembler
+        progress.streamed = True
+        size = 0
+        async for chunk in response.chunks():
+            size += len(chunk)
+            progress.bytes_received = size
+            if size > cap:
+                raise self._too_large(progress)
+            events = decoder.feed(chunk)
+            if not events:
+                continue
+            tokens = assembler.tokens
+            for data in events:
+                try:
+                    assembler.add(data)
+                except StreamError as error:
+                    raise self._stream_error(error, response.status, progress) from None
+                if assembler.done:
+                    break
+            if assembler.tokens != tokens:
+                now = time.perf_counter()
+                if progress.first_token_at is None:
+                    progress.first_token_at = now
+                progress.last_token_at = now
+            if assembler.done:
+                break
+        if not assembler.done and assembler.finish_reason is None:
+            raise TransportError(
+                f"{self.name}: {base_url}: the stream ended before the answer finished{_received(progress)}"
+            )
+        ended = time.perf_counter()
+        completion = assembler.completion()
+        result = completion_result(
+            completion,
+            render_completion(completion),
+            response.status,
+            response.headers,
+            self._preset,
+            ended - progress.sent_at,
+            base_url,
+            backbone=self.name,
+            redact=self._redact,
+        )
+        return dataclasses.replace(
+            result,
+            streamed=True,
+            ttft_s=progress.ttft_s(),
+            decode_tokens_per_s=_decode_rate(result, progress),
+        )
+
+    def _too_large(self, progress: CallProgress) -> ResponseTooLarge:
+        cap_mb = self.settings.max_response_bytes / 2**20
+        return ResponseTooLarge(
+            f"{self.name}: the response passed max_response_mb = {cap_mb:g} MiB and was not read further"
+            f"{_received(progress)}",
+            status=progress.status,
+        )
+
+    def _stream_error(self, error: StreamError, status: int, progress: CallProgress) -> CallError:
+        """An event the stream cannot go on from: an error object (its own status, when it gives one), or
+        something that is not a chunk."""
+        payload = error.payload
+        detail = provider_message(payload, error.data, redact=self._redact)
+        if isinstance(payload, dict) and payload.get("error") is not None:
+            inner = payload["error"]
+            code = inner.get("code", inner.get("status")) if isinstance(inner, dict) else None
+            if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+                return error_for_status(code, error.data, self._preset, self.name, redact=self._redact)
+            return ServerError(
+                f"{self.name}: HTTP {status}: the stream carried an error{_received(progress)}: {detail}",
+                status=status,
+            )
+        return MalformedResponse(
+            f"{self.name}: HTTP {status}: {error}{_received(progress)}: {detail}", status=status
+        )
+
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _is_event_stream(response: ResponseStream) -> bool:
+    headers = response.headers
+    kind = headers.get("Content-Type") or headers.get("content-type") or ""
+    return kind.lstrip().lower().startswith(_EVENT_STREAM)
+
+
+def _received(progress: CallProgress) -> str:
+    """What had arrived when a call ended early, for its error message."""
+    if progress.streamed:
+        return f" (after {progress.tokens:,} streamed tokens, {progress.bytes_received:,} bytes)"
+    if progress.status is not None:
+        return f" (HTTP {progress.status}, after {progress.bytes_received:,} bytes)"
+    return ""
+
+
+def _decode_rate(result: ChatResult, progress: CallProgress) -> float | None:
+    """Tokens per second from the first token to the last: the completion tokens after the first (less thinking
+    the server did not stream, which came before the first token), over that span; None when unknown."""
+    first, last = progress.first_token_at, progress.last_token_at
+    if first is None or last is None or last <= first:
+        return None
+    usage = result.usage
+    if result.usage_problem is None and usage.completion_tokens > 0:
+        tokens = usage.completion_tokens
+        if usage.reasoning_tokens and not result.reasoning_text:
+            tokens -= usage.reasoning_tokens
+    else:
+        tokens = progress.tokens
+    if tokens < 2:
+        return None
+    return (tokens - 1) / (last - first)
 
 
 def _scrub(error: CallError, api_key: Secret) -> None:

@@ -149,6 +149,9 @@ class Preset:
             (OpenAI: "unsuccessful requests contribute to your per-minute limit, so continuously resending a
             request won't work", from its rate-limit guide); None where no source says, and rcarun asks with one
             request after the first refusals (`rcarun.budgets.refusals`).
+        streams: answers are asked for as server-sent events unless the backbone says ``stream = false``
+            (every provider here documents streaming with ``stream_options.include_usage``; a server that
+            refuses it is remembered and asked unstreamed).
         refusals_count_a_window: a refusal that states no limit means a per-minute limit was reached, so the
             limit can be learned from what was accepted in the last minute (`BackboneGate.learn_from_refusal`).
             False where a 429 means too many requests at once (DeepSeek: concurrency per account), where a
@@ -174,6 +177,7 @@ class Preset:
     meters_finer_than_window: bool = False
     counts_refused_requests: bool | None = None
     refusals_count_a_window: bool = True
+    streams: bool = True
 
 
 _REGISTRY: dict[str, Preset] = {}

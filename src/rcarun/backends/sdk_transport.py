@@ -2,9 +2,13 @@
 
 Offered for users who want the SDK's HTTP stack (httpx2) rather than aiohttp. It costs several times more CPU
 per call, so aiohttp stays the default. The SDK is used only as a pipe: ``max_retries=0`` (the runner is the
-only retry loop), ``with_raw_response`` so that status, headers and the exact body bytes reach the shared
-parser, and errors mapped back to the raw response whenever there is one. Both transports therefore produce
-identical results.
+only retry loop), ``with_streaming_response`` so that status, headers and the body's bytes as they arrive reach
+the backend's reader (server-sent events or one body alike), and errors mapped back to the raw response whenever
+there is one. Both transports therefore produce identical results.
+
+httpx's read timeout is the silence deadline (``timeout_s``), its connect timeout ``connect_timeout_s``. The SDK
+reads an error answer's whole body itself; a response hook caps every body's bytes at the backbone's
+``max_response_mb`` before the SDK or the backend reads them, so an endless error body is refused too.
 
 The SDK reads several OPENAI_* environment variables when arguments are left out; every one that could leak an
 OpenAI credential or organisation into another provider's requests is passed explicitly instead.
@@ -12,15 +16,16 @@ OpenAI credential or organisation into another provider's requests is passed exp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
 from typing import Any
 
 import httpx2
 import openai
 
 from rcarun.backends.settings import BackendSettings, Secret
-from rcarun.backends.transports import RawResponse, describe_failure
-from rcarun.errors import ConnectionFailed, TransportError
+from rcarun.backends.transports import WholeResponse, describe_failure, silence_message
+from rcarun.errors import ConnectionFailed, ResponseTooLarge, SilenceTimeout, TransportError
 
 __all__ = ["OpenAISDKTransport"]
 
@@ -36,6 +41,8 @@ _SDK_KEYWORDS = frozenset(
         "response_format",
         "seed",
         "stop",
+        "stream",
+        "stream_options",
         "temperature",
         "tool_choice",
         "tools",
@@ -68,6 +75,7 @@ class OpenAISDKTransport:
             self._http = openai.DefaultAsyncHttpxClient(
                 limits=httpx2.Limits(max_connections=pool, max_keepalive_connections=pool),
                 timeout=self._timeout,
+                event_hooks={"response": [self._cap_body]},
             )
         client = openai.AsyncOpenAI(
             # "" with admin_api_key="" stops the SDK from falling back to OPENAI_API_KEY / OPENAI_ADMIN_KEY.
@@ -84,45 +92,155 @@ class OpenAISDKTransport:
         self._clients[base_url] = client
         return client
 
-    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
-        client = self._client(base_url)
-        keywords = {key: value for key, value in body.items() if key in _SDK_KEYWORDS}
-        extra_body = {
-            key: value
-            for key, value in body.items()
-            if key not in _SDK_KEYWORDS and key not in ("model", "messages")
-        }
-        extra_headers: dict[str, Any] = {} if self._api_key is not None else {"Authorization": openai.omit}
-        create: Any = client.chat.completions.with_raw_response.create
+    async def _cap_body(self, response: httpx2.Response) -> None:
+        """Runs before any body is read: whoever reads it (the SDK for an error, the backend) meets the cap."""
+        response.stream = _CappedStream(response.stream, self._settings)
+
+    def post_chat(self, base_url: str, body: Mapping[str, Any]) -> _SDKExchange:
+        return _SDKExchange(self, base_url, body)
+
+    def _failure(self, url: str, error: BaseException, *, answering: bool) -> TransportError:
+        """An httpx or SDK failure as rcarun's error (scrubbed of the key)."""
+        cause = error.__cause__ if isinstance(error, openai.APIError) and error.__cause__ else error
         name = self._settings.name
-        url = f"{base_url}/chat/completions"
-        try:
-            raw = await create(
-                model=body["model"],
-                messages=body["messages"],
-                extra_body=extra_body or None,
-                extra_headers=extra_headers or None,
-                **keywords,
-            )
-        except openai.APIStatusError as error:
-            return RawResponse(
-                status=error.status_code, headers=error.response.headers, body=_read_body(error.response)
-            )
-        except openai.APITimeoutError:
-            raise TransportError(
-                f"{name}: no complete answer from {url} within {self._settings.timeout_s:g} s"
-            ) from None
-        except openai.APIConnectionError as error:
-            cause = error.__cause__ if error.__cause__ is not None else error
-            failure = ConnectionFailed if isinstance(cause, httpx2.ConnectError) else TransportError
-            raise failure(f"{name}: {url}: {describe_failure(cause, self._api_key)}") from None
-        return RawResponse(status=raw.status_code, headers=raw.headers, body=raw.content)
+        if isinstance(cause, httpx2.ConnectError | httpx2.ConnectTimeout) and not answering:
+            return ConnectionFailed(f"{name}: {url}: {describe_failure(cause, self._api_key)}")
+        if isinstance(cause, httpx2.TimeoutException) or isinstance(error, openai.APITimeoutError):
+            return SilenceTimeout(silence_message(self._settings, url, answering))
+        return TransportError(f"{name}: {url}: {describe_failure(cause, self._api_key)}")
 
     async def aclose(self) -> None:
         http, self._http = self._http, None
         self._clients.clear()
         if http is not None:
             await http.aclose()
+
+
+class _SDKExchange:
+    """One request through the SDK: the block sends it and waits for the headers; `chunks` reads the body."""
+
+    __slots__ = (
+        "_base_url",
+        "_body",
+        "_context",
+        "_error_body",
+        "_response",
+        "_transport",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, transport: OpenAISDKTransport, base_url: str, body: Mapping[str, Any]) -> None:
+        self._transport = transport
+        self._base_url = base_url
+        self._body = body
+        self._context: Any = None
+        self._response: Any = None
+        self._error_body: bytes | None = None
+        self.status = 0
+        self.headers: Mapping[str, str] = {}
+
+    async def __aenter__(self) -> _SDKExchange:
+        transport = self._transport
+        body = self._body
+        client = transport._client(self._base_url)
+        keywords = {key: value for key, value in body.items() if key in _SDK_KEYWORDS}
+        extra_body = {
+            key: value
+            for key, value in body.items()
+            if key not in _SDK_KEYWORDS and key not in ("model", "messages")
+        }
+        extra_headers: dict[str, Any] = (
+            {} if transport._api_key is not None else {"Authorization": openai.omit}
+        )
+        create: Any = client.chat.completions.with_streaming_response.create
+        url = f"{self._base_url}/chat/completions"
+        self._context = create(
+            model=body["model"],
+            messages=body["messages"],
+            extra_body=extra_body or None,
+            extra_headers=extra_headers or None,
+            **keywords,
+        )
+        try:
+            self._response = await self._context.__aenter__()
+        except openai.APIStatusError as error:
+            # The SDK read the (capped) body of the error answer itself: hand it on as the answer.
+            self._context = None
+            self.status = error.status_code
+            self.headers = error.response.headers
+            self._error_body = _read_body(error.response)
+            return self
+        except ResponseTooLarge:
+            raise
+        except (openai.APIError, httpx2.HTTPError, OSError) as error:
+            if isinstance(error.__cause__, ResponseTooLarge):
+                raise error.__cause__ from None
+            raise transport._failure(url, error, answering=False) from None
+        self.status = self._response.status_code
+        self.headers = self._response.headers
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        context, self._context = self._context, None
+        if context is not None:
+            await context.__aexit__(exc_type, exc, traceback)
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        if self._error_body is not None:
+            return WholeResponse(self.status, self.headers, self._error_body).chunks()
+        return _SDKChunks(self, self._response.iter_bytes())
+
+
+class _SDKChunks:
+    """The body's decoded pieces as httpx receives them, its failures as rcarun's."""
+
+    __slots__ = ("_exchange", "_pieces")
+
+    def __init__(self, exchange: _SDKExchange, pieces: AsyncIterator[bytes]) -> None:
+        self._exchange = exchange
+        self._pieces = pieces
+
+    def __aiter__(self) -> _SDKChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._pieces.__anext__()
+        except (StopAsyncIteration, ResponseTooLarge):
+            raise
+        except (httpx2.HTTPError, openai.APIError, OSError) as error:
+            exchange = self._exchange
+            url = f"{exchange._base_url}/chat/completions"
+            raise exchange._transport._failure(url, error, answering=True) from None
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response's raw bytes, refused past ``max_response_bytes`` (`ResponseTooLarge`)."""
+
+    def __init__(self, stream: Any, settings: BackendSettings) -> None:
+        self._stream = stream
+        self._settings = settings
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        cap = self._settings.max_response_bytes
+        size = 0
+        async for chunk in self._stream:
+            size += len(chunk)
+            if size > cap:
+                raise ResponseTooLarge(
+                    f"{self._settings.name}: the response passed max_response_mb = {cap / 2**20:g} MiB and was "
+                    "not read further"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _read_body(response: httpx2.Response) -> bytes:

@@ -37,8 +37,14 @@ class BackendSettings:
             outstanding requests.
         api_key_env: NAME of the environment variable holding the key; None sends no Authorization header.
         transport: ``aiohttp`` (default) or ``openai-sdk`` (`rcarun.backends.transports`).
-        timeout_s: whole-request deadline in seconds (queueing at the provider included).
+        timeout_s: silence deadline in seconds: the longest wait for the answer's first byte (queueing at the
+            provider included) and between two of its bytes, as httpx and the openai SDK mean their read
+            timeout; an answer that keeps arriving is never cut by it.
         connect_timeout_s: TCP/TLS connect deadline in seconds.
+        max_call_s: a whole call's deadline in seconds, however steadily its answer arrives; None for none.
+        max_response_bytes: the most bytes one response may carry (streamed or not); past it the answer is
+            refused as `rcarun.errors.ResponseTooLarge`, so a server cannot make rcarun hold more.
+        stream: ask for answers as server-sent events; None takes the preset's default (`Preset.streams`).
         pool_size: HTTP connections kept per backend; must be at least the runner's concurrency for it.
         thinking: default thinking on/off when a request does not say; None leaves the provider default.
         reasoning_effort: default effort ("low", "medium", "high", ...) when a request does not say.
@@ -56,6 +62,9 @@ class BackendSettings:
     transport: str = "aiohttp"
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    max_call_s: float | None = 10_800.0
+    max_response_bytes: int = 32 * 2**20
+    stream: bool | None = None
     pool_size: int = 64
     thinking: bool | None = None
     reasoning_effort: str | None = None
@@ -80,8 +89,12 @@ class BackendSettings:
             raise ConfigError(f"{where}: base_urls needs at least one non-empty URL")
         if self.pool_size < 1:
             raise ConfigError(f"{where}: pool_size must be >= 1, got {self.pool_size}")
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
             raise ConfigError(f"{where}: timeout_s and connect_timeout_s must be > 0")
+        if self.max_call_s is not None and not self.max_call_s > 0:
+            raise ConfigError(f"{where}: max_call_s must be > 0, got {self.max_call_s}")
+        if self.max_response_bytes < 1:
+            raise ConfigError(f"{where}: max_response_bytes must be >= 1, got {self.max_response_bytes}")
 
     def read_api_key(self) -> Secret | None:
         """The key from the environment variable named by ``api_key_env``, wrapped so it never prints.

@@ -1,9 +1,15 @@
-"""The transports: how a request body reaches a base URL and how the raw answer comes back.
+"""The transports: how a request body reaches a base URL and how the answer's bytes come back as they arrive.
 
-A transport only moves bytes. It returns the status, headers and body of whatever the server answered (errors
-included) and raises `rcarun.errors.TransportError` only when there is no answer at all (timeout, reset,
-refused). Translating the answer is `rcarun.backends.wire`'s job, so every transport yields the same
-`ChatResult`.
+A transport only moves bytes. `Transport.post_chat` opens one exchange: entering it sends the request and waits
+for the status and headers of whatever the server answered (errors included); `ResponseStream.chunks` then yields
+the body as it arrives. It raises `rcarun.errors.TransportError` only when there is no answer, or the answer stops
+coming: `ConnectionFailed` (nothing was sent), `SilenceTimeout` (nothing arrived for ``timeout_s``, before the
+first byte or between two), a plain `TransportError` (reset, cut off). Reading server-sent events, the size cap
+and the call's deadline are the backend's (`rcarun.backends.openai_compat`), so both transports yield the same
+`ChatResult` and the same errors.
+
+``timeout_s`` is a silence deadline, as httpx and the openai SDK mean their read timeout: an answer that keeps
+arriving is never cut by it, however long it takes (``max_call_s`` caps a whole call).
 
 Two are registered: ``aiohttp`` (the default: about 0.3 ms of CPU per call against 2.4-4.3 ms for the SDK on
 this machine, raw headers and bodies visible) and ``openai-sdk`` (the official client, for those who want it;
@@ -13,45 +19,65 @@ imported only when chosen because the SDK takes a noticeable time to import).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 from typing import Any, Protocol
 
 import aiohttp
 
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
-from rcarun.errors import ConfigError, ConnectionFailed, TransportError
+from rcarun.errors import ConfigError, ConnectionFailed, SilenceTimeout, TransportError
 from rcarun.jsonfast import dumps_compact
 from rcarun.text import repair_surrogates
 
 __all__ = [
     "AiohttpTransport",
-    "RawResponse",
+    "ResponseStream",
     "Transport",
     "TransportFactory",
+    "WholeResponse",
     "create_transport",
+    "describe_failure",
+    "silence_message",
     "transport",
     "transport_names",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RawResponse:
-    """What a server answered, untouched: the shared parser reads it."""
+class ResponseStream(Protocol):
+    """One answer as it arrives: its status and headers, then its body in pieces."""
 
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Looked up case-insensitively."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (decompressed), until its end.
+
+        Raises:
+            SilenceTimeout: nothing arrived for ``timeout_s``.
+            TransportError: the connection broke or the body was cut off.
+        """
+        ...
 
 
 class Transport(Protocol):
     """Posts one chat-completions body to one base URL."""
 
-    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
-        """Send `body` to ``{base_url}/chat/completions``.
+    def post_chat(
+        self, base_url: str, body: Mapping[str, Any]
+    ) -> AbstractAsyncContextManager[ResponseStream]:
+        """Send `body` to ``{base_url}/chat/completions``; the block holds the answer until it is read.
 
         Raises:
-            TransportError: no HTTP answer (timeout, connection refused or reset mid-answer).
+            ConnectionFailed: no connection could be made (nothing was sent).
+            SilenceTimeout: no answer's headers within ``timeout_s`` of sending.
+            TransportError: the connection broke before an answer came.
         """
         ...
 
@@ -59,6 +85,51 @@ class Transport(Protocol):
 
 
 TransportFactory = Callable[[BackendSettings, Secret | None], Transport]
+
+
+class WholeResponse:
+    """An answer already read whole, as a `ResponseStream` and the block that holds it: what a transport that
+    gets its body at once (an error answer the SDK read, a test's or a benchmark's client) hands on."""
+
+    __slots__ = ("_body", "headers", "status")
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self._body = body
+
+    async def __aenter__(self) -> WholeResponse:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Once(self._body)
+
+
+class _Once:
+    """A body that came whole, as its one piece."""
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        body, self._body = self._body, None
+        if not body:
+            raise StopAsyncIteration
+        return body
+
 
 _TRANSPORTS: dict[str, TransportFactory] = {}
 
@@ -105,12 +176,20 @@ def describe_failure(error: BaseException, api_key: Secret | None) -> str:
     return f"{type(error).__name__}: {detail[:300]}"
 
 
+def silence_message(settings: BackendSettings, url: str, answering: bool) -> str:
+    """The message of a `SilenceTimeout`: where, how long, and whether the answer had begun."""
+    where = "within the answer" if answering else "before an answer"
+    return f"{settings.name}: {url}: nothing arrived for timeout_s = {settings.timeout_s:g} s {where}"
+
+
 @transport("aiohttp")
 class AiohttpTransport:
     """One aiohttp session per backend, created inside the running loop on first use.
 
     The connector holds at most ``pool_size`` connections (all to the same host or replicas), kept alive
-    between calls. Bodies are read whole as bytes and never decoded here.
+    between calls. ``timeout_s`` is aiohttp's ``sock_read`` (no byte for that long), ``connect_timeout_s`` its
+    ``sock_connect``; there is no total: a long answer that keeps arriving is not cut (the backend's
+    ``max_call_s`` caps a call). Bodies are handed on as they arrive and never decoded here.
     """
 
     __slots__ = ("_api_key", "_headers", "_session", "_settings", "_timeout")
@@ -124,7 +203,7 @@ class AiohttpTransport:
             **settings.extra_headers,
         }
         self._timeout = aiohttp.ClientTimeout(
-            total=settings.timeout_s, sock_connect=settings.connect_timeout_s
+            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
 
@@ -152,28 +231,103 @@ class AiohttpTransport:
         # Built per call so that the key lives only inside the Secret between calls.
         return {**self._headers, "Authorization": f"Bearer {self._api_key.reveal()}"}
 
-    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
-        session = self._session_for_loop()
-        url = f"{base_url}/chat/completions"
-        data = dumps_compact(body)
-        name = self._settings.name
-        try:
-            async with session.post(url, data=data, headers=self._request_headers()) as response:
-                payload = await response.read()
-                return RawResponse(status=response.status, headers=response.headers, body=payload)
-        except TimeoutError:
-            raise TransportError(
-                f"{name}: no complete answer from {url} within {self._settings.timeout_s:g} s"
-            ) from None
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError, socket.gaierror) as error:
-            raise ConnectionFailed(f"{name}: {url}: {describe_failure(error, self._api_key)}") from None
-        except (aiohttp.ClientError, OSError) as error:
-            raise TransportError(f"{name}: {url}: {describe_failure(error, self._api_key)}") from None
+    def post_chat(self, base_url: str, body: Mapping[str, Any]) -> _AiohttpExchange:
+        return _AiohttpExchange(self, f"{base_url}/chat/completions", dumps_compact(body))
+
+    def _failure(self, url: str, error: BaseException, *, answering: bool) -> TransportError:
+        """An aiohttp or socket failure as rcarun's error (scrubbed of the key)."""
+        if not answering and isinstance(
+            error,
+            aiohttp.ClientConnectorError
+            | aiohttp.ConnectionTimeoutError
+            | ConnectionRefusedError
+            | socket.gaierror,
+        ):
+            return ConnectionFailed(f"{self._settings.name}: {url}: {describe_failure(error, self._api_key)}")
+        if isinstance(error, TimeoutError):  # sock_read: aiohttp's SocketTimeoutError is a TimeoutError
+            return SilenceTimeout(silence_message(self._settings, url, answering))
+        return TransportError(f"{self._settings.name}: {url}: {describe_failure(error, self._api_key)}")
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+
+
+class _AiohttpExchange:
+    """One request and its answer: the block sends it and waits for the headers; `chunks` reads the body.
+
+    Leaving the block hands the connection back (aiohttp closes it instead when the body was not read to its
+    end, so an abandoned answer never reaches the next request).
+    """
+
+    __slots__ = ("_data", "_response", "_transport", "_url")
+
+    def __init__(self, transport: AiohttpTransport, url: str, data: bytes) -> None:
+        self._transport = transport
+        self._url = url
+        self._data = data
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> _AiohttpExchange:
+        transport = self._transport
+        try:
+            self._response = await transport._session_for_loop().post(
+                self._url, data=self._data, headers=transport._request_headers()
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise transport._failure(self._url, error, answering=False) from None
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        response, self._response = self._response, None
+        if response is not None:
+            if exc_type is None:
+                response.release()
+            else:
+                response.close()
+
+    @property
+    def status(self) -> int:
+        assert self._response is not None, "the exchange was not entered"
+        return self._response.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        assert self._response is not None, "the exchange was not entered"
+        return self._response.headers
+
+    def chunks(self) -> _AiohttpChunks:
+        assert self._response is not None, "the exchange was not entered"
+        return _AiohttpChunks(self, self._response.content)
+
+
+class _AiohttpChunks:
+    """The body's pieces as aiohttp receives them (an iterator object: nothing to close when abandoned)."""
+
+    __slots__ = ("_content", "_exchange")
+
+    def __init__(self, exchange: _AiohttpExchange, content: aiohttp.StreamReader) -> None:
+        self._exchange = exchange
+        self._content = content
+
+    def __aiter__(self) -> _AiohttpChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._content.readany()
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            exchange = self._exchange
+            raise exchange._transport._failure(exchange._url, error, answering=True) from None
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 @transport("openai-sdk")

@@ -11,9 +11,12 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rcarun.jsonfast import dumps_canonical
+
+if TYPE_CHECKING:
+    from rcarun.backends.streaming import CallProgress
 
 __all__ = [
     "Backend",
@@ -192,6 +195,10 @@ class ChatResult:
             had no usage object ("no usage in the answer"), or a count was not a finite non-negative integer
             below 2**53 (e.g. "usage.prompt_tokens is Infinity"; that count is 0 in ``usage``). The answer is
             still good; the runner charges an estimate for it instead.
+        streamed: the answer came as server-sent events (its ``raw_body`` is the completion they add up to).
+        ttft_s: seconds from sending to the first token (answer, thinking or tool-call text), when streamed.
+        decode_tokens_per_s: completion tokens after the first over the time from the first to the last, when
+            streamed and at least two arrived.
     """
 
     text: str
@@ -206,6 +213,9 @@ class ChatResult:
     extra: Mapping[str, Any] = field(default_factory=dict)
     tool_calls: tuple[ChatToolCall, ...] = ()
     usage_problem: str | None = None
+    streamed: bool = False
+    ttft_s: float | None = None
+    decode_tokens_per_s: float | None = None
 
 
 @runtime_checkable
@@ -218,6 +228,8 @@ class Backend(Protocol):
 
     name: str
 
-    async def chat(self, request: ChatRequest) -> ChatResult: ...
+    async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
+        """``progress``, when given, is kept up to date with what has arrived (read when the call ends early)."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -55,9 +56,12 @@ from rcarun.text import repair_surrogates
 __all__ = [
     "MAX_QUOTED_CHARS",
     "build_body",
+    "completion_result",
     "error_for_status",
     "parse_completion",
     "provider_message",
+    "rate_limit_of",
+    "refuses_streaming",
     "replay_body",
 ]
 
@@ -91,18 +95,25 @@ _STATUS_ERRORS: Mapping[int, type[CallError]] = {
 _QUOTA_STATUSES = frozenset({402, 403, 429})
 
 
-def build_body(request: ChatRequest, settings: BackendSettings, preset: Preset) -> dict[str, Any]:
+def build_body(
+    request: ChatRequest, settings: BackendSettings, preset: Preset, *, stream: bool = False
+) -> dict[str, Any]:
     """The JSON body for ``POST {base_url}/chat/completions``.
 
     Order of precedence, lowest first: standard fields from the request, the backbone's ``extra_body``, the
     thinking switch (the request's ``reasoning`` beats the backbone default). Sampling fields are removed last
-    when the preset says the provider rejects them while thinking.
+    when the preset says the provider rejects them while thinking. ``stream`` asks for server-sent events with
+    the usage in a last chunk (``stream_options.include_usage``); it is not part of the request's identity (its
+    hash and cache key), since a streamed answer is the same answer.
     """
     body: dict[str, Any] = {
         "model": settings.model,
         "messages": [_wire_message(message) for message in request.messages],
         preset.max_tokens_field: request.max_tokens,
     }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     if request.tools:
         body["tools"] = list(request.tools)
     if request.tool_choice is not None:
@@ -189,7 +200,8 @@ def parse_completion(
         status: HTTP status.
         headers: response headers (any case; looked up case-insensitively).
         body: the response body exactly as received (leading blank lines allowed: DeepSeek writes them while a
-            request is queued).
+            request is queued), or the completion a streamed answer added up to
+            (`rcarun.backends.streaming.ChunkAssembler`).
         preset: the provider's differences.
         latency_s: seconds from sending to having read the body.
         endpoint: the base URL that served the call.
@@ -200,18 +212,59 @@ def parse_completion(
     Raises:
         RateLimited, QuotaExhausted, ServerError, BadRequest, ContextOverflow, AuthError, MalformedResponse.
     """
-    lowered = {name.lower(): value for name, value in headers.items()}
-    rate_limit = parse_rate_limit_headers(lowered, preset.rate_limit_headers)
+    rate_limit = parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
     label = backbone or endpoint
     if not 200 <= status < 300:
         raise error_for_status(status, body, preset, label, rate_limit, redact=redact)
-
     payload = _load_json(body)
     if not isinstance(payload, dict):
         raise MalformedResponse(
             f"{label}: HTTP {status} body is not a JSON object: {_quote(_decode(body), redact)}",
             status=status,
         )
+    return _completion_result(payload, body, status, rate_limit, preset, latency_s, endpoint, label, redact)
+
+
+def completion_result(
+    payload: Mapping[str, Any],
+    body: bytes,
+    status: int,
+    headers: Mapping[str, str],
+    preset: Preset,
+    latency_s: float,
+    endpoint: str,
+    *,
+    backbone: str = "",
+    redact: Redactor = redact_secrets,
+) -> ChatResult:
+    """`parse_completion` for a completion already decoded (a streamed answer's assembled chunks, whose rendering
+    ``body`` is what the store keeps): the same reading, without parsing ``body`` again."""
+    rate_limit = parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
+    return _completion_result(
+        payload, body, status, rate_limit, preset, latency_s, endpoint, backbone or endpoint, redact
+    )
+
+
+def rate_limit_of(headers: Mapping[str, str], preset: Preset) -> RateLimitInfo | None:
+    """The rate-limit headers of an answer, read with the preset's names."""
+    return parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
+
+
+def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
+
+
+def _completion_result(
+    payload: Mapping[str, Any],
+    body: bytes,
+    status: int,
+    rate_limit: RateLimitInfo | None,
+    preset: Preset,
+    latency_s: float,
+    endpoint: str,
+    label: str,
+    redact: Redactor,
+) -> ChatResult:
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _in_band_error(status, payload, body, preset, label, rate_limit, redact)
@@ -439,6 +492,23 @@ def _in_band_error(
     quoted = provider_message(payload, body, redact=redact)
     detail = f": {quoted}" if quoted else ""
     return MalformedResponse(f"{label}: HTTP {status} body is not a chat completion{detail}", status=status)
+
+
+_STREAM_WORD = re.compile(r"\bstream(?:_options)?\b")
+
+
+def refuses_streaming(status: int, body: bytes) -> bool:
+    """Whether an error answer refuses the request for asking to stream: a 400 or 422 whose message or
+    ``param`` names ``stream`` (or ``stream_options``), as servers without streaming answer."""
+    if status not in (400, 422):
+        return False
+    payload = _load_json(body)
+    text = _provider_text(payload, body)
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        param = payload["error"].get("param")
+        if isinstance(param, str):
+            text = f"{text} {param}"
+    return _STREAM_WORD.search(text.lower()) is not None
 
 
 def provider_message(payload: Any, body: bytes, *, redact: Redactor = redact_secrets) -> str:

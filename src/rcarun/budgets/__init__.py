@@ -5,7 +5,7 @@ any of this. Everything here reacts to rcarun's error classes and the backends' 
 """
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
-from .estimate import TokenEstimator, estimated_usage, implausible_usage
+from .estimate import TokenEstimator, cut_usage, estimated_usage, implausible_usage
 from .gate import BackboneGate, BackboneLimits, GateStats, Ticket
 from .ledger import Budget, Reservation, SpendLedger, SpendTotals
 from .length import (
@@ -44,6 +44,7 @@ __all__ = [
     "Ticket",
     "TokenEstimator",
     "clamp_to_context",
+    "cut_usage",
     "estimated_usage",
     "implausible_usage",
     "next_length_budget",

@@ -140,3 +140,17 @@ def estimated_usage(
         max_tokens if finish_reason == "length" else min(max_tokens, max(1, estimator.estimate(answer_chars)))
     )
     return Usage(prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=completion)
+
+
+def cut_usage(estimator: TokenEstimator, *, prompt_chars: int, completion_tokens: int) -> Usage:
+    """A conservative bill for a generation cut short (silence, a disconnect, ``max_call_s``, the size cap,
+    Ctrl-C), which no usage report will ever come for.
+
+    The prompt is charged as the budget reserves it (`TokenEstimator.worst_case`); the completion as the caller
+    counts what the provider had generated: the tokens received of a streamed answer, the whole ``max_tokens``
+    of an unstreamed one (it may have been generated in full before the cut). Never capped at ``max_tokens``: a
+    stream that ran past its budget was billed past it.
+    """
+    return Usage(
+        prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=max(0, completion_tokens)
+    )

@@ -198,12 +198,16 @@ class Ticket:
         """Tokens taken from the rate limiter at admission."""
         return self._grant.tokens
 
-    def settle(self, usage: Usage, *, at: datetime | None = None, reported: bool = True) -> float:
-        """Record a successful exchange (a length stop included) and return its cost in USD.
+    def settle(
+        self, usage: Usage, *, at: datetime | None = None, reported: bool = True, completed: bool = True
+    ) -> float:
+        """Record what an exchange cost and return it in USD: an answer (a length stop included), or, with
+        ``completed`` False, a generation cut short, charged an estimate (the provider may have billed it).
 
-        Reconciles the rate limiter with the reported tokens, commits the cost to the ledger, counts a clean
-        completion for the concurrency limit, and calibrates the gate's estimator when the prompt's characters
-        are known and ``usage`` is the provider's (``reported``; an estimate must not calibrate itself).
+        Reconciles the rate limiter with the tokens, commits the cost to the ledger, and for an answer counts a
+        clean completion for the concurrency limit and calibrates the gate's estimator when the prompt's
+        characters are known and ``usage`` is the provider's (``reported``; an estimate must not calibrate
+        itself).
 
         Raises:
             RuntimeError: the ticket was already settled.
@@ -223,7 +227,8 @@ class Ticket:
         if gate._probe_to:
             gate._probe_answered(self._grant, accepted=True)
         gate._note_call_tokens(metered)
-        gate._note_completion(usage.completion_tokens)
+        if completed:
+            gate._note_completion(usage.completion_tokens)
         gate._note_accepted(
             self._grant.admitted_at,
             usage.total_tokens,
@@ -232,9 +237,10 @@ class Ticket:
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
-        gate.concurrency.on_success()
-        if self.prompt_chars is not None and reported:
-            gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
+        if completed:
+            gate.concurrency.on_success()
+            if self.prompt_chars is not None and reported:
+                gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
         return self._cost_usd
 
     def _abandon(self) -> None:

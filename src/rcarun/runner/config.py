@@ -220,6 +220,12 @@ class RetryConfig(_Strict):
     connection_failures: int = Field(
         8, ge=1, description="attempts in a row that cannot connect to the endpoint stop the backbone"
     )
+    cut_retries: int = Field(
+        1,
+        ge=0,
+        description="times a call whose generation was cut (silence, a disconnect, max_call_s) is sent again; "
+        "each cut attempt is charged an estimate",
+    )
 
 
 class LocalModelConfig(_Strict):
@@ -340,7 +346,25 @@ class BackboneConfig(_Strict):
     base_urls: tuple[_HttpUrl, ...] = ()
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
     transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
-    timeout_s: float = Field(600.0, gt=0)
+    stream: bool | None = Field(
+        None,
+        description="ask for answers as server-sent events (the provider preset's default: true); a server that "
+        "refuses is asked unstreamed from then on",
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="silence deadline, seconds: the longest wait for an answer's first byte or between two of its "
+        "bytes (an answer that keeps arriving is never cut by it)",
+    )
+    max_call_s: float = Field(
+        10_800.0, gt=0, description="a whole call's deadline, seconds, however steadily its answer arrives"
+    )
+    max_response_mb: float = Field(
+        32.0,
+        gt=0,
+        description="the most one response may carry, MiB (streamed or not); a larger one is stored as an error",
+    )
     balance: Literal["outstanding", "metrics", "affinity"] = Field(
         "outstanding",
         description="how calls are spread over several replicas: by our outstanding calls, by what vLLM's "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from tqdm import tqdm
 
-from rcarun.backends import Backend, ChatResult
+from rcarun.backends import Backend, CallProgress, ChatResult
 from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited, RcarunError
 from rcarun.runner.config import BackboneConfig, SweepConfig
@@ -143,6 +143,10 @@ class BackboneCounters:
     length_retries: int = 0
     # Answers charged an estimate because their usage was missing or could not be a bill.
     usage_estimated: int = 0
+    # Generations cut short (silence, a disconnect, max_call_s, the size cap, Ctrl-C) and charged an estimate.
+    cut_calls: int = 0
+    # Completion tokens of the streamed answers received in full (the bar adds those of the calls in flight).
+    streamed_tokens: int = 0
 
     def record_error(self, error: CallError) -> None:
         if isinstance(error, RateLimited):
@@ -169,6 +173,10 @@ class BackboneRuntime:
     waiting: dict[asyncio.Task[object], StopGuard] = field(default_factory=dict)
     # A local backbone's model (provider "local"): its items run forward passes, never ``backend.chat``.
     local: LocalModel | None = None
+    # What each call in flight has received so far (the progress bar counts the tokens streamed).
+    in_flight: set[CallProgress] = field(default_factory=set)
+    # Said once per backbone, the first time it happens: a cut generation charged, a server refusing to stream.
+    announced: set[str] = field(default_factory=set)
 
     def stop(self, reason: str) -> bool:
         """Stop admitting calls on this backbone for the rest of the session; True if it was not stopped yet."""

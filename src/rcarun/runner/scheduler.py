@@ -34,6 +34,7 @@ from typing import Any
 from rcarun.backends import (
     Backend,
     BackendSettings,
+    CallProgress,
     ChatRequest,
     ChatResult,
     Usage,
@@ -177,6 +178,9 @@ def _backend_settings(
         api_key_env=config.api_key_env,
         transport=config.transport,
         timeout_s=config.timeout_s,
+        max_call_s=config.max_call_s,
+        max_response_bytes=round(config.max_response_mb * 2**20),
+        stream=config.stream,
         pool_size=pool_size,
         thinking=config.thinking,
         reasoning_effort=config.reasoning_effort,
@@ -820,7 +824,7 @@ class _NoChat:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
+    async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
         raise FatalCallError(f"backbone {self.name!r} is local: it runs forward passes, not chat")
 
     async def aclose(self) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rcarun.backends import (
+    CallProgress,
     ChatMessage,
     ChatRequest,
     ChatResult,
@@ -41,6 +42,7 @@ from rcarun.backends import (
 from rcarun.budgets import (
     RetryDecision,
     clamp_to_context,
+    cut_usage,
     estimated_usage,
     implausible_usage,
     next_length_budget,
@@ -51,9 +53,13 @@ from rcarun.errors import (
     CallError,
     ConfigError,
     ConnectionFailed,
+    MalformedResponse,
     ModelNotFound,
     QuotaExhausted,
     RateLimited,
+    ResponseTooLarge,
+    StreamRefused,
+    TransportError,
 )
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.answers import parse_json_answer
@@ -391,11 +397,21 @@ class ItemSession:
                 started_at = utc_timestamp()
                 started = time.perf_counter()
                 pauses_before = gate.pauses_started
+                progress = CallProgress()
+                runtime.in_flight.add(progress)
                 try:
-                    result = await runtime.backend.chat(request)
+                    result = await runtime.backend.chat(request, progress)
                 except CallError as error:
-                    decision = gate.on_error(error, failures.count(error), ticket)
+                    cut = self._cut(error, progress, request, prompt_chars)
+                    cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
+                    decision = gate.on_error(error, failures.count(error, cut=cut is not None), ticket)
                     runtime.counters.record_error(error)
+                    if (
+                        cut is not None
+                        and decision.retry
+                        and failures.cuts > runtime.config.retry.cut_retries
+                    ):
+                        decision = RetryDecision(retry=False)
                     writer.add_call(
                         CallRow(
                             **base,
@@ -406,9 +422,15 @@ class ItemSession:
                             error=str(error)[:2000],
                             error_kind=error.kind,
                             http_status=error.status,
+                            **self._cut_columns(progress, cut, cost),
                         )
                     )
-                    if decision.stop_backbone:
+                    if cut is not None:
+                        self._note_cut(error, cut, cost, retried=decision.retry)
+                    if isinstance(error, StreamRefused):
+                        self._note_stream_refused(error)
+                        decision = RetryDecision(retry=True)
+                    elif decision.stop_backbone:
                         self._stop_backbone(error.status, decision.asked_s, "its answer", str(error))
                     elif isinstance(error, BACKBONE_FAULTS):
                         self._note_fault(error)
@@ -416,6 +438,9 @@ class ItemSession:
                         self._note_pause(decision.pause_backbone_s, error.status, decision.asked_s)
                     return error, decision
                 except asyncio.CancelledError:
+                    # Ctrl-C or a stop mid-call: what arrived is kept, and a generation under way is charged.
+                    cut = self._cut(None, progress, request, prompt_chars)
+                    cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
                     writer.add_call(
                         CallRow(
                             **base,
@@ -423,11 +448,19 @@ class ItemSession:
                             started_at=started_at,
                             ended_at=utc_timestamp(),
                             latency_ms=(time.perf_counter() - started) * 1000,
-                            error="cancelled before the provider answered",
+                            error="cancelled before the provider answered"
+                            if progress.status is None
+                            else "cancelled while the answer was arriving",
                             error_kind="cancelled",
+                            http_status=progress.status,
+                            **self._cut_columns(progress, cut, cost),
                         )
                     )
+                    if cut is not None:
+                        runtime.counters.cut_calls += 1
                     raise
+                finally:
+                    runtime.in_flight.discard(progress)
                 runtime.consecutive_faults = 0
                 pause = gate.on_rate_limit_headers(result.rate_limit)
                 if gate.retry.too_long(pause):
@@ -484,6 +517,87 @@ class ItemSession:
                 charged={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
             )
         return usage, "estimated"
+
+    def _cut(
+        self, error: CallError | None, progress: CallProgress, request: ChatRequest, prompt_chars: int
+    ) -> Usage | None:
+        """What an attempt that ended without an answer may have cost, or None when it cost nothing.
+
+        Nothing when no request went out (no connection) or the server refused it with an error status. Else
+        the provider was, or may have been, generating: streamed, the prompt and the tokens received; unstreamed,
+        the prompt and the whole output budget (a body that arrived whole but unreadable: the tokens it holds).
+        ``error`` None: the call was cancelled.
+        """
+        if isinstance(error, ConnectionFailed) or (progress.status is not None and not progress.answered):
+            return None
+        streamed = progress.streamed
+        # An error object within an accepted stream is charged for what it had generated, if anything.
+        cut_short = error is None or isinstance(error, TransportError | ResponseTooLarge | MalformedResponse)
+        if not cut_short and not (streamed and progress.tokens):
+            return None
+        estimator = self._runtime.gate.estimator
+        if streamed:
+            completion = max(progress.tokens, estimator.estimate(progress.text_chars))
+        elif isinstance(error, MalformedResponse):
+            completion = estimator.estimate(progress.bytes_received)
+        else:
+            completion = request.max_tokens
+        return cut_usage(estimator, prompt_chars=prompt_chars, completion_tokens=completion)
+
+    def _cut_columns(self, progress: CallProgress, cut: Usage | None, cost: float) -> dict[str, Any]:
+        """The columns of an attempt that ended early: what it received, and what it was charged."""
+        columns: dict[str, Any] = {
+            "streamed": progress.streamed if progress.answered else None,
+            "ttft_ms": None if (ttft := progress.ttft_s()) is None else ttft * 1000,
+        }
+        body = progress.partial_body()
+        if body is not None:
+            columns["response_sha256"] = self._context.writer.put_blob(body)
+        if cut is not None:
+            columns.update(
+                prompt_tokens=cut.prompt_tokens,
+                completion_tokens=cut.completion_tokens,
+                cost_usd=cost,
+                usage_source="estimated",
+            )
+        return columns
+
+    def _note_cut(self, error: CallError, cut: Usage, cost: float, *, retried: bool) -> None:
+        """A generation cut short was charged: counted, and said once per backbone with what the run does next."""
+        runtime = self._runtime
+        runtime.counters.cut_calls += 1
+        if "cut" in runtime.announced:
+            return
+        runtime.announced.add("cut")
+        retries = runtime.config.retry.cut_retries
+        then = (
+            f"such a call is sent again up to {retries} time{'s' if retries != 1 else ''} (retry.cut_retries), "
+            "each attempt paid"
+            if retries
+            else "such a call is not sent again (retry.cut_retries = 0)"
+        )
+        self._context.announce(
+            f"backbone {runtime.name!r}: a generation was cut ({error.kind}: {error}); charged an estimated "
+            f"{cut.prompt_tokens:,} + {cut.completion_tokens:,} tokens (${cost:.4f}); {then}"
+        )
+        self._event(
+            "generation_cut",
+            cause=error.kind,
+            charged={"prompt_tokens": cut.prompt_tokens, "completion_tokens": cut.completion_tokens},
+            cost_usd=cost,
+            retried=retried,
+        )
+
+    def _note_stream_refused(self, error: CallError) -> None:
+        runtime = self._runtime
+        if "stream_refused" in runtime.announced:
+            return
+        runtime.announced.add("stream_refused")
+        self._context.announce(
+            f"backbone {runtime.name!r}: the server refuses to stream; its calls are sent unstreamed from now on "
+            "(set stream = false for it to skip the refused attempt next time)"
+        )
+        self._event("stream_refused", status=error.status, message=str(error)[:300])
 
     def _stop_backbone(self, status: int | None, asked_s: float | None, where: str, message: str) -> None:
         """Stop this backbone for the session: one line for the user, one event in results.db."""
@@ -596,8 +710,13 @@ class ItemSession:
                 ),
                 endpoint=result.endpoint or None,
                 usage_source=usage_source,
+                streamed=result.streamed if result.raw_body else None,
+                ttft_ms=None if result.ttft_s is None else result.ttft_s * 1000,
+                decode_tokens_per_s=result.decode_tokens_per_s,
             )
         )
+        if result.streamed:
+            runtime.counters.streamed_tokens += usage.completion_tokens
 
 
 class _FailureCounts:
@@ -605,16 +724,20 @@ class _FailureCounts:
 
     Rate limits are counted apart from other failures and allowed `_RATE_LIMIT_ALLOWANCE` times as many tries:
     a 429 says "later", not "never", and a sweep that hits its provider's limit should slow down, not fail items.
+    Cut generations are counted too: each was paid, and the backbone's ``retry.cut_retries`` bounds them.
     """
 
-    __slots__ = ("other", "rate_limited")
+    __slots__ = ("cuts", "other", "rate_limited")
 
     def __init__(self) -> None:
         self.rate_limited = 0
         self.other = 0
+        self.cuts = 0
 
-    def count(self, error: CallError) -> int:
+    def count(self, error: CallError, *, cut: bool = False) -> int:
         """Record ``error`` and return the attempt number the retry policy should judge it as."""
+        if cut:
+            self.cuts += 1
         if isinstance(error, RateLimited):
             self.rate_limited += 1
             return max(1, self.rate_limited // _RATE_LIMIT_ALLOWANCE)
@@ -624,6 +747,7 @@ class _FailureCounts:
     def clear(self) -> None:
         self.rate_limited = 0
         self.other = 0
+        self.cuts = 0
 
 
 def _wire_message(message: Message) -> ChatMessage:
