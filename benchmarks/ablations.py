@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -46,13 +47,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from http_client_floor import BareConnection  # this script's folder is first on sys.path
-from rcarun.backends.transports import RawResponse
+from rcarun.backends.transports import WholeResponse
 from rcarun.errors import TransportError
 from rcarun.jsonfast import dumps_compact
 
@@ -78,7 +79,8 @@ class BareTransport:
         self._idle: dict[str, list[Any]] = {}
         self._heads: dict[str, bytes] = {}
 
-    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
+    @contextlib.asynccontextmanager
+    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> AsyncIterator[WholeResponse]:
         idle = self._idle.setdefault(base_url, [])
         head = self._heads.get(base_url)
         if head is None:
@@ -103,7 +105,7 @@ class BareTransport:
             connection.transport.close()
             raise TransportError(f"bare-http: {base_url}: {error}") from None
         idle.append(connection)
-        return RawResponse(status=status, headers=headers, body=answer)
+        yield WholeResponse(status, headers, answer)
 
     async def aclose(self) -> None:
         for connections in self._idle.values():
@@ -120,7 +122,8 @@ class PyreqwestTransport:
     def __init__(self, settings: Any, api_key: Any) -> None:
         self._client: Any = None
 
-    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> RawResponse:
+    @contextlib.asynccontextmanager
+    async def post_chat(self, base_url: str, body: Mapping[str, Any]) -> AsyncIterator[WholeResponse]:
         if self._client is None:
             from pyreqwest.client import ClientBuilder
 
@@ -128,7 +131,7 @@ class PyreqwestTransport:
         request = self._client.post(f"{base_url}/chat/completions").body_bytes(dumps_compact(body))
         response = await request.headers(self._HEADERS).build().send()
         answer = await response.bytes()
-        return RawResponse(status=response.status, headers=dict(response.headers.items()), body=bytes(answer))
+        yield WholeResponse(response.status, dict(response.headers.items()), bytes(answer))
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -171,8 +174,9 @@ def _child(variant: str, calls: int, pin: bool) -> None:
     from rcarun.bench.throughput import scenario_server
     from rcarun.bench.workload import write_dataset
 
-    client = variant if variant == "aiolimiter-loop" else "rcarun"
-    if client == "rcarun":
+    # Unstreamed: the bare and pyreqwest clients read whole bodies, and the peer sends unstreamed requests.
+    client = variant if variant == "aiolimiter-loop" else "rcarun-unstreamed"
+    if client == "rcarun-unstreamed":
         _apply(variant)
     scenario = dataclasses.replace(get_scenario("latency-bound", quick=False), calls=calls)
     with tempfile.TemporaryDirectory(prefix="rcarun-ablation-") as tmp:

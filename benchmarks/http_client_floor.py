@@ -149,8 +149,10 @@ async def _aiohttp(base_url: str, posts: int) -> float:
 
     async def worker() -> None:
         for _ in remaining:
-            response = await transport.post_chat(base_url, BODY)
-            assert response.status == 200, response.status
+            async with transport.post_chat(base_url, BODY) as response:
+                assert response.status == 200, response.status
+                async for _ in response.chunks():
+                    pass
 
     try:
         started = time.process_time()

@@ -95,11 +95,13 @@ async def main():
     server = await asyncio.start_server(answer_once_then_hang_up, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
     transport = BareTransport(None, None)
-    print((await transport.post_chat(url, {"model": "m", "messages": []})).status)
+    async with transport.post_chat(url, {"model": "m", "messages": []}) as response:
+        print(response.status)
     await asyncio.sleep(0.2)  # the hang-up reaches the idle connection
     for _ in range(2):  # the idle connection, then a new one cut off before its answer
         try:
-            await asyncio.wait_for(transport.post_chat(url, {"model": "m", "messages": []}), 10)
+            async with asyncio.timeout(10), transport.post_chat(url, {"model": "m", "messages": []}):
+                pass
         except TransportError as error:
             print("TransportError:", str(error).split(":")[0], "lost" if "connection lost" in str(error) else error)
     await transport.aclose()

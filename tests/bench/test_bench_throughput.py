@@ -67,6 +67,8 @@ _FIELDS = {
     "late_refused_share",
     "recovery_s",
     "last_arrival_s",
+    "server_completion_tokens",
+    "cpu_us_per_completion_token",
 }
 
 
@@ -78,10 +80,17 @@ def test_quick_latency_bound_runs_every_client_end_to_end() -> None:
     document = json.loads(json.dumps(json_document(rows, skipped_clients())))
 
     rows = document["scenarios"]
-    # A peer whose package is not installed (the bench extra) sits out, with its reason in the document.
-    available = [client for client in CLIENT_ORDER if unavailable_reason(client) is None]
+    # A peer whose package is not installed (the bench extra) sits out, with its reason in the document;
+    # rcarun-unstreamed runs only where answers stream long (the streaming scenario).
+    available = [
+        client
+        for client in CLIENT_ORDER
+        if unavailable_reason(client) is None and client not in scenario.skip_clients
+    ]
     assert [row["client"] for row in rows] == available
-    assert set(document["skipped_clients"]) == set(CLIENT_ORDER) - set(available)
+    assert set(document["skipped_clients"]) == {
+        client for client in CLIENT_ORDER if unavailable_reason(client) is not None
+    }
     for row in rows:
         assert set(row) == _FIELDS
         assert row["name"] == "latency-bound"
@@ -252,7 +261,7 @@ def test_an_unknown_client_is_refused_with_the_known_ones(
     assert cli_main(argv) == 2
     assert capsys.readouterr().err == (
         f"rcarun bench: unknown clients [{client!r}] "
-        "(known: rcarun, naive-gather, aiolimiter-loop, litellm-router)\n"
+        "(known: rcarun, rcarun-unstreamed, naive-gather, aiolimiter-loop, litellm-router)\n"
     )
 
 
@@ -280,3 +289,20 @@ def test_without_a_limit_the_rate_is_the_slope_so_clumped_answers_do_not_move_it
 
     assert abs(window.rps / 320.0 - 1) > 0.005  # where the two ends fall inside their clumps shows
     assert window.slope_rps == pytest.approx(320.0, rel=0.002)
+
+
+@pytest.mark.slow
+def test_the_streaming_scenario_sets_rcarun_streamed_beside_rcarun_unstreamed() -> None:
+    rows = run_throughput(quick=True, names=("streaming",), clients=("rcarun", "rcarun-unstreamed"))
+
+    by_client = {row.client: row for row in rows}
+    assert set(by_client) == {"rcarun", "rcarun-unstreamed"}
+    scenario = get_scenario("streaming", quick=True)
+    for row in by_client.values():
+        assert row.calls == row.recorded_calls == scenario.calls
+        # Every answer's thinking was generated: about a thousand completion tokens a call.
+        assert row.server_completion_tokens >= scenario.calls * scenario.reasoning_tokens
+        assert row.cpu_us_per_completion_token is not None and row.cpu_us_per_completion_token > 0
+    table = format_table(rows)
+    assert "rcarun streamed / unstreamed: CPU per call" in table
+    assert "per completion token" in table

@@ -179,7 +179,7 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 # --------------------------------------------------------------------------------------------------- rcarun
 
 
-def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, transport: str = "aiohttp") -> Any:
+def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool | None = None) -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
     from rcarun.bench.timed import TIMED_METHOD
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
@@ -200,7 +200,7 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, transport: s
                 provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
-                transport=transport,
+                stream=stream,
                 limits=LimitsConfig(
                     concurrency=scenario.concurrency,
                     min_concurrency=1,
@@ -250,9 +250,12 @@ def _read_calls(
 
 
 async def run_rcarun(
-    scenario: Scenario, dataset: Path, base_url: str, workdir: Path, transport: str = "aiohttp"
+    scenario: Scenario, dataset: Path, base_url: str, workdir: Path, stream: bool | None = None
 ) -> ClientOutcome:
-    """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table."""
+    """One sweep into a fresh ``workdir/results.db``; what it did is read back from its ``calls`` table.
+
+    ``stream`` None streams (the preset's default); False asks for whole bodies (``rcarun-unstreamed``).
+    """
     from rcarun.bench.timed import asked_at, register_timed_method
     from rcarun.runner import run_sweep
 
@@ -260,7 +263,7 @@ async def run_rcarun(
     asked_at.clear()
     db_path = workdir / "results.db"
     sweep = await run_sweep(
-        _sweep_config(scenario, dataset, base_url, transport),
+        _sweep_config(scenario, dataset, base_url, stream),
         db_path=db_path,
         run_name=f"bench-{scenario.name}",
         show_progress=False,
@@ -538,11 +541,19 @@ def _retry_after_s(seconds: str | None, milliseconds: str | None) -> float:
     return 1.0
 
 
-RCARUN_CLIENTS = ("rcarun",)
+async def run_rcarun_unstreamed(
+    scenario: Scenario, dataset: Path, base_url: str, workdir: Path
+) -> ClientOutcome:
+    """rcarun with ``stream = false``: the same sweep, each answer one body."""
+    return await run_rcarun(scenario, dataset, base_url, workdir, stream=False)
+
+
+RCARUN_CLIENTS = ("rcarun", "rcarun-unstreamed")
 """The clients that are rcarun itself (its runner, its loop, results.db), not peers it is compared with."""
 
 CLIENTS: dict[str, ClientRunner] = {
     "rcarun": run_rcarun,
+    "rcarun-unstreamed": run_rcarun_unstreamed,
     "naive-gather": run_naive_gather,
     "aiolimiter-loop": run_aiolimiter_loop,
     "litellm-router": run_litellm_router,

@@ -150,7 +150,7 @@ def nominal_ceiling_rps(scenario: Scenario, mean_tokens: float | None = None) ->
     concurrency = scenario.concurrency
     if scenario.max_concurrency is not None:
         concurrency = min(concurrency, scenario.max_concurrency)
-    ceiling = concurrency / scenario.latency_s
+    ceiling = concurrency / scenario.answer_s
     if scenario.server_requests_per_s is not None:
         ceiling = min(ceiling, scenario.server_requests_per_s)
     if scenario.server_tokens_per_s is not None:
@@ -663,6 +663,8 @@ class ResultRow:
     late_refused_share: float = 0.0
     recovery_s: float | None = None
     last_arrival_s: float | None = None
+    server_completion_tokens: int = 0
+    cpu_us_per_completion_token: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

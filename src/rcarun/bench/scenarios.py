@@ -91,6 +91,7 @@ Metering = Literal["usage", "max_tokens"]
 
 SCENARIO_NAMES = (
     "latency-bound",
+    "streaming",
     "latency-bound-contended",
     "requests-bound",
     "tokens-bound",
@@ -173,7 +174,9 @@ class Scenario:
         settle_after_s: where the 429-storm's "after the first seconds" starts, from the first request sent.
         headline: the metric the scenario exists for ("throughput", "storm", "length", "fairness", "scale",
             "window").
-        skip_clients: clients that sit this scenario out (each with its reason where the scenario is defined).
+        skip_clients: clients that sit this scenario out (each with its reason where the scenario is defined);
+            ``rcarun-unstreamed`` sits out every scenario but those that name the clients they skip (what
+            streaming costs is measured where answers are long, not repeated everywhere).
         server: "simulator" (`rcarun.mock`) or "window" (`rcarun.bench.window_server`).
         provider: rcarun's backbone preset, and the preset every client's request bodies are built with.
         window_s / signal / metering / server_chars_per_token: the window server's window length, how it
@@ -181,6 +184,8 @@ class Scenario:
         server_tpm: what the server enforces when it differs from the declared ``tpm``.
         cpu_burners: processes that spin on the CPU for the whole of each client's run (each takes a core from
             the client and the server: on a 2-core machine, one leaves them a core between them).
+        reasoning_tokens / latency_per_token_s / tokens_per_chunk: the simulator's thinking tokens per answer,
+            seconds per generated token and tokens per streamed chunk (long answers, for the streaming scenario).
     """
 
     name: str
@@ -202,7 +207,7 @@ class Scenario:
     realizations: int = 1
     settle_after_s: float = 10.0
     headline: Literal["throughput", "storm", "length", "fairness", "scale", "window"] = "throughput"
-    skip_clients: tuple[str, ...] = ()
+    skip_clients: tuple[str, ...] = ("rcarun-unstreamed",)
     server: Literal["simulator", "window"] = "simulator"
     provider: str = "simulated"
     window_s: float = _WINDOW_S
@@ -211,6 +216,14 @@ class Scenario:
     server_chars_per_token: float = 4.0
     server_tpm: int | None = None
     cpu_burners: int = 0
+    reasoning_tokens: int = 0
+    latency_per_token_s: float = 0.0
+    tokens_per_chunk: int = 1
+
+    @property
+    def answer_s(self) -> float:
+        """The simulator's answer time per call, thinking tokens included (the answer's own few are not)."""
+        return self.latency_s + self.latency_per_token_s * self.reasoning_tokens
 
     @property
     def trajectories(self) -> int:
@@ -267,6 +280,9 @@ class Scenario:
             keepalive_s=self.keepalive_s,
             headers=self.headers,
             length_rate=self.length_rate,
+            reasoning_tokens=self.reasoning_tokens,
+            latency_per_token_s=self.latency_per_token_s,
+            tokens_per_chunk=self.tokens_per_chunk,
         )
 
     def window_config(self) -> WindowConfig:
@@ -308,6 +324,21 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
     )
     return (
         latency_bound,
+        # Thinking answers streamed token by token: 64 calls of 1,000 tokens at 3 ms a token, about 21,000
+        # streamed tokens a second. rcarun streamed against rcarun unstreamed: what a streamed token costs.
+        # The peers send unstreamed requests (whole bodies), so they sit it out.
+        Scenario(
+            name="streaming",
+            binding="latency",
+            calls=24 if quick else 210,
+            concurrency=_LATENCY_BOUND_CONCURRENCY,
+            latency_s=0.05,
+            sizes=_SMALL_PROMPTS,
+            seed=111,
+            reasoning_tokens=1_000,
+            latency_per_token_s=0.003,
+            skip_clients=("naive-gather", "aiolimiter-loop", "litellm-router"),
+        ),
         # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
         # runner, another job) leaves a client. A client's CPU per call is what decides it.
         dataclasses.replace(latency_bound, name="latency-bound-contended", cpu_burners=1),
@@ -406,7 +437,7 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five
             # minutes on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends
             # several times that per call.
-            skip_clients=("naive-gather", "litellm-router"),
+            skip_clients=("rcarun-unstreamed", "naive-gather", "litellm-router"),
         ),
         *_window_scenarios(quick),
     )

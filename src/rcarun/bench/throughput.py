@@ -59,7 +59,7 @@ __all__ = [
     "skipped_clients",
 ]
 
-CLIENT_ORDER = ("rcarun", "naive-gather", "aiolimiter-loop", "litellm-router")
+CLIENT_ORDER = ("rcarun", "rcarun-unstreamed", "naive-gather", "aiolimiter-loop", "litellm-router")
 _CLIENT_TIMEOUT_S = 300.0
 # Against the window server a client that stalls for a window at a time may take several windows.
 _WINDOW_TIMEOUT_WINDOWS = 10
@@ -228,6 +228,10 @@ def result_row(
         server_length_stops=stats.length_stops,
         client_429=run.retries_429,
         server_503=stats.errors_5xx if figures is not None else 0,
+        server_completion_tokens=stats.accepted_completion_tokens,
+        cpu_us_per_completion_token=round(run.cpu_s * 1e6 / stats.accepted_completion_tokens, 3)
+        if stats.accepted_completion_tokens
+        else None,
         **_window_fields(figures),
     )
 
@@ -414,6 +418,25 @@ def _cpu_over_leanest(row: ResultRow, leanest: ResultRow | None) -> float | None
     return row.cpu_ms_per_call / leanest.cpu_ms_per_call
 
 
+def _streaming_lines(group: Sequence[ResultRow], width: int) -> list[str]:
+    """rcarun streamed beside rcarun unstreamed in one scenario: CPU per call and per completion token, and the
+    ratios (what streaming costs)."""
+    streamed = next((row for row in group if row.client == "rcarun" and row.calls), None)
+    whole = next((row for row in group if row.client == "rcarun-unstreamed" and row.calls), None)
+    if streamed is None or whole is None or not whole.cpu_ms_per_call:
+        return []
+    line = (
+        f"{'':<{width}} rcarun streamed / unstreamed: CPU per call {streamed.cpu_ms_per_call:.3f} / "
+        f"{whole.cpu_ms_per_call:.3f} ms ({streamed.cpu_ms_per_call / whole.cpu_ms_per_call:.2f}x)"
+    )
+    per_token = streamed.cpu_us_per_completion_token, whole.cpu_us_per_completion_token
+    if per_token[0] is not None and per_token[1] is not None:
+        line += f"; per completion token {per_token[0]:.2f} / {per_token[1]:.2f} us"
+        tokens_per_s = streamed.server_completion_tokens / streamed.wall_s if streamed.wall_s else 0.0
+        line += f"; {tokens_per_s:,.0f} tokens/s took {per_token[0] * tokens_per_s / 1e6:.2f} of a core"
+    return [line]
+
+
 def format_table(rows: Sequence[ResultRow]) -> str:
     """The human-readable report: one line per client, then per scenario rcarun's ratio against the best
     peer's and its CPU per call against the leanest peer's."""
@@ -442,6 +465,7 @@ def format_table(rows: Sequence[ResultRow]) -> str:
         if ours is not None and best is not None:
             relative = ours.ratio / best.ratio if best.ratio else float("inf")
             lines.append(f"{'':<{width}} rcarun's ratio / best peer's ({best.client}): {relative:.3f}")
+        lines.extend(_streaming_lines(group, width))
         leanest = _leanest_peer(group)
         for row in group:
             if _is_peer(row.client) or leanest is None:
