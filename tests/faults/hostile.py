@@ -47,6 +47,7 @@ from aiohttp import web
 __all__ = [
     "HONEST",
     "Answer",
+    "Flood",
     "Hang",
     "HostileServer",
     "LogEntry",
@@ -57,6 +58,7 @@ __all__ = [
     "Reset",
     "Status",
     "StoredCall",
+    "Stream",
     "Usage",
     "answer_row_counts",
     "answered_twice",
@@ -64,6 +66,7 @@ __all__ = [
     "echo_authorization",
     "echo_secret",
     "find_secret",
+    "flood",
     "hang",
     "honest",
     "huge_usage",
@@ -83,6 +86,7 @@ __all__ = [
     "slow",
     "status",
     "stored_calls",
+    "stream",
     "unstored_answers",
 ]
 
@@ -297,6 +301,61 @@ class Reset(Reply):
     """Close the connection with a TCP reset; with ``partial``, after a 200 head promising more than those bytes."""
 
     partial: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Stream(Reply):
+    """HTTP 200 with server-sent events, as OpenAI's chat-completions streaming sends them, to a request that asked
+    to stream (``"stream": true``); to one that did not, the same answer as one body after the same time.
+
+    Every chunk is one token, billed when sent: a cut stream is billed for what it generated (OpenAI bills the
+    tokens generated before a client goes). The events: a role chunk, ``thinking`` chunks of ``reasoning_content``
+    (one word each), the answer (the schema-valid answer, or ``content``) in chunks of ``chunk_chars`` characters,
+    a chunk with ``finish_reason``, the usage chunk (``choices: []``) when ``stream_options.include_usage`` asked
+    for it, then ``data: [DONE]``.
+
+    Attributes:
+        interval_s: seconds between two chunks (after the role chunk).
+        keepalives: ``: keep-alive`` comments sent before the first chunk, ``interval_s`` apart (DeepSeek's
+            queue).
+        thinking: reasoning chunks before the answer.
+        stall_after: after this many token chunks, nothing more: silence until ``stall_s`` passes (then a reset)
+            or the server stops.
+        drop_after: after this many token chunks, a TCP reset.
+        endless: thinking chunks forever, each ``filler_chars`` long (a model that never stops).
+        finish_reason: as sent.
+        batch: chunks written at once, every ``interval_s`` (a long answer in scaled time).
+    """
+
+    interval_s: float = 0.0
+    keepalives: int = 0
+    thinking: int = 0
+    content: str | None = None
+    chunk_chars: int = 4
+    stall_after: int | None = None
+    stall_s: float | None = None
+    drop_after: int | None = None
+    endless: bool = False
+    filler_chars: int = 5
+    finish_reason: str = "stop"
+    batch: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Flood(Reply):
+    """HTTP 200 and then body bytes without end, as fast as the connection takes them: ``sse`` as an event stream
+    of thinking chunks, otherwise a JSON body that never closes (no length, chunked)."""
+
+    sse: bool = False
+
+
+def stream(**settings: Any) -> Stream:
+    """A streamed answer (see `Stream`)."""
+    return Stream(kind="stream", **settings)
+
+
+def flood(*, sse: bool = False) -> Flood:
+    return Flood(kind="flood_sse" if sse else "flood", sse=sse)
 
 
 def ok(
@@ -640,6 +699,10 @@ class HostileServer:
         if reply.latency_s and not await self._wait(reply.latency_s):
             _drop_connection(request)  # the server is stopping: nothing more is sent
             return web.Response(status=200)
+        if isinstance(reply, Stream):
+            return await self._stream(request, seen, entry, reply)
+        if isinstance(reply, Flood):
+            return await self._flood(request, entry, reply)
         if isinstance(reply, Answer):
             return self._answer(seen, entry, reply)
         if isinstance(reply, Status):
@@ -717,6 +780,151 @@ class HostileServer:
             content_type="application/json",
             headers=dict(reply.headers),
         )
+
+    async def _stream(
+        self, request: web.Request, seen: Request, entry: LogEntry, reply: Stream
+    ) -> web.StreamResponse:
+        body = seen.body if isinstance(seen.body, dict) else {}
+        completion_id = f"chatcmpl-hostile-{self._token}-{seen.seq}"
+        answer = _content(seen, Answer(kind="stream", content=reply.content))
+        pieces = [answer[i : i + reply.chunk_chars] for i in range(0, len(answer), reply.chunk_chars)]
+        prompt_tokens = math.ceil(seen.prompt_chars / CHARS_PER_TOKEN)
+        sent = 0
+
+        def bill() -> None:
+            self._update(
+                entry,
+                completion_id=completion_id,
+                billed_prompt_tokens=prompt_tokens,
+                billed_completion_tokens=sent,
+                billed_usd=self.prices.usd(prompt_tokens, sent),
+            )
+
+        if body.get("stream") is not True:
+            # Asked for one body: the same answer after the time its chunks would have taken.
+            chunks = reply.thinking + len(pieces)
+            if not await self._wait(reply.interval_s * (chunks + reply.keepalives)):
+                _drop_connection(request)
+                return web.Response(status=200)
+            sent = chunks
+            bill()
+            self._update(entry, status=200, answered_at=time.time())
+            message: dict[str, Any] = {"role": "assistant", "content": answer}
+            if reply.thinking:
+                message["reasoning_content"] = "think " * reply.thinking
+            return web.json_response(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": self.model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": sent,
+                        "total_tokens": prompt_tokens + sent,
+                    },
+                }
+            )
+
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self._update(entry, status=200)
+
+        def event(delta: Mapping[str, Any], finish_reason: str | None = None) -> bytes:
+            chunk = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        def tokens() -> Iterator[Mapping[str, Any]]:
+            if reply.endless:
+                while True:
+                    yield {"reasoning_content": "x" * reply.filler_chars}
+            for _ in range(reply.thinking):
+                yield {"reasoning_content": "think "}
+            for piece in pieces:
+                yield {"content": piece}
+
+        try:
+            await response.write(event({"role": "assistant", "content": ""}))
+            for _ in range(reply.keepalives):
+                if not await self._wait(reply.interval_s):
+                    raise ConnectionResetError
+                await response.write(b": keep-alive\n\n")
+            pending: list[bytes] = []
+            for delta in tokens():
+                if reply.stall_after is not None and sent >= reply.stall_after:
+                    await response.write(b"".join(pending))
+                    bill()
+                    await self._wait(reply.stall_s if reply.stall_s is not None else math.inf)
+                    _drop_connection(request)
+                    return response
+                if reply.drop_after is not None and sent >= reply.drop_after:
+                    await response.write(b"".join(pending))
+                    bill()
+                    _drop_connection(request)
+                    return response
+                pending.append(event(delta))
+                sent += 1
+                if len(pending) >= reply.batch:
+                    if reply.interval_s and not await self._wait(reply.interval_s):
+                        raise ConnectionResetError
+                    await response.write(b"".join(pending))
+                    pending.clear()
+                if sent % 256 == 0:
+                    bill()
+            if pending:
+                await response.write(b"".join(pending))
+            bill()
+            await response.write(event({}, reply.finish_reason))
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage") is True:
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": sent,
+                    "total_tokens": prompt_tokens + sent,
+                }
+                chunk = {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            self._update(entry, answered_at=time.time())
+        except (ConnectionResetError, ConnectionError):
+            bill()  # the client went (or the server is stopping): what was generated was billed
+            _drop_connection(request)
+        return response
+
+    async def _flood(self, request: web.Request, entry: LogEntry, reply: Flood) -> web.StreamResponse:
+        content_type = "text/event-stream" if reply.sse else "application/json"
+        response = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+        await response.prepare(request)
+        self._update(entry, status=200)
+        if reply.sse:
+            event = (
+                b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"' + b"x" * 1000 + b'"}}]}\n\n'
+            )
+            block = event * 64
+        else:
+            block = b'{"choices": [{"message": {"content": "' + b"x" * 65_000
+        assert self._closing is not None
+        try:
+            while not self._closing.is_set():
+                await response.write(block)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        _drop_connection(request)
+        return response
 
     def _status(self, seen: Request, entry: LogEntry, reply: Status) -> web.Response:
         body = reply.body(seen) if callable(reply.body) else reply.body
