@@ -1,4 +1,5 @@
-"""One tqdm bar per backbone: items, calls, tokens, USD, 429s and length retries, refreshed on a timer.
+"""One tqdm bar per backbone: items, calls, tokens, USD, 429s and length retries, and the calls in flight with the
+tokens streamed so far (a long answer shows it is arriving), refreshed on a timer.
 
 The bars read the backbone counters twice a second instead of being updated on every call, so progress display
 costs nothing on the hot path however fast the calls come back.
@@ -14,9 +15,26 @@ from tqdm import tqdm
 
 from rcarun.runner.runtime import BackboneRuntime
 
-__all__ = ["ProgressBoard"]
+__all__ = ["ProgressBoard", "postfix"]
 
 _REFRESH_S = 0.5
+
+
+def postfix(runtime: BackboneRuntime) -> str:
+    """What a backbone's bar says after its count of items."""
+    counters = runtime.counters
+    # Spend comes from the ledger the budgets are checked against (earlier sessions of the run included).
+    spent = runtime.gate.ledger.totals(runtime.name)
+    streaming = runtime.in_flight
+    streamed = counters.streamed_tokens + sum(progress.tokens for progress in streaming)
+    text = (
+        f"calls={spent.calls} fly={len(streaming)} streamed={streamed:,} cached={counters.cached_calls} "
+        f"tok={spent.total_tokens:,} ${spent.usd:.4f} 429={counters.rate_limited} len={counters.length_retries} "
+        f"err={counters.errors} fail={counters.items_failed}"
+    )
+    if counters.cut_calls:
+        text += f" cut={counters.cut_calls}"
+    return text
 
 
 class ProgressBoard:
@@ -52,14 +70,7 @@ class ProgressBoard:
                 + counters.items_interrupted
             )
             bar.n = min(finished, bar.total or finished)
-            # Spend comes from the ledger the budgets are checked against (earlier sessions of the run included).
-            spent = self._runtimes[name].gate.ledger.totals(name)
-            bar.set_postfix_str(
-                f"calls={spent.calls} cached={counters.cached_calls} tok={spent.total_tokens:,} "
-                f"${spent.usd:.4f} 429={counters.rate_limited} len={counters.length_retries} "
-                f"err={counters.errors} fail={counters.items_failed}",
-                refresh=False,
-            )
+            bar.set_postfix_str(postfix(self._runtimes[name]), refresh=False)
             bar.refresh()
 
     async def run(self) -> None:
