@@ -7,6 +7,7 @@ tests that compare transports directly check that they produce identical `ChatRe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import socket
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from rcarun.backends import (
     BackendSettings,
+    CallProgress,
     ChatMessage,
     ChatRequest,
     ChatResult,
@@ -31,6 +33,7 @@ from rcarun.backends import (
 )
 from rcarun.errors import (
     AuthError,
+    CallDeadline,
     CallError,
     ConfigError,
     ConnectionFailed,
@@ -38,6 +41,7 @@ from rcarun.errors import (
     MalformedResponse,
     QuotaExhausted,
     RateLimited,
+    ResponseTooLarge,
     ServerError,
     SilenceTimeout,
     TransportError,
@@ -461,3 +465,55 @@ def test_create_backend_picks_openai_compat_by_registry() -> None:
     assert isinstance(backend, OpenAICompatBackend)
     assert backend.name == "test-vllm" and backend.preset.name == "vllm"
     assert "PLANTED" not in repr(backend) and PLANTED_KEY not in repr(backend)
+
+
+# ----------------------------------------------------------------------------------- long and endless answers
+
+
+@pytest.mark.parametrize("code", [200, 500])
+async def test_an_endless_body_is_refused_at_the_size_cap(
+    canned: Canned, transport_name: str, code: int
+) -> None:
+    # An error answer too (the openai SDK reads an error's whole body itself: its response hook caps it).
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=code, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(10_000):  # 640 MB, if nobody stopped reading
+                await response.write(b"x" * 65_536)
+        return response
+
+    server = await canned(endless)
+    settings = settings_for(server.base_url, transport=transport_name, max_response_bytes=2**20)
+    error = await failure(settings)
+    assert type(error) is ResponseTooLarge
+    assert "max_response_mb = 1 MiB" in str(error)
+
+
+async def test_the_call_deadline_cuts_an_answer_that_keeps_arriving(
+    canned: Canned, transport_name: str
+) -> None:
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            while True:  # a token every 20 ms, for ever: never silent, never done
+                await response.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
+                await asyncio.sleep(0.02)
+        return response
+
+    server = await canned(trickle)
+    progress = CallProgress()
+    backend = create_backend(
+        settings_for(server.base_url, transport=transport_name, timeout_s=0.2, max_call_s=0.5)
+    )
+    try:
+        with pytest.raises(CallDeadline) as caught:
+            await backend.chat(chat_request(), progress)
+    finally:
+        await backend.aclose()
+    assert "max_call_s = 0.5 s" in str(caught.value)
+    # What arrived is kept for the runner to store and charge.
+    assert progress.streamed and progress.tokens >= 10
+    partial = json.loads(progress.partial_body() or b"{}")
+    assert partial["choices"][0]["message"]["content"] == "a" * progress.tokens

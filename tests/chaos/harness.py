@@ -29,6 +29,7 @@ stored bad-usage answer says ``usage_source = 'estimated'``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -124,6 +125,9 @@ def chaos_backbones(seed: int) -> tuple[ChaosBackbone, ...]:
         "surrogate_rate": _HOSTILE_RATE,
         "bad_usage_rate": _HOSTILE_RATE,
         "long_pause_rate": _LONG_PAUSE_RATE,
+        # Streams cut halfway (a stall until hang_s, then a reset; a dropped connection): stored, and charged.
+        "stream_stall_rate": _HOSTILE_RATE,
+        "stream_drop_rate": _HOSTILE_RATE,
         "rate_limit_retry_after_s": 0.1,
         "hang_s": HANG_S,
         "request_log_size": LOG_SIZE,
@@ -190,6 +194,8 @@ class BackboneReconciliation:
     items_duplicated: int = 0  # more than one prediction, or a prediction and a failure
     hostile_stored: dict[str, int] = field(default_factory=dict)  # huge_step / ... answers found in calls
     bad_usage_not_estimated: int = 0  # stored bad-usage answers whose usage_source is not 'estimated'
+    cuts_stored: int = 0  # streams the server cut halfway, found in calls by their partial answer's id
+    cut_not_charged: int = 0  # of those, rows not charged an estimate
 
     @property
     def lost(self) -> int:
@@ -205,6 +211,7 @@ class BackboneReconciliation:
             "items_missing",
             "items_duplicated",
             "bad_usage_not_estimated",
+            "cut_not_charged",
         ):
             if getattr(self, name):
                 found.append(f"{self.backbone}: {name} = {getattr(self, name)}")
@@ -490,6 +497,7 @@ def _qids(connection: sqlite3.Connection) -> list[str]:
 
 # Served as 200 completions with an id, like ok answers: rcarun must store them as answers.
 HOSTILE_ANSWERS = ("huge_step", "surrogate", "bad_usage")
+STREAM_CUTS = ("stream_stall", "stream_drop")
 
 
 def _server_class(outcome: str) -> str:
@@ -499,7 +507,7 @@ def _server_class(outcome: str) -> str:
         return "429"
     if outcome in ("error_500", "error_503", "malformed"):
         return outcome
-    if outcome in ("timeout", "reset", "client_left", "cancelled"):
+    if outcome in ("timeout", "reset", "client_left", "cancelled", *STREAM_CUTS):
         return "no_answer"
     return "other"
 
@@ -562,6 +570,10 @@ def _rows(connection: sqlite3.Connection, backbone: str) -> list[_Row]:
         if status in ("ok", "length"):
             body = _blob(connection, response_sha)
             completion_id = json.loads(body.strip()).get("id") if body else None
+        elif response_sha is not None and http_status is None:
+            # A generation cut short keeps what arrived, its id included.
+            with contextlib.suppress(ValueError, AttributeError):
+                completion_id = json.loads(_blob(connection, response_sha) or b"").get("id")
         rows.append(
             _Row(
                 call_id,
@@ -618,6 +630,14 @@ def _reconcile(
     result.recorded_not_served += sum(
         1 for row in attempts if row.kind == "answer" and row.completion_id not in matched_ids
     )
+    # A stream the server cut halfway was generated (and billed) in part: its row must be charged.
+    cut_rows = {row.completion_id: row for row in attempts if row.kind != "answer" and row.completion_id}
+    for entry in entries:
+        row = cut_rows.get(entry.completion_id) if entry.outcome in STREAM_CUTS else None
+        if row is not None:
+            result.cuts_stored += 1
+            if has_source and row.usage_source != "estimated":
+                result.cut_not_charged += 1
 
     # Faults: multisets of (request digest, kind); a cancelled row (graceful stop) may match any kind.
     wildcard = 0

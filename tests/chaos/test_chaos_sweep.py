@@ -68,6 +68,8 @@ def test_chaos_sweep_loses_nothing_duplicates_nothing_and_pays_nothing_twice(tmp
     # The hostile answers come at 1% each, a huge step only where an answer has an integer step field: which of
     # them a seed meets depends on timing, so the test asks for at least one (the harness checks each one met).
     assert {"huge_step", "surrogate", "bad_usage"} & served_outcomes
+    # Streams cut halfway are stored with what arrived, and charged (the harness checks each one it finds).
+    assert sum(backbone.cuts_stored for backbone in report.backbones) > 0
     assert report.usage_source_column and report.calls_tokens_out_of_range == 0
     stopped_runs = sum(1 for run in report.runs if run == "3")
     assert report.extra_resumes == stopped_runs and report.runs[-1] in ("0", "4")
@@ -233,6 +235,20 @@ def test_hostile_answers_join_by_completion_id_and_a_long_pause_by_digest(tmp_pa
     assert (result.served, result.matched, result.lost, result.recorded_not_served) == (4, 4, 0, 0)
     assert result.hostile_stored == {"huge_step": 1, "surrogate": 1, "bad_usage": 1}
     assert result.problems() == []
+
+
+def test_a_stream_cut_halfway_joins_its_row_by_the_partial_answers_id_and_must_be_charged(
+    tmp_path: Path,
+) -> None:
+    db = _Db(tmp_path / "results.db")
+    db.add_usage_source()
+    charged = db.call("k1", "p1", "error", completion_id="c1")
+    db.set_usage_source(charged, "estimated")
+    db.call("k2", "p2", "error", completion_id="c2")  # stored, but not charged
+    entries = [_entry(1, 1.0, "p1", "stream_stall", "c1"), _entry(2, 2.0, "p2", "stream_drop", "c2")]
+    result = _reconciled(db, entries, [])
+    assert (result.served, result.lost, result.cuts_stored, result.cut_not_charged) == (2, 0, 2, 1)
+    assert result.problems() == ["b: cut_not_charged = 1"]
 
 
 def test_a_long_pause_that_no_row_records_is_a_loss(tmp_path: Path) -> None:

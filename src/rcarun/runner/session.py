@@ -404,13 +404,11 @@ class ItemSession:
                 except CallError as error:
                     cut = self._cut(error, progress, request, prompt_chars)
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
-                    decision = gate.on_error(error, failures.count(error, cut=cut is not None), ticket)
+                    # A generation under way when cut (tokens charged) is paid again if sent again: bounded.
+                    generating = cut is not None and cut.completion_tokens > 0
+                    decision = gate.on_error(error, failures.count(error, cut=generating), ticket)
                     runtime.counters.record_error(error)
-                    if (
-                        cut is not None
-                        and decision.retry
-                        and failures.cuts > runtime.config.retry.cut_retries
-                    ):
+                    if generating and decision.retry and failures.cuts > runtime.config.retry.cut_retries:
                         decision = RetryDecision(retry=False)
                     writer.add_call(
                         CallRow(
@@ -426,7 +424,7 @@ class ItemSession:
                         )
                     )
                     if cut is not None:
-                        self._note_cut(error, cut, cost, retried=decision.retry)
+                        self._note_cut(error, cut, cost, retried=decision.retry, generating=generating)
                     if isinstance(error, StreamRefused):
                         self._note_stream_refused(error)
                         decision = RetryDecision(retry=True)
@@ -562,11 +560,14 @@ class ItemSession:
             )
         return columns
 
-    def _note_cut(self, error: CallError, cut: Usage, cost: float, *, retried: bool) -> None:
-        """A generation cut short was charged: counted, and said once per backbone with what the run does next."""
+    def _note_cut(
+        self, error: CallError, cut: Usage, cost: float, *, retried: bool, generating: bool
+    ) -> None:
+        """An attempt cut short was charged: counted; a generation cut (tokens charged) is said once per backbone
+        with what the run does next."""
         runtime = self._runtime
         runtime.counters.cut_calls += 1
-        if "cut" in runtime.announced:
+        if not generating or "cut" in runtime.announced:
             return
         runtime.announced.add("cut")
         retries = runtime.config.retry.cut_retries
