@@ -33,6 +33,7 @@ from faults.conftest import (
     write_sweep,
 )
 from faults.hostile import HostileServer, Prices, Request, db_rows, flood, ok, status, stream
+from rcarun.cli import main as cli_main
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import load_sweep_config, run_sweep
 
@@ -365,3 +366,55 @@ def test_the_simulator_streams_through_a_sweep(tmp_path: Path) -> None:
     assert len(calls) == 2
     assert all(c["status"] == "ok" and c["streamed"] == 1 and c["ttft_ms"] > 0 for c in calls)
     assert all(c["decode_tokens_per_s"] is not None and c["decode_tokens_per_s"] > 0 for c in calls)
+
+
+def test_a_streamed_call_reads_like_a_whole_one_in_calls_text_show_and_the_cache(
+    dataset: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same answers from the same simulator, streamed and not: calls_text, ``rcarun show`` and a cache hit
+    read them alike."""
+    data = dataset(3)
+
+    async def sweep(db: Path, run: str, **settings: Any) -> None:
+        config = MockConfig(model=MODEL, latency_s=0.0, reasoning_tokens=12, seed=3)
+        async with MockServer(config, host="127.0.0.1", port=0) as server:  # a fresh one each: the same ids
+            path = _config(tmp_path, data, server.base_url, **settings)
+            path.write_text(path.read_text().replace("[sweep]\n", '[sweep]\ncache = "db"\n', 1))
+            await run_sweep(load_sweep_config(path), db_path=db, run_name=run, show_progress=False)
+
+    streamed, whole = tmp_path / "streamed.db", tmp_path / "whole.db"
+    asyncio.run(sweep(streamed, "s"))
+    asyncio.run(sweep(whole, "w", stream=False))
+
+    def texts(db: Path) -> list[tuple[Any, ...]]:
+        return [
+            tuple(row) for row in db_rows(db, "SELECT qid, answer, reasoning FROM calls_text ORDER BY qid")
+        ]
+
+    assert {row[0] for row in db_rows(streamed, "SELECT streamed FROM calls")} == {1}
+    assert {row[0] for row in db_rows(whole, "SELECT streamed FROM calls")} == {0}
+    assert texts(streamed) == texts(whole) and all(
+        answer and thinking for _, answer, thinking in texts(whole)
+    )
+
+    shown = []
+    for db in (streamed, whole):
+        assert cli_main(["show", "--db", str(db), "--call", "1", "--json"]) == 0
+        call = json.loads(capsys.readouterr().out)["call"]
+        shown.append((call["answer"], call["reasoning"], call["prompt"]))
+    assert shown[0] == shown[1]
+
+    # A second run in the streamed file is served by the call cache: the stored completion replays as the answer.
+    asyncio.run(sweep(streamed, "again"))
+    again = db_rows(
+        streamed, "SELECT c.status FROM calls c JOIN runs r USING (run_id) WHERE r.name = 'again'"
+    )
+    assert [row[0] for row in again] == ["cached"] * 3
+    predictions = db_rows(
+        streamed,
+        "SELECT r.name, p.qid, p.pred_role, p.pred_step FROM predictions p JOIN runs r USING (run_id) ORDER BY p.qid",
+    )
+    by_run: dict[str, list[tuple[Any, ...]]] = {}
+    for name, qid, role, step in predictions:
+        by_run.setdefault(name, []).append((qid, role, step))
+    assert by_run["again"] == by_run["s"] and len(by_run["s"]) == 3

@@ -156,7 +156,8 @@ def _call_json(reader: _Reader, call: sqlite3.Row) -> dict[str, Any]:
     fields = (
         "call_id", "item_id", "backbone", "model", "stage", "attempt", "status", "finish_reason", "max_tokens",
         "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "cost_usd", "latency_ms",
-        "usage_source", "error", "error_kind", "http_status", "started_at", "ended_at",
+        "usage_source", "streamed", "ttft_ms", "decode_tokens_per_s", "error", "error_kind", "http_status",
+        "started_at", "ended_at",
     )  # fmt: skip
     return {
         **{name: call[name] for name in fields},
