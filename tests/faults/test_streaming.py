@@ -281,6 +281,7 @@ def _high_water_kb(pid: int) -> int:
     return 0  # a zombie has no address space left
 
 
+@pytest.mark.slow
 def test_a_64000_token_answer_at_60_tokens_a_second_needs_one_attempt(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -309,6 +310,7 @@ def test_a_64000_token_answer_at_60_tokens_a_second_needs_one_attempt(
     assert call["cost_usd"] == pytest.approx(served.billed_usd)
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_stream_keeps_what_arrived_and_charges_it(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:
