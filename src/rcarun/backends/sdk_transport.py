@@ -191,6 +191,11 @@ class _SDKExchange:
         if context is not None:
             await context.__aexit__(exc_type, exc, traceback)
 
+    async def gather(self, seconds: float) -> None:
+        # No pause: httpx hands on one HTTP chunk (one token of a stream) per read, so a pause between reads would
+        # slow the stream to a token a pause. Each chunk wakes the reader, at the SDK's CPU cost.
+        return None
+
     def chunks(self) -> AsyncIterator[bytes]:
         if self._error_body is not None:
             return WholeResponse(self.status, self.headers, self._error_body).chunks()

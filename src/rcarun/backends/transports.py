@@ -18,6 +18,7 @@ imported only when chosen because the SDK takes a noticeable time to import).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -63,6 +64,12 @@ class ResponseStream(Protocol):
             SilenceTimeout: nothing arrived for ``timeout_s``.
             TransportError: the connection broke or the body was cut off.
         """
+        ...
+
+    async def gather(self, seconds: float) -> None:
+        """Let the body's bytes gather unread for ``seconds`` where the next chunk then brings all of them at once
+        (read in one go rather than packet by packet; the silence deadline is not counted meanwhile); return at
+        once where it would not."""
         ...
 
 
@@ -111,6 +118,9 @@ class WholeResponse:
 
     def chunks(self) -> AsyncIterator[bytes]:
         return _Once(self._body)
+
+    async def gather(self, seconds: float) -> None:
+        return None  # the whole body is here
 
 
 class _Once:
@@ -305,6 +315,22 @@ class _AiohttpExchange:
     def chunks(self) -> _AiohttpChunks:
         assert self._response is not None, "the exchange was not entered"
         return _AiohttpChunks(self, self._response.content)
+
+    async def gather(self, seconds: float) -> None:
+        # The connection's protocol stops reading the socket (aiohttp's own flow control, which stops its read
+        # timeout too), so the kernel holds the packets and the next read takes them in one system call. Where
+        # aiohttp paused reading itself (its buffer is full) there is enough to read now.
+        assert self._response is not None, "the exchange was not entered"
+        connection = self._response.connection
+        protocol = connection.protocol if connection is not None else None
+        if protocol is None or protocol.transport is None or getattr(protocol, "_reading_paused", True):
+            return
+        protocol.pause_reading()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if protocol.transport is not None and protocol._reading_paused:
+                protocol.resume_reading()
 
 
 class _AiohttpChunks:

@@ -324,19 +324,19 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
     )
     return (
         latency_bound,
-        # Thinking answers streamed token by token: 64 calls of 1,000 tokens at 3 ms a token, about 21,000
-        # streamed tokens a second. rcarun streamed against rcarun unstreamed: what a streamed token costs.
-        # The peers send unstreamed requests (whole bodies), so they sit it out.
+        # Thinking answers streamed token by token as providers stream them, 60 tokens a second each: 320 calls
+        # of 600 tokens in flight, about 19,000 streamed tokens a second in all. rcarun streamed against rcarun
+        # unstreamed: what a streamed token costs. The peers send unstreamed requests, so they sit it out.
         Scenario(
             name="streaming",
             binding="latency",
-            calls=24 if quick else 210,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
+            calls=64 if quick else 960,
+            concurrency=320,
             latency_s=0.05,
             sizes=_SMALL_PROMPTS,
             seed=111,
-            reasoning_tokens=1_000,
-            latency_per_token_s=0.003,
+            reasoning_tokens=600,
+            latency_per_token_s=1 / 60,
             skip_clients=("naive-gather", "aiolimiter-loop", "litellm-router"),
         ),
         # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
