@@ -335,7 +335,7 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
             latency_s=0.05,
             sizes=_SMALL_PROMPTS,
             seed=111,
-            reasoning_tokens=600,
+            reasoning_tokens=60 if quick else 600,  # quick: a second a call
             latency_per_token_s=1 / 60,
             skip_clients=("naive-gather", "aiolimiter-loop", "litellm-router"),
         ),
