@@ -15,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ablations.py"
 CALLS = 200
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 def test_each_variant_answers_every_call_and_records_what_it_keeps() -> None:
     done = subprocess.run(
         [

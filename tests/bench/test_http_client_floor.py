@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "http_client_floor.py"
 
 
@@ -21,6 +23,7 @@ def _floor(*args: str) -> list[str]:
     return done.stdout.splitlines()
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
     lines = _floor("--posts", "200", "--rounds", "2")
     rounds = [
@@ -46,6 +49,7 @@ def test_both_clients_post_every_request_and_the_medians_are_reported() -> None:
     )
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 def test_another_client_is_posted_beside_them_or_skipped_with_a_line_saying_why() -> None:
     name, module = "pyreqwest", "pyreqwest"
     installed = importlib.util.find_spec(module) is not None

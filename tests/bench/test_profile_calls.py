@@ -46,6 +46,7 @@ def _perf_works() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 def test_the_cpu_line_splits_user_from_system_time() -> None:
     line = _run("--no-profile").splitlines()[0]
     found = re.search(
@@ -83,6 +84,7 @@ def test_perf_report_rows_become_a_table_naming_the_main_thread() -> None:
     ]
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 @pytest.mark.skipif(not _perf_works(), reason="Linux perf is not installed or may not sample here")
 def test_perf_gives_the_main_threads_cpu_by_library() -> None:
     out = _run("--perf", "8").splitlines()

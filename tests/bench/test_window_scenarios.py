@@ -78,6 +78,7 @@ def _miniature(name: str, **changes: Any) -> Scenario:
     return dataclasses.replace(scenario, window_s=1.0, latency_s=0.05, calls=calls, **changes)
 
 
+@pytest.mark.slow  # runs a benchmark in miniature: with the slow tests (make test), not make check
 @pytest.mark.parametrize("name", WINDOW_SCENARIOS)
 def test_window_scenario_miniature_with_the_plain_sdk_peer(name: str) -> None:
     scenario = _miniature(name)
