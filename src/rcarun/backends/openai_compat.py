@@ -226,8 +226,8 @@ class OpenAICompatBackend:
             # Once the answer is under way, let it gather between reads instead of waking for every network read:
             # a provider sends each token in a packet of its own, and a wake-up per packet cost a sweep most of
             # a core at 20,000 tokens/s (docs/performance.md). The pause grows with the stream, a tenth of its
-            # time so far up to a quarter second, so the last token is late by that much at most; the bytes wait
-            # in the kernel, and the silence deadline counts from the end of each pause.
+            # time so far up to _GATHER_MAX_S, so the last token is late by that much at most; the bytes wait in
+            # the kernel, and the silence deadline counts from the end of each pause.
             if progress.first_token_at is not None:
                 pause = min(_GATHER_MAX_S, (time.perf_counter() - progress.first_token_at) * _GATHER_SHARE)
                 if pause >= _GATHER_MIN_S:
