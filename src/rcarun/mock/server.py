@@ -38,10 +38,10 @@ import socket
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 from aiohttp import web
 
@@ -65,6 +65,7 @@ from .config import MockConfig
 from .headers import rate_limit_headers, retry_after_headers
 from .limits import Admission, FifoSlots, OfferedLoad, RateLimiter, bucket_specs
 from .stats import MockStats, RequestLog, RequestLogEntry, StatsRecorder, request_digest
+from .streaming import EVENT_STREAM_CONTENT_TYPE, stream_plan, write_on_time
 
 __all__ = ["MockServer", "is_loopback_host"]
 
@@ -83,14 +84,9 @@ _HUGE_STEP_TEXT = str(HUGE_STEP)
 _DETAILED_OUTCOMES = _ANSWER_FAULTS | {"long_pause"}
 # Fault kinds served as answers (admitted, charged) that the wire cuts off after about half of them.
 _CUT_FAULTS = frozenset(("stream_stall", "stream_drop"))
-_EVENT_STREAM_CONTENT_TYPE = "text/event-stream"
-_DONE_EVENT = b"data: [DONE]\n\n"
 # What a queued request is kept alive with: blank lines before a JSON body, SSE comments before a stream.
 _KEEPALIVE_BODY = b"\n"
 _KEEPALIVE_STREAM = b": keep-alive\n\n"
-# A stream writes at most once per this many seconds: chunks falling due in between go out together, so tokens
-# faster than this cost one write (and one wake-up) each 5 ms rather than one each, whatever the concurrency.
-_MIN_WRITE_GAP_S = 0.005
 _REFUSED_STREAM_MESSAGE = "stream is not supported by this server"
 
 
@@ -633,14 +629,32 @@ class MockServer:
 
         completion_id = _completion_id(state)
         notes.completion_id = completion_id
-        plan = self._stream_plan(job, completion_id)
+        usage = self._usage(
+            job.completion, job.prompt_tokens, job.cached_tokens, job.answer_fault, job.detail
+        )
+        plan = stream_plan(
+            self.config,
+            job.completion,
+            completion_id=completion_id,
+            model=job.model,
+            usage=usage,
+            include_usage=job.include_usage,
+            ascii_only=job.answer_fault == "surrogate",
+        )
         chunks = plan.chunks if job.cut_fault is None else plan.chunks[: plan.pieces // 2]
         response = queued if queued is not None else self._event_stream(state)
         try:
             await response.prepare(request)  # at once when it was queued: its headers went out then
             await response.write(plan.role)
             notes.completion_tokens_sent = 0
-            await self._write_on_time(response, chunks, job.first_token_at, notes)
+            await write_on_time(
+                response,
+                chunks,
+                job.first_token_at,
+                self.config.latency_per_token_s,
+                self._clock,
+                lambda tokens: setattr(notes, "completion_tokens_sent", tokens),
+            )
         except ConnectionError:
             notes.outcome = "client_left"
             return response
@@ -657,117 +671,12 @@ class MockServer:
         await self._cut_connection(request, job.cut_fault)
         return response
 
-    async def _write_on_time(
-        self,
-        response: web.StreamResponse,
-        chunks: Sequence[_Chunk],
-        first_token_at: float,
-        notes: _RequestNotes,
-    ) -> None:
-        """Write each chunk when it falls due (``first_token_at`` + its tokens before × ``latency_per_token_s``).
-
-        Whatever is due goes out in one write, and writes are at least `_MIN_WRITE_GAP_S` apart (the last one
-        is never held past its own time for that), so a request costs at most ~200 wake-ups a second however
-        fast its tokens come. ``notes.completion_tokens_sent`` follows each write.
-
-        Raises:
-            ConnectionError: the client went away.
-        """
-        if not chunks:
-            return
-        clock = self._clock
-        per_token = self.config.latency_per_token_s
-        count = len(chunks)
-        end_at = first_token_at + chunks[-1].due_tokens * per_token
-        next_write_at = -math.inf
-        index = 0
-        while index < count:
-            due = first_token_at + chunks[index].due_tokens * per_token
-            wake = min(max(due, next_write_at), end_at)
-            now = clock()
-            if wake > now:
-                await asyncio.sleep(wake - now)
-                now = clock()
-            stop = index + 1
-            while stop < count and first_token_at + chunks[stop].due_tokens * per_token <= now:
-                stop += 1
-            if stop == index + 1:
-                await response.write(chunks[index].data)
-            else:
-                await response.write(b"".join(chunk.data for chunk in chunks[index:stop]))
-            notes.completion_tokens_sent = chunks[stop - 1].tokens_sent
-            next_write_at = now + _MIN_WRITE_GAP_S
-            index = stop
-
-    def _stream_plan(self, job: _StreamJob, completion_id: str) -> _StreamPlan:
-        """The events of ``job``'s answer: the role chunk, then every chunk with its time in tokens.
-
-        The thinking text (when ``reasoning_field`` shows it) and the content or tool-call deltas are cut into
-        pieces of ``tokens_per_chunk`` tokens; each part's tokens are spread evenly over its pieces (hidden
-        thinking takes its time without a chunk). The last choice chunk, the usage chunk and ``[DONE]`` fall
-        due with the last token. Chunk JSON is compact and written in key order, as ``json.dumps`` of the whole
-        chunk would write it; a "surrogate" answer's with ASCII escapes, so its lone ``\\ud800`` survives.
-        """
-        config = self.config
-        completion = job.completion
-        ascii_only = job.answer_fault == "surrogate"
-
-        def dumps(value: Any) -> str:
-            return json.dumps(value, ensure_ascii=ascii_only, separators=(",", ":"))
-
-        envelope = (
-            f'{{"id":{dumps(completion_id)},"object":"chat.completion.chunk","created":{int(time.time())},'
-            f'"model":{dumps(job.model)}'
-        )
-        head = f'data: {envelope},"choices":[{{"index":0,"delta":'.encode()
-        open_tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        chunks: list[_Chunk] = []
-        done = 0
-
-        def add(deltas: list[str], tokens: int) -> None:
-            nonlocal done
-            count = len(deltas)
-            for index, delta in enumerate(deltas):
-                data = head + delta.encode() + open_tail
-                chunks.append(
-                    _Chunk(done + index * tokens // count, done + (index + 1) * tokens // count, data)
-                )
-            done += tokens
-
-        chars = max(1.0, config.tokens_per_chunk * config.chars_per_token)
-        reasoning_tokens = completion.reasoning_tokens
-        field = config.reasoning_field
-        thinking = ""
-        if field is not None and reasoning_tokens > 0:
-            thinking = filler_text(reasoning_tokens, config.chars_per_token)
-        add([f'{{"{field}":{dumps(piece)}}}' for piece in _text_pieces(thinking, chars)], reasoning_tokens)
-        answer_tokens = completion.completion_tokens - reasoning_tokens
-        if completion.tool_calls is not None:
-            add(_tool_call_deltas(completion.tool_calls, chars, dumps), answer_tokens)
-        else:
-            pieces = _text_pieces(completion.content, chars)
-            add([f'{{"content":{dumps(piece)}}}' for piece in pieces], answer_tokens)
-        content_chunks = len(chunks)
-
-        usage = self._usage(completion, job.prompt_tokens, job.cached_tokens, job.answer_fault, job.detail)
-        finish = f',"logprobs":null,"finish_reason":{dumps(completion.finish_reason)}'
-        moonshot = config.headers == "moonshot"
-        if moonshot and usage is not None:  # Kimi: usage inside the last choice, asked for or not
-            finish += f',"usage":{dumps(usage)}'
-        chunks.append(_Chunk(done, done, head + b"{}" + finish.encode() + b"}]}\n\n"))
-        if job.include_usage and not moonshot and usage is not None:
-            usage_event = f'data: {envelope},"choices":[],"usage":{dumps(usage)}}}\n\n'
-            chunks.append(_Chunk(done, done, usage_event.encode()))
-        chunks.append(_Chunk(done, done, _DONE_EVENT))
-        role = head + b'{"role":"assistant","content":""}' + open_tail
-        return _StreamPlan(role, chunks, content_chunks)
-
     def _event_stream(self, state: _State) -> web.StreamResponse:
         """A 200 response for server-sent events, with the rate-limit headers (not yet prepared)."""
         headers = self._limit_headers(state)
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=200, headers=headers)
-        response.content_type = _EVENT_STREAM_CONTENT_TYPE
+        response.content_type = EVENT_STREAM_CONTENT_TYPE
         response.charset = "utf-8"
         return response
 
@@ -1140,22 +1049,6 @@ class _StreamJob:
     holds_slot: bool
 
 
-class _Chunk(NamedTuple):
-    """One server-sent event of a stream and when it falls due."""
-
-    due_tokens: (
-        int  # completion tokens generated before it goes out: it is due at first token + this × per-token
-    )
-    tokens_sent: int  # completion tokens delivered once it is written
-    data: bytes
-
-
-class _StreamPlan(NamedTuple):
-    role: bytes  # the first chunk (``role`` and empty content), written at once
-    chunks: list[_Chunk]  # content-bearing chunks first, then the last choice, usage and [DONE] events
-    pieces: int  # how many of ``chunks`` carry thinking, content or tool-call text
-
-
 def _completion_id(state: _State) -> str:
     return f"chatcmpl-mock{next(state.completion_ids):012x}"
 
@@ -1165,33 +1058,6 @@ def _answer_outcome(completion: _Completion, answer_fault: str | None) -> str:
     if answer_fault is not None:
         return answer_fault
     return "length" if completion.finish_reason == "length" else "ok"
-
-
-def _text_pieces(text: str, chars: float) -> list[str]:
-    """``text`` in consecutive, non-empty pieces of about ``chars`` (>= 1) characters each."""
-    length = len(text)
-    if length == 0:
-        return []
-    bounds = [math.floor(index * chars) for index in range(math.ceil(length / chars))] + [length]
-    return [text[start:end] for start, end in itertools.pairwise(bounds) if end > start]
-
-
-def _tool_call_deltas(calls: list[dict[str, Any]], chars: float, dumps: Callable[[Any], str]) -> list[str]:
-    """OpenAI's tool-call deltas: per call, one with its ``index``, ``id``, type and name (arguments ""), then
-    its arguments in pieces, each with only the ``index`` and ``function.arguments``."""
-    deltas: list[str] = []
-    for index, call in enumerate(calls):
-        function = call["function"]
-        opening = {
-            "index": index,
-            "id": call["id"],
-            "type": "function",
-            "function": {"name": function["name"], "arguments": ""},
-        }
-        deltas.append(dumps({"tool_calls": [opening]}))
-        for piece in _text_pieces(str(function["arguments"]), chars):
-            deltas.append(dumps({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
-    return deltas
 
 
 def _prefix_cache_hit(state: _State, key: int, capacity: int) -> bool:
