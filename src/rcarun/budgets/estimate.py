@@ -15,14 +15,17 @@ spend 44 dollars on prompts that tokenized at twice the guess.
 A provider's usage is the bill, unless it cannot be one: `implausible_usage` says when (more prompt tokens
 than the prompt has UTF-8 bytes plus template overhead, more completion tokens than twice the output budget,
 more prompt tokens than the context window). Such a call, and one with no usage at all, is charged
-`estimated_usage`, a conservative estimate from the request and the answer text.
+`estimated_usage`, a conservative estimate from the request and the answer text; an attempt cut short after
+it was sent, `cut_usage`, from what had arrived.
 """
 
 from __future__ import annotations
 
 import math
 
+from rcarun.backends.streaming import CallProgress
 from rcarun.backends.types import Usage
+from rcarun.errors import CallError, ConnectionFailed, MalformedResponse, ResponseTooLarge, TransportError
 
 __all__ = ["TokenEstimator", "estimated_usage", "implausible_usage"]
 
@@ -142,15 +145,35 @@ def estimated_usage(
     return Usage(prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=completion)
 
 
-def cut_usage(estimator: TokenEstimator, *, prompt_chars: int, completion_tokens: int) -> Usage:
-    """A conservative bill for a generation cut short (silence, a disconnect, ``max_call_s``, the size cap,
-    Ctrl-C), which no usage report will ever come for.
+def cut_usage(
+    estimator: TokenEstimator,
+    error: CallError | None,
+    progress: CallProgress,
+    *,
+    prompt_chars: int,
+    max_tokens: int,
+) -> Usage | None:
+    """What an attempt that ended without an answer may have cost (a conservative bill that no usage report
+    will ever replace), or None when it cost nothing. ``error`` None: the attempt was cancelled.
 
-    The prompt is charged as the budget reserves it (`TokenEstimator.worst_case`); the completion as the caller
-    counts what the provider had generated: the tokens received of a streamed answer, the whole ``max_tokens``
-    of an unstreamed one (it may have been generated in full before the cut). Never capped at ``max_tokens``: a
-    stream that ran past its budget was billed past it.
+    Nothing when no request went out (no connection) or the server refused it with an error status. Else the
+    provider was, or may have been, generating: the prompt is charged as the budget reserves it
+    (`TokenEstimator.worst_case`), and the completion as what was generated: streamed, the tokens received;
+    unstreamed, the whole ``max_tokens`` (it may have been generated in full before the cut), or for a body that
+    arrived whole but unreadable the tokens it holds. An error object within an accepted stream is charged for
+    what the stream had carried, if anything. Never capped at ``max_tokens``: a stream that ran past its budget
+    was billed past it.
     """
-    return Usage(
-        prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=max(0, completion_tokens)
-    )
+    if isinstance(error, ConnectionFailed) or (progress.status is not None and not progress.answered):
+        return None
+    streamed = progress.streamed
+    cut_short = error is None or isinstance(error, TransportError | ResponseTooLarge | MalformedResponse)
+    if not cut_short and not (streamed and progress.tokens):
+        return None
+    if streamed:
+        completion = max(progress.tokens, estimator.estimate(progress.text_chars))
+    elif isinstance(error, MalformedResponse):
+        completion = estimator.estimate(progress.bytes_received)
+    else:
+        completion = max_tokens
+    return Usage(prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=completion)

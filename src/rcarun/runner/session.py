@@ -53,13 +53,10 @@ from rcarun.errors import (
     CallError,
     ConfigError,
     ConnectionFailed,
-    MalformedResponse,
     ModelNotFound,
     QuotaExhausted,
     RateLimited,
-    ResponseTooLarge,
     StreamRefused,
-    TransportError,
 )
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.answers import parse_json_answer
@@ -402,7 +399,13 @@ class ItemSession:
                 try:
                     result = await runtime.backend.chat(request, progress)
                 except CallError as error:
-                    cut = self._cut(error, progress, request, prompt_chars)
+                    cut = cut_usage(
+                        gate.estimator,
+                        error,
+                        progress,
+                        prompt_chars=prompt_chars,
+                        max_tokens=request.max_tokens,
+                    )
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
                     # A generation under way when cut (tokens charged) is paid again if sent again: bounded.
                     generating = cut is not None and cut.completion_tokens > 0
@@ -437,7 +440,13 @@ class ItemSession:
                     return error, decision
                 except asyncio.CancelledError:
                     # Ctrl-C or a stop mid-call: what arrived is kept, and a generation under way is charged.
-                    cut = self._cut(None, progress, request, prompt_chars)
+                    cut = cut_usage(
+                        gate.estimator,
+                        None,
+                        progress,
+                        prompt_chars=prompt_chars,
+                        max_tokens=request.max_tokens,
+                    )
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
                     writer.add_call(
                         CallRow(
@@ -515,32 +524,6 @@ class ItemSession:
                 charged={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
             )
         return usage, "estimated"
-
-    def _cut(
-        self, error: CallError | None, progress: CallProgress, request: ChatRequest, prompt_chars: int
-    ) -> Usage | None:
-        """What an attempt that ended without an answer may have cost, or None when it cost nothing.
-
-        Nothing when no request went out (no connection) or the server refused it with an error status. Else
-        the provider was, or may have been, generating: streamed, the prompt and the tokens received; unstreamed,
-        the prompt and the whole output budget (a body that arrived whole but unreadable: the tokens it holds).
-        ``error`` None: the call was cancelled.
-        """
-        if isinstance(error, ConnectionFailed) or (progress.status is not None and not progress.answered):
-            return None
-        streamed = progress.streamed
-        # An error object within an accepted stream is charged for what it had generated, if anything.
-        cut_short = error is None or isinstance(error, TransportError | ResponseTooLarge | MalformedResponse)
-        if not cut_short and not (streamed and progress.tokens):
-            return None
-        estimator = self._runtime.gate.estimator
-        if streamed:
-            completion = max(progress.tokens, estimator.estimate(progress.text_chars))
-        elif isinstance(error, MalformedResponse):
-            completion = estimator.estimate(progress.bytes_received)
-        else:
-            completion = request.max_tokens
-        return cut_usage(estimator, prompt_chars=prompt_chars, completion_tokens=completion)
 
     def _cut_columns(self, progress: CallProgress, cut: Usage | None, cost: float) -> dict[str, Any]:
         """The columns of an attempt that ended early: what it received, and what it was charged."""
