@@ -57,6 +57,7 @@ from rcarun.errors import (
     QuotaExhausted,
     RateLimited,
     StreamRefused,
+    TransportError,
 )
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.answers import parse_json_answer
@@ -407,8 +408,11 @@ class ItemSession:
                         max_tokens=request.max_tokens,
                     )
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
-                    # A generation under way when cut (tokens charged) is paid again if sent again: bounded.
-                    generating = cut is not None and cut.completion_tokens > 0
+                    # A generation under way when cut (silence, a drop, the deadline; tokens charged) is paid again
+                    # if sent again: bounded. An unreadable answer or an error in a stream is retried as before.
+                    generating = (
+                        isinstance(error, TransportError) and cut is not None and cut.completion_tokens > 0
+                    )
                     decision = gate.on_error(error, failures.count(error, cut=generating), ticket)
                     runtime.counters.record_error(error)
                     if generating and decision.retry and failures.cuts > runtime.config.retry.cut_retries:
