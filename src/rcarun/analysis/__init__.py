@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rcarun.data import parse_step
 
-from .cost import CallTiming, ChargedCost, CostRow, call_timing, charged_costs, cost_rows, nearest_rank
+from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
 from .fidelity import CALIBRATION_SIZES, mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, scoring_rule
 from .render import render_html, render_text
@@ -64,6 +64,7 @@ from .submission import (
     score_submission,
     write_predictions_jsonl,
 )
+from .timing import CallTiming, call_timing
 
 __all__ = [
     "ABSTENTION_RULES",

@@ -70,7 +70,7 @@ methods), and ``protocol`` in the dict says what was chosen and why:
       (``n`` 0, every metric null) instead of scoring 0 as if it had answered.
     - Call timing (``call_timing``): per backbone, over the attempts sent, how many answers were streamed, time
       to first token and decode rate (nearest-rank p50 / p95; null when unknown) and the generations cut short
-      and charged an estimate (`rcarun.analysis.cost.call_timing`).
+      and charged an estimate (`rcarun.analysis.timing.call_timing`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ from typing import Any
 from rcarun.errors import ConfigError, StoreError
 from rcarun.store import RunRow, Store
 
-from .cost import call_timing, cost_rows, served_by
+from .cost import cost_rows, served_by
 from .fidelity import mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
@@ -110,6 +110,7 @@ from .stats import (
     spread,
     union_complementarity,
 )
+from .timing import call_timing
 
 __all__ = [
     "CALIBRATION_SEED",
