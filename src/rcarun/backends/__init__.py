@@ -32,7 +32,7 @@ from rcarun.backends.types import (
     Usage,
     prompt_chars,
 )
-from rcarun.backends.wire import build_body, completion_result, parse_completion, replay_body
+from rcarun.backends.wire import build_body, parse_completion, replay_body
 
 __all__ = [
     "PRESETS",
@@ -56,7 +56,6 @@ __all__ = [
     "backend",
     "backend_names",
     "build_body",
-    "completion_result",
     "create_backend",
     "create_transport",
     "get_preset",

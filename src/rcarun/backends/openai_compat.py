@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import functools
 import time
+from collections.abc import AsyncIterator
 
 from rcarun.backends.presets import Preset, get_preset
 from rcarun.backends.registry import backend
@@ -179,32 +180,18 @@ class OpenAICompatBackend:
 
     async def _read_body(self, response: ResponseStream, progress: CallProgress) -> bytes:
         """The whole body, read as it arrives, refused past the size cap (never held whole beyond it)."""
-        cap = self.settings.max_response_bytes
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in response.chunks():
-            size += len(chunk)
-            progress.bytes_received = size
-            if size > cap:
-                raise self._too_large(progress)
-            parts.append(chunk)
+        parts = [chunk async for chunk in self._capped(response, progress)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _read_stream(
         self, response: ResponseStream, progress: CallProgress, base_url: str
     ) -> ChatResult:
         """Server-sent events added up to one completion, with the time to the first token and the decode rate."""
-        cap = self.settings.max_response_bytes
         decoder = EventDecoder()
         assembler = ChunkAssembler()
         progress.assembler = assembler
         progress.streamed = True
-        size = 0
-        async for chunk in response.chunks():
-            size += len(chunk)
-            progress.bytes_received = size
-            if size > cap:
-                raise self._too_large(progress)
+        async for chunk in self._capped(response, progress):
             events = decoder.feed(chunk)
             if not events:
                 continue
@@ -256,13 +243,8 @@ class OpenAICompatBackend:
             decode_tokens_per_s=_decode_rate(result, progress),
         )
 
-    def _too_large(self, progress: CallProgress) -> ResponseTooLarge:
-        cap_mb = self.settings.max_response_bytes / 2**20
-        return ResponseTooLarge(
-            f"{self.name}: the response passed max_response_mb = {cap_mb:g} MiB and was not read further"
-            f"{_received(progress)}",
-            status=progress.status,
-        )
+    def _capped(self, response: ResponseStream, progress: CallProgress) -> _Capped:
+        return _Capped(response.chunks(), progress, self.settings.max_response_bytes, self.name)
 
     def _stream_error(self, error: StreamError, status: int, progress: CallProgress) -> CallError:
         """An event the stream cannot go on from: an error object (its own status, when it gives one), or
@@ -284,6 +266,34 @@ class OpenAICompatBackend:
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+class _Capped:
+    """A body's pieces as they arrive, counted into ``progress``: past ``cap`` bytes, `ResponseTooLarge` (what
+    arrived up to there is all that is ever held)."""
+
+    __slots__ = ("_cap", "_chunks", "_name", "_progress")
+
+    def __init__(self, chunks: AsyncIterator[bytes], progress: CallProgress, cap: int, name: str) -> None:
+        self._chunks = chunks
+        self._progress = progress
+        self._cap = cap
+        self._name = name
+
+    def __aiter__(self) -> _Capped:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._chunks.__anext__()
+        progress = self._progress
+        progress.bytes_received += len(chunk)
+        if progress.bytes_received > self._cap:
+            raise ResponseTooLarge(
+                f"{self._name}: the response passed max_response_mb = {self._cap / 2**20:g} MiB and was not read "
+                f"further{_received(progress)}",
+                status=progress.status,
+            )
+        return chunk
 
 
 def _is_event_stream(response: ResponseStream) -> bool:

@@ -60,7 +60,6 @@ __all__ = [
     "error_for_status",
     "parse_completion",
     "provider_message",
-    "rate_limit_of",
     "refuses_streaming",
     "replay_body",
 ]
@@ -243,11 +242,6 @@ def completion_result(
     return _completion_result(
         payload, body, status, rate_limit, preset, latency_s, endpoint, backbone or endpoint, redact
     )
-
-
-def rate_limit_of(headers: Mapping[str, str], preset: Preset) -> RateLimitInfo | None:
-    """The rate-limit headers of an answer, read with the preset's names."""
-    return parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
 
 
 def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
