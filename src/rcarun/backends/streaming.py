@@ -94,11 +94,6 @@ class EventDecoder:
         self._data = data
         return events
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes held for an unfinished line (bounded by the response size cap, which counts every byte)."""
-        return len(self._rest)
-
 
 class ChunkAssembler:
     """Chat-completion chunks in, the completion object they add up to out (`completion`).
