@@ -14,8 +14,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,12 +57,15 @@ def _interrupt(
     signals: list[int],
     *,
     exit_within_s: float = 30.0,
+    methods: Sequence[str | Mapping[str, Any]] = ("all-at-once",),
+    backbones: Sequence[str] = ("fx",),
 ) -> tuple[HostileServer, Path, Path, CliResult]:
     server = serve(reply)
     config = write_sweep(
         tmp_path / "sweep.toml",
         dataset=dataset(ITEMS),
-        backbones={"fx": backbone(server.base_url, limits={"concurrency": 4})},
+        backbones={name: backbone(server.base_url, limits={"concurrency": 4}) for name in backbones},
+        methods=methods,
         sweep={"drain_timeout_s": 1},
     )
     db = tmp_path / "results.db"
@@ -125,6 +129,45 @@ def test_one_signal_during_slow_calls(
     assert result.returncode in (3, 130), result.describe()
     _check_stopped_cleanly(server, db)
     _resume(server, config, db, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("methods", "backbones"),
+    [
+        ([{"name": "self-consistency"}], ("fx",)),
+        ([{"name": "judge-panel", "options": {"judges": ["fx", "fy"]}}], ("fx", "fy")),
+    ],
+    ids=["self-consistency", "judge-panel"],
+)
+def test_one_sigint_fails_no_item_of_a_method_that_fans_out(
+    methods: list[dict[str, Any]],
+    backbones: tuple[str, ...],
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+) -> None:
+    # Every voter waiting for admission is stopped at once: a task group of stops, which is an interruption.
+    server, config, db, result = _interrupt(
+        serve,
+        dataset,
+        tmp_path,
+        children,
+        slow(LATENCY_S),
+        [signal.SIGINT],
+        methods=methods,
+        backbones=backbones,
+    )
+    assert result.returncode in (3, 130), result.describe()
+    assert item_statuses(db)["interrupted"] >= 1, dict(item_statuses(db))
+    assert "ExceptionGroup" not in result.stdout + result.stderr
+    _check_stopped_cleanly(server, db)
+    # Draws and judges send identical requests, so "paid again" cannot be told by digest here: the resume
+    # finishing every item is what is checked.
+    server.policy = ok()
+    again = run_cli(sweep_args(config, db, RUN), cwd=tmp_path)
+    assert again.returncode == 0, again.describe()
+    assert item_statuses(db) == {"done": ITEMS}
 
 
 def test_two_sigints_cancel_now(

@@ -591,14 +591,7 @@ def _stop_all(runtimes: dict[str, BackboneRuntime], reason: str) -> None:
 
 
 def _first_rcarun_error(group: BaseExceptionGroup[BaseException]) -> RcarunError | None:
-    for error in group.exceptions:
-        if isinstance(error, RcarunError):
-            return error
-        if isinstance(error, BaseExceptionGroup):
-            found = _first_rcarun_error(error)
-            if found is not None:
-                return found
-    return None
+    return next((error for error in _leaves(group) if isinstance(error, RcarunError)), None)
 
 
 def stage_budget_notes(methods: Sequence[Method], config: SweepConfig) -> list[str]:
@@ -1190,7 +1183,7 @@ async def _settle_item(
         )
 
     try:
-        attribution = await attribute()
+        attribution = await _unwrapped(attribute())
     except BudgetExhausted as exc:
         counters.items_skipped_budget += 1
         set_item("skipped_budget", str(exc))
@@ -1226,6 +1219,29 @@ async def _settle_item(
     _record_prediction(context, item, attribution)
     set_item("done")
     counters.items_done += 1
+
+
+async def _unwrapped(attribution: Awaitable[Attribution]) -> Attribution:
+    """``attribution``, with a task group's errors (a method that fans out: self-consistency, judge panels)
+    turned into the one error that decides the item's fate: a stop interrupts it, a spent budget skips it, and
+    only otherwise does a call error fail it. One Ctrl-C raises a stop in every voter at once."""
+    try:
+        return await attribution
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        for kind in (asyncio.CancelledError, StopRequested, BudgetExhausted, RcarunError):
+            chosen = next((leaf for leaf in leaves if isinstance(leaf, kind)), None)
+            if chosen is not None:
+                raise chosen from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 def _record_prediction(context: RunContext, item: WorkItem, attribution: Attribution) -> None:
