@@ -21,7 +21,7 @@ from faults.conftest import (
     sweep_args,
     write_sweep,
 )
-from faults.hostile import HostileServer, Reply, Request, ok, status
+from faults.hostile import HostileServer, Reply, Request, db_rows, ok, status
 
 ITEMS = 8
 
@@ -243,3 +243,30 @@ def test_unreadable_answers_are_stored_as_such_and_fallbacks_say_they_decided(
     outcomes = __import__("json").loads(report.stdout)["outcomes"]
     by_method = {entry["method"]: entry for entry in outcomes}
     assert by_method["all-at-once"]["invalid"] == 3 and by_method["binary-search"]["fallback"] == 3
+
+
+def test_a_key_refused_fewer_times_than_stop_a_backbone_still_says_why_items_are_left(
+    serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    # A one-item smoke run meets the wrong key once: too few refusals to stop the backbone, one too many to hide.
+    server = serve(status(401, body={"error": {"message": "Incorrect API key provided"}}))
+    config = write_sweep(
+        tmp_path / "sweep.toml",
+        dataset=dataset(1),
+        backbones={"fx": backbone(server.base_url, api_key_env="HOSTILE_KEY")},
+    )
+    db = tmp_path / "results.db"
+    result = run_cli(
+        sweep_args(config, db, "smoke"),
+        cwd=tmp_path,
+        env=child_environment(HOSTILE_KEY="sk-not-a-real-key-000"),
+    )
+    assert result.returncode == 3, result.describe()
+    said = [line for line in result.stdout.splitlines() if line.startswith("stopped early:")]
+    assert len(said) == 1 and "HTTP 401" in said[0] and "check the key in $HOSTILE_KEY" in said[0], (
+        result.describe()
+    )
+    assert sum("HTTP 401" in line for line in result.stderr_lines()) == 1, result.stderr
+    events = db_rows(db, "SELECT kind FROM run_events WHERE kind = 'items_left'")
+    assert len(events) == 1
+    assert item_statuses(db) == {"interrupted": 1}

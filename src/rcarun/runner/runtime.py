@@ -177,6 +177,8 @@ class BackboneRuntime:
     in_flight: set[CallProgress] = field(default_factory=set)
     # Said once per backbone, the first time it happens: a cut generation charged, a server refusing to stream.
     announced: set[str] = field(default_factory=set)
+    # Why the last item left for a resume by an error about the backbone was left, while the backbone went on.
+    left_because: str | None = None
 
     def stop(self, reason: str) -> bool:
         """Stop admitting calls on this backbone for the rest of the session; True if it was not stopped yet."""

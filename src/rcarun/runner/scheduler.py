@@ -655,7 +655,14 @@ def check_method_backbones(methods: Sequence[Method], config: SweepConfig) -> No
 def _stop_reasons(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> tuple[str, ...]:
     if stop.admission_stopped:
         return (stop.reason,)
-    return tuple(runtime.stopped for runtime in runtimes.values() if runtime.stopped is not None)
+    return tuple(
+        reason
+        for runtime in runtimes.values()
+        if (
+            reason := runtime.stopped
+            or (runtime.left_because if runtime.counters.items_interrupted else None)
+        )
+    )
 
 
 def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:

@@ -211,6 +211,8 @@ class ItemSession:
                         if isinstance(error, BACKBONE_FAULTS) and (runtime.stopped or not decision.retry):
                             # About the backbone, not this item: left for a resume once the key, quota, model
                             # or server is fixed, not failed for good.
+                            if not runtime.stopped:
+                                self._note_left(error)
                             raise StopRequested(str(error))
                         if not decision.retry:
                             raise error
@@ -617,23 +619,40 @@ class ItemSession:
         if runtime.consecutive_faults < limit:
             return
         what = "attempts in a row could not connect" if connecting else "calls in a row were refused"
-        hint = {
-            AuthError: f"check the key in ${runtime.config.api_key_env} (api_key_env)"
-            if runtime.config.api_key_env
-            else "the endpoint wants a key: set api_key_env",
-            QuotaExhausted: "the account is out of credit",
-            ModelNotFound: f"check model {runtime.config.model!r} and base_url",
-            ConnectionFailed: "is the server up, and is base_url right?",
-        }
-        advice = next((text for kind, text in hint.items() if isinstance(error, kind)), "")
         reason = (
             f"backbone {runtime.name!r} stopped: {runtime.consecutive_faults} {what} ({type(error).__name__}: "
-            f"{error}); {advice}; "
+            f"{error}); {self._fault_advice(error)}; "
             "the other backbones go on, its unfinished items are left for a resume (rerun the same sweep command)"
         )
         if runtime.stop(reason):
             self._context.announce(reason)
             self._event("backbone_stopped", status=error.status, cause=error.kind, message=str(error)[:300])
+
+    def _note_left(self, error: CallError) -> None:
+        """An item left for a resume by an error about the backbone (a refused key, no credit, no such model)
+        before enough of them in a row stopped it: the cause is said once, stored, and closes the run's summary."""
+        runtime = self._runtime
+        runtime.left_because = (
+            f"backbone {runtime.name!r}: items are left for a resume after {type(error).__name__}: {error}; "
+            f"{self._fault_advice(error)}"
+        )
+        if "left" in runtime.announced:
+            return
+        runtime.announced.add("left")
+        self._context.announce(runtime.left_because)
+        self._event("items_left", status=error.status, cause=error.kind, message=str(error)[:300])
+
+    def _fault_advice(self, error: CallError) -> str:
+        config = self._runtime.config
+        hint = {
+            AuthError: f"check the key in ${config.api_key_env} (api_key_env)"
+            if config.api_key_env
+            else "the endpoint wants a key: set api_key_env",
+            QuotaExhausted: "the account is out of credit",
+            ModelNotFound: f"check model {config.model!r} and base_url",
+            ConnectionFailed: "is the server up, and is base_url right?",
+        }
+        return next((text for kind, text in hint.items() if isinstance(error, kind)), "")
 
     def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
         """A new pause of the backbone: an event when it lasts a second or more (shorter ones are the pacing of
