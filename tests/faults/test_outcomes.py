@@ -7,6 +7,7 @@ early and resumable, 4 items failed for good, 2 config/data/store unusable.
 
 from __future__ import annotations
 
+import shlex
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -228,7 +229,9 @@ def test_unreadable_answers_are_stored_as_such_and_fallbacks_say_they_decided(
     )
     db = tmp_path / "results.db"
     result = run_cli(sweep_args(config, db, "prose"), cwd=tmp_path)
-    assert result.returncode == 0, result.describe()  # every item has a prediction: what it is worth is below
+    # Every item has a prediction, but not one answer could be read: a status of its own, not success.
+    assert result.returncode == 5, result.describe()
+    assert "backbone 'fx': not one of its 6 answers could be read" in result.stdout
     rows = {
         (method, error is not None, fallback is not None)
         for method, error, fallback in __import__("sqlite3")
@@ -256,12 +259,15 @@ def test_a_key_refused_fewer_times_than_stop_a_backbone_still_says_why_items_are
         backbones={"fx": backbone(server.base_url, api_key_env="HOSTILE_KEY")},
     )
     db = tmp_path / "results.db"
+    run = "smoke <1> $(x) 'q'"  # a name a shell would redirect, substitute and unquote
     result = run_cli(
-        sweep_args(config, db, "smoke"),
-        cwd=tmp_path,
-        env=child_environment(HOSTILE_KEY="sk-not-a-real-key-000"),
+        sweep_args(config, db, run), cwd=tmp_path, env=child_environment(HOSTILE_KEY="sk-not-a-real-key-000")
     )
     assert result.returncode == 3, result.describe()
+    resume = next(line for line in result.stdout.splitlines() if line.startswith("resume with: "))
+    assert shlex.split(resume.removeprefix("resume with: ")) == [
+        *("rcarun", "sweep", "--config", str(config), "--db", str(db), "--run", run)
+    ]
     said = [line for line in result.stdout.splitlines() if line.startswith("stopped early:")]
     assert len(said) == 1 and "HTTP 401" in said[0] and "check the key in $HOSTILE_KEY" in said[0], (
         result.describe()
@@ -270,3 +276,20 @@ def test_a_key_refused_fewer_times_than_stop_a_backbone_still_says_why_items_are
     events = db_rows(db, "SELECT kind FROM run_events WHERE kind = 'items_left'")
     assert len(events) == 1
     assert item_statuses(db) == {"interrupted": 1}
+
+
+def test_a_run_exits_0_when_some_answers_of_each_backbone_could_be_read(
+    serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
+) -> None:
+    def policy(request: Request) -> Reply:
+        return ok(content="no idea") if "task number 0" in str(request.body) else ok()
+
+    server = serve(policy)
+    config = write_sweep(
+        tmp_path / "sweep.toml", dataset=dataset(3), backbones={"fx": backbone(server.base_url)}
+    )
+    db = tmp_path / "results.db"
+    result = run_cli(sweep_args(config, db, "mixed"), cwd=tmp_path)
+    assert result.returncode == 0, result.describe()
+    assert "1 predictions come from answers that could not be read" in result.stdout
+    assert "not one of its" not in result.stdout

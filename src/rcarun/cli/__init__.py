@@ -5,7 +5,8 @@ default.
 
 Exit statuses of `rcarun sweep` (the README's "When things go wrong"): 0 when every item of the run has a
 prediction; 3 when the run stopped early and can be resumed (a budget, Ctrl-C, a backbone stopped); 4 when it
-ran to the end but items failed for good (`--retry-failed` runs them again); 130 when cancelled; 2 when the
+ran to the end but items failed for good (`--retry-failed` runs them again); 5 when it ran to the end but not one
+answer of some backbone could be read (a wrong model or endpoint, not a finding); 130 when cancelled; 2 when the
 config, the data or results.db cannot be used.
 """
 
@@ -17,10 +18,11 @@ import contextlib
 import importlib.metadata
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
@@ -41,7 +43,7 @@ from rcarun.runner import (
     run_sweep,
 )
 from rcarun.runner.loop import run as run_on_sweep_loop
-from rcarun.store import RunBusy, open_store
+from rcarun.store import BackboneSummary, RunBusy, Store, open_store
 
 __all__ = ["main"]
 
@@ -53,6 +55,7 @@ _DESCRIPTION = (
 EXIT_FINISHED = 0
 EXIT_STOPPED = 3
 EXIT_ITEMS_FAILED = 4
+EXIT_NOTHING_READABLE = 5
 # One example message per cause in the closing summary is cut to this many characters.
 _EXAMPLE_CHARS = 160
 _HTTP_STATUS = re.compile(r"HTTP (\d{3})")
@@ -183,13 +186,7 @@ def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool, resume: str
     with open_store(db) as store:
         rows = store.backbone_summary(outcome.run_id)
         items = store.items(outcome.run_id)
-        invalid = {
-            str(row[0]): int(row[1])
-            for row in store.connection.execute(
-                "SELECT backbone, count(*) FROM predictions WHERE run_id = ? AND error IS NOT NULL GROUP BY backbone",
-                (outcome.run_id,),
-            )
-        }
+        invalid = _invalid_predictions(store, outcome.run_id)
     if simulated:
         print(_BANNER)
     print(
@@ -234,6 +231,13 @@ def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool, resume: str
             f"{sum(invalid.values())} predictions come from answers that could not be read (predictions.error); "
             "rcarun report counts them per method"
         )
+    unreadable = _unreadable_backbones(rows, invalid)
+    for row in rows:
+        if row.backbone in unreadable:
+            print(
+                f"backbone {row.backbone!r}: not one of its {row.predictions} answers could be read; check its "
+                "model, provider and base_url (rcarun show prints an answer as it came)"
+            )
     for reason in outcome.stop_reasons:
         print(f"stopped early: {reason}")
     skipped = sum(row.items_skipped for row in rows)
@@ -253,8 +257,29 @@ def _exit_status(db: Path, outcome: SweepOutcome) -> int:
     if outcome.status != "finished":
         return EXIT_STOPPED
     with open_store(db) as store:
-        failed = any(row.items_failed for row in store.backbone_summary(outcome.run_id))
-    return EXIT_ITEMS_FAILED if failed else EXIT_FINISHED
+        rows = store.backbone_summary(outcome.run_id)
+        invalid = _invalid_predictions(store, outcome.run_id)
+    if any(row.items_failed for row in rows):
+        return EXIT_ITEMS_FAILED
+    return EXIT_NOTHING_READABLE if _unreadable_backbones(rows, invalid) else EXIT_FINISHED
+
+
+def _invalid_predictions(store: Store, run_id: int) -> dict[str, int]:
+    """Predictions per backbone that come from answers that could not be read."""
+    return {
+        str(row[0]): int(row[1])
+        for row in store.connection.execute(
+            "SELECT backbone, count(*) FROM predictions WHERE run_id = ? AND error IS NOT NULL GROUP BY backbone",
+            (run_id,),
+        )
+    }
+
+
+def _unreadable_backbones(rows: Sequence[BackboneSummary], invalid: Mapping[str, int]) -> set[str]:
+    """Backbones with predictions of which not one came from an answer that could be read."""
+    return {
+        row.backbone for row in rows if row.predictions and invalid.get(row.backbone, 0) >= row.predictions
+    }
 
 
 def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
@@ -271,16 +296,18 @@ def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
 
 
 def _resume_command(args: argparse.Namespace, db: Path, run: str) -> str:
-    """The same sweep command (its slice included), to resume the run."""
-    parts = ["rcarun sweep"]
+    """The same sweep command (its slice included), to resume the run, quoted for a POSIX shell."""
+    parts = ["rcarun", "sweep"]
     if args.config is not None:
-        parts.append(f"--config {args.config}")
-    parts += [f"--db {db}", f"--run {run}"]
-    parts += [f"--backbone {name}" for name in args.backbone or ()]
-    parts += [f"--method {name}" for name in args.method or ()]
+        parts += ["--config", str(args.config)]
+    parts += ["--db", str(db), "--run", run]
+    for name in args.backbone or ():
+        parts += ["--backbone", name]
+    for name in args.method or ():
+        parts += ["--method", name]
     if args.limit is not None:
-        parts.append(f"--limit {args.limit}")
-    return " ".join(parts)
+        parts += ["--limit", str(args.limit)]
+    return shlex.join(parts)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -372,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a sweep (no --config: the embedded simulated demo)",
         description="Run (or resume) a sweep: every method x backbone x trajectory x realization of the config, "
         "into results.db. Exit 0: every item has a prediction; 3: stopped early, resumable; 4: items failed "
-        "(--retry-failed); 130: cancelled; 2: config, data or results.db unusable. Env RCARUN_EVENT_LOOP=uvloop "
+        "(--retry-failed); 5: no answer of some backbone could be read; 130: cancelled; 2: config, data or results.db unusable. Env RCARUN_EVENT_LOOP=uvloop "
         "runs the sweep on uvloop (pip install 'rcarun[uvloop]').",
     )
     sweep.add_argument("--config", help="sweep TOML file")
