@@ -72,6 +72,36 @@ async def test_rate_limit_fault_is_a_429_with_the_configured_retry_after(
     assert stats.rejected_429 == 0  # no limit asked for it: the limits' own counter stays clean
 
 
+async def test_bare_rate_limit_fault_is_a_429_that_states_nothing(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    async with MockServer(FAST.replace(bare_rate_limit_rate=1.0, headers="openai")) as server:
+        reply = await post_chat(server, make_body("overloaded?"))
+        stats = server.stats()
+    assert reply.status == 429
+    stated = {name.lower() for name in reply.headers} & {"retry-after", "retry-after-ms"}
+    assert not stated and not any(name.lower().startswith("x-ratelimit") for name in reply.headers)
+    assert stats.faults["bare_rate_limit"] == 1 and stats.accepted == 0 and stats.rejected_429 == 0
+
+
+async def test_control_answer_starts_with_terminal_sequences_and_keeps_its_json(
+    post_chat: PostChat, make_body: Body
+) -> None:
+    body = make_body("which step?", schema=ROOT_STEP_SCHEMA, max_tokens=400, temperature=0)
+    async with MockServer(FAST) as plain_server:
+        plain = await post_chat(plain_server, body)
+    async with MockServer(FAST.replace(control_rate=1.0, request_log_size=10)) as server:
+        reply = await post_chat(server, body)
+        stats = server.stats()
+        entries = log_entries(server)
+    assert reply.status == 200
+    first, _, rest = reply.content.partition("\n")
+    assert "\x1b]52;" in first and "\x1b[2J" in first and "\x9b" in first
+    assert json.loads(rest) == json.loads(plain.content)
+    assert [(e.outcome, e.detail) for e in entries] == [("control", "(prefix)")]
+    assert stats.faults["control"] == 1 and stats.accepted == 1
+
+
 async def test_length_fault_cuts_the_answer_at_a_tenth_of_max_tokens(
     post_chat: PostChat, make_body: Body
 ) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "CONTROL_SEQUENCES",
     "DEFAULT_TOOL_ROUNDS_MAX",
     "HUGE_STEP",
     "LONE_SURROGATE",
@@ -42,6 +43,7 @@ __all__ = [
     "simulate_tool_calls",
     "tool_calls_text",
     "tool_prompt_chars",
+    "with_control_sequences",
     "with_huge_step",
     "with_lone_surrogate",
 ]
@@ -101,6 +103,16 @@ HUGE_STEP = 10**26
 
 LONE_SURROGATE = "\ud800"
 """A high surrogate with no low one after it, as when an answer is cut in the middle of an emoji."""
+
+CONTROL_SEQUENCES = (
+    "\x1b[2J\x1b[H"  # clear the screen, cursor home
+    "\x1b]0;pwned\x07"  # set the window title
+    "\x1b]52;c;cm0gLXJmIH4K\x07"  # write the clipboard (OSC 52)
+    "\x1b]8;;https://example.invalid\x1b\\link\x1b]8;;\x1b\\"  # a hyperlink
+    "\x9b31m"  # C1 CSI: red, where a terminal reads 8-bit controls
+    "hidden\r\x08\x08"  # overwrite what came before
+)
+"""What a "control" answer carries: sequences a terminal obeys instead of showing."""
 
 _FILLER_CORPUS = " ".join(_WORDS[i % len(_WORDS)] for i in range(40_000))
 
@@ -587,6 +599,12 @@ def with_lone_surrogate(answer: str) -> tuple[str, str]:
     _, path, container, key = max(strings, key=lambda found: found[0])
     container[key] += LONE_SURROGATE
     return json.dumps(value, ensure_ascii=False), path
+
+
+def with_control_sequences(answer: str) -> tuple[str, str]:
+    """``answer`` after a line of `CONTROL_SEQUENCES`, as prose before the JSON (which methods read past); the
+    log detail. Raw in the content: inside a JSON string they would arrive escaped."""
+    return f"{CONTROL_SEQUENCES}\n{answer}", "(prefix)"
 
 
 def _collect_strings(value: Any, prefix: str, found: list[tuple[int, str, Any, Any]]) -> None:

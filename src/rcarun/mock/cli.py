@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("long-pause", "a 429 whose Retry-After asks for a day or more"),
         ("stream-stall", "an answer that stops about half way and then hangs until the connection drops"),
         ("stream-drop", "an answer whose connection closes about half way"),
+        ("bare-rate-limit", "a 429 with no Retry-After and no limit headers (a gateway briefly overloaded)"),
+        ("control", "a 200 answer holding terminal control sequences (clear screen, title, clipboard)"),
     ):
         parser.add_argument(f"--{kind}-rate", type=float, help=f"probability of {what}")
     parser.add_argument(
@@ -122,6 +124,8 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
         "long_pause_rate": args.long_pause_rate,
         "stream_stall_rate": args.stream_stall_rate,
         "stream_drop_rate": args.stream_drop_rate,
+        "bare_rate_limit_rate": args.bare_rate_limit_rate,
+        "control_rate": args.control_rate,
         "tokens_per_chunk": args.tokens_per_chunk,
         "refuse_stream": args.refuse_stream,
         "request_log_size": args.request_log_size,

@@ -47,6 +47,9 @@ _FAULT_RATE_FIELDS = (
     # Appended after those for the same reason: a seed's earlier faults stay where they were.
     "stream_stall_rate",
     "stream_drop_rate",
+    # And these after those (the second outside campaign's kinds).
+    "bare_rate_limit_rate",
+    "control_rate",
 )
 
 
@@ -96,6 +99,11 @@ class MockConfig:
             closed at once, without ``[DONE]`` ("stream_drop"). An unstreamed one sends the first half of its
             JSON body (Content-Length says the whole) and then stalls or closes the same way. The request log
             says how many completion tokens went out before the cut (``completion_tokens_sent``).
+        bare_rate_limit_rate / control_rate: drawn after all the kinds above. "bare_rate_limit" is a 429 with
+            no Retry-After and no rate-limit headers, as a gateway answers when briefly overloaded (not charged);
+            "control" is a 200 answer whose text starts with a line of terminal control sequences (prose before
+            the JSON, which methods read past): clear screen, a window title, a clipboard write (OSC 52), a hyperlink, a C1 CSI,
+            a carriage return and backspaces, as a trajectory or a model can quote them.
         rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
         hang_s: how long a "timeout" fault holds the request before dropping the connection.
         length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
@@ -164,6 +172,8 @@ class MockConfig:
     long_pause_rate: float = 0.0
     stream_stall_rate: float = 0.0
     stream_drop_rate: float = 0.0
+    bare_rate_limit_rate: float = 0.0
+    control_rate: float = 0.0
     rate_limit_retry_after_s: float = 1.0
     hang_s: float = 30.0
     length_rate: float = 0.0

@@ -46,6 +46,7 @@ from typing import Any
 from aiohttp import web
 
 from .answers import (
+    CONTROL_SEQUENCES,
     HUGE_STEP,
     LONE_SURROGATE,
     answer_seed,
@@ -58,6 +59,7 @@ from .answers import (
     simulate_tool_calls,
     tool_calls_text,
     tool_prompt_chars,
+    with_control_sequences,
     with_huge_step,
     with_lone_surrogate,
 )
@@ -76,7 +78,7 @@ _PREFIX_CACHE_LIMIT = 100_000
 _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 _JSON_CONTENT_TYPE = "application/json"
 # Fault kinds served as normal 200 answers (admitted, charged, timed like one) with something hostile inside.
-_ANSWER_FAULTS = frozenset(("huge_step", "surrogate", "bad_usage"))
+_ANSWER_FAULTS = frozenset(("huge_step", "surrogate", "bad_usage", "control"))
 _BAD_USAGE_KINDS = ("missing", "huge", "infinity", "negative")
 # What a "long_pause" 429 asks for: a day, a date 73 years away, and a number that parses to infinity.
 _LONG_PAUSES = ("86400", "Wed, 21 Oct 2099 07:28:00 GMT", "1e400")
@@ -185,6 +187,8 @@ class MockServer:
                 ("long_pause", self.config.long_pause_rate),
                 ("stream_stall", self.config.stream_stall_rate),
                 ("stream_drop", self.config.stream_drop_rate),
+                ("bare_rate_limit", self.config.bare_rate_limit_rate),
+                ("control", self.config.control_rate),
             )
             if rate > 0
         )
@@ -482,7 +486,9 @@ class MockServer:
             cut = _cut_short(answer, config.reasoning_tokens, max_tokens, chars_per_token)
             if cut is not None:
                 completion, length_fault = cut, True
-        if answer_fault in ("huge_step", "surrogate") and not _still_hostile(answer_fault, completion):
+        if answer_fault in ("huge_step", "surrogate", "control") and not _still_hostile(
+            answer_fault, completion
+        ):
             # The output budget cut the answer before its hostile part: what goes out is a plain length stop.
             answer_fault, notes.detail = None, None
         charged_tokens = prompt_tokens + completion.completion_tokens
@@ -930,6 +936,10 @@ class MockServer:
                 "rate_limit_exceeded",
                 headers,
             )
+        if kind == "bare_rate_limit":
+            return _error_response(
+                429, "Too many requests. Please slow down.", "requests", "rate_limit_exceeded", {}
+            )
         if kind == "error_500":
             return _error_response(
                 500,
@@ -1089,6 +1099,8 @@ def _hostile_answer(
     if kind == "huge_step":
         spoiled = with_huge_step(answer)
         return (answer, None) if spoiled is None else (spoiled[0], ",".join(spoiled[1]))
+    if kind == "control":
+        return with_control_sequences(answer)
     return with_lone_surrogate(answer)
 
 
@@ -1096,6 +1108,8 @@ def _still_hostile(kind: str, completion: _Completion) -> bool:
     """Whether the content sent still holds what made the answer hostile (the budget may have cut it off)."""
     if kind == "huge_step":
         return _HUGE_STEP_TEXT in completion.content
+    if kind == "control":
+        return CONTROL_SEQUENCES in completion.content
     return LONE_SURROGATE in completion.content
 
 

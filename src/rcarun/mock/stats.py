@@ -42,6 +42,8 @@ FAULT_KINDS = (
     "long_pause",
     "stream_stall",
     "stream_drop",
+    "bare_rate_limit",
+    "control",
 )
 REJECTION_KINDS = ("rpm", "rps", "tpm", "concurrency", "quota")
 
@@ -63,7 +65,9 @@ class MockStats:
             asking for an absurd wait; not in ``rejected_429`` either), and the hostile answers huge_step,
             surrogate and bad_usage (200 answers, also counted in ``accepted`` and its tokens), and the answers
             cut off on the wire, stream_stall and stream_drop (admitted and charged too: counted in
-            ``accepted`` with every token generated, whatever reached the client).
+            ``accepted`` with every token generated, whatever reached the client); bare_rate_limit (a 429 with
+            no Retry-After and no limit headers; not in ``rejected_429``) and control (a 200 answer carrying
+            terminal control sequences, counted in ``accepted``).
         length_stops: accepted answers cut by max_tokens (finish_reason "length"), ``length_faults`` included.
         length_faults: accepted answers cut short by the ``length_rate`` fault.
         max_in_flight: most chat requests open at once (queued and hanging ones included).
