@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -128,6 +129,10 @@ def chaos_backbones(seed: int) -> tuple[ChaosBackbone, ...]:
         # Streams cut halfway (a stall until hang_s, then a reset; a dropped connection): stored, and charged.
         "stream_stall_rate": _HOSTILE_RATE,
         "stream_drop_rate": _HOSTILE_RATE,
+        # The second campaign's: a gateway's bare 429 now and then must not throttle the run for good, and
+        # answers quoting terminal control sequences must reach no terminal raw (`rcarun show` is run on them).
+        "bare_rate_limit_rate": _FAULT_RATE,
+        "control_rate": _HOSTILE_RATE,
         "rate_limit_retry_after_s": 0.1,
         "hang_s": HANG_S,
         "request_log_size": LOG_SIZE,
@@ -244,6 +249,8 @@ class ChaosReport:
     elapsed_s: float = 0.0
     calls_tokens_out_of_range: int = 0  # calls rows with a token count outside [0, 2**53]
     usage_source_column: bool = False  # calls.usage_source exists (needed to tell estimated usage)
+    # Control characters (ESC, C1, a lone CR, backspace) `rcarun show --full` wrote, per trajectory: 0 each.
+    terminal_controls: dict[str, int] = field(default_factory=dict)
     backbones: list[BackboneReconciliation] = field(default_factory=list)
 
     def problems(self) -> list[str]:
@@ -256,6 +263,11 @@ class ChaosReport:
                 f"the final resume exited with {self.final_exit_code}"
                 + (f" after {self.extra_resumes} extra resumes" if self.extra_resumes else "")
             )
+        found += [
+            f"rcarun show --qid {qid} --full wrote {count} terminal control characters"
+            for qid, count in self.terminal_controls.items()
+            if count
+        ]
         if self.calls_tokens_out_of_range:
             found.append(f"{self.calls_tokens_out_of_range} calls rows hold a token count outside [0, 2**53]")
         if self.backbones and not self.usage_source_column:
@@ -378,7 +390,37 @@ def run_chaos_sweep(
         for backbone in backbones:
             entries = [RequestLogEntry.from_dict(entry) for entry in logs[backbone.name]["entries"]]
             report.backbones.append(_reconcile(connection, backbone, entries, kill_times, qids))
+    report.terminal_controls = {qid: _terminal_controls(db, qid) for qid in qids}
     return report
+
+
+# What a terminal obeys rather than shows: C0 controls but newline and tab, DEL and C1.
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _terminal_controls(db: Path, qid: str) -> int:
+    """Control characters in what `rcarun show --full` prints for one trajectory (its prompts quote the steps,
+    its answers what the models sent: the "control" answers among them)."""
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rcarun.cli",
+            "show",
+            "--db",
+            str(db),
+            "--run",
+            RUN_NAME,
+            "--qid",
+            qid,
+            "--full",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    text = (shown.stdout + shown.stderr).decode(errors="replace")
+    return len(_TERMINAL_CONTROL.findall(text.replace("\r\n", "\n")))
 
 
 def _kill_phase(
@@ -496,14 +538,14 @@ def _qids(connection: sqlite3.Connection) -> list[str]:
 
 
 # Served as 200 completions with an id, like ok answers: rcarun must store them as answers.
-HOSTILE_ANSWERS = ("huge_step", "surrogate", "bad_usage")
+HOSTILE_ANSWERS = ("huge_step", "surrogate", "bad_usage", "control")
 STREAM_CUTS = ("stream_stall", "stream_drop")
 
 
 def _server_class(outcome: str) -> str:
     if outcome in ("ok", "length") or outcome in HOSTILE_ANSWERS:
         return "answer"
-    if outcome in ("rate_limit", "long_pause") or outcome.startswith("rejected_"):
+    if outcome in ("rate_limit", "bare_rate_limit", "long_pause") or outcome.startswith("rejected_"):
         return "429"
     if outcome in ("error_500", "error_503", "malformed"):
         return outcome

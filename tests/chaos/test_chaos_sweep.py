@@ -68,6 +68,9 @@ def test_chaos_sweep_loses_nothing_duplicates_nothing_and_pays_nothing_twice(tmp
     # The hostile answers come at 1% each, a huge step only where an answer has an integer step field: which of
     # them a seed meets depends on timing, so the test asks for at least one (the harness checks each one met).
     assert {"huge_step", "surrogate", "bad_usage"} & served_outcomes
+    # Bare 429s (3 % of requests) are met and the sweep still ends in its time (they teach no rate limit); what
+    # `rcarun show` prints of every trajectory holds no control character (the harness counts them).
+    assert "bare_rate_limit" in served_outcomes and set(report.terminal_controls) and report.problems() == []
     # Streams cut halfway are stored with what arrived, and charged (the harness checks each one it finds).
     assert sum(backbone.cuts_stored for backbone in report.backbones) > 0
     assert report.usage_source_column and report.calls_tokens_out_of_range == 0
@@ -213,6 +216,7 @@ def test_the_chaos_backbones_serve_the_campaigns_kinds_and_cap_client_pauses() -
     for backbone in chaos_backbones(11):
         server = backbone.server
         assert server.huge_step_rate == server.surrogate_rate == server.bad_usage_rate == 0.01
+        assert server.control_rate == 0.01 and server.bare_rate_limit_rate == 0.03
         assert 0 < server.long_pause_rate < 0.01
         assert backbone.client["retry"]["max_pause_s"] == 2
 
