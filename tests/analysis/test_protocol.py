@@ -396,3 +396,34 @@ def test_the_cli_switch_and_its_refusals(db: Path, capsys: pytest.CaptureFixture
     assert "protocol: ablation (auto: the run holds full RCTA and its component conditions only)" in (
         capsys.readouterr().out
     )
+
+
+def test_the_component_study_flags_cells_that_ran_away_from_the_ablation_settings(tmp_path: Path) -> None:
+    def at(preset: str, preds: list[Pred]) -> list[Pred]:
+        return [
+            Pred(
+                p.backbone,
+                p.method,
+                p.qid,
+                p.role,
+                p.step,
+                p.abstained,
+                {**(p.output or {}), "preset": preset},
+            )
+            for p in preds
+        ]
+
+    study = _study_predictions()
+    full = at("full", [p for p in study if p.method == "rcta"])
+    conditions = at("ablation", [p for p in study if p.method != "rcta"])
+    db = tmp_path / "results.db"
+    build_run(db, "off", STUDY, [*full, *conditions], methods=STUDY_METHODS)
+    build_run(db, "on", STUDY, at("ablation", study), methods=STUDY_METHODS)
+
+    off = _report(db, "off", resamples=50)
+    assert off["components"]["off_settings"] == [{"backbone": "bb", "method": "rcta", "presets": {"full": 8}}]
+    text = render_text(off, sections=("components",))
+    assert "NOT App. H's settings" in text and "rcta on bb ran at preset 'full' (8)" in text
+    on = _report(db, "on", resamples=50)
+    assert on["components"]["off_settings"] == []
+    assert "NOT App. H" not in render_text(on, sections=("components",))

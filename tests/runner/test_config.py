@@ -57,6 +57,15 @@ def test_shipped_sweep_resolves_backbones_and_paths() -> None:
     assert config.stage("summary").length_retries == 1  # unlisted stages get the paper's default policy
 
 
+def test_shipped_component_study_runs_every_condition_at_the_ablation_settings() -> None:
+    config = load_sweep_config(CONFIGS / "sweeps" / "mini-components.toml")
+    assert list(config.backbones) == ["deepseek-flash"] and config.sweep.manifest == "longrca-mini"
+    methods = [create_method(e.name, label=e.resolved_label, options=e.options) for e in config.methods]
+    assert [m.label for m in methods] == ["rcta", "rcta/no-a1", "rcta/no-a2", "rcta/no-a3", "rcta/no-a4"]
+    ablation = {"summary": 4_000, "outline": 12_000, "attribution": 32_000}
+    assert all(dict(m.stage_budgets) == ablation for m in methods)
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "sweep.toml"
     path.write_text(text)

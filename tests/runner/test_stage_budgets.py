@@ -73,3 +73,31 @@ async def test_rcta_s_ablation_preset_keeps_its_32k_attribution_budget_under_a_s
         "all-at-once": 8_000,
     }  # the preset wins; the table applies elsewhere
     assert "does not apply to method 'rcta/no-a1'" in capsys.readouterr().err
+
+
+async def test_component_conditions_default_to_the_ablation_settings_and_full_rcta_to_full(
+    tmp_path: Path,
+) -> None:
+    # App. H: "All component conditions share these settings" (4,000 / 12,000 / 32,000); Full: 4,000/6,000/8,000.
+    db = tmp_path / "results.db"
+    conditions = ["rcta/no-a1", "rcta/no-a2", "rcta/no-a3", "rcta/no-a4"]
+    async with MockServer(MockConfig(latency_s=0.0)) as server:
+        config = make_config(
+            {"sim": {"base_url": server.base_url}},
+            methods=[{"name": "rcta"}, *({"name": name} for name in conditions)],
+        )
+        await run_sweep(config, db_path=db, run_name="components", show_progress=False, limit=1)
+    sent = rows(
+        db,
+        "SELECT method, stage, max(max_tokens) FROM calls WHERE attempt = 1 AND status != 'cached' "
+        "GROUP BY method, stage",
+    )
+    budgets: dict[str, dict[str, int]] = {}
+    for method, stage, max_tokens in sent:
+        budgets.setdefault(method, {})[stage] = max_tokens
+    assert budgets["rcta"] == {"summary": 4_000, "outline": 6_000, "attribution": 8_000}
+    # Stage I is shared: the summaries (the same request under both presets) were sent once, by whichever item
+    # came first; the conditions' outline (12,000) once for all of them; each condition sent its attribution.
+    conditions_sent = {stage: tokens for method in conditions for stage, tokens in budgets[method].items()}
+    assert conditions_sent.get("summary", 4_000) == 4_000 and conditions_sent["outline"] == 12_000
+    assert all(budgets[method]["attribution"] == 32_000 for method in conditions)

@@ -62,6 +62,9 @@ report together; ``all``: every comparison of the report together."""
 # The five baselines of the paper's main comparison (Sec. 5.1), by registry name.
 PAPER_BASELINES = ("all-at-once", "step-by-step", "binary-search", "echo", "falat")
 FULL_RCTA = "rcta"
+# RCTA's preset of App. H's inference settings, which every cell of the component study shares; each prediction's
+# output records the preset it ran at.
+ABLATION_PRESET = "ablation"
 MAIN_RESAMPLES = 20_000  # App. B, "Paired Step Acc comparisons" (Table 12)
 ABLATION_RESAMPLES = 10_000  # App. H, "Ablation statistical protocol"
 _MAIN_METRICS = ("agent_acc", "step_acc")

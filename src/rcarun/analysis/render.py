@@ -182,6 +182,11 @@ def _rows(report: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     return [row for row in value if isinstance(row, Mapping)] if isinstance(value, Sequence) else []
 
 
+def _presets(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    value = cell.get("presets")
+    return value if isinstance(value, Mapping) else {}
+
+
 def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
@@ -915,7 +920,20 @@ def _components_section(report: Mapping[str, Any]) -> _Section | None:
         caption=f"RCTA's components (Table 25 layout; %, {aggregate}; MAE in steps), first realization.",
     )
     rule = _text(found, "scoring_rule")
+    off = [
+        f"{_text(cell, 'method')} on {_text(cell, 'backbone')} ran at preset "
+        + ", ".join(f"{name or '(none)'!r} ({count})" for name, count in _presets(cell).items())
+        for cell in _rows(found, "off_settings")
+    ]
     notes = [
+        *(
+            (
+                "NOT App. H's settings (preset 'ablation': 4,000 / 12,000 / 32,000 output tokens, reasoning off / "
+                f"high / high), so these rows are not Table 25's: {'; '.join(off)}.",
+            )
+            if off
+            else ()
+        ),
         *((f"Scoring rule (component study): {rule}.",) if rule else ()),
         *_coverage_notes(rows_in),
         "MAE n: non-abstaining outputs with a parseable in-range step (the MAE's outputs). Δ: the condition's "

@@ -86,7 +86,7 @@ from rcarun.store import RunRow, Store
 
 from .cost import cost_rows, served_by
 from .fidelity import mini_fidelity, sample_size_calibration
-from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
+from .protocol import ABLATION_PRESET, MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
@@ -1031,6 +1031,7 @@ def _components(
     return {
         "reference": study.full,
         "conditions": list(study.conditions),
+        "off_settings": _off_ablation_settings(store, run.run_id, (study.full, *study.conditions)),
         "scoring_rule": rules.rule,
         "abstentions": rules.abstentions,
         "keep_handoff": rules.keep_handoff,
@@ -1041,6 +1042,16 @@ def _components(
         "family": "App. H: Holm over the component conditions against full RCTA, per backbone",
         "rows": rows,
     }
+
+
+def _off_ablation_settings(store: Store, run_id: int, labels: Sequence[str]) -> list[dict[str, Any]]:
+    """The study's cells whose predictions did not all run at App. H's settings (RCTA's ``ablation`` preset):
+    their numbers are not Table 25's (full RCTA at the Full budgets, or a condition from before it defaulted)."""
+    off = []
+    for (backbone, method), presets in sorted(store.output_values(run_id, "preset").items()):
+        if method in labels and set(presets) != {ABLATION_PRESET}:
+            off.append({"backbone": backbone, "method": method, "presets": dict(sorted(presets.items()))})
+    return off
 
 
 def _shown_cells(scores: RunScores, methods: Sequence[str]) -> dict[tuple[str, str], list[ItemScore]]:

@@ -519,6 +519,18 @@ class Store:
             methods=tuple(sorted({str(row[1]) for row in rows})),
         )
 
+    def output_values(self, run_id: int, key: str) -> dict[tuple[str, str], dict[str, int]]:
+        """How many predictions of each (backbone, method) hold each value of the top-level ``key`` of their output
+        JSON (a method's recorded settings, e.g. RCTA's ``preset``); a missing key counts as ``""``."""
+        found: dict[tuple[str, str], dict[str, int]] = {}
+        for backbone, method, value, count in self._fetch(
+            "SELECT backbone, method, coalesce(json_extract(output_json, ?), ''), count(*) FROM predictions "
+            "WHERE run_id = ? AND json_valid(output_json) GROUP BY 1, 2, 3",
+            (f'$."{key}"', run_id),
+        ):
+            found.setdefault((str(backbone), str(method)), {})[str(value)] = int(count)
+        return found
+
     def predictions(self, run_id: int) -> list[PredictionRow]:
         """The run's predictions, in key order."""
         return self._rows(

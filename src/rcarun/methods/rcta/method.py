@@ -39,7 +39,9 @@ the handoff-evidence check under ``no-a3``).
 
 Presets (method option ``preset``), stated separately in `PRESETS` and `PRESET_REASONING`: ``full`` 4,000 /
 6,000 / 8,000 output tokens for summary / outline / attribution (the Full benchmark, App. H), ``ablation``
-4,000 / 12,000 / 32,000 (the component study, App. H). Reasoning: the ablation preset's summary off, outline
+4,000 / 12,000 / 32,000 (the component study, App. H: "All component conditions share these settings", so a
+component condition defaults to it, full RCTA to ``full``; the component study runs full RCTA at ``ablation``
+too, as `configs/sweeps/mini-components.toml` does). Reasoning: the ablation preset's summary off, outline
 and attribution high are App. H's; the paper gives no values for Full (only "different reasoning settings",
 summary App. E), so Full's, the same, are our choice. The single length-triggered retry that doubles the
 budget up to 65,536 is the run's stage policy, applied by the session behind ``llm.chat``; this module never
@@ -209,7 +211,8 @@ class RctaOptions(MethodOptions):
 
     Attributes:
         preset: ``"full"`` or ``"ablation"``: the stages' output budgets (`PRESETS`) and reasoning settings
-            (`PRESET_REASONING`).
+            (`PRESET_REASONING`). Full RCTA defaults to ``"full"``, a component condition (``ablation`` set, or
+            ``rcta/no-aX``) to ``"ablation"``, as App. H runs them.
         ablation: None (all components) or one of `ABLATIONS`.
         include_task: show the task instruction, whole up to 12,000 characters, in every call: each segment
             summary, the outline, the attribution and its A4 retry (paper Sec. 3.2, 4.1: methods receive the task
@@ -1045,6 +1048,9 @@ def _factory(name: str, fixed: Ablation | None) -> None:
             if "ablation" in table and table["ablation"] != fixed:
                 raise ConfigError(f"{name}: ablation is fixed to {fixed!r}; got {table['ablation']!r}")
             table["ablation"] = fixed
+        if table.get("ablation") is not None:
+            # App. H: "All component conditions share these settings" (the ablation preset's).
+            table.setdefault("preset", "ablation")
         return RCTA(label, RctaOptions.from_mapping(table, name=name))
 
 
