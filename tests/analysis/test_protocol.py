@@ -318,6 +318,34 @@ def test_holm_runs_over_the_papers_family_not_every_comparison(db: Path) -> None
     assert {e["method_b"] for e in families["other/step_acc"]} == {"sc"}
 
 
+def test_app_b_s_family_leaves_self_hosted_backbones_out_by_default(tmp_path: Path) -> None:
+    # App. B's Holm-20/40: four API backbones x five baselines, the self-hosted Qwen left out.
+    db = tmp_path / "results.db"
+    build_run(
+        db,
+        "mixed",
+        MAIN,
+        _main_predictions(),
+        methods=MAIN_METHODS,
+        backbones={"b1": "deepseek", "b2": "vllm"},
+    )
+    report = _report(db, "mixed", resamples=100)
+    families = _families(report)
+    assert {(e["backbone"], e["method_b"]) for e in families["app-b/step_acc"]} == {
+        ("b1", "aao"),
+        ("b1", "echo"),
+    }
+    assert report["protocol"]["holm_backbones"] == ["b1"]
+    assert "self-hosted b2 left out" in report["protocol"]["holm_backbones_reason"]
+    text = render_text(report, sections=("paired",))
+    assert "self-hosted b2 left out, as App. B leaves out Qwen3.5-35B-A3B" in " ".join(text.split())
+    # A run whose backbones are all API ones (or all self-hosted) keeps every one in the family.
+    build_run(
+        db, "api", MAIN, _main_predictions(), methods=MAIN_METHODS, backbones={"b1": "openai", "b2": "kimi"}
+    )
+    assert _report(db, "api", resamples=100)["protocol"]["holm_backbones"] == ["b1", "b2"]
+
+
 def test_holm_backbones_and_holm_family_choose_otherwise(db: Path) -> None:
     narrow = _families(_report(db, "main", resamples=100, holm_backbones=("b1",)))
     assert {(e["backbone"], e["method_b"]) for e in narrow["app-b/step_acc"]} == {

@@ -14,7 +14,7 @@ The two protocols:
 | headline aggregate | pooled on a run of natural source proportions (Full, Sec. 5.1); Macro over sources on a sample with equal quotas or drawn from a manifest (Mini, Sec. 5.1, App. A) | source-macro (App. H) |
 | paired metrics | Agent Acc and Step Acc (App. B) | Step Acc (App. H: four pre-specified tests) |
 | bootstrap resamples | 20,000 (App. B, Table 12) | 10,000 (App. H) |
-| Holm family | RCTA against the paper's five baselines on every backbone of the run, per metric (App. B "Holm-20"), and over both metrics (``p_holm_joint``, "Holm-40") | the four component conditions against full RCTA, per backbone (App. H) |
+| Holm family | RCTA against the paper's five baselines on the run's API backbones (`app_b_backbones`), per metric (App. B "Holm-20"), and over both metrics (``p_holm_joint``, "Holm-40") | the four component conditions against full RCTA, per backbone (App. H) |
 
 Both use seed 20260820 (App. H; App. B states none) and score every expected trajectory. ``auto`` picks
 ``ablation`` when the run holds full RCTA, at least one component condition (``rcta/no-a*``, or ``rcta`` with
@@ -29,7 +29,7 @@ taken as its own name.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,8 @@ report together; ``all``: every comparison of the report together."""
 # The five baselines of the paper's main comparison (Sec. 5.1), by registry name.
 PAPER_BASELINES = ("all-at-once", "step-by-step", "binary-search", "echo", "falat")
 FULL_RCTA = "rcta"
+# Providers whose backbones the user serves: App. B's Holm family holds the API backbones only.
+SELF_HOSTED_PROVIDERS = ("vllm", "local")
 # RCTA's preset of App. H's inference settings, which every cell of the component study shares; each prediction's
 # output records the preset it ran at.
 ABLATION_PRESET = "ablation"
@@ -142,6 +144,31 @@ def method_kinds(config_json: str, labels: Iterable[str]) -> dict[str, MethodKin
         options: Mapping[str, Any] = found if isinstance(found, dict) else {}
         known[label] = _kind(label, name, options)
     return {label: known.get(label) or _kind(label, label, {}) for label in labels}
+
+
+def app_b_backbones(config_json: str, backbones: Sequence[str]) -> tuple[tuple[str, ...], str]:
+    """The backbones of App. B's Holm family by default, and why: the run's API backbones (Holm-20/40 cover the
+    four API backbones; the self-hosted Qwen3.5-35B-A3B is left out), or every backbone when none or all of them
+    are self-hosted (``provider`` ``vllm`` or ``local``)."""
+    found = _config(config_json).get("backbones")
+    table: Mapping[str, Any] = found if isinstance(found, dict) else {}
+
+    def self_hosted(name: str) -> bool:
+        entry = table.get(name)
+        return isinstance(entry, dict) and entry.get("provider") in SELF_HOSTED_PROVIDERS
+
+    hosted = [name for name in backbones if self_hosted(name)]
+    api = tuple(name for name in backbones if not self_hosted(name))
+    if not hosted:
+        return tuple(backbones), "every backbone of the run (none is self-hosted)"
+    if not api:
+        return tuple(
+            backbones
+        ), "every backbone of the run (all are self-hosted; App. B's holds API backbones)"
+    return api, (
+        f"the run's API backbones, {', '.join(api)}; self-hosted {', '.join(hosted)} left out, as App. B leaves "
+        "out Qwen3.5-35B-A3B (--holm-backbones to choose)"
+    )
 
 
 def uses_manifest(config_json: str) -> bool:

@@ -18,7 +18,7 @@ methods), and ``protocol`` in the dict says what was chosen and why:
       wins/losses, two-sided exact McNemar on the discordant pairs, and a source-stratified paired bootstrap
       interval (``resamples``, ``seed``, ``confidence``).
     - Holm families (``holm_family``): ``"paper"`` (default) is the protocol's own family: main, RCTA against the
-      paper's five baselines on the backbones of ``holm_backbones`` (default all), per metric (App. B's
+      paper's five baselines on the backbones of ``holm_backbones`` (default the API ones), per metric (App. B's
       Holm-20), plus ``p_holm_joint`` over both metrics (Holm-40), while every other comparison is adjusted per
       metric in a family of its own; ablation, the (up to) four component conditions against full RCTA, per
       backbone (App. H). ``"metric"`` adjusts each metric's comparisons together; ``"all"`` adjusts every
@@ -86,7 +86,15 @@ from rcarun.store import RunRow, Store
 
 from .cost import cost_rows, served_by
 from .fidelity import mini_fidelity, sample_size_calibration
-from .protocol import ABLATION_PRESET, MethodKind, Protocol, method_kinds, resolve_protocol, uses_manifest
+from .protocol import (
+    ABLATION_PRESET,
+    MethodKind,
+    Protocol,
+    app_b_backbones,
+    method_kinds,
+    resolve_protocol,
+    uses_manifest,
+)
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
@@ -155,7 +163,8 @@ class ReportOptions:
         seed: bootstrap seed.
         confidence: interval level.
         holm_family: ``"paper"``, ``"metric"`` or ``"all"`` (None: ``"paper"``).
-        holm_backbones: the backbones of App. B's family (empty: every backbone of the run).
+        holm_backbones: the backbones of App. B's family (empty: the run's API backbones, self-hosted ones left
+            out as App. B leaves out Qwen; `rcarun.analysis.protocol.app_b_backbones`).
         compare_backbones: backbones compared per method, the first against each other.
         populations: post-stratification sizes per source.
         length_groups: groups of the shared length partition.
@@ -314,6 +323,11 @@ def build_report(
     reference = _reference_method(scores, kinds, options.reference_method, protocol)
     study = _study(kinds, reference)
     compared = _compared(scores, kinds, reference, protocol, study)
+    if options.holm_backbones:
+        holm_why = "--holm-backbones"
+    else:
+        family, holm_why = app_b_backbones(run.config_json, scores.backbones)
+        options = replace(options, holm_backbones=family)
     paired = _paired_methods(scores, reference, compared, kinds, protocol, options)
     if not options.compare_backbones and len(scores.methods) == 1 and len(scores.backbones) > 1:
         options = replace(options, compare_backbones=tuple(scores.backbones))
@@ -346,7 +360,8 @@ def build_report(
             "confidence": options.confidence,
             "holm_family": protocol.holm_family,
             "holm_backbones": list(options.holm_backbones),
-            "families": _families(paired + paired_backbones + paired_across, options),
+            "holm_backbones_reason": holm_why,
+            "families": _families(paired + paired_backbones + paired_across, options, holm_why),
             "paired_metrics": list(protocol.paired_metrics),
             "not_compared": [
                 {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
@@ -586,18 +601,14 @@ def _method_family(
         return f"metric/{metric}"
     if protocol.name == "ablation":
         return f"app-h/{backbone}/{metric}"
-    in_b = (
-        kinds[reference].full_rcta
-        and kinds[method].paper_baseline
-        and (not holm_backbones or backbone in holm_backbones)
-    )
+    in_b = kinds[reference].full_rcta and kinds[method].paper_baseline and backbone in holm_backbones
     return f"app-b/{metric}" if in_b else f"other/{metric}"
 
 
-def _families(entries: Paired, options: ReportOptions) -> list[dict[str, Any]]:
+def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[dict[str, Any]]:
     """Every Holm family of the report: its id, how many tests it holds and what it is."""
     counts = Counter(entry["family"] for entry, _ in entries)
-    backbones = ", ".join(options.holm_backbones) or "every backbone of the run"
+    backbones = f"{', '.join(options.holm_backbones)} ({holm_why})"
     found = []
     for family, tests in counts.items():
         kind, _, rest = family.partition("/")

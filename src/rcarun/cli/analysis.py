@@ -112,8 +112,8 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     )
     report.add_argument(
         "--holm-backbones",
-        help="comma-separated backbones of App. B's Holm family (default: every backbone of the run; the "
-        "paper's family left out Qwen3.5-35B-A3B)",
+        help="comma-separated backbones of App. B's Holm family (default: the run's API backbones, self-hosted "
+        "vllm/local ones left out as the paper's family left out Qwen3.5-35B-A3B)",
     )
     report.add_argument(
         "--compare-backbones",
