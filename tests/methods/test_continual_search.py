@@ -59,13 +59,13 @@ def _answer(role: str, step: int, quote: str | None = None, reason: str = "r") -
             3,
             "whole",
             "single",
-            ("opening.3", "trust.3", "search.single", "change.single", "format.quote", "format.single"),
+            ("opening.3", "trust.3", "search.single", "change.single", "format.single"),
         ),
         (
             4,
             "whole",
             "single",
-            ("opening.4", "trust.4", "search.single", "change.single", "format.quote", "format.single"),
+            ("opening.4", "trust.4", "search.single", "change.single", "format.single"),
         ),
         (2, "whole", "list", ("opening.2", "trust.2", "search.list", "format.list")),
         (3, "whole", "list", ("opening.3", "trust.3", "search.list", "format.list")),
@@ -75,7 +75,7 @@ def _answer(role: str, step: int, quote: str | None = None, reason: str = "r") -
             3,
             "pieces",
             "single",
-            ("opening.3", "trust.3", "search.pieces.later", "change.single", "format.quote", "format.single"),
+            ("opening.3", "trust.3", "search.pieces.later", "change.single", "format.single"),
         ),
         (4, "pieces", "list", ("opening.4", "trust.4", "search.pieces.later", "format.list")),
     ],
@@ -98,20 +98,23 @@ def test_decision_tree_assembles_each_branch_and_turn(
 
 def test_the_change_rule_is_the_papers_one_sentence() -> None:
     assert SENTENCES["change.single"] == RULE
-    with_field = continuation_prompt(3, turns=4, layout="whole", answer_kind="single", schema_text="{S}")
-    assert RULE in with_field.text.split("\n\n")
-    # Without the quote field, the rule sentence is all part 4 adds; the format is the benchmark's.
-    bare = continuation_prompt(
-        3, turns=4, layout="whole", answer_kind="single", schema_text="{S}", quote_field=False
+    with_field = continuation_prompt(
+        3, turns=4, layout="whole", answer_kind="single", schema_text="{S}", quote_field=True
     )
+    assert RULE in with_field.text.split("\n\n")
+    assert with_field.keys[-3:] == ("change.single", "format.quote", "format.single")
+    # By default the rule sentence is all part 4 adds; the format is the benchmark's (003 App. B.2.2).
+    bare = continuation_prompt(3, turns=4, layout="whole", answer_kind="single", schema_text="{S}")
     assert bare.keys[-2:] == ("change.single", "format.single")
     # Nothing in any prompt claims that a change is checked or rejected.
     for text in (with_field.text, bare.text):
         assert "reject" not in text.lower() and "stands" not in text.lower()
 
 
-def test_pinned_prompt_of_the_who_and_when_branch_at_turn_three() -> None:
-    prompt = continuation_prompt(3, turns=4, layout="whole", answer_kind="single", schema_text="{S}")
+def test_pinned_prompt_of_the_who_and_when_branch_at_turn_three_with_the_quote_field() -> None:
+    prompt = continuation_prompt(
+        3, turns=4, layout="whole", answer_kind="single", schema_text="{S}", quote_field=True
+    )
     assert prompt.text == (
         "Search again. The evidence you have not examined yet is the evidence most likely to change the answer.\n\n"
         "Your answer has survived one challenge. That shows it is consistent with what you read, not that "
@@ -167,7 +170,8 @@ async def test_a_move_that_follows_the_rule_is_recorded_as_followed(scripted: ty
             _answer("Coder", 1, ""),  # turn 4: keeps it
         ]
     )
-    result = await create_method("continual-search", options=INLINE).attribute(trajectory, llm)
+    options = {**INLINE, "quote_field": True}
+    result = await create_method("continual-search", options=options).attribute(trajectory, llm)
     assert (result.pred_role, result.pred_step) == ("Coder", 1)
     turns = result.output["turns"]
     assert [(t["pred_step"], t["changed_from_prev"], t["changed_from_turn1"]) for t in turns] == [
@@ -244,7 +248,7 @@ async def test_an_answer_that_breaks_the_rule_is_kept_as_given_and_flagged(
     scripted: type[ScriptedLLM], answer: str, given: tuple[Any, Any], broken: list[str], error: str | None
 ) -> None:
     llm = scripted([_answer("Planner", 3), _answer("Planner", 3), answer])
-    method = create_method("continual-search", options={"turns": 3, **INLINE})
+    method = create_method("continual-search", options={"turns": 3, "quote_field": True, **INLINE})
     result = await method.attribute(_trajectory(), llm)
     assert (result.pred_role, result.pred_step) == given  # never the earlier answer
     last = result.output["turns"][-1]
@@ -259,22 +263,31 @@ async def test_quote_scope_decides_which_place_counts(scripted: type[ScriptedLLM
         llm = scripted(
             [_answer("Planner", 3), _answer("Planner", 3), _answer("Coder", 1, "12 awnings found for 2019")]
         )
-        options = {"turns": 3, "quote_scope": scope, **INLINE}
+        options = {"turns": 3, "quote_scope": scope, "quote_field": True, **INLINE}
         result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
         rule = result.output["turns"][-1]["change_rule"]
         assert result.pred_step == 1  # kept either way
         assert (rule["followed"], rule["quote_in_step"], rule["quote_in_log"]) == (followed, False, True)
 
 
-async def test_without_the_quote_field_the_rule_reads_quotes_in_the_reason(
+async def test_by_default_every_turn_keeps_the_benchmark_schema_and_quotes_are_read_in_the_reason(
     scripted: type[ScriptedLLM],
 ) -> None:
+    # 003 App. B.2.2: "All turns retain the benchmark's original output schema".
     reason = 'Step 1 says "the parameter year=2019 instead of 2021", against the task.'
-    llm = scripted([_answer("Planner", 3), _answer("Planner", 3), _answer("Coder", 1, reason=reason)])
-    options = {"turns": 3, "quote_field": False, **INLINE}
-    result = await create_method("continual-search", options=options).attribute(_trajectory(), llm)
-    assert llm.requests[2]["schema"]["required"] == ["reason", "responsible_role", "root_step"]
-    assert SENTENCES["format.quote"] not in llm.requests[2]["user"]
+    answers = [
+        _answer("Planner", 3),
+        _answer("Planner", 3),
+        _answer("Coder", 1, reason=reason),
+        _answer("Coder", 1),
+    ]
+    llm = scripted(answers)
+    result = await create_method("continual-search", options=INLINE).attribute(_trajectory(), llm)
+    assert len(llm.requests) == 4
+    assert all(r["schema"]["required"] == ["reason", "responsible_role", "root_step"] for r in llm.requests)
+    assert all(SENTENCES["format.quote"] not in r["user"] for r in llm.requests)
+    # Turn 3 moved earlier with a quote in its reason: the rule's record reads it there.
+    assert [turn["change_rule"]["followed"] for turn in result.output["turns"] if turn.get("change_rule")][0]
     assert result.output["turns"][-1]["change_rule"]["followed"] is True
 
 

@@ -58,11 +58,11 @@ Choices where the paper is silent (each an option):
   turns 2, 3 and 4, as in the paper).
 - ``answer_kind="list"`` asks, from turn 2, for every failure earliest first; the prediction is the listed
   failure with the earliest valid step (the root cause is the earliest decisive error). No change rule applies.
-- ``quote_field=True``: a turn whose prompt carries the change rule adds a ``quote`` field to the benchmark's
-  answer schema, with one sentence saying what goes in it (``format.quote``), so the quote the rule asks for can
-  be checked; every other turn, and Passive Continuation, keeps the benchmark's schema unchanged (003 App. B.2.2:
-  "All turns retain the benchmark's original output schema"). ``False`` keeps it unchanged at every turn too; the
-  record then looks for the quote in ``reason``, among spans in double quotes.
+- Every turn keeps the benchmark's answer schema (003 App. B.2.2: "All turns retain the benchmark's original
+  output schema"); the change rule's record looks for the quote in ``reason``, among spans in double quotes.
+  ``quote_field=True`` (rcarun's option, off by default) adds a ``quote`` field to the schema of the turns whose
+  prompt carries the change rule, with one sentence saying what goes in it (``format.quote``), so the quote the
+  rule asks for can be checked directly.
 - Continuation turns use the turn-1 call's output budget, temperature and reasoning setting unless
   ``max_tokens`` is given. Their stage is ``stage`` (default ``"continuation"``).
 - Turn 1 is declared shareable (``shareable_stages``), so Continual Search and Passive Continuation over the same
@@ -174,7 +174,7 @@ def continuation_prompt(
     schema_text: str,
     pieces: str = "parts of the log",
     unread_block: str = "",
-    quote_field: bool = True,
+    quote_field: bool = False,
 ) -> ContinuationPrompt:
     """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (module docstring)."""
     if not 2 <= turn <= turns:
@@ -238,8 +238,8 @@ class ContinualSearchOptions(MethodOptions):
             ``"auto"`` (pieces when the judge reads with tools). Continual Search only.
         answer_kind: ``"single"`` (one root cause, with the change rule) or ``"list"`` (every failure, earliest
             first). Continual Search only.
-        quote_field: add a ``quote`` field to the answer schema of the turns that carry the change rule.
-            Continual Search only.
+        quote_field: add a ``quote`` field to the answer schema of the turns that carry the change rule (off:
+            every turn keeps the benchmark's schema, as 003 App. B.2.2). Continual Search only.
         quote_scope: where the change rule's quote must be found for the record: ``"step"`` or ``"log"``.
             Continual Search only.
         piece_steps: how many consecutive steps make one piece under ``layout="pieces"``. Continual Search only.
@@ -255,7 +255,7 @@ class ContinualSearchOptions(MethodOptions):
     max_tokens: PositiveInt | None = None
     layout: Literal["auto", "whole", "pieces"] = "whole"
     answer_kind: AnswerKind = "single"
-    quote_field: bool = True
+    quote_field: bool = False
     quote_scope: Literal["step", "log"] = "step"
     piece_steps: PositiveInt = 20
     reading: Literal["inline", "agentic"] = "agentic"
