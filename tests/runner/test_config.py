@@ -30,6 +30,9 @@ def test_shipped_backbones_have_dated_prices_and_key_variables() -> None:
     assert table.price_at(datetime(2026, 11, 27, 2, tzinfo=UTC)).input_per_mtok == 0.30  # Friday, peak
     assert table.price_at(datetime(2026, 11, 28, 2, tzinfo=UTC)).input_per_mtok == 0.15  # Saturday, off-peak
     assert backbones["qwen3.5-35b-a3b"].endpoints == ("http://127.0.0.1:8000/v1",)
+    # The paper's DS-V4-Flash: its open weights, self-hosted (DeepSeek's API serves V4.1-Flash under its ids).
+    paper_flash = backbones["ds-v4-flash"]
+    assert (paper_flash.provider, paper_flash.model) == ("vllm", "deepseek-ai/DeepSeek-V4-Flash")
 
 
 def test_shipped_sweep_resolves_backbones_and_paths() -> None:
