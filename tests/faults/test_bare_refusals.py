@@ -38,11 +38,11 @@ def test_one_bare_429_on_the_first_request_leaves_the_sweep_at_full_speed(
 ) -> None:
     def policy(request: Request) -> Reply:
         if request.seq == 1:
-            return status(429, body=_RATE_LIMITED, latency_s=5 * _LATENCY_S)
+            return status(429, body=_RATE_LIMITED, latency_s=3 * _LATENCY_S)
         return slow(_LATENCY_S, ok())
 
     server = serve(policy)
-    items = 400
+    items = 1_500
     config = write_sweep(
         tmp_path / "sweep.toml",
         dataset=dataset(items),
