@@ -132,6 +132,7 @@ def report(arrivals: list[tuple[float, int]], stopped: float, skip: float, stder
         print("no request arrived\n" + stderr[-2000:])
         return
     first = arrivals[0][0]
+    skip = skip if stopped - first > skip + 1.0 else 0.0  # a sweep that ended early is measured whole
     measured = [(at, code) for at, code in arrivals if at >= first + skip]
     span = max(stopped - (first + skip), 1e-9)
     answered = sum(1 for _, code in measured if code == 200)

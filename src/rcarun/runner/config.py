@@ -145,7 +145,7 @@ class LimitsConfig(_Strict):
             for key in _RETIRED_LIMITS:
                 if key in data:
                     raise ValueError(
-                        f"limits.{key} was removed: rcarun no longer learns how a provider meters; declare the "
+                        f"limits.{key} was removed: rcarun no longer learns how a provider counts its limits; declare the "
                         "provider's rpm and tpm in [backbones.NAME.limits] instead"
                     )
         return data
