@@ -347,43 +347,38 @@ def test_oversized_weight_waits_until_the_bucket_has_stayed_full_for_the_slack()
     ]
 
 
-def test_catching_up_a_lowered_limit_caps_the_window_and_keeps_the_declared_pace() -> None:
-    async def main() -> tuple[list[float], list[float]]:
-        # 120/min declared (2 a second, a full bucket of 2), lowered to 6 a 10-s window: six go out at the
-        # declared pace, then nothing until the first of them leave the window, then again as they leave.
-        limiter = RateLimiter(120.0, None, burst_s=1.0, window_s=10.0, window_catch_up=True)
-        assert limiter.lower_limits(36.0, None) == {"requests"}
-        first = [(await limiter.acquire(0)).admitted_at for _ in range(8)]
-        paced = RateLimiter(120.0, None, burst_s=1.0, window_s=10.0)
-        paced.lower_limits(36.0, None)
-        start = now()
-        return first, [(await paced.acquire(0)).admitted_at - start for _ in range(4)]
-
-    caught_up, paced = run_virtual(main)
-    assert caught_up == pytest.approx([0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 10.0, 10.0])
-    # Without catching up, the bucket paces the lowered limit: 0.6 a second.
-    assert paced == pytest.approx([0.0, 1 / 0.6, 2 / 0.6, 3 / 0.6])
-
-
-def test_a_limit_set_where_none_was_declared_catches_up_from_what_was_already_sent() -> None:
+def test_a_lowered_limit_is_paced_at_the_lowered_rate() -> None:
     async def main() -> list[float]:
-        limiter = RateLimiter(None, None, burst_s=1.0, window_s=10.0, window_catch_up=True)
-        # 5 of a 6-per-window limit were sent at 0-4 s; the limit is learned at 4 s.
+        # 120/min declared, lowered to 36/min: the bucket refills at 0.6 a second from then on.
+        limiter = RateLimiter(120.0, None, burst_s=1.0, window_s=10.0)
+        assert limiter.lower_limits(36.0, None) == {"requests"}
+        return [(await limiter.acquire(0)).admitted_at for _ in range(4)]
+
+    assert run_virtual(main) == pytest.approx([0.0, 1 / 0.6, 2 / 0.6, 3 / 0.6])
+
+
+def test_a_limit_set_where_none_was_declared_starts_its_window_from_what_was_already_sent() -> None:
+    async def main() -> list[float]:
+        limiter = RateLimiter(None, None, burst_s=1.0, window_s=10.0)
+        # 5 of a 6-per-window limit were sent at 0-4 s; the limit is set at 4 s, from an empty bucket.
         await asyncio.sleep(4.0)
         sent = {"requests": [(float(at), 1.0) for at in range(5)]}
         limiter.lower_limits(36.0, None, set_unpaced=True, sent=sent)
-        return [(await limiter.acquire(0)).admitted_at for _ in range(4)]
-
-    # One fits now; the next ones as the sends at 0, 1, 2 s leave the window (no pace of its own).
-    assert run_virtual(main) == pytest.approx([4.0, 10.0, 11.0, 12.0])
-
-
-def test_pacing_at_the_limits_ends_catching_up() -> None:
-    async def main() -> list[float]:
-        limiter = RateLimiter(120.0, None, burst_s=1.0, window_s=10.0, window_catch_up=True)
-        limiter.lower_limits(36.0, None)
-        limiter.pace_at_limits()
-        assert not limiter.catches_up
         return [(await limiter.acquire(0)).admitted_at for _ in range(3)]
 
-    assert run_virtual(main) == pytest.approx([0.0, 1 / 0.6, 2 / 0.6])
+    # One fits the window once the bucket holds one (0.6 a second, capacity 0.6); the next when the send at 0 s
+    # leaves the window; the one after at the bucket's pace.
+    assert run_virtual(main) == pytest.approx([5.0, 10.0, 10.0 + 1 / 0.6])
+
+
+def test_a_dropped_request_limit_admits_its_waiters_at_once() -> None:
+    async def main() -> list[float]:
+        limiter = RateLimiter(6.0, None, burst_s=1.0, window_s=10.0)
+        await limiter.acquire(0)  # the bucket (capacity 0.1) is empty now: the next waits 10 s
+        waiter = asyncio.ensure_future(limiter.acquire(0))
+        await asyncio.sleep(1.0)
+        limiter.drop_request_limit()
+        first = (await waiter).admitted_at
+        return [first, (await limiter.acquire(0)).admitted_at, limiter.requests_per_minute or -1.0]
+
+    assert run_virtual(main) == pytest.approx([1.0, 1.0, -1.0])

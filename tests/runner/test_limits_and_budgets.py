@@ -154,18 +154,8 @@ async def test_undeclared_limits_are_respected_from_the_rate_limit_headers(tmp_p
     assert max(gaps) >= 0.09  # the pause after the burst was spent (calls otherwise start ~0.012 s apart)
 
 
-def test_whether_refused_requests_count_comes_from_the_config_else_the_preset_else_is_asked() -> None:
-    from rcarun.budgets import SpendLedger
-    from rcarun.runner.scheduler import _build_runtimes
-
+@pytest.mark.parametrize("key", ["counts_refused_requests", "meters_finer_than_window"])
+def test_a_retired_limits_key_is_refused_in_one_line_that_says_what_to_do(key: str) -> None:
     url = "http://127.0.0.1:9/v1"
-    config = make_config(
-        {
-            "openai": {"provider": "openai", "base_url": url},  # OpenAI's guide: refusals count
-            "generic": {"provider": "openai-compatible", "base_url": url},  # nobody says: asked
-            "told": {"provider": "openai", "base_url": url, "limits": {"counts_refused_requests": False}},
-        }
-    )
-    runtimes = _build_runtimes(config, SpendLedger(), backend_factory=lambda settings: object())  # type: ignore[arg-type,return-value]
-    found = {name: runtime.gate.limits.counts_refused_requests for name, runtime in runtimes.items()}
-    assert found == {"openai": True, "generic": None, "told": False}
+    with pytest.raises(Exception, match=rf"limits\.{key} was removed.*declare the provider's rpm and tpm"):
+        make_config({"b": {"provider": "openai", "base_url": url, "limits": {key: True}}})

@@ -140,22 +140,13 @@ class Preset:
             when it arrives, used or not (OpenAI), so a client must not refund unused output to its limiter.
         context_overflow_markers: lower-case substrings of a 400 body meaning prompt + budget exceed the
         context.
-        meters_finer_than_window: the provider enforces its per-minute limits over shorter spans as well
-            (OpenAI: "your rate limit may be quantized, meaning it is enforced over shorter periods of time,
-            e.g. 60,000 requests/minute may be enforced as 1,000 requests/second", from its rate-limit guide),
-            so after a limit is lowered a client paces at limit / 60 rather than sending what leaves the
-            provider's window as fast as it leaves (`BackboneLimits.meters_finer_than_window`).
-        counts_refused_requests: the provider counts the requests it refuses against its per-minute limits
-            (OpenAI: "unsuccessful requests contribute to your per-minute limit, so continuously resending a
-            request won't work", from its rate-limit guide); None where no source says, and rcarun asks with one
-            request after the first refusals (`rcarun.budgets.refusals`).
         streams: answers are asked for as server-sent events unless the backbone says ``stream = false``
             (every provider here documents streaming with ``stream_options.include_usage``; a server that
             refuses it is remembered and asked unstreamed).
-        refusals_count_a_window: a refusal that states no limit means a per-minute limit was reached, so the
-            limit can be learned from what was accepted in the last minute (`BackboneGate.learn_from_refusal`).
-            False where a 429 means too many requests at once (DeepSeek: concurrency per account), where a
-            count per minute would only be the current throughput.
+        refusals_count_a_window: a refusal that states no limit may mean a per-minute limit was reached, so a
+            request rate may be learned from refusals (`rcarun.budgets.learned_rate`). False where a 429 means
+            too many requests at once (DeepSeek: concurrency per account), where a count per minute would only
+            be the current throughput.
     """
 
     name: str
@@ -174,8 +165,6 @@ class Preset:
     quota_markers: tuple[str, ...] = _QUOTA_MARKERS
     context_overflow_markers: tuple[str, ...] = _CONTEXT_MARKERS
     meters_output_budget: bool = False
-    meters_finer_than_window: bool = False
-    counts_refused_requests: bool | None = None
     refusals_count_a_window: bool = True
     streams: bool = True
 
@@ -218,8 +207,6 @@ register_preset(
         # "Your rate limit is calculated as the maximum of max_tokens and the estimated number of tokens based
         # on the character count of your request" (OpenAI's rate-limit guide).
         meters_output_budget=True,
-        meters_finer_than_window=True,
-        counts_refused_requests=True,
     )
 )
 

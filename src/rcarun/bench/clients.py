@@ -200,7 +200,8 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool
                 provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
-                stream=stream,
+                # The window server answers unstreamed requests only (`rcarun.bench.window_server`).
+                stream=False if scenario.server == "window" else stream,
                 limits=LimitsConfig(
                     concurrency=scenario.concurrency,
                     min_concurrency=1,

@@ -7,6 +7,7 @@ any of this. Everything here reacts to rcarun's error classes and the backends' 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
 from .estimate import TokenEstimator, cut_usage, estimated_usage, implausible_usage
 from .gate import BackboneGate, BackboneLimits, GateStats, Ticket
+from .learned_rate import LearnedRate, RateChange
 from .ledger import Budget, Reservation, SpendLedger, SpendTotals
 from .length import (
     DEFAULT_CONTEXT_SAFETY_TOKENS,
@@ -31,10 +32,12 @@ __all__ = [
     "ConcurrencySlot",
     "GateStats",
     "Grant",
+    "LearnedRate",
     "LengthPolicy",
     "Price",
     "PriceTable",
     "PriceWindow",
+    "RateChange",
     "RateLimiter",
     "Reservation",
     "RetryDecision",

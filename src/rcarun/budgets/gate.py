@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,10 +33,10 @@ from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, 
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
 from .estimate import TokenEstimator
+from .learned_rate import LearnedRate, RateChange
 from .ledger import Reservation, SpendLedger
 from .limits import MAX_BURST_S, Clock, Grant, RateLimiter
 from .prices import PriceTable
-from .refusals import RefusalCounting
 from .retry import RetryDecision, RetryPolicy
 
 __all__ = ["BackboneGate", "BackboneLimits", "GateStats", "Ticket"]
@@ -64,21 +63,11 @@ class BackboneLimits:
             corrects only the prompt estimate and never refunds unused output, which the provider's meter
             would not refund either.
         window_s: the window over which the provider counts its per-minute limits (a strict sliding minute:
-            60). The limiter keeps every window this long within the limit (`rcarun.budgets.limits`), and a
-            limit learned after a refusal is what the provider accepted in the last window this long. None:
-            pace as a plain token bucket.
-        learns_from_refusals: a refusal that states no limit may set one from what was accepted in the last
-            window (`BackboneGate.learn_from_refusal`); False where refusals are about concurrency (DeepSeek).
-        meters_finer_than_window: the provider also enforces its per-minute limits over shorter spans (OpenAI:
-            "60,000 requests/minute may be enforced as 1,000 requests/second"). Then a limit lowered below the
-            declared one (stated or learned) paces the buckets at limit / 60. Otherwise it caps only the window,
-            and the buckets keep the declared pace, so what leaves the provider's window is sent again as fast
-            as it leaves (`RateLimiter`, ``window_catch_up``). A refusal while the window holds well under the
-            limit shows the finer metering, and the gate turns it on.
-        counts_refused_requests: the provider counts the requests it refuses against its window (OpenAI:
-            "unsuccessful requests contribute to your per-minute limit"), so the limiter keeps them in its window
-            log; False: it counts only what it accepts, so they leave the log. None: asked once, with one
-            request, after the first refusals (`rcarun.budgets.refusals`).
+            60). The limiter keeps every window this long within the limit (`rcarun.budgets.limits`), and the
+            learned rate counts answers over it (`rcarun.budgets.learned_rate`). None: pace as a plain token
+            bucket, and count answers over a minute.
+        learns_from_refusals: a refusal that states no limit may teach a request rate
+            (`rcarun.budgets.learned_rate`); False where refusals are about concurrency (DeepSeek).
     """
 
     concurrency: int
@@ -90,8 +79,6 @@ class BackboneLimits:
     meters_output_budget: bool = False
     window_s: float | None = 60.0
     learns_from_refusals: bool = True
-    meters_finer_than_window: bool = False
-    counts_refused_requests: bool | None = None
 
     @property
     def client_burst_s(self) -> float:
@@ -222,18 +209,10 @@ class Ticket:
             else usage.total_tokens
         )
         gate.limiter.settle(self._grant, metered)
-        if gate._refusals.deciding:
-            gate._refusals.settled(self._grant, gate._now(), gate._round_trip_s)
-        if gate._probe_to:
-            gate._probe_answered(self._grant, accepted=True)
         gate._note_call_tokens(metered)
         if completed:
             gate._note_completion(usage.completion_tokens)
-        gate._note_accepted(
-            self._grant.admitted_at,
-            usage.total_tokens,
-            usage.prompt_tokens + max(self.max_tokens, usage.completion_tokens),
-        )
+        gate._note_accepted()
         if gate.prices is not None:
             self._cost_usd = gate.prices.cost_usd(usage, at if at is not None else datetime.now(UTC))
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
@@ -247,7 +226,6 @@ class Ticket:
         """The attempt ended unsettled: free the budget, keep the tokens (the provider may count them)."""
         if not self._settled:
             self._gate.ledger.release(self._reservation)
-            self._gate._never_sent(self._grant)
 
 
 class _Admission:
@@ -277,8 +255,6 @@ class _Admission:
             grant = await gate.limiter.acquire(
                 estimated_prompt_tokens + gate.expected_output_tokens(max_tokens)
             )
-            if gate._refusals.watching:
-                gate._refusals.admitted(grant, gate._now())
             # The budget reserves what the call may cost, not what it will likely cost: before the first
             # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
             reserved_prompt = (
@@ -290,7 +266,6 @@ class _Admission:
                 reservation = await gate._reserve_when_budget_allows(reserved_prompt, max_tokens)
             except BaseException:
                 gate.limiter.give_back(grant)
-                gate._never_sent(grant)
                 raise
             ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
         except BaseException:
@@ -357,43 +332,14 @@ class BackboneGate:
             clock,
             full_slack_s=2 * limits.arrival_jitter_s,
             window_s=limits.window_s,
-            window_catch_up=not limits.meters_finer_than_window,
         )
-        # What the provider accepted in the last window, summed per slot of window / _ACCEPTED_SLOTS seconds:
-        # [slot, calls, tokens used, tokens with the whole output budget], oldest first, with the three sums,
-        # so the count follows whichever way tokens are metered. Per slot, not per call: a fast backbone
-        # settles thousands of calls a window, and this holds at most _ACCEPTED_SLOTS + 1 entries.
-        self._accepted: deque[list[int]] = deque()
-        self._accepted_calls = 0
-        self._accepted_used = 0
-        self._accepted_budgeted = 0
-        # Limits learned from a refusal by counting what was accepted (not stated by the provider): these are
-        # probed upward now and then, since the count is only a lower bound of what the provider allows.
-        self._probing: set[str] = set()
-        # The limit each kind was probed up from, until the next refusal tells whether it was the provider's.
-        self._probed_from: dict[str, float] = {}
-        # The limit each kind's probe climbs to, one accepted request at a time (`_probe_answered`).
-        self._probe_to: dict[str, float] = {}
-        # Kinds whose limit now is one the provider stated or one counted over a whole window: a window that
-        # holds well under it when the provider refuses shows metering finer than the window.
-        self._window_limits: set[str] = set()
-        self._last_refusal_at = -math.inf
-        # Whether the provider counts refused requests in its window, and the limiter's log kept to match.
-        self._refusals = RefusalCounting(
-            self.limiter, limits.window_s or 60.0, counted=limits.counts_refused_requests
-        )
-        # When the last refusal came (`_last_refusal_at` also moves at each probe step, for its own pacing).
-        self._last_refused_at = -math.inf
-        # Smoothed seconds from admission to an accepted answer (None before the first).
-        self._round_trip_s: float | None = None
-        # When a limit the limiter paces by last changed (learned, stated, probed).
-        self._limits_changed_at = -math.inf
-        # When the refusals since the last accepted call began (None: the last call answered was accepted).
-        self._refusing_since: float | None = None
-        self._first_accepted_at: float | None = None
-        # Starts as declared (or as the preset says); a token refusal can show the provider meters more.
+        # The request rate learned from refusals that state no limit, and the lowest one the provider stated:
+        # the limiter paces requests at the lowest of these and the declared rpm.
+        self._learned = LearnedRate(limits.window_s or 60.0)
+        self._stated_rpm: float | None = None
+        # Changes of the learned rate not yet taken by the runner (`take_rate_changes`).
+        self._rate_changes: list[RateChange] = []
         self.meters_output_budget = limits.meters_output_budget
-        self._counted_at = -math.inf
         self._clock = clock
         self._paused_until = -math.inf
         self._pauses_started = 0
@@ -465,7 +411,7 @@ class BackboneGate:
         asked_s = None
         if isinstance(error, RateLimited):
             self._rate_limited += 1
-            asked_s = self.learn_from_refusal(error, grant=ticket._grant if ticket is not None else None)
+            asked_s = self.learn_from_refusal(error)
         decision = self.retry.decide(error, attempt, asked_s=asked_s)
         if decision.stop_backbone:
             return decision
@@ -489,8 +435,6 @@ class BackboneGate:
         if info is None:
             return 0.0
         self._adopt_stated(info)
-        if self.limiter.catches_up and self._provider_counts_more(info):
-            self.limiter.pace_at_limits()
         pause = 0.0
         if (
             self.limiter.requests_per_minute is None
@@ -510,19 +454,13 @@ class BackboneGate:
             self.pause_for(pause)
         return pause
 
-    def learn_from_refusal(
-        self, error: RateLimited, *, sent_at: float | None = None, grant: Grant | None = None
-    ) -> float | None:
-        """Set this backbone's limits from a rate-limit refusal; return the pause the refusal calls for.
+    def learn_from_refusal(self, error: RateLimited) -> float | None:
+        """Follow what a rate-limit refusal says; return the pause it calls for.
 
         Which limit refused: the one the headers report exhausted (``remaining`` at zero); when they say
-        nothing, tokens if only tokens are declared, else requests. Its limit: the one the provider states in
-        the headers; else what the provider accepted from this backbone in the last ``window_s`` (requests, or
-        metered tokens), scaled to a minute when this backbone has been sending for less than that — a lower
-        bound of the real limit, probed upward by up to 5 % after every refusal-free window (`_note_accepted`),
-        one accepted request over it at a time (`_probe_answered`), never above a declared limit; a refusal
-        while a probe is out sets the limit back to the one the probe started from. A refusal lowers a limit,
-        or sets one nothing declared; it never raises one.
+        nothing, tokens if only tokens are declared, else requests. A limit the headers state is adopted
+        (`_adopt_stated`); a refusal that states nothing (no Retry-After, no limit headers) may teach a request
+        rate (`rcarun.budgets.learned_rate`). A refusal never raises a limit.
 
         The pause: ``Retry-After`` when the provider sends it. Else, from the headers, the time until the
         provider's window holds one more unit of each exhausted limit (`_one_more_s`): a reset within
@@ -530,21 +468,8 @@ class BackboneGate:
         window, an upper bound and no pause to wait out whole (issue 17); a reset beyond it belongs to a
         longer limit (per hour or day) and is waited out whole, or the backbone stopped when it is more than
         the retry policy waits. None when the refusal says nothing (a bare 429, an overload 503): the policy's
-        backoff, with the limit just learned pacing what follows.
-
-        ``grant``, the refused request's admission (its time is ``sent_at``), keeps the window log as the
-        provider counts refusals (`rcarun.budgets.refusals`).
+        backoff.
         """
-        now = self._now()
-        if grant is not None:
-            sent_at = grant.admitted_at
-        # A request sent a while into a run of refusals with nothing accepted since its first may show the
-        # provider's window still full (`_accepted_per_minute`).
-        if self._refusing_since is None:
-            self._refusing_since = now
-        quiet_s = sent_at - self._refusing_since if sent_at is not None else None
-        self._last_refusal_at = now
-        self._drop_old_accepted(now)
         info = error.rate_limit
         requests_out = (
             info is not None and info.remaining_requests is not None and info.remaining_requests <= 0
@@ -555,67 +480,15 @@ class BackboneGate:
                 tokens_out = True
             else:
                 requests_out = True
-        of_trial = False
-        if grant is not None:
-            explained = bool(self._probed_from) or grant.admitted_at <= max(
-                self._last_refused_at, self._limits_changed_at
-            )
-            of_trial = self._refusals.refused(
-                grant, now, requests=requests_out, tokens=tokens_out, explained=explained
-            )
-        self._last_refused_at = now
-        if (
-            not of_trial
-            and self.limiter.catches_up
-            and self._refused_under_window_limit(requests_out, tokens_out)
-        ):
-            self.limiter.pace_at_limits()
         if info is not None:
             self._adopt_stated(info)
-            if tokens_out and info.limit_tokens is not None:
-                self._check_token_metering(info.limit_tokens, now)
-        counted_rpm = counted_tpm = None
-        if not of_trial and self._may_count(now):
-            wait = error.retry_after_s
-            if requests_out and (info is None or info.limit_requests is None):
-                counted_rpm = self._accepted_per_minute(
-                    float(self._accepted_calls), now, 1.0, wait, quiet_s=quiet_s
-                )
-            if tokens_out and (info is None or info.limit_tokens is None):
-                counted_tpm = self._accepted_per_minute(
-                    float(self._accepted_tokens), now, self._mean_call_tokens, wait, quiet_s=quiet_s
-                )
-        # A refusal while a probe climbs above a counted limit: the limit it started from, which held a whole
-        # window, is the provider's (a strict window), unless the window now holds well under it: then the
-        # provider changed, and the count is news. (What the probe climbed to is not: a request over the old
-        # limit may be accepted because the provider's window freed one just before it arrived. And the count
-        # alone reads low by the calls accepted but not answered yet.) Probing again would only draw a refusal
-        # every window.
-        found: set[str] = set()
-        counts = {"requests": counted_rpm, "tokens": counted_tpm}
-        for kind in self._probe_to:
-            self.limiter.allow_one_beyond(kind, 0.0)
-        self._probe_to.clear()
-        for kind, count in counts.items():
-            probed_from = self._probed_from.pop(kind, None)
-            if probed_from is not None and (count is None or count >= _PROBE_HELD * probed_from):
-                counts[kind] = probed_from
-                found.add(kind)
-        counted_rpm, counted_tpm = counts["requests"], counts["tokens"]
-        lowered = self._lower_to(counted_rpm, counted_tpm, probe=True)
-        self._probing -= found
-        if found:
-            self._counted_at = now  # the count for this window is taken: the rest of the burst is not news
-        window = self.limits.window_s or 60.0
-        if lowered and self._first_accepted_at is not None and now - self._first_accepted_at >= window:
-            # A count over a whole window; in the first window each refusal may lower the estimate again, as
-            # the time the count covers grows (module docstring of `_accepted_per_minute`).
-            self._counted_at = now
-            self._window_limits |= {
-                kind
-                for kind, count in (("requests", counted_rpm), ("tokens", counted_tpm))
-                if count is not None
-            }
+        # The headers are None when the refusal carries none of them (`parse_rate_limit_headers`).
+        bare = error.retry_after_s is None and info is None
+        change = self._learned.refused(
+            self._now(), states_limit=not (bare and self.limits.learns_from_refusals)
+        )
+        if change is not None:
+            self._follow(change)
         # The provider's window is full now: what the buckets still hold was refused, not available.
         self.limiter.drain(requests=requests_out, tokens=tokens_out)
 
@@ -632,76 +505,36 @@ class BackboneGate:
             )
         return max(pauses) if pauses else None
 
-    def _check_token_metering(self, stated_tpm: int, now: float) -> None:
-        """A token refusal while the provider's stated limit is well above what this backbone counted as
-        accepted in the window: the provider meters more than the usage it reports. The known cause is a
-        provider that charges the whole output budget at arrival (OpenAI: "the maximum of max_tokens and the
-        estimated tokens") while the backbone refunds what was not used: stop refunding. When it already does
-        not, pace by the count in this backbone's own units (the provider's ratio, learned)."""
-        accepted = self._accepted_per_minute(float(self._accepted_tokens), now, self._mean_call_tokens, None)
-        if accepted is None or accepted >= _METERING_AGREES * stated_tpm:
-            return
-        if not self.meters_output_budget:
-            self.meters_output_budget = True
-        elif self._lower_to(None, accepted, probe=True):
-            self._counted_at = now
-
-    def _provider_counts_more(self, info: RateLimitInfo) -> bool:
-        """The provider's window holds (limit - remaining) well beyond what this backbone sent in it: others
-        share the quota, or the provider meters more than this backbone counts. Catching up on the window then
-        relies on a log that misses part of the provider's count, so the limiter paces at the limits instead."""
-        checks = (
-            ("requests", info.limit_requests, info.remaining_requests, 1.0),
-            ("tokens", info.limit_tokens, info.remaining_tokens, self._mean_call_tokens),
-        )
-        for kind, limit, remaining, per_call in checks:
-            if limit is None or remaining is None:
-                continue
-            sent = self.limiter.counted_in_window(kind)
-            held = limit - remaining
-            if sent is not None and sent + self._in_flight * per_call < _METERING_AGREES * held:
-                return True
-        return False
-
-    def _refused_under_window_limit(self, requests_out: bool, tokens_out: bool) -> bool:
-        """A refusal on a limit paced below the declared one (stated or learned), while what the provider can
-        have counted in the window (accepted, plus everything in flight) is well under it: the provider meters a
-        shorter span than the window, and catching up on the window is what it refused. Only for a limit the
-        provider stated or one counted over a whole window (``_window_limits``): one scaled up from the first
-        window's count may be above what the provider's window holds, whatever its metering."""
-        window = self.limits.window_s or 60.0
-        checks = (
-            (
-                "requests",
-                requests_out,
-                self.limiter.requests_per_minute,
-                self.limits.rpm,
-                1.0,
-                self._accepted_calls,
-            ),
-            (
-                "tokens",
-                tokens_out,
-                self.limiter.tokens_per_minute,
-                self.limits.tpm,
-                self._mean_call_tokens,
-                self._accepted_tokens,
-            ),
-        )
-        for kind, out, limit, declared, per_call, accepted in checks:
-            if not out or kind not in self._window_limits or limit is None:
-                continue
-            if declared is not None and limit >= declared:
-                continue
-            counted = accepted + self._in_flight * per_call
-            if counted < _METERING_AGREES * limit * window / 60.0:
-                return True
-        return False
-
     @property
     def learned_limits(self) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute the limiter paces to now, declared, stated or learned."""
         return self.limiter.requests_per_minute, self.limiter.tokens_per_minute
+
+    def take_rate_changes(self) -> list[RateChange]:
+        """The changes of the learned request rate since the last call, oldest first (for events and lines)."""
+        changes, self._rate_changes = self._rate_changes, []
+        return changes
+
+    def _note_accepted(self) -> None:
+        change = self._learned.accepted(self._now())
+        if change is not None:
+            self._follow(change)
+
+    def _follow(self, change: RateChange) -> None:
+        """Pace requests at the lowest of the declared, the stated and the learned rate, and keep the change."""
+        self._rate_changes.append(change)
+        rates = [
+            rate for rate in (self.limits.rpm, self._stated_rpm, self._learned.held_rpm) if rate is not None
+        ]
+        rpm = min(rates) if rates else None
+        if rpm == self.limiter.requests_per_minute:
+            return
+        if rpm is None:
+            self.limiter.drop_request_limit()
+        else:
+            self.limiter.set_limits(
+                rpm, None, sent={"requests": self._learned.accepted_in_window(self._now())}
+            )
 
     def _adopt_stated(self, info: ReportedLimits) -> None:
         """A limit the provider states: lowers a declared one, or becomes the limit where none was declared."""
@@ -710,174 +543,12 @@ class BackboneGate:
         )
         tokens = info.limit_tokens if info.limit_tokens is not None and info.limit_tokens > 0 else None
         if requests is not None:
-            self._probing.discard("requests")
-            self._window_limits.add("requests")
-        if tokens is not None:
-            self._probing.discard("tokens")
-            self._window_limits.add("tokens")
-        self._lower_to(requests, tokens, probe=False)
-
-    def _lower_to(self, rpm: float | None, tpm: float | None, *, probe: bool) -> bool:
-        """Pace to these limits where they are lower than today's (or where nothing is paced); True if any was."""
-        lowered = self.limiter.lower_limits(rpm, tpm, set_unpaced=True, sent=self._sent_in_window())
-        if lowered:
-            self._limits_changed_at = self._now()
-        if probe:
-            self._probing |= lowered
-        return bool(lowered)
-
-    def _may_count(self, now: float) -> bool:
-        """Whether a refusal may set a limit from counts now: where refusals mean a per-minute limit, and once
-        per window, so that the count after one lowering is taken at the new pace over a whole window (refusals
-        that are not about the rate — a burst, an overload — would otherwise lower it again and again)."""
-        window = self.limits.window_s or 60.0
-        return self.limits.learns_from_refusals and now - self._counted_at >= window
-
-    def _accepted_per_minute(
-        self,
-        amount: float,
-        now: float,
-        unit: float,
-        retry_after_s: float | None,
-        *,
-        quiet_s: float | None = None,
-    ) -> float | None:
-        """``amount`` accepted in the last window, as a per-minute limit; None when nothing was accepted.
-
-        In a backbone's first window the count covers only the time since its first acceptance. A provider
-        that counts a strict window refused because that count is its limit; one that meters a token bucket
-        allows that count scaled to a minute. The refusal's ``Retry-After`` tells them apart: a bucket asks
-        for about one unit's refill at the scaled rate, a window for the time until its oldest arrival leaves.
-        Without one, the count is scaled (the higher reading), unless the request refused now was sent
-        ``quiet_s`` into a run of refusals with nothing accepted since it began, long enough for a bucket at
-        the scaled rate to refill two units and for a provider metering per second to start a new second: a
-        bucket would have accepted it, a full window does not.
-        """
-        if amount <= 0 or self._first_accepted_at is None:
-            return None
-        window = self.limits.window_s or 60.0
-        # The provider's window has seen this backbone only since its first acceptance; a pause since then
-        # does not shorten what the window holds.
-        span = min(max(now - self._first_accepted_at, self.limits.burst_s), window)
-        scaled = amount * 60.0 / span
-        refill_s = max(unit, 1.0) * 60.0 / scaled
-        if quiet_s is not None and quiet_s >= 2 * refill_s + _METERED_SECOND_S:
-            return amount * 60.0 / window
-        if retry_after_s is not None:
-            # A short wait is a bucket near this rate, or a refusal that is not about the rate at all (the
-            # provider says when to come back; nothing to learn). A long one is a full window: its count.
-            return amount * 60.0 / window if retry_after_s > 2 * refill_s else None
-        return scaled
-
-    @property
-    def _accepted_tokens(self) -> int:
-        """Tokens accepted in the last window, metered as this backbone meters them now."""
-        return self._accepted_budgeted if self.meters_output_budget else self._accepted_used
-
-    def _note_accepted(self, admitted_at: float, used_tokens: int, budgeted_tokens: int) -> None:
-        """Remember an accepted call for `learn_from_refusal`, and probe learned limits after a quiet window."""
-        now = self._now()
-        if self._first_accepted_at is None:
-            self._first_accepted_at = admitted_at
-        window = self.limits.window_s or 60.0
-        slot = math.floor(admitted_at * _ACCEPTED_SLOTS / window)
-        accepted = self._accepted
-        if accepted and accepted[-1][0] >= slot:
-            # Calls settle out of admission order: a late settler counts in the newest slot, so the log stays
-            # in slot order (it then leaves the window up to the call's own latency late).
-            newest = accepted[-1]
-            newest[1] += 1
-            newest[2] += used_tokens
-            newest[3] += budgeted_tokens
-        else:
-            accepted.append([slot, 1, used_tokens, budgeted_tokens])
-        self._accepted_calls += 1
-        self._refusing_since = None
-        round_trip = now - admitted_at
-        previous = self._round_trip_s
-        self._round_trip_s = round_trip if previous is None else previous + 0.1 * (round_trip - previous)
-        self._accepted_used += used_tokens
-        self._accepted_budgeted += budgeted_tokens
-        self._drop_old_accepted(now)
-        if self._probing and now - self._last_refusal_at >= window:
-            self._last_refusal_at = now  # one probe step per refusal-free window
-            rpm, tpm = self.limiter.requests_per_minute, self.limiter.tokens_per_minute
-            raised_rpm = _probe(rpm, self.limits.rpm) if "requests" in self._probing else None
-            raised_tpm = _probe(tpm, self.limits.tpm) if "tokens" in self._probing else None
-            if raised_rpm is None or (self.limits.rpm is not None and raised_rpm >= self.limits.rpm):
-                self._probing.discard("requests")
-            if raised_tpm is None or (self.limits.tpm is not None and raised_tpm >= self.limits.tpm):
-                self._probing.discard("tokens")
-            for kind, before, raised in (("requests", rpm, raised_rpm), ("tokens", tpm, raised_tpm)):
-                if before is None or raised is None or not raised > before:
-                    self._probed_from.pop(kind, None)
-                    self._probe_to.pop(kind, None)
-                    continue
-                self._probed_from[kind] = before
-                self._probe_to[kind] = raised
-                # The limit climbs one accepted request at a time (`_probe_answered`): where it was the
-                # provider's, one request is refused, not all the raised limit would let out at once (the window
-                # frees in bursts where it filled in bursts).
-                self.limiter.allow_one_beyond(kind, self._probe_step(kind, raised - before))
-
-    def _never_sent(self, grant: Grant) -> None:
-        """An admission that ends without an answer (given back before it was sent, or unsettled): a trial or a
-        probe that counted on its answer does not wait for it."""
-        if self._refusals.deciding:
-            self._refusals.abandoned(grant)
-        if self._probe_to:
-            self._probe_answered(grant, accepted=False)
-
-    def _probe_step(self, kind: str, per_minute: float) -> float:
-        """What one request may take the window log over its limit by while a probe climbs: one request, or
-        the probe's whole token step."""
-        return 1.0 if kind == "requests" else per_minute * (self.limits.window_s or 60.0) / 60.0
-
-    def _probe_answered(self, grant: Grant, *, accepted: bool) -> None:
-        """A call answered (or ended unanswered) while a probe climbs: if it was the one request over the limit,
-        accepted raises the limit by it, up to the probe's target, and lets the next one go over; unanswered
-        lets another try."""
-        window = self.limits.window_s or 60.0
-        for kind, target in list(self._probe_to.items()):
-            if self.limiter.beyond_serial(kind) != grant.serial:
-                continue
-            current = (
-                self.limiter.requests_per_minute if kind == "requests" else self.limiter.tokens_per_minute
-            )
-            if current is None:
-                continue
-            if accepted:
-                current = min(target, current + grant.amount(kind) * 60.0 / window)
-                self.limiter.set_limits(
-                    current if kind == "requests" else None, current if kind == "tokens" else None
-                )
-                self._limits_changed_at = self._now()
-            if current < target:
-                self.limiter.allow_one_beyond(kind, self._probe_step(kind, target - current))
-            else:
-                del self._probe_to[kind]
-
-    def _sent_in_window(self) -> dict[str, list[tuple[float, float]]]:
-        """What the provider accepted in the window, as (time, amount) per slot (each at its slot's end, so it
-        leaves the window no earlier than its calls did), for a limit the limiter starts pacing only now."""
-        window = self.limits.window_s or 60.0
-        slot_s = window / _ACCEPTED_SLOTS
-        tokens = 3 if self.meters_output_budget else 2
-        return {
-            "requests": [((entry[0] + 1) * slot_s, float(entry[1])) for entry in self._accepted],
-            "tokens": [((entry[0] + 1) * slot_s, float(entry[tokens])) for entry in self._accepted],
-        }
-
-    def _drop_old_accepted(self, now: float) -> None:
-        window = self.limits.window_s or 60.0
-        # A slot leaves once all of it is older than the window.
-        horizon = math.floor((now - window) * _ACCEPTED_SLOTS / window)
-        accepted = self._accepted
-        while accepted and accepted[0][0] < horizon:
-            _, calls, used, budgeted = accepted.popleft()
-            self._accepted_calls -= calls
-            self._accepted_used -= used
-            self._accepted_budgeted -= budgeted
+            self._stated_rpm = requests if self._stated_rpm is None else min(self._stated_rpm, requests)
+        if requests is not None or tokens is not None:
+            # A request limit set where none was paced starts its window log with what the provider accepted.
+            unpaced = requests is not None and self.limiter.requests_per_minute is None
+            sent = {"requests": self._learned.accepted_in_window(self._now())} if unpaced else None
+            self.limiter.lower_limits(requests, tokens, set_unpaced=True, sent=sent)
 
     def _one_more_s(self, amount: float, limit_per_minute: float | None, reset_s: float | None) -> float:
         """Seconds until a provider's window holds ``amount`` more at ``limit_per_minute``.
@@ -980,25 +651,7 @@ class BackboneGate:
                 self._pause_waiting -= 1
 
 
-_PROBE_STEP = 1.05
-# The shortest span a provider is known to meter a per-minute limit over (OpenAI's per-second quantization).
-_METERED_SECOND_S = 1.0
 _OUTPUT_HEADROOM = 1.25
-# A provider's token count within this share of the backbone's own agrees with it (estimate noise, the window's
-# edges); below it, the provider meters something the backbone does not.
-_METERING_AGREES = 0.9
-# A refused probe's window holding at least this share of the limit it started from: that limit is the provider's.
-_PROBE_HELD = 0.9
-# Slots per window in the log of accepted calls: a count off by at most one slot's calls (0.4 % of a window).
-_ACCEPTED_SLOTS = 240
-
-
-def _probe(current: float | None, declared: float | None) -> float | None:
-    """The next limit to try above ``current``, never above ``declared``."""
-    if current is None:
-        return None
-    raised = current * _PROBE_STEP
-    return min(raised, declared) if declared is not None else raised
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -19,10 +19,8 @@ limit's share of it: the limit as a provider with a strict sliding minute counts
 ``limit + capacity`` in a minute that starts with a full bucket (the start of a sweep, or after a pause), and
 such a provider answers the last of them with a 429 (issue 17). The bucket still paces within the window, at
 the full ``limit / 60``, so providers that meter shorter windows see no burst beyond it either. Limits may
-change while running (`set_limits`, `lower_limits`): a provider states a lower one, or the gate learns one from
-what the provider accepted before a 429. With ``window_catch_up``, a limit lowered below the declared one caps
-the window log only and the bucket keeps the declared pace, so what leaves a strict window is sent again as fast
-as it leaves (see `RateLimiter`).
+change while running (`set_limits`, `lower_limits`, `drop_request_limit`): a provider states a lower one, or the
+gate learns a request rate from bare refusals and later releases it (`rcarun.budgets.learned_rate`).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import asyncio
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["MAX_BURST_S", "Clock", "Grant", "RateLimiter"]
@@ -92,8 +90,6 @@ class _Bucket:
         "last_take",
         "level",
         "log",
-        "pace_per_minute",
-        "paced",
         "peaks",
         "per_minute",
         "rate_per_s",
@@ -108,16 +104,11 @@ class _Bucket:
         *,
         window_s: float | None = None,
         start_full: bool = True,
-        pace_per_minute: float | None = None,
     ) -> None:
         self.burst_s = burst_s
-        # The limit (what the window log caps) and the pace (what the bucket refills at): the same, unless the
-        # limiter catches up inside the window (`RateLimiter`, ``window_catch_up``); inf paces nothing.
         self.per_minute = per_minute
-        self.pace_per_minute = per_minute if pace_per_minute is None else pace_per_minute
-        self.paced = math.isfinite(self.pace_per_minute)
-        self.capacity = self.pace_per_minute / 60.0 * burst_s if self.paced else 0.0
-        self.rate_per_s = self.pace_per_minute / 60.0 if self.paced else 0.0
+        self.capacity = per_minute / 60.0 * burst_s
+        self.rate_per_s = per_minute / 60.0
         # The log holds each admission a little past the window (``full_slack_s``, the arrival jitter): the
         # provider dates it on arrival, which may come later than the admission.
         self.log = (
@@ -136,7 +127,7 @@ class _Bucket:
         self.forgotten_before = 0
 
     def refill(self, now: float) -> None:
-        if self.paced and self.updated_at is not None and now > self.updated_at:
+        if self.updated_at is not None and now > self.updated_at:
             level = self.level + (now - self.updated_at) * self.rate_per_s
             if level >= self.capacity and self.level < self.capacity:
                 self.full_since = self.updated_at + (self.capacity - self.level) / self.rate_per_s
@@ -151,8 +142,6 @@ class _Bucket:
         meters the same bucket sees the request a little later or earlier than we send it, and its bucket must
         be full too when the request arrives.
         """
-        if not self.paced:
-            return 0.0
         need = min(weight, self.capacity) - self.level
         if need > _LEVEL_TOLERANCE * max(1.0, self.capacity):
             return need / self.rate_per_s + (self.full_slack_s if weight >= self.capacity else 0.0)
@@ -164,8 +153,6 @@ class _Bucket:
 
     def take(self, amount: float, serial: int) -> None:
         """Lower the level (an admission, or a charge on settlement), remembering the peak it ends."""
-        if not self.paced:
-            return
         peaks = self.peaks
         while peaks and peaks[-1][1] <= self.level:
             peaks.pop()
@@ -178,33 +165,23 @@ class _Bucket:
         if self.level < self.capacity:
             self.full_since = math.inf
 
-    def set_rate(self, per_minute: float, last_serial: int, pace_per_minute: float | None = None) -> None:
-        """Limit to ``per_minute`` and pace to ``pace_per_minute`` (default: the limit) from now on, with the same
-        seconds of burst (call right after `refill`).
-
-        A bucket that paced nothing starts empty (a limit is set because the provider refused or counted what
-        was sent, so its window is full now). The remembered peaks were levels on the old scale, so grants up to
-        ``last_serial`` get no refund.
-        """
+    def set_rate(self, per_minute: float, last_serial: int) -> None:
+        """Limit and pace to ``per_minute`` from now on, with the same seconds of burst (call right after
+        `refill`). The remembered peaks were levels on the old scale, so grants up to ``last_serial`` get no
+        refund."""
         self.per_minute = per_minute
         if self.log is not None:
             self.log.cap = per_minute / 60.0 * self.log.window_s
-        pace = per_minute if pace_per_minute is None else pace_per_minute
-        if pace == self.pace_per_minute:
-            return
-        was_paced = self.paced
-        self.pace_per_minute = pace
-        self.paced = math.isfinite(pace)
-        self.capacity = pace / 60.0 * self.burst_s if self.paced else 0.0
-        self.rate_per_s = pace / 60.0 if self.paced else 0.0
-        self.level = min(self.level, self.capacity) if was_paced else 0.0
+        self.capacity = per_minute / 60.0 * self.burst_s
+        self.rate_per_s = per_minute / 60.0
+        self.level = min(self.level, self.capacity)
         self.full_since = math.inf if self.level < self.capacity else self.full_since
         self.peaks.clear()
         self.forgotten_before = last_serial + 1
 
     def refund(self, amount: float, serial: int) -> None:
         """Recount the grant admitted as ``serial`` at ``amount`` less (refill to now first)."""
-        if not self.paced or serial < self.forgotten_before:
+        if serial < self.forgotten_before:
             return
         peaks = self.peaks
         index = bisect.bisect_right(peaks, serial, key=_peak_serial)
@@ -230,11 +207,9 @@ class _WindowLog:
 
     Entries are ``[time, amount, serial]`` in admission (serial) order; a settlement changes its grant's amount
     in place, so the log counts what the provider counted. Memory: one entry per admission in the window.
-    ``beyond``: how far over the cap one admission may take the log (a probe above a learned limit), spent by
-    the first admission that goes over, whose serial is then ``beyond_serial``.
     """
 
-    __slots__ = ("beyond", "beyond_serial", "cap", "entries", "held_s", "total", "window_s")
+    __slots__ = ("cap", "entries", "held_s", "total", "window_s")
 
     def __init__(self, window_s: float, cap: float, slack_s: float = 0.0) -> None:
         self.window_s = window_s
@@ -242,8 +217,6 @@ class _WindowLog:
         self.cap = cap
         self.entries: deque[list[float]] = deque()
         self.total = 0.0
-        self.beyond = 0.0
-        self.beyond_serial: int | None = None
 
     def expire(self, now: float) -> None:
         horizon = now - self.held_s
@@ -257,7 +230,7 @@ class _WindowLog:
         """Seconds until ``weight`` fits in the window (call right after `expire`). A weight above the whole
         cap fits an empty window."""
         tolerance = _LEVEL_TOLERANCE * max(1.0, self.cap)
-        excess = self.total + min(weight, self.cap) - self.cap - self.beyond
+        excess = self.total + min(weight, self.cap) - self.cap
         if excess <= tolerance:
             return 0.0
         for at, amount, _ in self.entries:
@@ -269,8 +242,6 @@ class _WindowLog:
     def add(self, at: float, amount: float, serial: int) -> None:
         self.entries.append([at, amount, float(serial)])
         self.total += amount
-        if self.beyond and self.total > self.cap + _LEVEL_TOLERANCE * max(1.0, self.cap):
-            self.beyond, self.beyond_serial = 0.0, serial
 
     def adjust(self, serial: int, delta: float) -> None:
         """Change the amount of the admission ``serial`` by ``delta`` (never below 0); gone entries are ignored."""
@@ -312,12 +283,6 @@ class RateLimiter:
             so a provider metering the same bucket is full too when the request arrives.
         window_s: the provider's counting window (60 for a strict sliding minute): no window this long ever
             admits more than the limit's share of it; None paces as a plain token bucket (module docstring).
-        window_catch_up: with ``window_s``, a limit set below the one given here (a provider stated or a
-            refusal taught a lower one) caps the window log only, while the bucket keeps pacing at the given
-            limit (or at nothing, where none was given): a provider that counts whole windows accepts what
-            leaves its window as fast as it leaves, and pacing at the lower limit would leave the window's
-            catch-up unused (after a refusal at 0.7 of a minute, a third of the next minute). `pace_at_limits`
-            turns it off for a provider found to meter shorter spans.
     """
 
     def __init__(
@@ -329,7 +294,6 @@ class RateLimiter:
         *,
         full_slack_s: float = 0.0,
         window_s: float | None = None,
-        window_catch_up: bool = False,
     ) -> None:
         for label, value in (
             ("requests_per_minute", requests_per_minute),
@@ -354,8 +318,6 @@ class RateLimiter:
             else None
         )
         self._window_s = window_s
-        self._declared = {"requests": requests_per_minute, "tokens": tokens_per_minute}
-        self._catch_up = window_catch_up and window_s is not None
         self._burst_s = burst_s
         self._full_slack_s = full_slack_s
         self._clock = clock
@@ -459,35 +421,6 @@ class RateLimiter:
         if self._waiting:
             self._admit_ready()
 
-    def allow_one_beyond(self, kind: str, amount: float) -> None:
-        """Let one admission take the window log of ``kind`` up to ``amount`` over its limit (0: none); that
-        admission's serial is then `beyond_serial`. Where the limit is the provider's, one request is refused,
-        not all a raised limit would let out at once."""
-        log = self._window_log(kind)
-        if log is None:
-            return
-        log.beyond, log.beyond_serial = amount, None
-        if amount and self._waiting:
-            self._admit_ready()
-
-    def beyond_serial(self, kind: str) -> int | None:
-        """The serial of the admission that went over the limit of ``kind`` by `allow_one_beyond`, if any."""
-        log = self._window_log(kind)
-        return log.beyond_serial if log is not None else None
-
-    def uncount(self, grants: Iterable[Grant]) -> None:
-        """Take admitted grants out of the window logs (not the buckets): the provider refused them and did not
-        count them, so they hold no room in its window. `count_again` undoes it while they are in the window."""
-        for grant in grants:
-            self._adjust_logs(grant, -1)
-        if self._waiting:
-            self._admit_ready()
-
-    def count_again(self, grants: Iterable[Grant]) -> None:
-        """Put `uncount`-ed grants back into the window logs (the provider counted them after all)."""
-        for grant in grants:
-            self._adjust_logs(grant, 1)
-
     def _adjust_logs(self, grant: Grant, sign: int) -> None:
         for kind in ("requests", "tokens"):
             log = self._window_log(kind)
@@ -566,15 +499,9 @@ class RateLimiter:
             if not limit > 0 or math.isinf(limit):
                 raise ValueError(f"{kind} per minute must be positive and finite, got {limit!r}")
             bucket = self._requests if kind == "requests" else self._tokens
-            wanted_pace = self._pace_for(kind, limit)
             if bucket is None:
                 bucket = _Bucket(
-                    limit,
-                    self._burst_s,
-                    self._full_slack_s,
-                    window_s=self._window_s,
-                    start_full=False,
-                    pace_per_minute=wanted_pace,
+                    limit, self._burst_s, self._full_slack_s, window_s=self._window_s, start_full=False
                 )
                 if bucket.log is not None and sent is not None:
                     for at, amount in sent.get(kind, ()):
@@ -586,66 +513,24 @@ class RateLimiter:
                 else:
                     self._tokens = bucket
                 changed = True
-            elif limit != bucket.per_minute or wanted_pace != bucket.pace_per_minute:
+            elif limit != bucket.per_minute:
                 bucket.refill(now)
-                bucket.set_rate(limit, self._serial, wanted_pace)
+                bucket.set_rate(limit, self._serial)
                 changed = True
         if changed and self._waiting:
             self._admit_ready()
         return changed
 
-    @property
-    def catches_up(self) -> bool:
-        """Whether a lowered limit caps the window only (``window_catch_up``), not the bucket's pace."""
-        return self._catch_up
-
-    def pace_at_limits(self) -> None:
-        """Stop catching up: pace every bucket at its limit from now on (the provider meters shorter spans than
-        the window, so a burst within the window's allowance is refused)."""
-        if not self._catch_up:
-            return
-        self._catch_up = False
-        now = self._now()
-        for bucket in (self._requests, self._tokens):
-            if bucket is not None:
-                bucket.refill(now)
-                bucket.set_rate(bucket.per_minute, self._serial)
-
-    def counted_in_window(self, kind: str) -> float | None:
-        """What this limiter admitted of ``kind`` ("requests" or "tokens") in the window, at settled amounts;
-        None when that kind keeps no window log."""
-        log = self._window_log(kind)
-        if log is None:
-            return None
-        log.expire(self._now())
-        return log.total
-
-    def room_in_window(self, kind: str, *, after: Grant | None = None) -> float | None:
-        """What the window log of ``kind`` ("requests" or "tokens") still has room for under its limit (negative
-        when over it); None when that kind keeps no window log. ``after``: as right after that grant's
-        admission, not counting the admissions since (waiters admitted together resume one by one)."""
-        log = self._window_log(kind)
-        if log is None:
-            return None
-        log.expire(self._now())
-        total = log.total
-        if after is not None:
-            for _, amount, serial in reversed(log.entries):
-                if serial <= after.serial:
-                    break
-                total -= amount
-        return log.cap - total
+    def drop_request_limit(self) -> None:
+        """Pace requests no more (a learned rate was released and nothing else limits them)."""
+        self._requests = None
+        if self._waiting:
+            self._admit_ready()
 
     def _window_log(self, kind: str) -> _WindowLog | None:
         """The window log of ``kind`` ("requests" or "tokens"); None when that kind keeps none."""
         bucket = self._requests if kind == "requests" else self._tokens
         return bucket.log if bucket is not None else None
-
-    def _pace_for(self, kind: str, limit: float) -> float:
-        if not self._catch_up:
-            return limit
-        declared = self._declared[kind]
-        return max(limit, declared) if declared is not None else math.inf
 
     def pause_until(self, until: float) -> None:
         """Admit nothing before clock time ``until`` (a provider said 429). Pauses only ever extend."""

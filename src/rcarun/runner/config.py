@@ -115,6 +115,10 @@ def _check_extra_value(value: Any, where: tuple[str | int, ...]) -> None:
             _check_extra_value(item, (*where, index))
 
 
+# Settings of the rate-limit learning that issue 35 replaced by one rule (`rcarun.budgets.learned_rate`).
+_RETIRED_LIMITS = ("meters_finer_than_window", "counts_refused_requests")
+
+
 class LimitsConfig(_Strict):
     """What the provider allows this account for this model; the runner never exceeds it."""
 
@@ -127,22 +131,24 @@ class LimitsConfig(_Strict):
     meters_output_budget: bool | None = Field(
         None, description="the provider counts max_tokens against tpm at arrival; None: the preset's answer"
     )
-    meters_finer_than_window: bool | None = Field(
-        None,
-        description="the provider also enforces rpm/tpm over shorter spans (OpenAI: per second), so a lowered "
-        "limit paces at limit/60 instead of catching up in the window; None: the preset's answer",
-    )
-    counts_refused_requests: bool | None = Field(
-        None,
-        description="the provider counts refused requests against rpm/tpm (OpenAI does), so they hold room in "
-        "the window; None: the preset's answer, or asked once with one request where it has none",
-    )
     window_s: float = Field(
         60.0,
         gt=0,
         le=3600,
         description="the window the provider counts rpm/tpm over (a strict sliding minute: 60); none holds more",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_retired_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for key in _RETIRED_LIMITS:
+                if key in data:
+                    raise ValueError(
+                        f"limits.{key} was removed: rcarun no longer learns how a provider counts its limits; declare the "
+                        "provider's rpm and tpm in [backbones.NAME.limits] instead"
+                    )
+        return data
 
     @model_validator(mode="after")
     def _window_longer_than_burst(self) -> LimitsConfig:

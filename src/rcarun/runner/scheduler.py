@@ -783,16 +783,6 @@ def _build_runtimes(
                 ),
                 learns_from_refusals=get_preset(backbone.provider).refusals_count_a_window,
                 window_s=limits.window_s,
-                meters_finer_than_window=(
-                    limits.meters_finer_than_window
-                    if limits.meters_finer_than_window is not None
-                    else get_preset(backbone.provider).meters_finer_than_window
-                ),
-                counts_refused_requests=(
-                    limits.counts_refused_requests
-                    if limits.counts_refused_requests is not None
-                    else get_preset(backbone.provider).counts_refused_requests
-                ),
             ),
             retry=RetryPolicy(
                 max_attempts=backbone.retry.max_attempts,

@@ -416,6 +416,7 @@ class ItemSession:
                         isinstance(error, TransportError) and cut is not None and cut.completion_tokens > 0
                     )
                     decision = gate.on_error(error, failures.count(error, cut=generating), ticket)
+                    self._note_rate_changes()
                     runtime.counters.record_error(error)
                     if generating and decision.retry and failures.cuts > runtime.config.retry.cut_retries:
                         decision = RetryDecision(retry=False)
@@ -496,6 +497,7 @@ class ItemSession:
                     # Settled and recorded even when cancelled in between: the provider answered and charged.
                     usage, source = self._billable_usage(result, request, prompt_chars)
                     cost = ticket.settle(usage, reported=source == "reported")
+                    self._note_rate_changes()
                     self._record_answer(base, result, usage, source, started_at, ended_at, cost)
         return result
 
@@ -664,6 +666,21 @@ class ItemSession:
             asked = f", as the provider asked ({asked_s:g} s)" if asked_s else ""
             self._context.announce(
                 f"backbone {self._runtime.name!r} paused for {seconds:.0f} s after HTTP {status}{asked}"
+            )
+
+    def _note_rate_changes(self) -> None:
+        """Record each change of the rate learned from bare refusals as an event; say the first learned one."""
+        runtime = self._runtime
+        for change in runtime.gate.take_rate_changes():
+            rpm = round(change.rpm, 1) if change.rpm is not None else None
+            self._event(f"rate_{change.kind}", rpm=rpm, accepted=change.accepted, refused=change.refused)
+            if change.kind != "learned" or "rate_learned" in runtime.announced:
+                continue
+            runtime.announced.add("rate_learned")
+            self._context.announce(
+                f"backbone {runtime.name!r}: {change.refused} of the last minute's {change.accepted + change.refused} "
+                f"requests were refused with no limit stated; holding it to {change.rpm:,.0f} requests/min, raised "
+                "by a quarter each minute without a refusal (declare limits.rpm to skip this)"
             )
 
     def _event(self, kind: str, **detail: Any) -> None:

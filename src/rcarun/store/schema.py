@@ -151,6 +151,8 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "at": "ISO-8601 UTC, milliseconds",
         "kind": (
             "short stable label: `resumed`, `data_problem`, `backbone_paused`, `backbone_stopped`, `budget_stop`, "
+            "`rate_learned` / `rate_raised` / `rate_released` (the request rate learned from bare refusals: `rpm` "
+            "held, None once released; `accepted` and `refused` in the last window), "
             "`usage_estimated`, `row_repaired`, `row_rejected`, `method_prepared` (a model-reading method's "
             "preparation for one backbone and realization: `backbone`, `method`, `realization`, `items` = the ids "
             "it answers, which the report scores it on; SOAP adds `seed`, `model` and per source its `split`, "
