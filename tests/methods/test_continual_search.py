@@ -286,9 +286,10 @@ async def test_by_default_every_turn_keeps_the_benchmark_schema_and_quotes_are_r
     assert len(llm.requests) == 4
     assert all(r["schema"]["required"] == ["reason", "responsible_role", "root_step"] for r in llm.requests)
     assert all(SENTENCES["format.quote"] not in r["user"] for r in llm.requests)
-    # Turn 3 moved earlier with a quote in its reason: the rule's record reads it there.
-    assert [turn["change_rule"]["followed"] for turn in result.output["turns"] if turn.get("change_rule")][0]
-    assert result.output["turns"][-1]["change_rule"]["followed"] is True
+    assert (
+        result.output["turns"][2]["change_rule"]["followed"] is True
+    )  # turn 3: the quote read in its reason
+    assert result.output["change_rule"]["broken_at"] == []
 
 
 async def test_turn_two_has_no_change_rule_and_stores_the_answer_as_given(
