@@ -39,7 +39,15 @@ import aiohttp
 
 from rcarun.errors import RcarunError
 from rcarun.serving import guard
-from rcarun.serving.ports import MARKER, PortHolder, end_marked, port_free, port_holders, process_identity
+from rcarun.serving.ports import (
+    MARKER,
+    PortHolder,
+    end_marked,
+    port_free,
+    port_holders,
+    process_identity,
+    running,
+)
 from rcarun.serving.spec import ReplicaPlan, ServeSpec
 
 __all__ = ["FleetRecord", "ManagedReplicas", "ServeError", "ServedReplica", "replica_log_dir"]
@@ -48,6 +56,8 @@ _LOG_TAIL_LINES = 6
 _LOG_TAIL_CHARS = 1200
 _PROBE_TIMEOUT_S = 2.0
 _VERSION_TIMEOUT_S = 60.0
+# How long a server SIGKILLed with its group may take to end after its guard has (they die in either order).
+_SERVER_GONE_S = 2.0
 # How long the sockets of a stale replica, once SIGKILLed, may take to close.
 _STALE_GONE_S = 10.0
 # A shell's VLLM_API_KEY would make every replica require a key the client does not send: the replicas get a
@@ -194,7 +204,8 @@ class _Replica:
             os.killpg(process.pid, signum)
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM to the group, SIGKILL after ``grace_s``, then SIGKILL again for children left behind."""
+        """SIGTERM to the group, SIGKILL after ``grace_s``, then SIGKILL again for children left behind; returns
+        once the server has ended (its guard may be reaped first)."""
         process = self.process
         if process is None:
             return
@@ -206,6 +217,9 @@ class _Replica:
                 self.signal_group(signal.SIGKILL)
                 await process.wait()
         self.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + _SERVER_GONE_S
+        while self.pid is not None and running(self.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         self.close()
 
     def close(self) -> None:

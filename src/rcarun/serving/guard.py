@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     while True:
         status = _reap(child)
         if status is not None:
+            if os.getppid() != args.owner:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # what the replica left, with no rcarun to end it
             return _exit_as(status)
         if os.getppid() != args.owner:
             _end_group(child, args.owner, args.grace, wake)
@@ -110,7 +112,14 @@ def _dies_with(guard_pid: int) -> Callable[[], None] | None:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        # prctl reads unsigned longs: pass that width, or the upper half of a register is whatever it was.
+        libc.prctl(
+            _PR_SET_PDEATHSIG,
+            ctypes.c_ulong(signal.SIGTERM),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        )
         if os.getppid() != guard_pid:
             os._exit(1)
 
@@ -119,7 +128,8 @@ def _dies_with(guard_pid: int) -> Callable[[], None] | None:
 
 def _tell_rcarun(line: str) -> None:
     """One line on stdout (a pipe rcarun reads), then stdout is /dev/null: nothing else goes there."""
-    os.write(1, f"{line}\n".encode())
+    with contextlib.suppress(OSError):  # rcarun already gone: the wait that follows sees it
+        os.write(1, f"{line}\n".encode())
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)

@@ -29,6 +29,7 @@ __all__ = [
     "port_free",
     "port_holders",
     "process_identity",
+    "running",
 ]
 
 MARKER = "RCARUN_REPLICA_OF"
@@ -72,6 +73,14 @@ def identity_alive(identity: str) -> bool:
         pid = int(pid_text)
     except ValueError:
         return False
+    if not running(pid):
+        return False
+    stat = _stat_fields(pid)
+    return stat is None or start == "?" or stat[19] == start
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (dead, not yet reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -79,9 +88,7 @@ def identity_alive(identity: str) -> bool:
     except PermissionError:
         pass
     stat = _stat_fields(pid)
-    if stat is None:
-        return True
-    return stat[0] != "Z" and (start == "?" or stat[19] == start)
+    return stat is None or stat[0] != "Z"
 
 
 def port_free(host: str, port: int) -> bool:
