@@ -95,30 +95,53 @@ def test_a_sigkilled_rcarun_leaves_no_replica_or_child_running(
     assert f"rcarun (pid {process.pid}) is gone; ending replica pid" in log
 
 
-def test_a_resume_on_fixed_ports_after_a_sigkill_runs_on_its_own_replicas(tmp_path: Path) -> None:
+@pytest.mark.parametrize("guards_too", [False, True], ids=["rcarun-killed", "rcarun-and-guards-killed"])
+def test_a_resume_on_fixed_ports_after_a_sigkill_runs_on_its_own_replicas(
+    tmp_path: Path, guards_too: bool
+) -> None:
+    """With ``guards_too`` the replicas' guards die with rcarun and the replicas ignore the SIGTERM that sends
+    them: stale replicas hold the ports when the resume starts, and it ends them with one line."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    config = managed_sweep_toml(tmp_path / "sweep.toml", realizations=2, port_base=free_port_base())
+    base = free_port_base()
+    config = managed_sweep_toml(tmp_path / "sweep.toml", realizations=2, port_base=base)
     args = ["sweep", "--config", str(config), "--db", str(tmp_path / "r.db"), "--no-progress", "--limit", "2"]
-    behaviour = {"pid_dir": str(pid_dir), "mock": {"latency_s": 1.0}}
+    behaviour: dict[str, Any] = {
+        "pid_dir": str(pid_dir),
+        "mock": {"latency_s": 1.0},
+        "ignore_sigterm": guards_too,
+    }
     first = start_rcarun(args, behaviour)
     killed = wait_for_pids(pid_dir, 2, first)
-    resumed = None
     try:
         time.sleep(0.5)
-        first.send_signal(signal.SIGKILL)
+        guards = {os.getpgid(pid) for pid in killed} if guards_too else set()
+        for pid in (first.pid, *guards):
+            os.kill(pid, signal.SIGKILL)
         first.wait()
+        if guards_too:
+            time.sleep(0.5)
+            assert all(alive(pid) for pid in killed)  # stale: nothing left to end them
         resumed = start_rcarun(args, behaviour)
         _, stderr = resumed.communicate(timeout=120)
         assert resumed.returncode == 0, stderr.decode()
         assert not [pid for pid in killed if alive(pid)]
+        stale_lines = [line for line in stderr.decode().splitlines() if "stale replica ended" in line]
         with sqlite3.connect(tmp_path / "r.db") as db:
-            starts = [
-                json.loads(row[0])
-                for row in db.execute("SELECT detail_json FROM run_events WHERE kind = 'replicas_started'")
+            events = [
+                (kind, json.loads(detail))
+                for kind, detail in db.execute("SELECT kind, detail_json FROM run_events ORDER BY rowid")
             ]
+        starts = [detail for kind, detail in events if kind == "replicas_started"]
         served_by = {replica["pid"] for replica in starts[-1]["replicas"]}
         assert len(starts) == 2 and len(served_by) == 2 and not served_by & set(killed)
+        ended = [detail for kind, detail in events if kind == "stale_replica_ended"]
+        if guards_too:
+            # One line and one event: every process of the killed rcarun's replicas ended at once.
+            assert len(stale_lines) == 1 and f"port {base}" in stale_lines[0]
+            assert len(ended) == 1 and sorted(ended[0]["pids"]) == sorted(killed)
+        else:
+            assert stale_lines == [] and ended == []  # its guards had ended them already
     finally:
         first.kill()
         first.communicate()

@@ -58,8 +58,10 @@ _PROBE_TIMEOUT_S = 2.0
 _VERSION_TIMEOUT_S = 60.0
 # How long a server SIGKILLed with its group may take to end after its guard has (they die in either order).
 _SERVER_GONE_S = 2.0
-# How long the sockets of a stale replica, once SIGKILLed, may take to close.
+# How long the processes of a stale replica, once SIGKILLed, may take to end and close their sockets.
 _STALE_GONE_S = 10.0
+# How long a port whose socket no visible process holds may take to close (its holder was exiting).
+_HOLDER_EXITING_S = 1.0
 # A shell's VLLM_API_KEY would make every replica require a key the client does not send: the replicas get a
 # key only from api_key_env, the one the client sends too.
 _SERVER_KEY = "VLLM_API_KEY"
@@ -435,27 +437,42 @@ class ManagedReplicas:
         if holders is None:
             raise ServeError(f"{where}; stop what listens there or change port_base")
         if not holders:
+            # A process dying at this moment still shows its socket but no longer its descriptors.
+            if await self._port_freed(host, port, _HOLDER_EXITING_S):
+                return
             raise ServeError(f"{where} by a process this user cannot see; stop it or change port_base")
         live = [holder for holder in holders if not holder.stale]
         if live:
             raise ServeError(f"{where} by {_who(live[0])}; stop it or change port_base")
+        ended: list[int] = []
         for owner in sorted({holder.owner for holder in holders if holder.owner is not None}):
-            ended = await asyncio.to_thread(end_marked, owner)
+            pids = await asyncio.to_thread(end_marked, owner)
+            ended += pids
             self._event(
                 "stale_replica_ended",
                 index=replica.plan.index,
                 port=port,
                 killed_rcarun=owner.partition(":")[0],
-                pids=ended,
+                pids=pids,
                 command=holders[0].command,
             )
+        # Every process ended, not only this port's holder, so that the next replica's port is free too.
         deadline = time.monotonic() + _STALE_GONE_S
-        while not await asyncio.to_thread(port_free, host, port):
-            if time.monotonic() > deadline:
-                raise ServeError(
-                    f"{where}: a stale replica's socket is still open {_STALE_GONE_S:g} s after SIGKILL"
-                )
+        while any(running(pid) for pid in ended) and time.monotonic() < deadline:
             await asyncio.sleep(self._poll_s)
+        if not await self._port_freed(host, port, max(0.0, deadline - time.monotonic())):
+            raise ServeError(
+                f"{where}: a stale replica's socket is still open {_STALE_GONE_S:g} s after SIGKILL"
+            )
+
+    async def _port_freed(self, host: str, port: int, within_s: float) -> bool:
+        """Whether ``host:port`` is free now or becomes free within ``within_s`` seconds."""
+        deadline = time.monotonic() + within_s
+        while not await asyncio.to_thread(port_free, host, port):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(self._poll_s)
+        return True
 
     async def _check_own(self, replica: _Replica) -> None:
         """Fail unless the socket answering on ``replica``'s port belongs to its process group (Linux)."""
