@@ -2,8 +2,9 @@
 
 A backbone with a ``[backbones.X.serve]`` table says how to serve itself instead of where: `ServeSpec` turns
 that into one command line per GPU group, and `ManagedReplicas` owns the processes for the length of a sweep
-(or of ``rcarun serve``). It sits in the bottom layer beside ``backends``: it imports nothing of rcarun but
-the errors, and the runner hands it a plain spec.
+(or of ``rcarun serve``), each under a guard that ends it should rcarun die (`guard`), and refuses a port held
+by a server it did not start (`ports`). It sits in the bottom layer beside ``backends``: it imports nothing of
+rcarun but the errors, and the runner hands it a plain spec.
 
     async with ManagedReplicas(spec, on_event=...) as fleet:
         ... fleet.base_urls, fleet.record.to_detail()

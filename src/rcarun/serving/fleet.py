@@ -3,10 +3,14 @@
 A self-hosted run used to depend on servers started by hand, whose model and context length nobody checked and
 whose version nobody recorded. `ManagedReplicas` owns the processes instead: it starts every replica in a
 process group of its own (vLLM's engine and workers are child processes; a group signal reaches them all),
-waits for ``/health`` and then ``/v1/models`` within ``startup_timeout_s`` (a replica that exits or stays
-silent fails the start with one line ending in its log's last lines), refuses a replica whose served model or
-``max_model_len`` is not what the backbone says, and records the server's version (``GET /version``, vLLM's,
-or ``COMMAND --version``) with every command line.
+led by a guard (`rcarun.serving.guard`) that ends the group when rcarun dies without a word (SIGKILL, the OOM
+killer). It refuses a port some other process holds, in one line naming it, and ends a replica left there by
+a killed rcarun (`rcarun.serving.ports`: every replica carries its rcarun's identity); it waits for
+``/health`` and then ``/v1/models`` within ``startup_timeout_s`` (a replica that exits or stays silent fails
+the start with one line ending in its log's last lines), checks that the socket answering belongs to the
+replica's own process group, refuses a replica whose served model or ``max_model_len`` is not what the
+backbone says, and records the server's version (``GET /version``, vLLM's, or ``COMMAND --version``) with
+every command line.
 
 While it runs, a replica that dies is reported (``on_availability(index, False)``, so the balancer sends it
 nothing), its group is killed (orphaned workers hold GPU memory), and it is started again on the same GPUs and
@@ -23,6 +27,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +38,16 @@ from typing import IO, Any
 import aiohttp
 
 from rcarun.errors import RcarunError
+from rcarun.serving import guard
+from rcarun.serving.ports import (
+    MARKER,
+    PortHolder,
+    end_marked,
+    port_free,
+    port_holders,
+    process_identity,
+    running,
+)
 from rcarun.serving.spec import ReplicaPlan, ServeSpec
 
 __all__ = ["FleetRecord", "ManagedReplicas", "ServeError", "ServedReplica", "replica_log_dir"]
@@ -41,6 +56,15 @@ _LOG_TAIL_LINES = 6
 _LOG_TAIL_CHARS = 1200
 _PROBE_TIMEOUT_S = 2.0
 _VERSION_TIMEOUT_S = 60.0
+# How long a server SIGKILLed with its group may take to end after its guard has (they die in either order).
+_SERVER_GONE_S = 2.0
+# How long the processes of a stale replica, once SIGKILLed, may take to end and close their sockets.
+_STALE_GONE_S = 10.0
+# How long a port whose socket no visible process holds may take to close (its holder was exiting).
+_HOLDER_EXITING_S = 1.0
+# A shell's VLLM_API_KEY would make every replica require a key the client does not send: the replicas get a
+# key only from api_key_env, the one the client sends too.
+_SERVER_KEY = "VLLM_API_KEY"
 
 EventSink = Callable[[str, dict[str, Any]], None]
 
@@ -104,7 +128,7 @@ class _Card:
 
 
 class _Replica:
-    """One replica's process (a process-group leader) and its log file."""
+    """One replica: its guard (the process-group leader, `process`), the server under it (`pid`), its log file."""
 
     def __init__(self, plan: ReplicaPlan, spec: ServeSpec, env: dict[str, str]) -> None:
         self.plan = plan
@@ -112,6 +136,7 @@ class _Replica:
         self.env = env
         self.log_path = spec.log_dir / f"{spec.backbone}-{plan.index}.log"
         self.process: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
         self._log: IO[bytes] | None = None
 
     @property
@@ -137,20 +162,41 @@ class _Replica:
         self._log.write(f"=== rcarun: {' '.join(self.plan.argv)}\n".encode())
         self._log.flush()
         env = {**self.env, "CUDA_VISIBLE_DEVICES": self.plan.cuda_visible_devices}
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.plan.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=self._log,
-                env=env,
-                start_new_session=True,  # its own process group: one signal reaches vLLM's workers too
-            )
-        except OSError as exc:
+        self.pid = None
+        # The guard reads nothing of rcarun (-I: no PYTHONPATH, no user site); the replica gets env as it is.
+        argv = [
+            sys.executable,
+            "-I",
+            guard.__file__,
+            "--owner",
+            str(os.getpid()),
+            "--grace",
+            f"{self.spec.grace_s:g}",
+        ]
+        self.process = await asyncio.create_subprocess_exec(
+            *argv,
+            "--",
+            *self.plan.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,  # one line: the replica's pid, or why it could not be run
+            stderr=self._log,  # the guard's own lines and the replica's output
+            env=env,
+            start_new_session=True,  # its own process group: one signal reaches vLLM's workers too
+        )
+        assert self.process.stdout is not None
+        word, _, rest = (await self.process.stdout.readline()).decode(errors="replace").strip().partition(" ")
+        if word == "pid" and rest.isdigit():
+            self.pid = int(rest)
+            return
+        status = await self.process.wait()
+        where = f"backbone {self.spec.backbone!r}: cannot start {self.label}"
+        if word == "error":
             raise ServeError(
-                f"backbone {self.spec.backbone!r}: cannot start {self.label}: {self.plan.argv[0]}: {exc}; "
-                "install vLLM or set [backbones.X.serve] command"
-            ) from None
+                f"{where}: {self.plan.argv[0]}: {rest}; install vLLM or set [backbones.X.serve] command"
+            )
+        raise ServeError(
+            f"{where}: its guard exited with status {status}; the log {self.log_path} ends: {self.log_tail()}"
+        )
 
     def signal_group(self, signum: int) -> None:
         process = self.process
@@ -160,7 +206,8 @@ class _Replica:
             os.killpg(process.pid, signum)
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM to the group, SIGKILL after ``grace_s``, then SIGKILL again for children left behind."""
+        """SIGTERM to the group, SIGKILL after ``grace_s``, then SIGKILL again for children left behind; returns
+        once the server has ended (its guard may be reaped first)."""
         process = self.process
         if process is None:
             return
@@ -172,6 +219,9 @@ class _Replica:
                 self.signal_group(signal.SIGKILL)
                 await process.wait()
         self.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + _SERVER_GONE_S
+        while self.pid is not None and running(self.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         self.close()
 
     def close(self) -> None:
@@ -198,7 +248,8 @@ class ManagedReplicas:
 
     Args:
         spec: what to serve and how.
-        on_event: hears ``replica_died``, ``replica_restarted``, ``replica_lost`` with a detail dict.
+        on_event: hears ``stale_replica_ended``, ``replica_died``, ``replica_restarted``, ``replica_lost`` with a
+            detail dict.
         poll_s: interval of the start-up probes.
 
     Attributes:
@@ -253,8 +304,8 @@ class ManagedReplicas:
         return (self._stopped_at or time.monotonic()) - self._ready_at
 
     def pids(self) -> tuple[int, ...]:
-        """The live replicas' process (and group) ids."""
-        return tuple(r.process.pid for r in self._replicas if r.process is not None and r.alive)
+        """The live replicas' server process ids (each in the process group of its guard)."""
+        return tuple(r.pid for r in self._replicas if r.pid is not None and r.alive)
 
     async def __aenter__(self) -> ManagedReplicas:
         await self.start()
@@ -276,20 +327,24 @@ class ManagedReplicas:
                 another model or context length (every replica started is stopped first).
         """
         spec = self.spec
-        env = {**os.environ, **spec.env}
+        env = {name: value for name, value in os.environ.items() if name != _SERVER_KEY}
+        env.update(spec.env)
+        env[MARKER] = process_identity(os.getpid())
         if spec.api_key_env is not None:
             key = os.environ.get(spec.api_key_env)
             if not key:
                 raise ServeError(
                     f"backbone {spec.backbone!r}: environment variable {spec.api_key_env} (api_key_env) is not set"
                 )
-            env["VLLM_API_KEY"] = key
+            env[_SERVER_KEY] = key
             self._headers = {"Authorization": f"Bearer {key}"}
         ports = _ports(spec)
         self._replicas = [_Replica(plan, spec, env) for plan in spec.plan(ports)]
         self.restarts_used = [0] * len(self._replicas)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S))
         try:
+            for replica in self._replicas:
+                await self._claim_port(replica)
             started = self._launched_at = time.monotonic()
             self._stopped_at = None
             for replica in self._replicas:
@@ -311,7 +366,7 @@ class ManagedReplicas:
                         gpus=replica.plan.gpus,
                         port=replica.plan.port,
                         base_url=f"{replica.root_url}/v1",
-                        pid=replica.process.pid if replica.process is not None else 0,
+                        pid=replica.pid or 0,
                         startup_s=ready_at - started,
                         argv=replica.plan.argv,
                     )
@@ -368,6 +423,74 @@ class ManagedReplicas:
 
     # -------------------------------------------------------------------------------------------- internals
 
+    async def _claim_port(self, replica: _Replica) -> None:
+        """Make sure ``replica``'s port is free: end a replica a killed rcarun left there, refuse anything else.
+
+        Raises:
+            ServeError: the port is held by a process that is not a stale replica (one line naming it).
+        """
+        host, port = self.spec.host, replica.plan.port
+        if await asyncio.to_thread(port_free, host, port):
+            return
+        where = f"backbone {self.spec.backbone!r}: {replica.label}: port {port} is already in use"
+        holders = await asyncio.to_thread(port_holders, host, port)
+        if holders is None:
+            raise ServeError(f"{where}; stop what listens there or change port_base")
+        if not holders:
+            # A process dying at this moment still shows its socket but no longer its descriptors.
+            if await self._port_freed(host, port, _HOLDER_EXITING_S):
+                return
+            raise ServeError(f"{where} by a process this user cannot see; stop it or change port_base")
+        live = [holder for holder in holders if not holder.stale]
+        if live:
+            raise ServeError(f"{where} by {_who(live[0])}; stop it or change port_base")
+        ended: list[int] = []
+        for owner in sorted({holder.owner for holder in holders if holder.owner is not None}):
+            pids = await asyncio.to_thread(end_marked, owner)
+            ended += pids
+            self._event(
+                "stale_replica_ended",
+                index=replica.plan.index,
+                port=port,
+                killed_rcarun=owner.partition(":")[0],
+                pids=pids,
+                command=holders[0].command,
+            )
+        # Every process ended, not only this port's holder, so that the next replica's port is free too.
+        deadline = time.monotonic() + _STALE_GONE_S
+        while any(running(pid) for pid in ended) and time.monotonic() < deadline:
+            await asyncio.sleep(self._poll_s)
+        if not await self._port_freed(host, port, max(0.0, deadline - time.monotonic())):
+            raise ServeError(
+                f"{where}: a stale replica's socket is still open {_STALE_GONE_S:g} s after SIGKILL"
+            )
+
+    async def _port_freed(self, host: str, port: int, within_s: float) -> bool:
+        """Whether ``host:port`` is free now or becomes free within ``within_s`` seconds."""
+        deadline = time.monotonic() + within_s
+        while not await asyncio.to_thread(port_free, host, port):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(self._poll_s)
+        return True
+
+    async def _check_own(self, replica: _Replica) -> None:
+        """Fail unless the socket answering on ``replica``'s port belongs to its process group (Linux)."""
+        process = replica.process
+        assert process is not None
+        holders = await asyncio.to_thread(port_holders, self.spec.host, replica.plan.port)
+        if holders is None:
+            return  # no /proc: its exit, looked at before every probe, is what is known
+        strangers = [holder for holder in holders if holder.pgid != process.pid]
+        if holders and not strangers:
+            return
+        who = _who(strangers[0]) if strangers else "a process this user cannot see"
+        raise ServeError(
+            f"backbone {self.spec.backbone!r}: {replica.label} answers /health, but the server on port "
+            f"{replica.plan.port} is {who}, not this replica; stop it or change port_base; its log "
+            f"{replica.log_path} ends: {replica.log_tail()}"
+        )
+
     async def _wait_ready(self, replica: _Replica) -> _Card:
         """Wait for ``/health`` then read and check ``/v1/models``, within ``startup_timeout_s``."""
         spec = self.spec
@@ -392,6 +515,7 @@ class ManagedReplicas:
                     if response.status == 200:
                         break
             await asyncio.sleep(self._poll_s)
+        await self._check_own(replica)
         try:
             async with session.get(f"{replica.root_url}/v1/models", headers=self._headers) as response:
                 status = response.status
@@ -505,8 +629,18 @@ class ManagedReplicas:
                 port=replica.plan.port,
                 restart=self.restarts_used[index],
                 down_s=round(time.monotonic() - died_at, 3),
-                pid=replica.process.pid if replica.process is not None else None,
+                pid=replica.pid,
             )
+
+
+def _who(holder: PortHolder) -> str:
+    """A port's holder in a few words: which process, and whose replica it is if it is one."""
+    if holder.owner is None:
+        return f"{holder.describe()}, which rcarun did not start"
+    rcarun_pid = holder.owner.partition(":")[0]
+    if rcarun_pid == str(os.getpid()):
+        return f"{holder.describe()}, a process of this rcarun's replicas"
+    return f"{holder.describe()}, a replica of rcarun pid {rcarun_pid}, which still runs"
 
 
 def _ports(spec: ServeSpec) -> tuple[int, ...]:
