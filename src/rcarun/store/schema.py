@@ -154,7 +154,9 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
             "`usage_estimated`, `row_repaired`, `row_rejected`, `method_prepared` (a model-reading method's "
             "preparation for one backbone and realization: `backbone`, `method`, `realization`, `items` = the ids "
             "it answers, which the report scores it on; SOAP adds `seed`, `model` and per source its `split`, "
-            "chosen `config`, `selection` tables and reference size), `method_prepare_failed`"
+            "chosen `config`, `selection` tables and reference size), `method_prepare_failed`, "
+            "`spill_taken_up` (rows a full disk had left in a spill file, stored: `spill_id`, `file`, `rows`, "
+            "`answered`)"
         ),
         "detail_json": "JSON object with the particulars",
     },
