@@ -62,7 +62,7 @@ async def test_rows_refused_to_the_end_are_spilled_and_stored_once_by_the_next_s
         connection.execute(create_events)
     kept = spill.read_bytes()
     told = take_up_spill(db_path, run_id)
-    assert told is not None and str(spill) in told and "4 answered calls" in told
+    assert len(told) == 1 and str(spill) in told[0] and "4 answered calls" in told[0], told
     assert not spill.exists()
     assert _count(db_path, "SELECT count(*) FROM calls") == 5
     assert _count(db_path, "SELECT count(*) FROM blobs") == 1
@@ -70,7 +70,7 @@ async def test_rows_refused_to_the_end_are_spilled_and_stored_once_by_the_next_s
 
     # Found again (a kill between the commit and the removal): removed, not stored a second time.
     spill.write_bytes(kept)
-    assert take_up_spill(db_path, run_id) is None
+    assert take_up_spill(db_path, run_id) == []
     assert not spill.exists()
     assert _count(db_path, "SELECT count(*) FROM calls") == 5
 
@@ -89,6 +89,16 @@ async def test_a_spill_the_run_has_gone_on_without_is_left_as_is(
         later.add_call(make_call(run_id, qid="q2"))
 
     told = take_up_spill(db_path, run_id)
-    assert told is not None and "left as is" in told
+    assert len(told) == 1 and "left as is" in told[0], told
     assert spill.exists()
     assert _count(db_path, "SELECT count(*) FROM calls") == 2
+
+    # The run fills the disk again: the new spill does not replace the one left, and is the one stored.
+    again, _ = await _spill_four_answers(db_path, run_id, make_call)
+    with sqlite3.connect(db_path) as connection:
+        connection.execute(create_events)
+    assert again.spilled_to is not None and again.spilled_to != spill
+    told = take_up_spill(db_path, run_id)
+    assert len(told) == 2 and "left as is" in told[0] and "4 answered calls" in told[1], told
+    assert spill.exists() and not again.spilled_to.exists()
+    assert _count(db_path, "SELECT count(*) FROM calls") == 7

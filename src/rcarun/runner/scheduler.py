@@ -442,9 +442,8 @@ async def _run_sweep(
         keeper.start()
         stop.on_exit(lambda: keeper.release(timeout_s=2.0) if keeper is not None else None)
         # Rows a full disk left in a spill file are the run's before anything reads what it has done.
-        spilled = await asyncio.to_thread(take_up_spill, db_path, run_id)
-        if spilled is not None:
-            announce(spilled)
+        for line in await asyncio.to_thread(take_up_spill, db_path, run_id):
+            announce(line)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
             per_backbone={

@@ -9,8 +9,9 @@ that exists is whole.
 
 Where (`spill_dirs`): ``$RCARUN_SPILL_DIR`` when set; else ``$XDG_STATE_HOME/rcarun/spill`` (by default
 ``~/.local/state/rcarun/spill``) and the system's temporary directory, the one on another file system than
-results.db first, since the disk that filled is the one that holds results.db. The file's name comes from the
-results.db path and the run id, so the resume of that run finds it and no other run does.
+results.db first, since the disk that filled is the one that holds results.db. The file's name starts with a
+hash of the results.db path and the run id, so the resume of that run finds it and no other run does, and ends
+with the spill's own id, so a spill never replaces an earlier one that is still there.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Final
 
 from rcarun.errors import StoreError
 
-__all__ = ["SPILL_DIR_VARIABLE", "SpillHeader", "find_spill", "read_spill", "spill_dirs", "write_spill"]
+__all__ = ["SPILL_DIR_VARIABLE", "SpillHeader", "find_spills", "read_spill", "spill_dirs", "write_spill"]
 
 SPILL_DIR_VARIABLE: Final = "RCARUN_SPILL_DIR"
 _FORMAT: Final = "rcarun-spill"
@@ -57,9 +58,12 @@ class SpillHeader:
     answered: int
 
 
-def _file_name(db: Path, run_id: int) -> str:
+def _name_prefix(db: Path, run_id: int) -> str:
     digest = hashlib.sha256(str(db.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"rcarun-{digest}-run{run_id}.spill.jsonl"
+    return f"rcarun-{digest}-run{run_id}-"
+
+
+_SUFFIX: Final = ".spill.jsonl"
 
 
 def _device(path: Path) -> int | None:
@@ -86,13 +90,15 @@ def spill_dirs(db: Path) -> list[Path]:
     )  # stable: state dir first among equals
 
 
-def find_spill(db: Path, run_id: int) -> Path | None:
-    """The spill file of ``db``'s run ``run_id``, wherever `spill_dirs` would have put it."""
-    name = _file_name(db, run_id)
+def find_spills(db: Path, run_id: int) -> list[Path]:
+    """The spill files of ``db``'s run ``run_id``, wherever `spill_dirs` would have put them, oldest first."""
+    prefix = _name_prefix(db, run_id)
+    found: list[tuple[float, Path]] = []
     for place in spill_dirs(db):
-        if (place / name).is_file():
-            return place / name
-    return None
+        with contextlib.suppress(OSError):
+            for path in place.glob(f"{prefix}*{_SUFFIX}"):
+                found.append((path.stat().st_mtime, path))
+    return [path for _, path in sorted(found)]
 
 
 def write_spill(header: SpillHeader, records: Iterable[Mapping[str, Any]]) -> Path:
@@ -107,7 +113,7 @@ def write_spill(header: SpillHeader, records: Iterable[Mapping[str, Any]]) -> Pa
     data = ("\n".join(lines) + "\n").encode("ascii")
     problems = []
     for place in spill_dirs(db):
-        path = place / _file_name(db, header.run_id)
+        path = place / f"{_name_prefix(db, header.run_id)}{header.spill_id}{_SUFFIX}"
         try:
             place.mkdir(parents=True, exist_ok=True)
             _write_whole(path, data)

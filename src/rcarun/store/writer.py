@@ -65,7 +65,7 @@ from rcarun.store.rows import (
     PredictionRow,
     TrajectoryRow,
 )
-from rcarun.store.spill import SpillHeader, find_spill, read_spill, write_spill
+from rcarun.store.spill import SpillHeader, find_spills, read_spill, write_spill
 from rcarun.text import repair_surrogates
 
 __all__ = ["StoreWriter", "take_up_spill"]
@@ -349,26 +349,30 @@ def _largest_call_id(connection: sqlite3.Connection, run_id: int) -> int:
     return int(found[0] or 0)
 
 
-def take_up_spill(
-    path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S
-) -> str | None:
-    """Store the rows a full disk left in this run's spill file (`rcarun.store.spill`) and remove the file.
+def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
+    """Store the rows a full disk left in this run's spill files (`rcarun.store.spill`) and remove the files.
 
-    Call it holding the run's lease and before reading what the run has done. The rows go in one transaction with a
-    ``spill_taken_up`` event naming the spill, so a spill found again after a kill between commit and removal is
-    only removed. A spill of another results.db, or one this results.db has moved past (the run has calls it did
-    not know of), is left as is.
+    Call it holding the run's lease and before reading what the run has done. Each file's rows go in one
+    transaction with a ``spill_taken_up`` event naming the spill, so a spill found again after a kill between
+    commit and removal is only removed. A spill of another results.db, or one this results.db has moved past (the
+    run has calls it did not know of), is left as is.
 
     Returns:
-        The line to tell the user, or None when there was no spill file.
+        The lines to tell the user (none when there was nothing to tell).
 
     Raises:
-        StoreError: the file cannot be read, or results.db still refuses the rows (the file is kept).
+        StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
     """
     path = Path(path)
-    spill = find_spill(path, run_id)
-    if spill is None:
-        return None
+    told: list[str] = []
+    for spill in find_spills(path, run_id):
+        line = _take_up_one(path, run_id, spill, busy_timeout_s)
+        if line is not None:
+            told.append(line)
+    return told
+
+
+def _take_up_one(path: Path, run_id: int, spill: Path, busy_timeout_s: float) -> str | None:
     header, records = read_spill(spill)
     writer = _BatchWriter(path, busy_timeout_s, run_id)
     try:
@@ -389,8 +393,9 @@ def take_up_spill(
                 or header.calls_before != _largest_call_id(connection, run_id)
             ):
                 return (
-                    f"{spill} holds {header.rows} rows of run {header.run_name!r} of {header.db} that this results.db "
-                    "cannot take (another file or run, or the run went on without them); it was left as is"
+                    f"{spill} holds {header.rows} rows of run {header.run_name!r} of {header.db} that this "
+                    "results.db cannot take (another file or run, or the run went on without them); it was left "
+                    "as is"
                 )
             detail = {
                 "spill_id": header.spill_id,
@@ -404,8 +409,8 @@ def take_up_spill(
                 writer.write(rows)
             except (sqlite3.Error, OSError) as error:
                 raise StoreError(
-                    f"storing the {header.rows} rows kept in {spill} into {path} failed ({type(error).__name__}: "
-                    f"{error}); the file is kept"
+                    f"storing the {header.rows} rows kept in {spill} into {path} failed "
+                    f"({type(error).__name__}: {error}); the file is kept"
                 ) from error
     finally:
         writer.close()
@@ -413,8 +418,8 @@ def take_up_spill(
     if taken is not None:
         return None
     return (
-        f"stored the {header.rows} rows ({header.answered} answered calls) kept in {spill} since {path} was full; "
-        "the file is removed"
+        f"stored the {header.rows} rows ({header.answered} answered calls) kept in {spill} since {path} "
+        "was full; the file is removed"
     )
 
 
