@@ -158,8 +158,12 @@ def _closed_before_answering(error: BaseException) -> bool:
     if isinstance(cause, httpx2.RemoteProtocolError):
         return str(cause) == "Server disconnected without sending a response."
     if isinstance(cause, httpx2.ReadError | httpx2.WriteError):
-        reason = cause.__cause__ or cause.__context__
-        return isinstance(reason, ConnectionResetError | BrokenPipeError)
+        # httpx wraps httpcore's error, which wraps the socket's: look down the chain for the reset.
+        reason: BaseException | None = cause
+        for _ in range(4):
+            reason = reason.__cause__ or reason.__context__ if reason is not None else None
+            if isinstance(reason, ConnectionResetError | BrokenPipeError):
+                return True
     return False
 
 
