@@ -56,6 +56,7 @@ async def test_rows_refused_to_the_end_are_spilled_and_stored_once_by_the_next_s
     writer, create_events = await _spill_four_answers(db_path, run_id, make_call)
     spill = writer.spilled_to
     assert spill is not None and spill.parent == tmp_path / "spill"
+    assert spill.stat().st_mode & 0o777 == 0o600, "a spill holds prompts and answers: its owner's alone"
     assert _count(db_path, "SELECT count(*) FROM calls") == 1
 
     with sqlite3.connect(db_path) as connection:  # the disk is fixed

@@ -115,7 +115,7 @@ def write_spill(header: SpillHeader, records: Iterable[Mapping[str, Any]]) -> Pa
     for place in spill_dirs(db):
         path = place / f"{_name_prefix(db, header.run_id)}{header.spill_id}{_SUFFIX}"
         try:
-            place.mkdir(parents=True, exist_ok=True)
+            place.mkdir(mode=0o700, parents=True, exist_ok=True)
             _write_whole(path, data)
         except OSError as error:
             problems.append(f"{place}: {error.strerror or error}")
@@ -129,10 +129,15 @@ def _header_fields(header: SpillHeader) -> dict[str, Any]:
 
 
 def _write_whole(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` whole or not at all: written beside it, synced, renamed over it."""
+    """``data`` at ``path`` whole or not at all: written beside it, synced, renamed over it.
+
+    Readable by its owner only, as the prompts and answers it holds may be private and the place may be shared
+    (the temporary directory).
+    """
     partial = path.with_name(path.name + ".partial")
     try:
-        with partial.open("wb") as file:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(descriptor, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
