@@ -403,7 +403,12 @@ def _take_up_one(path: Path, run_id: int, spill: Path, busy_timeout_s: float) ->
                 "rows": header.rows,
                 "answered": header.answered,
             }
-            rows = [_spilled_row(record) for record in records]
+            try:
+                rows = [_spilled_row(record) for record in records]
+            except (KeyError, TypeError, ValueError, zlib.error) as error:  # binascii.Error is a ValueError
+                raise StoreError(
+                    f"{spill}: a row in it cannot be read ({error!r}); the file is kept"
+                ) from error
             rows.append(EventRow(run_id=run_id, kind=SPILL_TAKEN_UP, detail_json=json.dumps(detail)))
             try:
                 writer.write(rows)
