@@ -335,8 +335,9 @@ def _lease_stale_s(config_json: str) -> float:
     return DEFAULT_LEASE_STALE_S
 
 
-def _refuse_live_runs(target: sqlite3.Connection, names: set[str], into: Path) -> None:
-    """Refuse to merge into a run of ``names`` that a live sweep holds in the target."""
+def _refuse_live_runs(target: sqlite3.Connection, names: set[str], into: Path, untouched: str) -> None:
+    """Refuse to merge into a run of ``names`` that a live sweep holds in the target (``untouched``: what the
+    refusal leaves unmerged, for its message)."""
     for row in target.execute("SELECT run_id, name, config_json FROM runs ORDER BY run_id").fetchall():
         if str(row["name"]) not in names:
             continue
@@ -345,7 +346,7 @@ def _refuse_live_runs(target: sqlite3.Connection, names: set[str], into: Path) -
         if holder is not None:
             raise StoreError(
                 f"run {row['name']!r} of {into} is being swept by {holder}; merge into it once that sweep "
-                "has ended (nothing was merged)"
+                f"has ended ({untouched})"
             )
 
 
@@ -383,13 +384,16 @@ def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -
             configs = _check_configs(
                 target, [(path, read.connection) for path, read in opened], into, reconcile
             )
-            _refuse_live_runs(target, set().union(*(_run_names(read.connection) for _, read in opened)), into)
+            names = set().union(*(_run_names(read.connection) for _, read in opened))
+            _refuse_live_runs(target, names, into, "nothing was merged")
             merger = _Merger(target, configs, summary)
             for path, read in opened:
                 target.execute("BEGIN IMMEDIATE")
                 try:
                     # Again under the write lock: a sweep that claimed a run since the check above is seen now.
-                    _refuse_live_runs(target, _run_names(read.connection), into)
+                    _refuse_live_runs(
+                        target, _run_names(read.connection), into, f"nothing of {path} was merged"
+                    )
                     merger.merge(path, read.connection)
                     target.execute("COMMIT")
                 except BaseException:
