@@ -346,10 +346,12 @@ class _AiohttpExchange:
                 self._url, data=self._data, headers=transport._request_headers()
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            # RFC 9112 9.3.1 lets a client resend a request it knows the server did not act on. A POST is sent
-            # again only where that holds: the connection came from the pool (the server had it idle, as the
-            # answer before it ended) and it ended before a byte of an answer. aiohttp's own retry of this
-            # case covers idempotent methods only. A new connection that fails so is an attempt like any other.
+            # RFC 9112 9.3.1 lets a client resend a request it knows the server did not act on; aiohttp's own
+            # retry of this case covers idempotent methods only. A POST is sent again where the connection had
+            # lain idle in the pool since its last answer and ended before a byte of a new one: the server closed
+            # an idle connection, so it never read the request. (A server that read it and died silently looks
+            # the same; the second send then costs what the retry policy's next attempt would have.) A new
+            # connection that fails so is an attempt like any other: no request goes out twice unrecorded.
             if not (connection.reused and _closed_before_answering(error)):
                 raise transport._failure(self._url, error, answering=False) from None
             try:
