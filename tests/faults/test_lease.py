@@ -13,7 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from faults.conftest import Child, backbone, item_statuses, run_cli, sweep_args, write_sweep
-from faults.hostile import HostileServer, answered_twice, db_rows, ok, resent_after_stored, slow
+from faults.hostile import (
+    HostileServer,
+    answered_twice,
+    db_rows,
+    ok,
+    ok_rows_per_cache_key,
+    resent_after_stored,
+    slow,
+)
 
 ITEMS = 8
 RUN = "leased"
@@ -84,3 +92,36 @@ def test_a_killed_sweeps_run_is_taken_over(
     assert item_statuses(db) == {"done": ITEMS}, f"items: {dict(item_statuses(db))}"
     again = resent_after_stored(server.chat_log(), db)
     assert again == [], f"{len(again)} stored answers paid again after the takeover"
+
+
+def test_a_merge_into_a_run_a_live_sweep_holds_is_refused(
+    serve: Callable[..., HostileServer],
+    dataset: Callable[..., Path],
+    tmp_path: Path,
+    children: list[Child],
+) -> None:
+    server, config, db = _setup(serve, dataset, tmp_path, latency_s=0.05)
+    part = tmp_path / "part.db"
+    finished = run_cli(sweep_args(config, part, RUN), cwd=tmp_path)
+    assert finished.returncode == 0, finished.describe()
+
+    server.policy = slow(1.0)
+    live = Child(sweep_args(config, db, RUN), cwd=tmp_path, name="live")
+    children.append(live)
+    assert server.wait_for(lambda log: len(log) >= ITEMS + 1, 20), "the live sweep sent nothing"
+
+    refused = run_cli(["merge", str(part), "--into", str(db)], cwd=tmp_path)
+    assert refused.returncode == 2, refused.describe()
+    lines = refused.stderr_lines()
+    assert len(lines) == 1 and f"pid {live.pid} on host {socket.gethostname()}" in lines[0], refused.stderr
+
+    done = live.wait(what="the live rcarun sweep")
+    assert done.returncode == 0, done.describe()
+    paid_twice = {key: n for key, n in ok_rows_per_cache_key(db).items() if n > 1}
+    assert paid_twice == {}, f"{len(paid_twice)} cache keys hold more than one paid answer"
+    predictions = db_rows(db, "SELECT count(*) FROM predictions")[0][0]
+    assert predictions == ITEMS, f"{predictions} predictions in the live run, expected {ITEMS}"
+
+    # Once the sweep has ended the same merge goes through: the lease, nothing else, refused it.
+    accepted = run_cli(["merge", str(part), "--into", str(db)], cwd=tmp_path)
+    assert accepted.returncode in (0, 1), accepted.describe()

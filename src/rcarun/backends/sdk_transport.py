@@ -10,6 +10,11 @@ httpx's read timeout is the silence deadline (``timeout_s``), its connect timeou
 reads an error answer's whole body itself; a response hook caps every body's bytes at the backbone's
 ``max_response_mb`` before the SDK or the backend reads them, so an endless error body is refused too.
 
+A request that meets a kept-alive connection the server has just closed is sent again once, on a new connection,
+without counting an attempt, as with aiohttp (`rcarun.backends.transports`). httpx tells no reused connection
+from a new one in its errors; its ``trace`` request extension does (a new one reports ``connect_tcp``), set by a
+request hook for the exchange being entered.
+
 The SDK reads several OPENAI_* environment variables when arguments are left out; every one that could leak an
 OpenAI credential or organisation into another provider's requests is passed explicitly instead.
 """
@@ -17,7 +22,8 @@ OpenAI credential or organisation into another provider's requests is passed exp
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
+from contextvars import ContextVar
+from types import SimpleNamespace, TracebackType
 from typing import Any
 
 import httpx2
@@ -28,6 +34,9 @@ from rcarun.backends.transports import WholeResponse, describe_failure, silence_
 from rcarun.errors import ConnectionFailed, ResponseTooLarge, SilenceTimeout, TransportError
 
 __all__ = ["OpenAISDKTransport"]
+
+# The exchange being entered in this task: ``SimpleNamespace(new_connection=...)``, which its request learns.
+_SENDING: ContextVar[SimpleNamespace | None] = ContextVar("rcarun_sdk_sending", default=None)
 
 # Fields `chat.completions.create` accepts as keyword arguments; everything else travels in ``extra_body``.
 _SDK_KEYWORDS = frozenset(
@@ -54,7 +63,7 @@ _SDK_KEYWORDS = frozenset(
 class OpenAISDKTransport:
     """One `AsyncOpenAI` client per replica, all sharing one httpx2 pool sized to ``pool_size``."""
 
-    __slots__ = ("_api_key", "_clients", "_http", "_settings", "_timeout")
+    __slots__ = ("_api_key", "_clients", "_fresh_clients", "_fresh_http", "_http", "_settings", "_timeout")
 
     def __init__(self, settings: BackendSettings, api_key: Secret | None) -> None:
         self._settings = settings
@@ -62,20 +71,30 @@ class OpenAISDKTransport:
         self._timeout = httpx2.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._http: httpx2.AsyncClient | None = None
         self._clients: dict[str, openai.AsyncOpenAI] = {}
+        # Second sends: a pool that keeps no connection, so each is new.
+        self._fresh_http: httpx2.AsyncClient | None = None
+        self._fresh_clients: dict[str, openai.AsyncOpenAI] = {}
 
     def __repr__(self) -> str:
         return f"OpenAISDKTransport(backbone={self._settings.name!r}, pool_size={self._settings.pool_size})"
 
-    def _client(self, base_url: str) -> openai.AsyncOpenAI:
-        client = self._clients.get(base_url)
+    def _client(self, base_url: str, *, fresh: bool = False) -> openai.AsyncOpenAI:
+        clients = self._fresh_clients if fresh else self._clients
+        client = clients.get(base_url)
         if client is not None:
             return client
-        if self._http is None:
-            pool = self._settings.pool_size
+        pool = self._settings.pool_size
+        if fresh and self._fresh_http is None:
+            self._fresh_http = openai.DefaultAsyncHttpxClient(
+                limits=httpx2.Limits(max_connections=pool, max_keepalive_connections=0),
+                timeout=self._timeout,
+                event_hooks={"response": [self._cap_body]},
+            )
+        if not fresh and self._http is None:
             self._http = openai.DefaultAsyncHttpxClient(
                 limits=httpx2.Limits(max_connections=pool, max_keepalive_connections=pool),
                 timeout=self._timeout,
-                event_hooks={"response": [self._cap_body]},
+                event_hooks={"request": [_watch_connection], "response": [self._cap_body]},
             )
         client = openai.AsyncOpenAI(
             # "" with admin_api_key="" stops the SDK from falling back to OPENAI_API_KEY / OPENAI_ADMIN_KEY.
@@ -87,9 +106,9 @@ class OpenAISDKTransport:
             max_retries=0,
             timeout=self._timeout,
             default_headers=dict(self._settings.extra_headers),
-            http_client=self._http,
+            http_client=self._fresh_http if fresh else self._http,
         )
-        self._clients[base_url] = client
+        clients[base_url] = client
         return client
 
     async def _cap_body(self, response: httpx2.Response) -> None:
@@ -110,10 +129,42 @@ class OpenAISDKTransport:
         return TransportError(f"{name}: {url}: {describe_failure(cause, self._api_key)}")
 
     async def aclose(self) -> None:
-        http, self._http = self._http, None
+        pools = (self._http, self._fresh_http)
+        self._http = self._fresh_http = None
         self._clients.clear()
-        if http is not None:
-            await http.aclose()
+        self._fresh_clients.clear()
+        for http in pools:
+            if http is not None:
+                await http.aclose()
+
+
+async def _watch_connection(request: httpx2.Request) -> None:
+    """Have httpx say, for the exchange being entered, whether it opened a connection for this request."""
+    sending = _SENDING.get()
+    if sending is None:
+        return
+
+    async def trace(event: str, info: Mapping[str, Any]) -> None:
+        if event.startswith("connection.connect_tcp"):
+            sending.new_connection = True
+
+    request.extensions["trace"] = trace
+
+
+def _closed_before_answering(error: BaseException) -> bool:
+    """The way a server's close of an idle kept-alive connection meets a request sent on it (see
+    `rcarun.backends.transports`): the connection ended before any byte of an answer."""
+    cause = error.__cause__ if isinstance(error, openai.APIError) and error.__cause__ else error
+    if isinstance(cause, httpx2.RemoteProtocolError):
+        return str(cause) == "Server disconnected without sending a response."
+    if isinstance(cause, httpx2.ReadError | httpx2.WriteError):
+        # httpx wraps httpcore's error, which wraps the socket's: look down the chain for the reset.
+        reason: BaseException | None = cause
+        for _ in range(4):
+            reason = reason.__cause__ or reason.__context__ if reason is not None else None
+            if isinstance(reason, ConnectionResetError | BrokenPipeError):
+                return True
+    return False
 
 
 class _SDKExchange:
@@ -153,17 +204,30 @@ class _SDKExchange:
         extra_headers: dict[str, Any] = (
             {} if transport._api_key is not None else {"Authorization": openai.omit}
         )
-        create: Any = client.chat.completions.with_streaming_response.create
         url = f"{self._base_url}/chat/completions"
-        self._context = create(
-            model=body["model"],
-            messages=body["messages"],
-            extra_body=extra_body or None,
-            extra_headers=extra_headers or None,
-            **keywords,
-        )
+
+        def exchange(chosen: openai.AsyncOpenAI) -> Any:
+            create: Any = chosen.chat.completions.with_streaming_response.create
+            return create(
+                model=body["model"],
+                messages=body["messages"],
+                extra_body=extra_body or None,
+                extra_headers=extra_headers or None,
+                **keywords,
+            )
+
+        sending = SimpleNamespace(new_connection=False)
+        token = _SENDING.set(sending)
         try:
-            self._response = await self._context.__aenter__()
+            self._context = exchange(client)
+            try:
+                self._response = await self._context.__aenter__()
+            except (openai.APIConnectionError, httpx2.HTTPError) as error:
+                # Sent again only where the server cannot have acted on it (rcarun.backends.transports).
+                if sending.new_connection or not _closed_before_answering(error):
+                    raise
+                self._context = exchange(transport._client(self._base_url, fresh=True))
+                self._response = await self._context.__aenter__()
         except openai.APIStatusError as error:
             # The SDK read the (capped) body of the error answer itself: hand it on as the answer.
             self._context = None
@@ -177,6 +241,8 @@ class _SDKExchange:
             if isinstance(error.__cause__, ResponseTooLarge):
                 raise error.__cause__ from None
             raise transport._failure(url, error, answering=False) from None
+        finally:
+            _SENDING.reset(token)
         self.status = self._response.status_code
         self.headers = self._response.headers
         return self

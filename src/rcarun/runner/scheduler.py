@@ -95,6 +95,7 @@ from rcarun.store import (
     StoreWriter,
     TrajectoryRow,
     open_store,
+    take_up_spill,
     this_process,
     utc_timestamp,
 )
@@ -440,6 +441,9 @@ async def _run_sweep(
         )
         keeper.start()
         stop.on_exit(lambda: keeper.release(timeout_s=2.0) if keeper is not None else None)
+        # Rows a full disk left in a spill file are the run's before anything reads what it has done.
+        for line in await asyncio.to_thread(take_up_spill, db_path, run_id):
+            announce(line)
         ledger = SpendLedger(
             overall=Budget(max_usd=config.budget.max_usd, max_tokens=config.budget.max_tokens),
             per_backbone={
@@ -477,7 +481,7 @@ async def _run_sweep(
                 )
 
         async with (
-            StoreWriter(db_path, on_trouble=writes_failing) as writer,
+            StoreWriter(db_path, on_trouble=writes_failing, spill_run_id=run_id) as writer,
             managed_backbones(
                 config,
                 log_dir=replica_log_dir(db_path),

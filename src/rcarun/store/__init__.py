@@ -43,7 +43,8 @@ from rcarun.store.rows import (
     UsageSource,
     utc_timestamp,
 )
-from rcarun.store.writer import StoreWriter
+from rcarun.store.spill import SPILL_DIR_VARIABLE, spill_dirs
+from rcarun.store.writer import StoreWriter, take_up_spill
 
 __all__ = [
     "CALL_STATUSES",
@@ -52,6 +53,7 @@ __all__ = [
     "METHOD_PREPARED",
     "MIGRATIONS",
     "RUN_STATUSES",
+    "SPILL_DIR_VARIABLE",
     "BackboneSummary",
     "CachedCall",
     "CallRow",
@@ -85,6 +87,8 @@ __all__ = [
     "open_read_only",
     "open_store",
     "plan_read_only",
+    "spill_dirs",
+    "take_up_spill",
     "this_process",
     "utc_timestamp",
 ]

@@ -27,7 +27,15 @@ from rcarun.errors import StoreError
 from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import utc_timestamp
 
-__all__ = ["DEFAULT_LEASE_STALE_S", "LeaseHolder", "LeaseKeeper", "RunBusy", "claim_lease", "this_process"]
+__all__ = [
+    "DEFAULT_LEASE_STALE_S",
+    "LeaseHolder",
+    "LeaseKeeper",
+    "RunBusy",
+    "claim_lease",
+    "live_holder",
+    "this_process",
+]
 
 DEFAULT_LEASE_STALE_S = 30.0
 # Heartbeats per stale period: a live holder renews several times before anyone may call it stale.
@@ -79,6 +87,31 @@ def _process_gone(pid: int) -> bool:
     return False
 
 
+def live_holder(
+    connection: sqlite3.Connection,
+    *,
+    run_id: int,
+    stale_after_s: float,
+    me: LeaseHolder | None = None,
+    now_unix: float | None = None,
+) -> str | None:
+    """Who holds the run's lease while alive (``pid P on host H (since ..., last heartbeat N s ago)``), or None
+    when nobody does, the holder is ``me``, its heartbeat is ``stale_after_s`` old or its process is gone."""
+    now = time.time() if now_unix is None else now_unix
+    row = connection.execute(
+        "SELECT holder, pid, host, pid_scope, started_at, heartbeat_unix FROM run_leases WHERE run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if row is None or (me is not None and row[0] == me.holder):
+        return None
+    _, pid, host, scope, started_at, heartbeat = row
+    age = max(0.0, now - float(heartbeat))
+    dead = scope == (me.pid_scope if me is not None else _pid_scope()) and _process_gone(int(pid))
+    if age >= stale_after_s or dead:
+        return None
+    return f"pid {pid} on host {host} (since {started_at}, last heartbeat {age:.0f} s ago)"
+
+
 def claim_lease(
     connection: sqlite3.Connection,
     *,
@@ -94,20 +127,12 @@ def claim_lease(
         RunBusy: another process holds a fresh lease (its pid, host and start time named).
     """
     now = time.time() if now_unix is None else now_unix
-    row = connection.execute(
-        "SELECT holder, pid, host, pid_scope, started_at, heartbeat_unix FROM run_leases WHERE run_id = ?",
-        (run_id,),
-    ).fetchone()
-    if row is not None and row[0] != me.holder:
-        _, pid, host, scope, started_at, heartbeat = row
-        age = max(0.0, now - float(heartbeat))
-        dead = scope == me.pid_scope and _process_gone(int(pid))
-        if age < stale_after_s and not dead:
-            raise RunBusy(
-                f"run {run_name!r} is already being swept by pid {pid} on host {host} (since {started_at}, "
-                f"last heartbeat {age:.0f} s ago); wait for it to end or stop it. A sweep that was killed is "
-                f"taken over once its heartbeat is {stale_after_s:g} s old"
-            )
+    holder = live_holder(connection, run_id=run_id, stale_after_s=stale_after_s, me=me, now_unix=now)
+    if holder is not None:
+        raise RunBusy(
+            f"run {run_name!r} is already being swept by {holder}; wait for it to end or stop it. A sweep "
+            f"that was killed is taken over once its heartbeat is {stale_after_s:g} s old"
+        )
     stamp = utc_timestamp()
     connection.execute(
         "INSERT INTO run_leases (run_id, holder, pid, host, pid_scope, started_at, heartbeat_at, heartbeat_unix) "

@@ -17,10 +17,16 @@ Nothing is lost and nothing is overwritten. The rules (`rcarun merge`, README):
 - Trajectory rows are matched by (run, qid); the same qid with another record hash is listed as a conflict.
 - Events, calls and items get new ids in the target; a row identical to one already there (the same file merged
   twice) is not copied again, so merging is idempotent.
+- A run of the target that a live sweep holds (its lease, `rcarun.store.lease`) is not merged into: the sweep
+  would write beside rows it does not know of. The check is made again inside each source's write transaction,
+  which a sweep's claim of the lease must wait for.
+- A merge that is refused or fails leaves no new file behind: a target it created is removed again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from typing import Any, Final
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, stored_bytes
+from rcarun.store.lease import DEFAULT_LEASE_STALE_S, live_holder
 from rcarun.store.migrations import open_connection, open_read_only
 
 __all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]
@@ -319,14 +326,49 @@ class _Merger:
                 self.summary.events_added += 1
 
 
+def _lease_stale_s(config_json: str) -> float:
+    """The run's own ``sweep.lease_stale_s`` (how old its sweep's heartbeat may grow), or the default."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        value = json.loads(config_json).get("sweep", {}).get("lease_stale_s")
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return DEFAULT_LEASE_STALE_S
+
+
+def _refuse_live_runs(target: sqlite3.Connection, names: set[str], into: Path, untouched: str) -> None:
+    """Refuse to merge into a run of ``names`` that a live sweep holds in the target (``untouched``: what the
+    refusal leaves unmerged, for its message)."""
+    for row in target.execute("SELECT run_id, name, config_json FROM runs ORDER BY run_id").fetchall():
+        if str(row["name"]) not in names:
+            continue
+        stale_s = _lease_stale_s(str(row["config_json"]))
+        holder = live_holder(target, run_id=int(row["run_id"]), stale_after_s=stale_s)
+        if holder is not None:
+            raise StoreError(
+                f"run {row['name']!r} of {into} is being swept by {holder}; merge into it once that sweep "
+                f"has ended ({untouched})"
+            )
+
+
+def _run_names(source: sqlite3.Connection) -> set[str]:
+    return {str(row["name"]) for row in source.execute("SELECT name FROM runs")}
+
+
+def _remove_new_database(path: Path) -> None:
+    """Remove a results.db this merge created (and SQLite's files beside it)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            path.with_name(path.name + suffix).unlink()
+
+
 def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -> MergeSummary:
     """Merge ``sources`` (results.db files, read only) into ``into`` (created if new), in order.
 
     Each source is copied in one transaction. Rules in the module docstring.
 
     Raises:
-        StoreError: a source is the target or missing or not a results.db, or a run name was swept with two
-            configurations (nothing is written then).
+        StoreError: a source is the target or missing or not a results.db, a run name was swept with two
+            configurations, or a live sweep holds a run to merge into (nothing is written then).
     """
     resolved = into.resolve()
     for path in sources:
@@ -334,22 +376,31 @@ def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -
             raise StoreError(f"{path} is both a source and --into; merge into a new file")
     opened = [(path, open_read_only(path)) for path in sources]
     summary = MergeSummary(into=into)
+    created = not into.exists()
+    merged = False
     try:
         target = open_connection(into)
         try:
             configs = _check_configs(
                 target, [(path, read.connection) for path, read in opened], into, reconcile
             )
+            names = set().union(*(_run_names(read.connection) for _, read in opened))
+            _refuse_live_runs(target, names, into, "nothing was merged")
             merger = _Merger(target, configs, summary)
             for path, read in opened:
                 target.execute("BEGIN IMMEDIATE")
                 try:
+                    # Again under the write lock: a sweep that claimed a run since the check above is seen now.
+                    _refuse_live_runs(
+                        target, _run_names(read.connection), into, f"nothing of {path} was merged"
+                    )
                     merger.merge(path, read.connection)
                     target.execute("COMMIT")
                 except BaseException:
                     if target.in_transaction:
                         target.execute("ROLLBACK")
                     raise
+            merged = True
         except sqlite3.Error as error:
             raise StoreError(f"merging into {into} failed: {error}") from error
         finally:
@@ -357,4 +408,6 @@ def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -
     finally:
         for _, read in opened:
             read.connection.close()
+        if created and not merged:
+            _remove_new_database(into)
     return summary

@@ -156,7 +156,12 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
             "`usage_estimated`, `row_repaired`, `row_rejected`, `method_prepared` (a model-reading method's "
             "preparation for one backbone and realization: `backbone`, `method`, `realization`, `items` = the ids "
             "it answers, which the report scores it on; SOAP adds `seed`, `model` and per source its `split`, "
-            "chosen `config`, `selection` tables and reference size), `method_prepare_failed`"
+            "chosen `config`, `selection` tables and reference size), `method_prepare_failed`, "
+            "`spill_taken_up` (rows a full disk had left in a spill file, stored: `spill_id`, `file`, `rows`, "
+            "`answered`), `items_left` (an item left for a resume by a refused key, quota or model before the "
+            "backbone stopped), `generation_cut`, `stream_refused`, `interrupted`, and the managed replicas' "
+            "`replicas_started`, `replica_died`, `replica_restarted`, `replica_lost`, `replicas_stopped`, "
+            "`stale_replica_ended`"
         ),
         "detail_json": "JSON object with the particulars",
     },

@@ -20,8 +20,10 @@ Invariants (each has a test):
     - A failing disk loses only what it must. When a commit fails for the file's sake (disk full, I/O error,
       a lock held too long), nothing is dropped: the batch stays pending and is retried in ever smaller
       chunks (so whatever still fits is kept), the ``on_trouble`` callback fires once (the runner stops
-      admission), and new rows still queue behind it. Closing keeps retrying for ``give_up_after_s``; only then
-      are the rows still pending given up, and the error names how many answered calls they held.
+      admission), and new rows still queue behind it. Closing keeps retrying for ``give_up_after_s``; then the
+      rows still pending are written to a spill file on another disk (`rcarun.store.spill`), which
+      `take_up_spill` stores at the run's next start, and the error names it; only when that fails too are they
+      lost, and the error names how many answered calls they held.
     - Memory is bounded by backpressure: the enqueue methods are plain (non-blocking, never dropping) so they
       fit anywhere, including sync callbacks; producers ``await writer.wait_for_room()`` at their admission
       point (e.g. before sending a call), which suspends while ``max_queued_rows`` entries or
@@ -36,9 +38,12 @@ Invariants (each has a test):
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import sqlite3
+import uuid
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,9 +65,10 @@ from rcarun.store.rows import (
     PredictionRow,
     TrajectoryRow,
 )
+from rcarun.store.spill import SpillHeader, find_spills, read_spill, write_spill
 from rcarun.text import repair_surrogates
 
-__all__ = ["StoreWriter"]
+__all__ = ["StoreWriter", "take_up_spill"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +321,113 @@ def _answered_calls(rows: Sequence[_Row]) -> int:
     return sum(1 for row in rows if isinstance(row, CallRow) and row.status in ("ok", "length"))
 
 
+_ROW_TYPES: Final[dict[str, type]] = {
+    table: row_type for row_type, table in _TABLES.items() if row_type is not _Blob
+}
+SPILL_TAKEN_UP: Final = "spill_taken_up"
+
+
+def _spill_record(row: _Row) -> dict[str, Any]:
+    if isinstance(row, _Blob):
+        return {
+            "table": "blobs",
+            "sha256": row.sha256,
+            "zlib": base64.b64encode(zlib.compress(row.data, 1)).decode(),
+        }
+    return {"table": _TABLES[type(row)], "row": dataclasses.asdict(row)}
+
+
+def _spilled_row(record: dict[str, Any]) -> _Row:
+    if record["table"] == "blobs":
+        return _Blob(str(record["sha256"]), zlib.decompress(base64.b64decode(record["zlib"])))
+    row: _Row = _ROW_TYPES[record["table"]](**record["row"])
+    return row
+
+
+def _largest_call_id(connection: sqlite3.Connection, run_id: int) -> int:
+    found = connection.execute("SELECT max(call_id) FROM calls WHERE run_id = ?", (run_id,)).fetchone()
+    return int(found[0] or 0)
+
+
+def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
+    """Store the rows a full disk left in this run's spill files (`rcarun.store.spill`) and remove the files.
+
+    Call it holding the run's lease and before reading what the run has done. Each file's rows go in one
+    transaction with a ``spill_taken_up`` event naming the spill, so a spill found again after a kill between
+    commit and removal is only removed. A spill of another results.db, or one this results.db has moved past (the
+    run has calls it did not know of), is left as is.
+
+    Returns:
+        The lines to tell the user (none when there was nothing to tell).
+
+    Raises:
+        StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
+    """
+    path = Path(path)
+    told: list[str] = []
+    for spill in find_spills(path, run_id):
+        line = _take_up_one(path, run_id, spill, busy_timeout_s)
+        if line is not None:
+            told.append(line)
+    return told
+
+
+def _take_up_one(path: Path, run_id: int, spill: Path, busy_timeout_s: float) -> str | None:
+    header, records = read_spill(spill)
+    writer = _BatchWriter(path, busy_timeout_s, run_id)
+    try:
+        connection = writer.connection
+        taken = connection.execute(
+            "SELECT 1 FROM run_events WHERE run_id = ? AND kind = ? AND json_extract(detail_json, '$.spill_id') = ?",
+            (run_id, SPILL_TAKEN_UP, header.spill_id),
+        ).fetchone()
+        if taken is None:
+            run = connection.execute(
+                "SELECT name, created_at FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if (
+                header.db != str(path.resolve())
+                or header.run_id != run_id
+                or run is None
+                or (header.run_name, header.run_created_at) != (run[0], run[1])
+                or header.calls_before != _largest_call_id(connection, run_id)
+            ):
+                return (
+                    f"{spill} holds {header.rows} rows of run {header.run_name!r} of {header.db} that this "
+                    "results.db cannot take (another file or run, or the run went on without them); it was left "
+                    "as is"
+                )
+            detail = {
+                "spill_id": header.spill_id,
+                "file": str(spill),
+                "rows": header.rows,
+                "answered": header.answered,
+            }
+            try:
+                rows = [_spilled_row(record) for record in records]
+            except (KeyError, TypeError, ValueError, zlib.error) as error:  # binascii.Error is a ValueError
+                raise StoreError(
+                    f"{spill}: a row in it cannot be read ({error!r}); the file is kept"
+                ) from error
+            rows.append(EventRow(run_id=run_id, kind=SPILL_TAKEN_UP, detail_json=json.dumps(detail)))
+            try:
+                writer.write(rows)
+            except (sqlite3.Error, OSError) as error:
+                raise StoreError(
+                    f"storing the {header.rows} rows kept in {spill} into {path} failed "
+                    f"({type(error).__name__}: {error}); the file is kept"
+                ) from error
+    finally:
+        writer.close()
+    spill.unlink()
+    if taken is not None:
+        return None
+    return (
+        f"stored the {header.rows} rows ({header.answered} answered calls) kept in {spill} since {path} "
+        "was full; the file is removed"
+    )
+
+
 class StoreWriter:
     """Batches rows into results.db from one task; use as ``async with StoreWriter(path) as writer:``.
 
@@ -344,6 +457,8 @@ class StoreWriter:
             given up (s).
         on_trouble: called (on the loop's thread, with the error) when a commit first fails for the file's
             sake, and again after a recovery if it fails anew; must not raise.
+        spill_run_id: the run whose rows a give-up writes to a spill file (`rcarun.store.spill`) rather than
+            dropping them; None: they are dropped.
     """
 
     def __init__(
@@ -359,6 +474,7 @@ class StoreWriter:
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         give_up_after_s: float = 10.0,
         on_trouble: Callable[[StoreError], None] | None = None,
+        spill_run_id: int | None = None,
     ) -> None:
         if (
             min(batch_size, max_queued_rows, max_queued_bytes) < 1
@@ -378,6 +494,7 @@ class StoreWriter:
         self._busy_timeout_s = busy_timeout_s
         self._give_up_after_s = give_up_after_s
         self._on_trouble = on_trouble
+        self._spill_run_id = spill_run_id
         self._recent_blobs: OrderedDict[str, None] = OrderedDict()
         self._entries: deque[_Entry] = deque()
         # Bytes of blob data in ``_entries``.
@@ -402,6 +519,7 @@ class StoreWriter:
         self._failure: StoreError | None = None
         self._committed_rows = 0
         self._unstored_answers = 0
+        self._spilled_to: Path | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -478,6 +596,11 @@ class StoreWriter:
     def trouble(self) -> StoreError | None:
         """The error of the last failed commit while commits are failing (None when writes go through)."""
         return self._trouble
+
+    @property
+    def spilled_to(self) -> Path | None:
+        """The spill file that keeps the rows results.db refused to the end, when there is one."""
+        return self._spilled_to
 
     @property
     def unstored_answers(self) -> int:
@@ -691,7 +814,7 @@ class StoreWriter:
                     done.set_result(None)
             if self._pending:
                 if give_up_at is not None and loop.time() >= give_up_at:
-                    self._give_up()
+                    await self._give_up(loop)
                     return
                 pause = retry_s if give_up_at is None else min(retry_s, max(0.0, give_up_at - loop.time()))
                 await self._sleep_unless_stopping(pause, stopping)
@@ -750,18 +873,58 @@ class StoreWriter:
         if first and self._on_trouble is not None:
             self._on_trouble(trouble)
 
-    def _give_up(self) -> None:
+    async def _give_up(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop retrying: keep the pending rows in a spill file where one is allowed, else count them lost."""
         answered = _answered_calls(self._pending)
         cause = self._trouble.__cause__ if self._trouble is not None else None
+        failing = f"writing {self._path} kept failing ({type(cause).__name__}: {cause})"
+        rows = f"{len(self._pending)} rows: {_describe(self._pending)}"
+        spill_problem = ""
+        if self._spill_run_id is not None:
+            try:
+                spilled = await loop.run_in_executor(self._executor, self._spill, list(self._pending))
+            except (StoreError, sqlite3.Error, OSError) as error:
+                spill_problem = f"; keeping them in a spill file failed too ({error})"
+            else:
+                failure = StoreError(
+                    f"{failing}; its {answered} answered calls ({rows}) are kept in {spilled}, which a resume of "
+                    "the run stores first"
+                )
+                failure.__cause__ = cause
+                self._spilled_to = spilled
+                self._failure = failure
+                self._pending.clear()
+                self._room.set()
+                return
         failure = StoreError(
-            f"writing {self._path} kept failing ({type(cause).__name__}: {cause}); {answered} answered calls "
-            f"could not be stored ({len(self._pending)} rows: {_describe(self._pending)})"
+            f"{failing}; {answered} answered calls could not be stored ({rows}){spill_problem}"
         )
         failure.__cause__ = cause
         self._unstored_answers = answered
         self._failure = failure
         self._pending.clear()
         self._room.set()
+
+    def _spill(self, rows: Sequence[_Row]) -> Path:
+        """Write ``rows`` to the run's spill file (on the writer's thread: it reads results.db, which still reads)."""
+        assert self._batch_writer is not None and self._spill_run_id is not None
+        connection = self._batch_writer.connection
+        run = connection.execute(
+            "SELECT name, created_at FROM runs WHERE run_id = ?", (self._spill_run_id,)
+        ).fetchone()
+        if run is None:
+            raise StoreError(f"{self._path} has no run {self._spill_run_id}")
+        header = SpillHeader(
+            db=str(self._path.resolve()),
+            run_id=self._spill_run_id,
+            run_name=str(run[0]),
+            run_created_at=str(run[1]),
+            calls_before=_largest_call_id(connection, self._spill_run_id),
+            spill_id=uuid.uuid4().hex,
+            rows=len(rows),
+            answered=_answered_calls(rows),
+        )
+        return write_spill(header, (_spill_record(row) for row in rows))
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Turn an unexpected end of the writer task (a bug, or a cancelled loop) into a visible failure."""

@@ -1,0 +1,166 @@
+"""Spill files: the rows a full results.db could not take, kept on another disk until a resume stores them.
+
+When results.db stops taking writes (disk full, I/O errors) the writer keeps the rows it holds and retries; if
+the file still refuses them when the sweep ends, they are written here instead of being dropped, so that no
+answered call has to be paid for again. A spill file is JSON lines: a header naming the results.db (its resolved
+path), the run (id, name, creation time) and how many calls of that run results.db held when it was written, then
+one record per row, in the order they were queued. It is written under a temporary name and renamed, so a file
+that exists is whole.
+
+Where (`spill_dirs`): ``$RCARUN_SPILL_DIR`` when set; else ``$XDG_STATE_HOME/rcarun/spill`` (by default
+``~/.local/state/rcarun/spill``) and the system's temporary directory, the one on another file system than
+results.db first, since the disk that filled is the one that holds results.db. The file's name starts with a
+hash of the results.db path and the run id, so the resume of that run finds it and no other run does, and ends
+with the spill's own id, so a spill never replaces an earlier one that is still there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from rcarun.errors import StoreError
+
+__all__ = ["SPILL_DIR_VARIABLE", "SpillHeader", "find_spills", "read_spill", "spill_dirs", "write_spill"]
+
+SPILL_DIR_VARIABLE: Final = "RCARUN_SPILL_DIR"
+_FORMAT: Final = "rcarun-spill"
+_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SpillHeader:
+    """Whose rows a spill file holds.
+
+    Attributes:
+        db: the resolved path of the results.db that refused them.
+        run_id / run_name / run_created_at: the run, as that results.db knew it.
+        calls_before: the run's largest call_id in results.db when they were spilled (0: none); a results.db
+            that has other calls since was written by a session that did not read the spill.
+        spill_id: unique per spill, recorded in the ``spill_taken_up`` event that stores it.
+        rows / answered: rows in the file, answered calls among them.
+    """
+
+    db: str
+    run_id: int
+    run_name: str
+    run_created_at: str
+    calls_before: int
+    spill_id: str
+    rows: int
+    answered: int
+
+
+def _name_prefix(db: Path, run_id: int) -> str:
+    digest = hashlib.sha256(str(db.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"rcarun-{digest}-run{run_id}-"
+
+
+_SUFFIX: Final = ".spill.jsonl"
+
+
+def _device(path: Path) -> int | None:
+    for place in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return place.stat().st_dev
+    return None
+
+
+def spill_dirs(db: Path) -> list[Path]:
+    """Where spill files of ``db`` go, best first (module docstring)."""
+    chosen = os.environ.get(SPILL_DIR_VARIABLE)
+    if chosen:
+        return [Path(chosen)]
+    places = [Path(tempfile.gettempdir())]
+    state = os.environ.get("XDG_STATE_HOME")
+    with contextlib.suppress(RuntimeError):  # no home directory to be found
+        state = state or str(Path.home() / ".local" / "state")
+    if state:
+        places.insert(0, Path(state) / "rcarun" / "spill")
+    db_device = _device(db.resolve().parent)
+    return sorted(
+        places, key=lambda place: _device(place) == db_device
+    )  # stable: state dir first among equals
+
+
+def find_spills(db: Path, run_id: int) -> list[Path]:
+    """The spill files of ``db``'s run ``run_id``, wherever `spill_dirs` would have put them, oldest first."""
+    prefix = _name_prefix(db, run_id)
+    found: list[tuple[float, Path]] = []
+    for place in spill_dirs(db):
+        with contextlib.suppress(OSError):
+            for path in place.glob(f"{prefix}*{_SUFFIX}"):
+                found.append((path.stat().st_mtime, path))
+    return [path for _, path in sorted(found)]
+
+
+def write_spill(header: SpillHeader, records: Iterable[Mapping[str, Any]]) -> Path:
+    """Write a spill file in the first of `spill_dirs` that takes it whole; return its path.
+
+    Raises:
+        StoreError: no place took it (each place's error named).
+    """
+    db = Path(header.db)
+    lines = [json.dumps({"format": _FORMAT, "version": _VERSION, **_header_fields(header)})]
+    lines += [json.dumps(record, ensure_ascii=True) for record in records]
+    data = ("\n".join(lines) + "\n").encode("ascii")
+    problems = []
+    for place in spill_dirs(db):
+        path = place / f"{_name_prefix(db, header.run_id)}{header.spill_id}{_SUFFIX}"
+        try:
+            place.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _write_whole(path, data)
+        except OSError as error:
+            problems.append(f"{place}: {error.strerror or error}")
+            continue
+        return path
+    raise StoreError("; ".join(problems))
+
+
+def _header_fields(header: SpillHeader) -> dict[str, Any]:
+    return {name: getattr(header, name) for name in SpillHeader.__slots__}
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all: written beside it, synced, renamed over it.
+
+    Readable by its owner only, as the prompts and answers it holds may be private and the place may be shared
+    (the temporary directory).
+    """
+    partial = path.with_name(path.name + ".partial")
+    try:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(descriptor, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        partial.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def read_spill(path: Path) -> tuple[SpillHeader, Iterator[dict[str, Any]]]:
+    """The header of the spill file at ``path`` and its records, in order.
+
+    Raises:
+        StoreError: the file cannot be read or is not a spill file this rcarun writes.
+    """
+    try:
+        lines = path.read_text(encoding="ascii").splitlines()
+        first = json.loads(lines[0]) if lines else {}
+        if first.get("format") != _FORMAT or first.get("version") != _VERSION:
+            raise ValueError("not an rcarun spill file of this version")
+        header = SpillHeader(**{name: first[name] for name in SpillHeader.__slots__})
+        records = [json.loads(line) for line in lines[1:]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise StoreError(f"{path}: cannot read this spill file ({error})") from error
+    return header, iter(records)
