@@ -160,7 +160,8 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
             "`spill_taken_up` (rows a full disk had left in a spill file, stored: `spill_id`, `file`, `rows`, "
             "`answered`), `items_left` (an item left for a resume by a refused key, quota or model before the "
             "backbone stopped), `generation_cut`, `stream_refused`, `interrupted`, and the managed replicas' "
-            "`replicas_started`, `replica_died`, `replica_restarted`, `replica_lost`, `replicas_stopped`, "
+            "`replicas_started`, `replica_died`, `replica_restarted`, `replica_restart_failed`, `replica_lost`, "
+            "`replicas_stopped`, "
             "`stale_replica_ended`"
         ),
         "detail_json": "JSON object with the particulars",
