@@ -109,8 +109,9 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
     async def main() -> tuple[float, float]:
         async with backbone.admit_request(request) as ticket:
             assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
-            # The budget reserves the worst case: before any report, one token per character.
-            assert ledger.totals("b").reserved_usd == pytest.approx((40_000 * 1.0 + 2_000 * 4.0) / 1e6)
+            # The budget reserves the worst case: before any report, the most a bill is believed to be (four
+            # tokens a character).
+            assert ledger.totals("b").reserved_usd == pytest.approx((160_000 * 1.0 + 2_000 * 4.0) / 1e6)
             assert backbone.stats().in_flight == 1
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
@@ -131,8 +132,8 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
         and totals.prompt_tokens == 8_000
         and totals.completion_tokens == 500
     )
-    # 40,000 chars were 8,000 tokens (5 per token): the ratio relaxes slowly, 4.0 -> 4.05.
-    assert backbone.estimator.chars_per_token == pytest.approx(4.05)
+    # 40,000 bytes were 8,000 tokens (5 per token): the ratio relaxes slowly, 4.0 -> 4.05.
+    assert backbone.estimator.bytes_per_token == pytest.approx(4.05)
     stats = backbone.stats()
     assert (stats.in_flight, stats.admitted, stats.rate_limited, stats.concurrency_limit) == (0, 2, 0, 4)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
-from rcarun.backends.types import ChatRequest, RateLimitInfo, Usage
+from rcarun.backends.types import ChatRequest, PromptSize, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, ReportedLimits
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
@@ -148,7 +148,7 @@ class Ticket:
         "_slot_released",
         "estimated_prompt_tokens",
         "max_tokens",
-        "prompt_chars",
+        "prompt",
         "slot",
     )
 
@@ -160,7 +160,7 @@ class Ticket:
         reservation: Reservation,
         estimated_prompt_tokens: int,
         max_tokens: int,
-        prompt_chars: int | None,
+        prompt: PromptSize | None,
     ) -> None:
         self._gate = gate
         self.slot = slot
@@ -168,7 +168,7 @@ class Ticket:
         self._reservation = reservation
         self.estimated_prompt_tokens = estimated_prompt_tokens
         self.max_tokens = max_tokens
-        self.prompt_chars = prompt_chars
+        self.prompt = prompt
         self._settled = False
         self._slot_released = False
         self._cost_usd = 0.0
@@ -206,7 +206,7 @@ class Ticket:
 
         Reconciles the rate limiter with the tokens, commits the cost to the ledger, and for an answer counts a
         clean completion for the concurrency limit and calibrates the gate's estimator when the prompt's
-        characters are known and ``usage`` is the provider's (``reported``; an estimate must not calibrate
+        size is known and ``usage`` is the provider's (``reported``; an estimate must not calibrate
         itself).
 
         Raises:
@@ -239,8 +239,10 @@ class Ticket:
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
         if completed:
             gate.concurrency.on_success()
-            if self.prompt_chars is not None and reported:
-                gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
+            if self.prompt is not None and reported:
+                gate.estimator.calibrate(self.prompt.utf8_bytes, usage.prompt_tokens)
+            elif not reported:
+                gate.estimator.note_unreported()
         return self._cost_usd
 
     def _abandon(self) -> None:
@@ -254,15 +256,15 @@ class _Admission:
     """`BackboneGate.admit`'s block: a class rather than a generator-based context manager, since every attempt
     enters one (`contextlib.asynccontextmanager` costs a generator and several calls more per attempt)."""
 
-    __slots__ = ("_estimated_prompt_tokens", "_gate", "_max_tokens", "_prompt_chars", "_slot", "_ticket")
+    __slots__ = ("_estimated_prompt_tokens", "_gate", "_max_tokens", "_prompt", "_slot", "_ticket")
 
     def __init__(
-        self, gate: BackboneGate, estimated_prompt_tokens: int, max_tokens: int, prompt_chars: int | None
+        self, gate: BackboneGate, estimated_prompt_tokens: int, max_tokens: int, prompt: PromptSize | None
     ) -> None:
         self._gate = gate
         self._estimated_prompt_tokens = estimated_prompt_tokens
         self._max_tokens = max_tokens
-        self._prompt_chars = prompt_chars
+        self._prompt = prompt
         self._slot: ConcurrencySlot | None = None
         self._ticket: Ticket | None = None
 
@@ -270,7 +272,7 @@ class _Admission:
         gate = self._gate
         estimated_prompt_tokens = self._estimated_prompt_tokens
         max_tokens = self._max_tokens
-        prompt_chars = self._prompt_chars
+        prompt = self._prompt
         await gate._wait_out_pause()
         slot = await gate.concurrency.acquire()
         try:
@@ -279,20 +281,15 @@ class _Admission:
             )
             if gate._refusals.watching:
                 gate._refusals.admitted(grant, gate._now())
-            # The budget reserves what the call may cost, not what it will likely cost: before the first
-            # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
-            reserved_prompt = (
-                max(estimated_prompt_tokens, gate.estimator.worst_case(prompt_chars))
-                if prompt_chars is not None
-                else estimated_prompt_tokens
-            )
             try:
-                reservation = await gate._reserve_when_budget_allows(reserved_prompt, max_tokens)
+                reservation = await gate._reserve_when_budget_allows(
+                    estimated_prompt_tokens, max_tokens, prompt
+                )
             except BaseException:
                 gate.limiter.give_back(grant)
                 gate._never_sent(grant)
                 raise
-            ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
+            ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt)
         except BaseException:
             gate.concurrency.release(slot)
             raise
@@ -328,7 +325,7 @@ class BackboneGate:
         prices: its price table; None records zero cost and reserves no USD.
         ledger: the run's shared ledger; a private one without budgets when None.
         retry: the retry policy; the defaults when None.
-        estimator: prompt-token estimator for `admit_request`; a fresh 4-chars-per-token one when None.
+        estimator: prompt-token estimator for `admit_request`; a fresh 4-bytes-per-token one when None.
         clock: monotonic seconds; the running loop's time when None.
     """
 
@@ -435,13 +432,11 @@ class BackboneGate:
 
     def admit_request(self, request: ChatRequest) -> AbstractAsyncContextManager[Ticket]:
         """`admit` with the prompt estimated by the gate's estimator (which `Ticket.settle` calibrates)."""
-        prompt_chars = request.prompt_chars()
-        return self.admit(
-            self.estimator.estimate(prompt_chars), request.max_tokens, prompt_chars=prompt_chars
-        )
+        prompt = request.prompt_size()
+        return self.admit(self.estimator.estimate(prompt.utf8_bytes), request.max_tokens, prompt=prompt)
 
     def admit(
-        self, estimated_prompt_tokens: int, max_tokens: int, *, prompt_chars: int | None = None
+        self, estimated_prompt_tokens: int, max_tokens: int, *, prompt: PromptSize | None = None
     ) -> AbstractAsyncContextManager[Ticket]:
         """Wait until this backbone may take one more attempt, and hold its resources for the block.
 
@@ -449,7 +444,7 @@ class BackboneGate:
             BudgetExhausted: on entering the block, the ledger refused the worst-case reservation; nothing is
                 held.
         """
-        return _Admission(self, estimated_prompt_tokens, max_tokens, prompt_chars)
+        return _Admission(self, estimated_prompt_tokens, max_tokens, prompt)
 
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
         """Decide about a failed attempt and apply its consequences to this backbone only.
@@ -937,18 +932,28 @@ class BackboneGate:
         """How many pauses began while none was running (a burst of 429s extending one pause counts once)."""
         return self._pauses_started
 
-    async def _reserve_when_budget_allows(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
+    async def _reserve_when_budget_allows(
+        self, estimated_prompt_tokens: int, max_tokens: int, prompt: PromptSize | None
+    ) -> Reservation:
         """Reserve the call's worst case; while calls in flight hold reservations, wait for them to settle.
 
         Reservations are worst cases (the whole output budget); a call usually settles for much less, so a
         refusal while others are in flight may be temporary. Only a refusal with nothing in flight is final.
+        The prompt's share is what the call may cost, not what it will likely cost (`TokenEstimator.reservation`:
+        before the backbone's first report, the most a bill is believed to be), asked again after each wait:
+        the reports that came in meanwhile may have brought it down.
 
         Raises:
             BudgetExhausted: the budget cannot take this call even with every reservation settled.
         """
         while True:
+            reserved_prompt = (
+                max(estimated_prompt_tokens, self.estimator.reservation(prompt))
+                if prompt is not None
+                else estimated_prompt_tokens
+            )
             try:
-                return self._reserve(estimated_prompt_tokens, max_tokens)
+                return self._reserve(reserved_prompt, max_tokens)
             except BudgetExhausted:
                 if self.ledger.open_reservations == 0:
                     raise
