@@ -152,6 +152,15 @@ def _budget_scenarios() -> list[Callable[[Path], Figure]]:
             )
         )
         cases.append(lambda workdir, c=concurrency: _budget(workdir, "no usage sent", no_usage(), c))
+        for over in (1.5, 2.0):
+            cases.append(
+                lambda workdir, o=over, c=concurrency: _budget(
+                    workdir,
+                    f"completion billed {o:g} x max_tokens",
+                    honest(completion_of_budget=o),
+                    c,
+                )
+            )
     return cases
 
 

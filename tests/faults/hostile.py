@@ -206,7 +206,8 @@ class Usage:
     """What the server bills for an answer, and what it tells the client.
 
     The server always bills its own count: ceil(prompt chars / 4 × ``prompt_mult``) prompt tokens (UTF-8 bytes
-    instead of chars with ``per_byte``) and ceil(answer chars / 4 × ``completion_mult``) completion tokens.
+    instead of chars with ``per_byte``) and ceil(answer chars / 4 × ``completion_mult``) completion tokens (or
+    ceil(``max_tokens`` × ``completion_of_budget``), a bill above the output budget, when set).
     ``report`` says what goes in the body:
     ``honest`` (that count), ``missing`` (no usage object at all) or ``raw`` (``raw_json`` written verbatim as the
     usage object: any nonsense, ``Infinity`` included).
@@ -217,18 +218,31 @@ class Usage:
     report: str = "honest"
     raw_json: str = ""
     per_byte: bool = False
+    completion_of_budget: float | None = None
 
     def billed(self, request: Request, answer_chars: int) -> tuple[int, int]:
         prompt = request.prompt_bytes if self.per_byte else request.prompt_chars
-        return (
-            math.ceil(prompt * self.prompt_mult / CHARS_PER_TOKEN),
-            math.ceil(answer_chars * self.completion_mult / CHARS_PER_TOKEN),
-        )
+        if self.completion_of_budget is not None and isinstance(request.max_tokens, int):
+            completion = math.ceil(request.max_tokens * self.completion_of_budget)
+        else:
+            completion = math.ceil(answer_chars * self.completion_mult / CHARS_PER_TOKEN)
+        return math.ceil(prompt * self.prompt_mult / CHARS_PER_TOKEN), completion
 
 
-def honest(prompt_mult: float = 1.0, completion_mult: float = 1.0, *, per_byte: bool = False) -> Usage:
-    """Bill ceil(chars/4) × the multipliers (the prompt's UTF-8 bytes with ``per_byte``) and report exactly that."""
-    return Usage(prompt_mult=prompt_mult, completion_mult=completion_mult, per_byte=per_byte)
+def honest(
+    prompt_mult: float = 1.0,
+    completion_mult: float = 1.0,
+    *,
+    per_byte: bool = False,
+    completion_of_budget: float | None = None,
+) -> Usage:
+    """Bill as `Usage` says and report exactly that."""
+    return Usage(
+        prompt_mult=prompt_mult,
+        completion_mult=completion_mult,
+        per_byte=per_byte,
+        completion_of_budget=completion_of_budget,
+    )
 
 
 HONEST = honest()
