@@ -83,6 +83,7 @@ def test_without_a_bill_to_believe_the_prompt_is_charged_and_then_reserved_a_tok
     assert estimator.unreported(ENGLISH) == 4_000 and estimator.unreported(EMOJI) == 4_000
     estimator.note_unreported()  # an answer without usage: later calls will be charged that, so reserve it
     assert estimator.reservation(ENGLISH) == 4_000
+    assert estimator.reserved_output(1_000) == 1_000
 
 
 def test_usage_no_bill_can_be_is_named_and_the_bill_that_can_be_is_not() -> None:
@@ -120,3 +121,16 @@ def test_a_missing_bill_is_estimated_conservatively_from_the_request_and_the_ans
         finish_reason="length",
     )
     assert cut.completion_tokens == 1_000  # hidden reasoning cannot be seen: the whole budget is charged
+
+
+def test_output_is_reserved_at_twice_its_budget_until_a_report_shows_how_far_past_it_the_backbone_bills() -> (
+    None
+):
+    estimator = TokenEstimator()
+    assert estimator.reserved_output(1_000) == 2_000  # billed up to twice the budget is believed
+    estimator.calibrate_output(1_000, 300)  # within its budget: the budget is what a call may cost
+    assert estimator.reserved_output(1_000) == 1_000
+    estimator.calibrate_output(1_000, 1_500)  # billed past it: every later call may be too
+    assert estimator.reserved_output(2_000) == 3_000
+    estimator.calibrate_output(1_000, 500)
+    assert estimator.reserved_output(2_000) == 3_000

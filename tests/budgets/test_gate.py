@@ -110,8 +110,8 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
         async with backbone.admit_request(request) as ticket:
             assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
             # The budget reserves the worst case: before any report, the most a bill is believed to be (four
-            # tokens a character).
-            assert ledger.totals("b").reserved_usd == pytest.approx((160_000 * 1.0 + 2_000 * 4.0) / 1e6)
+            # tokens a character, twice the output budget).
+            assert ledger.totals("b").reserved_usd == pytest.approx((160_000 * 1.0 + 4_000 * 4.0) / 1e6)
             assert backbone.stats().in_flight == 1
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
@@ -278,11 +278,12 @@ async def _headers(backbone: BackboneGate, info: RateLimitInfo) -> float:
 
 
 def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less() -> None:
-    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.05)})
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.1)})
     backbone = BackboneGate("b", BackboneLimits(concurrency=4), prices=PRICES, ledger=ledger)
 
     async def main() -> tuple[float, float]:
-        # Worst case per call: 1,000 prompt at $1/M + 10,000 output at $4/M = $0.041; two do not fit in $0.05.
+        # Worst case per call before any report: 1,000 prompt at $1/M + twice the 10,000 output budget at $4/M =
+        # $0.081; two do not fit in $0.1. Once a report shows output within its budget, $0.041.
         async def first() -> None:
             async with backbone.admit(1_000, 10_000) as ticket:
                 await asyncio.sleep(1.0)
@@ -299,7 +300,7 @@ def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less(
         await running
         # Nothing in flight any more: a call whose worst case cannot fit is refused at once.
         with pytest.raises(BudgetExhausted):
-            async with backbone.admit(1_000, 20_000):
+            async with backbone.admit(1_000, 30_000):
                 pass
         return admitted_at, now()
 

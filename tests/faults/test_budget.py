@@ -5,8 +5,9 @@ items run when the prompt bills at chars/4. The server bills its own count (char
 and reports it honestly, or reports nothing at all; its total at the same prices must stay within 5% of
 ``max_usd``. The run stops ('stopped', exit 3) and the items left are 'skipped_budget'.
 
-Up to four tokens a character (or one a UTF-8 byte of emoji and CJK text), billed from the very first wave of
-64 calls: the budget reserves the most a bill is believed to be until the backbone's first report.
+Up to four tokens a character (or one a UTF-8 byte of emoji and CJK text), or twice the output budget, billed from
+the very first wave of 64 calls: the budget reserves the most a bill is believed to be until the backbone's first
+report, and what the reports showed after.
 """
 
 from __future__ import annotations
@@ -94,10 +95,16 @@ WIDE_TEXT = "🚀✅😀 日本語のログ出力 " * 10
         (honest(8), "step", 40.0),
         (honest(16), "step", 80.0),
         (honest(4, per_byte=True), WIDE_TEXT, 40.0),
+        (honest(completion_of_budget=2.0), "step", 9.0),
     ],
-    ids=["2-tokens-a-char", "4-tokens-a-char", "a-token-a-utf8-byte-of-emoji-and-cjk"],
+    ids=[
+        "2-tokens-a-char",
+        "4-tokens-a-char",
+        "a-token-a-utf8-byte-of-emoji-and-cjk",
+        "output-billed-2x-max-tokens",
+    ],
 )
-def test_rcarun_sweep_spends_within_the_budget_at_up_to_four_tokens_a_character_from_the_first_wave(
+def test_rcarun_sweep_spends_within_the_budget_billed_up_to_the_most_it_believes_from_the_first_wave(
     usage: Usage,
     text: str,
     max_usd: float,

@@ -12,7 +12,8 @@ A spend budget needs more than a good guess: what a call can cost. Until the fir
 how the backbone bills, so `TokenEstimator.reservation` reserves the most a bill is believed to be, four tokens
 per character (`implausible_usage`'s ceiling; a character is at most four UTF-8 bytes); from the first report on
 the calibrated estimate. A first wave of calls admitted at one token per character is what let a 30-dollar
-budget spend 105 dollars on prompts billed at four.
+budget spend 105 dollars on prompts billed at four. Output is reserved alike: twice ``max_tokens`` (some providers
+bill past it) until a report shows how far past it this backbone bills (`TokenEstimator.reserved_output`).
 
 A provider's usage is the bill, unless it cannot be one: `implausible_usage` says when (more prompt tokens than
 four per character plus template overhead, more completion tokens than twice the output budget, more prompt
@@ -39,10 +40,13 @@ _TEMPLATE_TOKENS_PER_REQUEST = 4096
 # UTF-8 byte and a character is at most four bytes; a provider may count more than its tokenizer (a hidden
 # prompt, a rule of its own) and that is still the bill, up to this.
 _MAX_TOKENS_PER_CHAR = 4
+# The most completion tokens a bill is believed to hold, in output budgets: some providers bill past max_tokens.
+_MAX_OUTPUT_BUDGETS = 2.0
 
 
 class TokenEstimator:
-    """Estimates prompt tokens from UTF-8 bytes with a conservatively smoothed bytes-per-token ratio.
+    """Estimates prompt tokens from UTF-8 bytes with a conservatively smoothed bytes-per-token ratio, and what a
+    call's output may be billed past its budget.
 
     Args:
         bytes_per_token: the starting ratio.
@@ -72,6 +76,8 @@ class TokenEstimator:
         self._min_calibration_tokens = min_calibration_tokens
         self._samples = 0
         self._unreported_answers = 0
+        # The most completion tokens any report showed, in output budgets (at least 1); None before any report.
+        self._output_budgets: float | None = None
 
     @property
     def bytes_per_token(self) -> float:
@@ -103,6 +109,26 @@ class TokenEstimator:
         if self._samples:
             return self.estimate(prompt.utf8_bytes)
         return max(self.estimate(prompt.utf8_bytes), prompt.utf8_bytes)
+
+    def reserved_output(self, max_tokens: int) -> int:
+        """Completion tokens a budget must reserve for an output budget of ``max_tokens``: the most a bill is
+        believed to be (twice the budget, `implausible_usage`) until a report shows how this backbone bills, then
+        the budget times the most any report billed past it (never less than the budget); the budget itself once
+        an answer came without a bill to believe (what `estimated_usage` charges at most)."""
+        if self._output_budgets is not None:
+            budgets = self._output_budgets
+        elif self._unreported_answers:
+            budgets = 1.0
+        else:
+            budgets = _MAX_OUTPUT_BUDGETS
+        return math.ceil(max_tokens * budgets)
+
+    def calibrate_output(self, max_tokens: int, reported_completion_tokens: int) -> None:
+        """Fold one provider report's completion tokens into what `reserved_output` reserves."""
+        if max_tokens <= 0:
+            return
+        billed = min(_MAX_OUTPUT_BUDGETS, max(1.0, reported_completion_tokens / max_tokens))
+        self._output_budgets = billed if self._output_budgets is None else max(self._output_budgets, billed)
 
     def note_unreported(self) -> None:
         """An answer came without usage to believe: until a report comes, calls are charged `unreported`."""
@@ -139,7 +165,7 @@ def implausible_usage(
         return f"usage.prompt_tokens {usage.prompt_tokens} is more than a prompt of {prompt.chars} characters can be"
     if context_window is not None and usage.prompt_tokens > context_window + _TEMPLATE_TOKENS_PER_REQUEST:
         return f"usage.prompt_tokens {usage.prompt_tokens} is more than the {context_window}-token context window"
-    if usage.completion_tokens > 2 * max_tokens + _TEMPLATE_TOKENS_PER_REQUEST:
+    if usage.completion_tokens > _MAX_OUTPUT_BUDGETS * max_tokens + _TEMPLATE_TOKENS_PER_REQUEST:
         return (
             f"usage.completion_tokens {usage.completion_tokens} is more than twice the output budget "
             f"of {max_tokens}"

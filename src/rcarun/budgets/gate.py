@@ -239,9 +239,11 @@ class Ticket:
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
         if completed:
             gate.concurrency.on_success()
-            if self.prompt is not None and reported:
-                gate.estimator.calibrate(self.prompt.utf8_bytes, usage.prompt_tokens)
-            elif not reported:
+            if reported:
+                gate.estimator.calibrate_output(self.max_tokens, usage.completion_tokens)
+                if self.prompt is not None:
+                    gate.estimator.calibrate(self.prompt.utf8_bytes, usage.prompt_tokens)
+            else:
                 gate.estimator.note_unreported()
         return self._cost_usd
 
@@ -939,9 +941,10 @@ class BackboneGate:
 
         Reservations are worst cases (the whole output budget); a call usually settles for much less, so a
         refusal while others are in flight may be temporary. Only a refusal with nothing in flight is final.
-        The prompt's share is what the call may cost, not what it will likely cost (`TokenEstimator.reservation`:
-        before the backbone's first report, the most a bill is believed to be), asked again after each wait:
-        the reports that came in meanwhile may have brought it down.
+        Prompt and output are reserved for what the call may cost, not what it will likely cost
+        (`TokenEstimator.reservation` and `reserved_output`: before the backbone's first report, the most a bill
+        is believed to be), asked again after each wait: the reports that came in meanwhile may have brought it
+        down.
 
         Raises:
             BudgetExhausted: the budget cannot take this call even with every reservation settled.
@@ -953,7 +956,7 @@ class BackboneGate:
                 else estimated_prompt_tokens
             )
             try:
-                return self._reserve(reserved_prompt, max_tokens)
+                return self._reserve(reserved_prompt, self.estimator.reserved_output(max_tokens))
             except BudgetExhausted:
                 if self.ledger.open_reservations == 0:
                     raise
@@ -963,13 +966,9 @@ class BackboneGate:
             self._budget_freed.clear()
             await self._budget_freed.wait()
 
-    def _reserve(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
-        usd = (
-            self.prices.worst_case_usd(estimated_prompt_tokens, max_tokens)
-            if self.prices is not None
-            else 0.0
-        )
-        return self.ledger.reserve(self.name, usd, estimated_prompt_tokens + max_tokens)
+    def _reserve(self, prompt_tokens: int, output_tokens: int) -> Reservation:
+        usd = self.prices.worst_case_usd(prompt_tokens, output_tokens) if self.prices is not None else 0.0
+        return self.ledger.reserve(self.name, usd, prompt_tokens + output_tokens)
 
     async def _wait_out_pause(self) -> None:
         while (remaining := self._paused_until - self._now()) > 0:
