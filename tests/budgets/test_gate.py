@@ -309,6 +309,27 @@ def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less(
     assert refused_at == pytest.approx(1.0)
 
 
+def test_a_budget_below_the_believed_ceiling_sends_the_first_call_alone_at_a_token_a_byte() -> None:
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.01)})
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4), prices=PRICES, ledger=ledger)
+    # The ceiling, 16,000 prompt tokens + 200 output at $1/M and $4/M, is $0.0168: more than the whole budget.
+    request = ChatRequest(messages=(ChatMessage("user", "x" * 4_000),), max_tokens=100)
+
+    async def main() -> tuple[float, float]:
+        async with backbone.admit_request(request) as ticket:
+            alone = ledger.totals("b").reserved_usd
+            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=50), at=NOON)
+        async with backbone.admit_request(request):
+            calibrated = ledger.totals("b").reserved_usd
+        return alone, calibrated
+
+    alone, calibrated = run_virtual(main)
+    assert alone == pytest.approx((4_000 * 1.0 + 100 * 4.0) / 1e6)  # a token a byte, the output budget
+    assert calibrated == pytest.approx(
+        (1_050 * 1.0 + 100 * 4.0) / 1e6
+    )  # what the report showed, margin on top
+
+
 @pytest.mark.parametrize(("meters_output_budget", "second"), [(False, 1_000 + 625), (True, 1_000 + 8_000)])
 def test_a_call_reserves_the_output_calls_produce_not_its_whole_budget(
     meters_output_budget: bool, second: int

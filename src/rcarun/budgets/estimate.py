@@ -89,6 +89,11 @@ class TokenEstimator:
         """Reports used for calibration so far."""
         return self._samples
 
+    @property
+    def answered(self) -> bool:
+        """Whether any answer has been settled: reported (and calibrating), or charged `unreported`."""
+        return self._output_budgets is not None or self._unreported_answers > 0
+
     def estimate(self, utf8_bytes: int) -> int:
         """Estimated prompt tokens for ``utf8_bytes`` bytes of message content, margin included."""
         return math.ceil(utf8_bytes / self._bytes_per_token * (1.0 + self._margin))

@@ -947,7 +947,8 @@ class BackboneGate:
         down.
 
         Raises:
-            BudgetExhausted: the budget cannot take this call even with every reservation settled.
+            BudgetExhausted: the budget cannot take this call even with every reservation settled (nor, before the
+                backbone's first answer, at one token per UTF-8 byte).
         """
         while True:
             reserved_prompt = (
@@ -959,7 +960,15 @@ class BackboneGate:
                 return self._reserve(reserved_prompt, self.estimator.reserved_output(max_tokens))
             except BudgetExhausted:
                 if self.ledger.open_reservations == 0:
-                    raise
+                    if prompt is None or self.estimator.answered:
+                        raise
+                    # Nothing in flight, nothing known of this backbone's bills, and the most one is believed to
+                    # be does not fit: this call alone goes at the most a tokenizer bills (a token per UTF-8 byte,
+                    # the output budget), so that a budget smaller than that belief runs at all; its answer then
+                    # sets what the calls after it reserve.
+                    return self._reserve(
+                        max(estimated_prompt_tokens, self.estimator.unreported(prompt)), max_tokens
+                    )
             if self._budget_freed is None:
                 self._budget_freed = asyncio.Event()
                 self.ledger.on_reservation_ended(self._budget_freed.set)
