@@ -1,10 +1,11 @@
 """Measure the figures behind docs/reliability.md against the fault suite's hostile server, and print them.
 
-    .venv/bin/python scripts/fault_figures.py [--json]
+    .venv/bin/python scripts/fault_figures.py [--json] [--only GROUP]
 
 Each scenario runs `rcarun sweep` as a child process against `tests/faults/hostile.py` (the fault suite's own
 server, not the simulator) and reads the server's log beside results.db: server-billed spend against the
-budget for prompts billed at 1x, 2x and 4x chars/4 and for answers without usage, at concurrency 16 and 64;
+budget for prompts billed at 0.25 to 4 tokens a character or a token a UTF-8 byte of emoji and CJK text, and for
+answers without usage, at concurrency 16 and 64;
 answers served vs stored with 1 bad answer in 8; paid answers lost to a full disk; requests answered twice
 when two sweeps start on one run; seconds until a backbone asked to wait a day is stopped; items failed and
 interrupted after two Ctrl-Cs; key fragments found anywhere. Exit status 0 when every figure is within its
@@ -45,6 +46,7 @@ from faults.hostile import (
     Prices,
     Reply,
     Request,
+    Usage,
     answered_twice,
     echo_secret,
     find_secret,
@@ -62,6 +64,10 @@ from faults.hostile import (
 
 PRICES = Prices(input_per_mtok=1000, output_per_mtok=20)
 MAX_USD = 12.0
+BUDGET_ITEMS = 60
+# Step text of the wide budget cases: emoji (4 UTF-8 bytes each) and CJK (3 each), as agent logs hold them.
+WIDE_TEXT = "🚀✅😀 日本語のログ出力 " * 40
+WIDE_BUDGET_SCALE = 12.0
 
 
 @dataclass
@@ -78,11 +84,21 @@ def _server(policy: Policy, **kwargs: Any) -> Iterator[HostileServer]:
         yield server
 
 
-def _budget(workdir: Path, label: str, policy: Policy, concurrency: int) -> Figure:
-    with _server(policy, prices=PRICES) as server:
+def _budget(
+    workdir: Path,
+    label: str,
+    usage: Usage,
+    concurrency: int,
+    *,
+    text: Callable[[int], str] = lambda index: "step",
+    budget_scale: float = 1.0,
+) -> Figure:
+    """Server-billed spend over ``max_usd`` (MAX_USD × ``budget_scale``, so that about half the items fit)."""
+    max_usd = MAX_USD * budget_scale
+    with _server(ok(latency_s=0.2, usage=usage), prices=PRICES) as server:
         config = write_sweep(
             workdir / "sweep.toml",
-            dataset=write_dataset(workdir / "data", 60),
+            dataset=write_dataset(workdir / "data", BUDGET_ITEMS, text=text),
             backbones={
                 "fx": backbone(
                     server.base_url,
@@ -93,16 +109,59 @@ def _budget(workdir: Path, label: str, policy: Policy, concurrency: int) -> Figu
                     },
                 )
             },
-            budget={"max_usd": MAX_USD},
+            budget={"max_usd": max_usd},
         )
         run_cli(sweep_args(config, workdir / "results.db", "budget"), cwd=workdir)
-        ratio = server.billed_usd() / MAX_USD
+        ratio = server.billed_usd() / max_usd
     return Figure(
         f"budget, {label}, concurrency {concurrency}",
         f"server-billed {ratio:.3f} x max_usd",
         "<= 1.05",
         ratio <= 1.05,
     )
+
+
+def _budget_scenarios() -> list[Callable[[Path], Figure]]:
+    """Prompts billed at 0.25 to 4 tokens a character, or one token per UTF-8 byte of wide text, or not reported."""
+    cases: list[Callable[[Path], Figure]] = []
+    for concurrency in (16, 64):
+        for mult in (1, 2, 4, 8, 16):
+            cases.append(
+                lambda workdir, m=mult, c=concurrency: _budget(
+                    workdir, f"prompt billed {m / 4:g} token(s) a character", honest(m), c, budget_scale=m
+                )
+            )
+        cases.append(
+            lambda workdir, c=concurrency: _budget(
+                workdir,
+                "prompt billed a token a UTF-8 byte, emoji/CJK steps",
+                honest(4, per_byte=True),
+                c,
+                text=lambda index: WIDE_TEXT,
+                budget_scale=WIDE_BUDGET_SCALE,
+            )
+        )
+        cases.append(
+            lambda workdir, c=concurrency: _budget(
+                workdir,
+                "prompt billed a token a UTF-8 byte, every other trajectory emoji/CJK",
+                honest(4, per_byte=True),
+                c,
+                text=lambda index: WIDE_TEXT if index % 2 else "step",
+                budget_scale=(WIDE_BUDGET_SCALE + 4) / 2,
+            )
+        )
+        cases.append(lambda workdir, c=concurrency: _budget(workdir, "no usage sent", no_usage(), c))
+        for over in (1.5, 2.0):
+            cases.append(
+                lambda workdir, o=over, c=concurrency: _budget(
+                    workdir,
+                    f"completion billed {o:g} x max_tokens",
+                    honest(completion_of_budget=o),
+                    c,
+                )
+            )
+    return cases
 
 
 def _unstorable(workdir: Path) -> Figure:
@@ -257,30 +316,25 @@ def _secrets(workdir: Path) -> Figure:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--only",
+        choices=("budget", "unstorable", "disk-full", "two-sweeps", "long-pause", "two-ctrl-c", "secrets"),
+        help="measure only this group of figures",
+    )
     args = parser.parse_args()
-    scenarios: list[Callable[[Path], Figure]] = [
-        *(
-            (
-                lambda workdir, m=mult, c=concurrency: _budget(
-                    workdir, f"prompt billed {m}x", ok(usage=honest(m)), c
-                )
-            )
-            for mult in (1, 2, 4)
-            for concurrency in (16, 64)
-        ),
-        *(
-            (lambda workdir, c=concurrency: _budget(workdir, "no usage sent", ok(usage=no_usage()), c))
-            for concurrency in (16, 64)
-        ),
-        _unstorable,
-        _disk_full,
-        _two_sweeps,
-        _long_pause,
-        _two_ctrl_c,
-        _secrets,
+    scenarios: list[tuple[str, Callable[[Path], Figure]]] = [
+        *(("budget", scenario) for scenario in _budget_scenarios()),
+        ("unstorable", _unstorable),
+        ("disk-full", _disk_full),
+        ("two-sweeps", _two_sweeps),
+        ("long-pause", _long_pause),
+        ("two-ctrl-c", _two_ctrl_c),
+        ("secrets", _secrets),
     ]
     figures = []
-    for scenario in scenarios:
+    for group, scenario in scenarios:
+        if args.only is not None and group != args.only:
+            continue
         with tempfile.TemporaryDirectory(prefix="rcarun-faults-") as workdir:
             figures.append(scenario(Path(workdir)))
         print(f"{figures[-1].fault}: {figures[-1].measured}", file=sys.stderr, flush=True)

@@ -109,8 +109,9 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
     async def main() -> tuple[float, float]:
         async with backbone.admit_request(request) as ticket:
             assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
-            # The budget reserves the worst case: before any report, one token per character.
-            assert ledger.totals("b").reserved_usd == pytest.approx((40_000 * 1.0 + 2_000 * 4.0) / 1e6)
+            # The budget reserves the worst case: before any report, the most a bill is believed to be (four
+            # tokens a character, twice the output budget).
+            assert ledger.totals("b").reserved_usd == pytest.approx((160_000 * 1.0 + 4_000 * 4.0) / 1e6)
             assert backbone.stats().in_flight == 1
             cost = ticket.settle(
                 Usage(prompt_tokens=8_000, cached_prompt_tokens=2_000, completion_tokens=500), at=NOON
@@ -131,8 +132,8 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
         and totals.prompt_tokens == 8_000
         and totals.completion_tokens == 500
     )
-    # 40,000 chars were 8,000 tokens (5 per token): the ratio relaxes slowly, 4.0 -> 4.05.
-    assert backbone.estimator.chars_per_token == pytest.approx(4.05)
+    # 40,000 bytes were 8,000 tokens (5 per token): the ratio relaxes slowly, 4.0 -> 4.05.
+    assert backbone.estimator.bytes_per_token == pytest.approx(4.05)
     stats = backbone.stats()
     assert (stats.in_flight, stats.admitted, stats.rate_limited, stats.concurrency_limit) == (0, 2, 0, 4)
 
@@ -277,11 +278,12 @@ async def _headers(backbone: BackboneGate, info: RateLimitInfo) -> float:
 
 
 def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less() -> None:
-    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.05)})
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.1)})
     backbone = BackboneGate("b", BackboneLimits(concurrency=4), prices=PRICES, ledger=ledger)
 
     async def main() -> tuple[float, float]:
-        # Worst case per call: 1,000 prompt at $1/M + 10,000 output at $4/M = $0.041; two do not fit in $0.05.
+        # Worst case per call before any report: 1,000 prompt at $1/M + twice the 10,000 output budget at $4/M =
+        # $0.081; two do not fit in $0.1. Once a report shows output within its budget, $0.041.
         async def first() -> None:
             async with backbone.admit(1_000, 10_000) as ticket:
                 await asyncio.sleep(1.0)
@@ -298,13 +300,34 @@ def test_a_budget_refusal_waits_while_calls_in_flight_may_still_settle_for_less(
         await running
         # Nothing in flight any more: a call whose worst case cannot fit is refused at once.
         with pytest.raises(BudgetExhausted):
-            async with backbone.admit(1_000, 20_000):
+            async with backbone.admit(1_000, 30_000):
                 pass
         return admitted_at, now()
 
     admitted_at, refused_at = run_virtual(main)
     assert admitted_at == pytest.approx(1.0)  # waited for the first call to settle, not refused
     assert refused_at == pytest.approx(1.0)
+
+
+def test_a_budget_below_the_believed_ceiling_sends_the_first_call_alone_at_a_token_a_byte() -> None:
+    ledger = SpendLedger(per_backbone={"b": Budget(max_usd=0.01)})
+    backbone = BackboneGate("b", BackboneLimits(concurrency=4), prices=PRICES, ledger=ledger)
+    # The ceiling, 16,000 prompt tokens + 200 output at $1/M and $4/M, is $0.0168: more than the whole budget.
+    request = ChatRequest(messages=(ChatMessage("user", "x" * 4_000),), max_tokens=100)
+
+    async def main() -> tuple[float, float]:
+        async with backbone.admit_request(request) as ticket:
+            alone = ledger.totals("b").reserved_usd
+            ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=50), at=NOON)
+        async with backbone.admit_request(request):
+            calibrated = ledger.totals("b").reserved_usd
+        return alone, calibrated
+
+    alone, calibrated = run_virtual(main)
+    assert alone == pytest.approx((4_000 * 1.0 + 100 * 4.0) / 1e6)  # a token a byte, the output budget
+    assert calibrated == pytest.approx(
+        (1_050 * 1.0 + 100 * 4.0) / 1e6
+    )  # what the report showed, margin on top
 
 
 @pytest.mark.parametrize(("meters_output_budget", "second"), [(False, 1_000 + 625), (True, 1_000 + 8_000)])

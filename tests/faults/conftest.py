@@ -53,25 +53,29 @@ def serve() -> Iterator[Callable[..., HostileServer]]:
 # ------------------------------------------------------------------------------------------------ data
 
 
-def write_dataset(root: Path, n: int, *, steps: int = 4) -> Path:
+def write_dataset(
+    root: Path, n: int, *, steps: int = 4, text: Callable[[int], str] = lambda index: "step"
+) -> Path:
     """``n`` small Who&When-shaped trajectories (agents A0 and A1), each with its own task and step texts, so that
-    no two send the same prompt."""
+    no two send the same prompt; ``text(index)`` is what every step of trajectory ``index`` says."""
     (root / "src").mkdir(parents=True)
     for index in range(n):
-        record = good_trajectory(steps, content=f"trajectory {index} step", question=f"task number {index}")
+        record = good_trajectory(
+            steps, content=f"trajectory {index} {text(index)}", question=f"task number {index}"
+        )
         (root / "src" / f"{index}.json").write_text(json.dumps(record))
     return root
 
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> Callable[..., Path]:
-    """``dataset(n)``: a directory of ``n`` small trajectories under ``tmp_path``."""
+    """``dataset(n)``: a directory of ``n`` small trajectories under ``tmp_path`` (`write_dataset`)."""
     made = 0
 
-    def make(n: int, *, steps: int = 4) -> Path:
+    def make(n: int, *, steps: int = 4, text: Callable[[int], str] = lambda index: "step") -> Path:
         nonlocal made
         made += 1
-        return write_dataset(tmp_path / f"data{made}", n, steps=steps)
+        return write_dataset(tmp_path / f"data{made}", n, steps=steps, text=text)
 
     return make
 

@@ -152,6 +152,15 @@ class Request:
         return sum(len(m["content"]) for m in self.messages if isinstance(m.get("content"), str))
 
     @property
+    def prompt_bytes(self) -> int:
+        """UTF-8 bytes of the same text: what a byte-level tokenizer counts at most."""
+        return sum(
+            len(m["content"].encode("utf-8", "surrogatepass"))
+            for m in self.messages
+            if isinstance(m.get("content"), str)
+        )
+
+    @property
     def prompt_text(self) -> str:
         return "\n".join(m["content"] for m in self.messages if isinstance(m.get("content"), str))
 
@@ -196,8 +205,10 @@ class Prices:
 class Usage:
     """What the server bills for an answer, and what it tells the client.
 
-    The server always bills its own count: ceil(prompt chars / 4 × ``prompt_mult``) prompt tokens and
-    ceil(answer chars / 4 × ``completion_mult``) completion tokens. ``report`` says what goes in the body:
+    The server always bills its own count: ceil(prompt chars / 4 × ``prompt_mult``) prompt tokens (UTF-8 bytes
+    instead of chars with ``per_byte``) and ceil(answer chars / 4 × ``completion_mult``) completion tokens (or
+    ceil(``max_tokens`` × ``completion_of_budget``), a bill above the output budget, when set).
+    ``report`` says what goes in the body:
     ``honest`` (that count), ``missing`` (no usage object at all) or ``raw`` (``raw_json`` written verbatim as the
     usage object: any nonsense, ``Infinity`` included).
     """
@@ -206,17 +217,32 @@ class Usage:
     completion_mult: float = 1.0
     report: str = "honest"
     raw_json: str = ""
+    per_byte: bool = False
+    completion_of_budget: float | None = None
 
-    def billed(self, prompt_chars: int, answer_chars: int) -> tuple[int, int]:
-        return (
-            math.ceil(prompt_chars * self.prompt_mult / CHARS_PER_TOKEN),
-            math.ceil(answer_chars * self.completion_mult / CHARS_PER_TOKEN),
-        )
+    def billed(self, request: Request, answer_chars: int) -> tuple[int, int]:
+        prompt = request.prompt_bytes if self.per_byte else request.prompt_chars
+        if self.completion_of_budget is not None and isinstance(request.max_tokens, int):
+            completion = math.ceil(request.max_tokens * self.completion_of_budget)
+        else:
+            completion = math.ceil(answer_chars * self.completion_mult / CHARS_PER_TOKEN)
+        return math.ceil(prompt * self.prompt_mult / CHARS_PER_TOKEN), completion
 
 
-def honest(prompt_mult: float = 1.0, completion_mult: float = 1.0) -> Usage:
-    """Bill ceil(chars/4) × the multipliers and report exactly that."""
-    return Usage(prompt_mult=prompt_mult, completion_mult=completion_mult)
+def honest(
+    prompt_mult: float = 1.0,
+    completion_mult: float = 1.0,
+    *,
+    per_byte: bool = False,
+    completion_of_budget: float | None = None,
+) -> Usage:
+    """Bill as `Usage` says and report exactly that."""
+    return Usage(
+        prompt_mult=prompt_mult,
+        completion_mult=completion_mult,
+        per_byte=per_byte,
+        completion_of_budget=completion_of_budget,
+    )
 
 
 HONEST = honest()
@@ -735,7 +761,7 @@ class HostileServer:
     def _answer(self, seen: Request, entry: LogEntry, reply: Answer) -> web.Response:
         content = _content(seen, reply)
         completion_id = f"chatcmpl-hostile-{self._token}-{seen.seq}"
-        prompt_tokens, completion_tokens = reply.usage.billed(seen.prompt_chars, len(content))
+        prompt_tokens, completion_tokens = reply.usage.billed(seen, len(content))
         head = json.dumps(
             {
                 "id": completion_id,

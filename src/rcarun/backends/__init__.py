@@ -26,11 +26,14 @@ from rcarun.backends.types import (
     ChatRequest,
     ChatResult,
     ChatToolCall,
+    PromptSize,
     RateLimitInfo,
     ReasoningSetting,
     ToolChoice,
     Usage,
     prompt_chars,
+    prompt_size,
+    utf8_length,
 )
 from rcarun.backends.wire import build_body, parse_completion, replay_body
 
@@ -45,6 +48,7 @@ __all__ = [
     "ChatToolCall",
     "OpenAICompatBackend",
     "Preset",
+    "PromptSize",
     "RateLimitInfo",
     "ReasoningSetting",
     "ReplicaBalancer",
@@ -65,9 +69,11 @@ __all__ = [
     "parse_rate_limit_headers",
     "parse_retry_after_s",
     "prompt_chars",
+    "prompt_size",
     "register_lazy_backend",
     "register_preset",
     "replay_body",
     "transport",
     "transport_names",
+    "utf8_length",
 ]

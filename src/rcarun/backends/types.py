@@ -24,10 +24,14 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "ChatToolCall",
+    "PromptSize",
     "RateLimitInfo",
     "ReasoningSetting",
     "ToolChoice",
     "Usage",
+    "prompt_chars",
+    "prompt_size",
+    "utf8_length",
 ]
 
 # "off" disables thinking where the provider can; "low"/"medium"/"high" set the effort; None leaves the
@@ -84,8 +88,12 @@ class ChatRequest:
     tool_choice: ToolChoice | None = None
 
     def prompt_chars(self) -> int:
-        """Characters the prompt is made of, the basis of token estimates before a call (see `prompt_chars`)."""
+        """Characters the prompt is made of (see `prompt_chars`)."""
         return prompt_chars(self.messages, self.tools)
+
+    def prompt_size(self) -> PromptSize:
+        """Characters and UTF-8 bytes of the prompt, the basis of token estimates before a call (`prompt_size`)."""
+        return prompt_size(self.messages, self.tools)
 
     def canonical_json(self) -> str:
         """A stable JSON rendering (sorted keys, no whitespace) used for hashing, caching and storage.
@@ -132,6 +140,42 @@ def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, A
     if tools:
         chars += len(json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False))
     return chars
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """How large a prompt is, in the two units a token count is bounded by.
+
+    Attributes:
+        chars: code points of the prompt's text (see `prompt_chars` for what counts).
+        utf8_bytes: the same text's UTF-8 bytes: a byte-level tokenizer bills at most one token per byte.
+    """
+
+    chars: int
+    utf8_bytes: int
+
+
+def utf8_length(text: str) -> int:
+    """UTF-8 bytes of ``text`` (an unpaired surrogate counts its three bytes)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def prompt_size(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] = ()) -> PromptSize:
+    """`prompt_chars`'s text measured in characters and in UTF-8 bytes."""
+    chars = 0
+    utf8_bytes = 0
+    for message in messages:
+        for text in (
+            message.content,
+            *(part for call in message.tool_calls for part in (call.name, call.arguments)),
+        ):
+            chars += len(text)
+            utf8_bytes += utf8_length(text)
+    if tools:
+        specs = json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False)
+        chars += len(specs)
+        utf8_bytes += utf8_length(specs)
+    return PromptSize(chars=chars, utf8_bytes=utf8_bytes)
 
 
 def _canonical_message(message: ChatMessage) -> dict[str, Any]:

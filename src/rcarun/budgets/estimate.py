@@ -1,22 +1,26 @@
 """Prompt-token estimates before a call, calibrated against what each backbone's tokenizer reports.
 
-Token limits are reserved before the call, when only the prompt's characters are known. A fixed 4 characters
-per token is wrong for code, JSON-heavy agent logs and non-English text, and an underestimate is what earns
-429s (and 400s on a full context). So the ratio is learned per backbone from reported usage, moving quickly
-towards fewer characters per token (more tokens: safe) and slowly the other way, so that estimates lean
-high. The first report that shows more tokens than assumed replaces the starting ratio outright.
+Token limits are reserved before the call, when only the prompt's text is known. A fixed 4 bytes per token is
+wrong for code, JSON-heavy agent logs and non-English text, and an underestimate is what earns 429s (and 400s on
+a full context). So the ratio is learned per backbone from reported usage, moving quickly towards fewer bytes per
+token (more tokens: safe) and slowly the other way, so that estimates lean high. The first report that shows
+more tokens than assumed replaces the starting ratio outright. The unit is the UTF-8 byte, not the character:
+byte-level tokenizers spend up to a token per byte on emoji, CJK and base64, so a ratio learned on English
+stays close for a later prompt full of emoji, where a chars-per-token ratio would be off by up to four.
 
-A spend budget needs more than a good guess: what a call can cost. Until the first report, nothing is known
-about the tokenizer, so `TokenEstimator.worst_case` assumes one token per character (CJK text and code come
-close; English is near four characters per token), and the ledger reserves that; from the first report on it
-reserves the calibrated estimate. A first wave of calls admitted at chars/4 is what let a 30-dollar budget
-spend 44 dollars on prompts that tokenized at twice the guess.
+A spend budget needs more than a good guess: what a call can cost. Until the first report nothing is known about
+how the backbone bills, so `TokenEstimator.reservation` reserves the most a bill is believed to be, four tokens
+per character (`implausible_usage`'s ceiling; a character is at most four UTF-8 bytes); from the first report on
+the calibrated estimate. A first wave of calls admitted at one token per character is what let a 30-dollar
+budget spend 105 dollars on prompts billed at four. Output is reserved alike: twice ``max_tokens`` (some providers
+bill past it) until a report shows how far past it this backbone bills (`TokenEstimator.reserved_output`).
 
-A provider's usage is the bill, unless it cannot be one: `implausible_usage` says when (more prompt tokens
-than the prompt has UTF-8 bytes plus template overhead, more completion tokens than twice the output budget,
-more prompt tokens than the context window). Such a call, and one with no usage at all, is charged
-`estimated_usage`, a conservative estimate from the request and the answer text; an attempt cut short after
-it was sent, `cut_usage`, from what had arrived.
+A provider's usage is the bill, unless it cannot be one: `implausible_usage` says when (more prompt tokens than
+four per character plus template overhead, more completion tokens than twice the output budget, more prompt
+tokens than the context window). Such a call, and one with no usage at all, is charged `estimated_usage`, a
+conservative estimate from the request and the answer text; an attempt cut short after it was sent, `cut_usage`,
+from what had arrived. Both charge the prompt at `TokenEstimator.unreported`: the calibrated estimate, or before
+any report one token per UTF-8 byte, the most a byte-level tokenizer bills.
 """
 
 from __future__ import annotations
@@ -24,105 +28,149 @@ from __future__ import annotations
 import math
 
 from rcarun.backends.streaming import CallProgress
-from rcarun.backends.types import Usage
+from rcarun.backends.types import PromptSize, Usage
 from rcarun.errors import CallError, ConnectionFailed, MalformedResponse, ResponseTooLarge, TransportError
 
-__all__ = ["TokenEstimator", "estimated_usage", "implausible_usage"]
+__all__ = ["TokenEstimator", "cut_usage", "estimated_usage", "implausible_usage"]
 
-# What the chat template adds per message at most, and per request, in tokens (byte-level tokenizers never
-# give more than one token per UTF-8 byte, and a character is at most four bytes).
+# What the chat template adds per message at most, and per request, in tokens.
 _TEMPLATE_TOKENS_PER_MESSAGE = 64
 _TEMPLATE_TOKENS_PER_REQUEST = 4096
+# The most prompt tokens per character a bill is believed to hold: a byte-level tokenizer gives at most one per
+# UTF-8 byte and a character is at most four bytes; a provider may count more than its tokenizer (a hidden
+# prompt, a rule of its own) and that is still the bill, up to this.
 _MAX_TOKENS_PER_CHAR = 4
+# The most completion tokens a bill is believed to hold, in output budgets: some providers bill past max_tokens.
+_MAX_OUTPUT_BUDGETS = 2.0
 
 
 class TokenEstimator:
-    """Estimates prompt tokens from characters with a conservatively smoothed chars-per-token ratio.
+    """Estimates prompt tokens from UTF-8 bytes with a conservatively smoothed bytes-per-token ratio, and what a
+    call's output may be billed past its budget.
 
     Args:
-        chars_per_token: the starting ratio.
+        bytes_per_token: the starting ratio.
         margin: estimates are raised by this fraction, for the spread between prompts of one backbone.
         fall_weight: smoothing weight when a report shows more tokens than the ratio predicts (react fast).
         rise_weight: smoothing weight when it shows fewer (relax slowly).
         min_calibration_tokens: reports below this are ignored; chat-template overhead dominates them.
-        worst_chars_per_token: the ratio `worst_case` assumes before any report.
     """
 
     def __init__(
         self,
-        chars_per_token: float = 4.0,
+        bytes_per_token: float = 4.0,
         *,
         margin: float = 0.05,
         fall_weight: float = 0.5,
         rise_weight: float = 0.05,
         min_calibration_tokens: int = 64,
-        worst_chars_per_token: float = 1.0,
     ) -> None:
-        if not chars_per_token > 0:
-            raise ValueError(f"chars_per_token must be positive, got {chars_per_token}")
+        if not bytes_per_token > 0:
+            raise ValueError(f"bytes_per_token must be positive, got {bytes_per_token}")
         if margin < 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
-        self._chars_per_token = chars_per_token
+        self._bytes_per_token = bytes_per_token
         self._margin = margin
         self._fall_weight = fall_weight
         self._rise_weight = rise_weight
         self._min_calibration_tokens = min_calibration_tokens
-        self._worst_chars_per_token = min(worst_chars_per_token, chars_per_token)
         self._samples = 0
+        self._unreported_answers = 0
+        # The most completion tokens any report showed, in output budgets (at least 1); None before any report.
+        self._output_budgets: float | None = None
 
     @property
-    def chars_per_token(self) -> float:
+    def bytes_per_token(self) -> float:
         """The current ratio."""
-        return self._chars_per_token
+        return self._bytes_per_token
 
     @property
     def samples(self) -> int:
         """Reports used for calibration so far."""
         return self._samples
 
-    def estimate(self, prompt_chars: int) -> int:
-        """Estimated prompt tokens for ``prompt_chars`` characters of message content, margin included."""
-        return math.ceil(prompt_chars / self._chars_per_token * (1.0 + self._margin))
+    @property
+    def answered(self) -> bool:
+        """Whether any answer has been settled: reported (and calibrating), or charged `unreported`."""
+        return self._output_budgets is not None or self._unreported_answers > 0
 
-    def worst_case(self, prompt_chars: int) -> int:
-        """What a budget must reserve for ``prompt_chars``: the estimate once a report calibrated the ratio,
-        one token per ``worst_chars_per_token`` characters before."""
+    def estimate(self, utf8_bytes: int) -> int:
+        """Estimated prompt tokens for ``utf8_bytes`` bytes of message content, margin included."""
+        return math.ceil(utf8_bytes / self._bytes_per_token * (1.0 + self._margin))
+
+    def reservation(self, prompt: PromptSize) -> int:
+        """What a budget must reserve for ``prompt``: the estimate once a report calibrated the ratio; before,
+        the most a bill is believed to be (four tokens per character, `implausible_usage`), or, once an answer
+        came without a bill to believe, what such answers are charged (`unreported`)."""
         if self._samples:
-            return self.estimate(prompt_chars)
-        return max(self.estimate(prompt_chars), math.ceil(prompt_chars / self._worst_chars_per_token))
+            return self.estimate(prompt.utf8_bytes)
+        if self._unreported_answers:
+            return self.unreported(prompt)
+        return max(self.estimate(prompt.utf8_bytes), _MAX_TOKENS_PER_CHAR * prompt.chars)
 
-    def calibrate(self, prompt_chars: int, reported_prompt_tokens: int) -> None:
-        """Fold one provider report into the ratio."""
-        if reported_prompt_tokens < self._min_calibration_tokens or prompt_chars <= 0:
+    def unreported(self, prompt: PromptSize) -> int:
+        """Prompt tokens to charge when the provider's count is missing or no bill can be: the estimate once a
+        report calibrated the ratio, one token per UTF-8 byte before (the most a byte-level tokenizer bills)."""
+        if self._samples:
+            return self.estimate(prompt.utf8_bytes)
+        return max(self.estimate(prompt.utf8_bytes), prompt.utf8_bytes)
+
+    def reserved_output(self, max_tokens: int) -> int:
+        """Completion tokens a budget must reserve for an output budget of ``max_tokens``: the most a bill is
+        believed to be (twice the budget, `implausible_usage`) until a report shows how this backbone bills, then
+        the budget times the most any report billed past it (never less than the budget); the budget itself once
+        an answer came without a bill to believe (what `estimated_usage` charges at most)."""
+        if self._output_budgets is not None:
+            budgets = self._output_budgets
+        elif self._unreported_answers:
+            budgets = 1.0
+        else:
+            budgets = _MAX_OUTPUT_BUDGETS
+        return math.ceil(max_tokens * budgets)
+
+    def calibrate_output(self, max_tokens: int, reported_completion_tokens: int) -> None:
+        """Fold one provider report's completion tokens into what `reserved_output` reserves."""
+        if max_tokens <= 0:
             return
-        observed = prompt_chars / reported_prompt_tokens
-        if observed < self._chars_per_token:
+        billed = min(_MAX_OUTPUT_BUDGETS, max(1.0, reported_completion_tokens / max_tokens))
+        self._output_budgets = billed if self._output_budgets is None else max(self._output_budgets, billed)
+
+    def note_unreported(self) -> None:
+        """An answer came without usage to believe: until a report comes, calls are charged `unreported`."""
+        self._unreported_answers += 1
+
+    def calibrate(self, utf8_bytes: int, reported_prompt_tokens: int) -> None:
+        """Fold one provider report into the ratio."""
+        if reported_prompt_tokens < self._min_calibration_tokens or utf8_bytes <= 0:
+            return
+        observed = utf8_bytes / reported_prompt_tokens
+        if observed < self._bytes_per_token:
             weight = 1.0 if self._samples == 0 else self._fall_weight
         else:
             weight = self._rise_weight
-        self._chars_per_token += weight * (observed - self._chars_per_token)
+        self._bytes_per_token += weight * (observed - self._bytes_per_token)
         self._samples += 1
 
 
 def implausible_usage(
     usage: Usage,
     *,
-    prompt_chars: int,
+    prompt: PromptSize,
     messages: int,
     max_tokens: int,
     context_window: int | None = None,
 ) -> str | None:
     """Why ``usage`` cannot be what the provider billed for this request, or None when it can be."""
     prompt_ceiling = (
-        _MAX_TOKENS_PER_CHAR * prompt_chars
+        _MAX_TOKENS_PER_CHAR * prompt.chars
         + _TEMPLATE_TOKENS_PER_MESSAGE * messages
         + _TEMPLATE_TOKENS_PER_REQUEST
     )
     if usage.prompt_tokens > prompt_ceiling:
-        return f"usage.prompt_tokens {usage.prompt_tokens} is more than a prompt of {prompt_chars} characters can be"
+        return f"usage.prompt_tokens {usage.prompt_tokens} is more than a prompt of {prompt.chars} characters can be"
     if context_window is not None and usage.prompt_tokens > context_window + _TEMPLATE_TOKENS_PER_REQUEST:
         return f"usage.prompt_tokens {usage.prompt_tokens} is more than the {context_window}-token context window"
-    if usage.completion_tokens > 2 * max_tokens + _TEMPLATE_TOKENS_PER_REQUEST:
+    if usage.completion_tokens > _MAX_OUTPUT_BUDGETS * max_tokens + _TEMPLATE_TOKENS_PER_REQUEST:
         return (
             f"usage.completion_tokens {usage.completion_tokens} is more than twice the output budget "
             f"of {max_tokens}"
@@ -131,18 +179,18 @@ def implausible_usage(
 
 
 def estimated_usage(
-    estimator: TokenEstimator, *, prompt_chars: int, answer_chars: int, max_tokens: int, finish_reason: str
+    estimator: TokenEstimator, *, prompt: PromptSize, answer_bytes: int, max_tokens: int, finish_reason: str
 ) -> Usage:
     """A conservative bill for a call whose usage is missing or implausible.
 
-    The prompt is charged as the budget reserves it (`TokenEstimator.worst_case`); the answer as its visible
-    text estimates, or the whole output budget when the answer stopped for length (hidden reasoning a provider
+    The prompt is charged at `TokenEstimator.unreported`; the answer as its visible text (``answer_bytes``,
+    UTF-8) estimates, or the whole output budget when the answer stopped for length (hidden reasoning a provider
     does not show cannot be counted otherwise).
     """
     completion = (
-        max_tokens if finish_reason == "length" else min(max_tokens, max(1, estimator.estimate(answer_chars)))
+        max_tokens if finish_reason == "length" else min(max_tokens, max(1, estimator.estimate(answer_bytes)))
     )
-    return Usage(prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=completion)
+    return Usage(prompt_tokens=estimator.unreported(prompt), completion_tokens=completion)
 
 
 def cut_usage(
@@ -150,17 +198,17 @@ def cut_usage(
     error: CallError | None,
     progress: CallProgress,
     *,
-    prompt_chars: int,
+    prompt: PromptSize,
     max_tokens: int,
 ) -> Usage | None:
     """What an attempt that ended without an answer may have cost (a conservative bill that no usage report
     will ever replace), or None when it cost nothing. ``error`` None: the attempt was cancelled.
 
     Nothing when no request went out (no connection) or the server refused it with an error status. Else the
-    provider was, or may have been, generating: the prompt is charged as the budget reserves it
-    (`TokenEstimator.worst_case`), and the completion as what was generated: streamed, the tokens received;
-    unstreamed, the whole ``max_tokens`` (it may have been generated in full before the cut), or for a body that
-    arrived whole but unreadable the tokens it holds. An error object within an accepted stream is charged for
+    provider was, or may have been, generating: the prompt is charged at `TokenEstimator.unreported`, and the
+    completion as what was generated: streamed, the tokens received (or the text's characters estimate, if
+    more); unstreamed, the whole ``max_tokens`` (it may have been generated in full before the cut), or for a
+    body that arrived whole but unreadable the tokens it holds. An error object within an accepted stream is charged for
     what the stream had carried, if anything. Never capped at ``max_tokens``: a stream that ran past its budget
     was billed past it.
     """
@@ -176,4 +224,4 @@ def cut_usage(
         completion = estimator.estimate(progress.bytes_received)
     else:
         completion = max_tokens
-    return Usage(prompt_tokens=estimator.worst_case(prompt_chars), completion_tokens=completion)
+    return Usage(prompt_tokens=estimator.unreported(prompt), completion_tokens=completion)

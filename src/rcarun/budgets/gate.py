@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
-from rcarun.backends.types import ChatRequest, RateLimitInfo, Usage
+from rcarun.backends.types import ChatRequest, PromptSize, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, ReportedLimits
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
@@ -135,7 +135,7 @@ class Ticket:
         "_slot_released",
         "estimated_prompt_tokens",
         "max_tokens",
-        "prompt_chars",
+        "prompt",
         "slot",
     )
 
@@ -147,7 +147,7 @@ class Ticket:
         reservation: Reservation,
         estimated_prompt_tokens: int,
         max_tokens: int,
-        prompt_chars: int | None,
+        prompt: PromptSize | None,
     ) -> None:
         self._gate = gate
         self.slot = slot
@@ -155,7 +155,7 @@ class Ticket:
         self._reservation = reservation
         self.estimated_prompt_tokens = estimated_prompt_tokens
         self.max_tokens = max_tokens
-        self.prompt_chars = prompt_chars
+        self.prompt = prompt
         self._settled = False
         self._slot_released = False
         self._cost_usd = 0.0
@@ -193,7 +193,7 @@ class Ticket:
 
         Reconciles the rate limiter with the tokens, commits the cost to the ledger, and for an answer counts a
         clean completion for the concurrency limit and calibrates the gate's estimator when the prompt's
-        characters are known and ``usage`` is the provider's (``reported``; an estimate must not calibrate
+        size is known and ``usage`` is the provider's (``reported``; an estimate must not calibrate
         itself).
 
         Raises:
@@ -218,8 +218,12 @@ class Ticket:
         gate.ledger.commit(self._reservation, self._cost_usd, usage)
         if completed:
             gate.concurrency.on_success()
-            if self.prompt_chars is not None and reported:
-                gate.estimator.calibrate(self.prompt_chars, usage.prompt_tokens)
+            if reported:
+                gate.estimator.calibrate_output(self.max_tokens, usage.completion_tokens)
+                if self.prompt is not None:
+                    gate.estimator.calibrate(self.prompt.utf8_bytes, usage.prompt_tokens)
+            else:
+                gate.estimator.note_unreported()
         return self._cost_usd
 
     def _abandon(self) -> None:
@@ -232,15 +236,15 @@ class _Admission:
     """`BackboneGate.admit`'s block: a class rather than a generator-based context manager, since every attempt
     enters one (`contextlib.asynccontextmanager` costs a generator and several calls more per attempt)."""
 
-    __slots__ = ("_estimated_prompt_tokens", "_gate", "_max_tokens", "_prompt_chars", "_slot", "_ticket")
+    __slots__ = ("_estimated_prompt_tokens", "_gate", "_max_tokens", "_prompt", "_slot", "_ticket")
 
     def __init__(
-        self, gate: BackboneGate, estimated_prompt_tokens: int, max_tokens: int, prompt_chars: int | None
+        self, gate: BackboneGate, estimated_prompt_tokens: int, max_tokens: int, prompt: PromptSize | None
     ) -> None:
         self._gate = gate
         self._estimated_prompt_tokens = estimated_prompt_tokens
         self._max_tokens = max_tokens
-        self._prompt_chars = prompt_chars
+        self._prompt = prompt
         self._slot: ConcurrencySlot | None = None
         self._ticket: Ticket | None = None
 
@@ -248,26 +252,21 @@ class _Admission:
         gate = self._gate
         estimated_prompt_tokens = self._estimated_prompt_tokens
         max_tokens = self._max_tokens
-        prompt_chars = self._prompt_chars
+        prompt = self._prompt
         await gate._wait_out_pause()
         slot = await gate.concurrency.acquire()
         try:
             grant = await gate.limiter.acquire(
                 estimated_prompt_tokens + gate.expected_output_tokens(max_tokens)
             )
-            # The budget reserves what the call may cost, not what it will likely cost: before the first
-            # report, the prompt's characters as tokens (`TokenEstimator.worst_case`).
-            reserved_prompt = (
-                max(estimated_prompt_tokens, gate.estimator.worst_case(prompt_chars))
-                if prompt_chars is not None
-                else estimated_prompt_tokens
-            )
             try:
-                reservation = await gate._reserve_when_budget_allows(reserved_prompt, max_tokens)
+                reservation = await gate._reserve_when_budget_allows(
+                    estimated_prompt_tokens, max_tokens, prompt
+                )
             except BaseException:
                 gate.limiter.give_back(grant)
                 raise
-            ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt_chars)
+            ticket = Ticket(gate, slot, grant, reservation, estimated_prompt_tokens, max_tokens, prompt)
         except BaseException:
             gate.concurrency.release(slot)
             raise
@@ -303,7 +302,7 @@ class BackboneGate:
         prices: its price table; None records zero cost and reserves no USD.
         ledger: the run's shared ledger; a private one without budgets when None.
         retry: the retry policy; the defaults when None.
-        estimator: prompt-token estimator for `admit_request`; a fresh 4-chars-per-token one when None.
+        estimator: prompt-token estimator for `admit_request`; a fresh 4-bytes-per-token one when None.
         clock: monotonic seconds; the running loop's time when None.
     """
 
@@ -381,13 +380,11 @@ class BackboneGate:
 
     def admit_request(self, request: ChatRequest) -> AbstractAsyncContextManager[Ticket]:
         """`admit` with the prompt estimated by the gate's estimator (which `Ticket.settle` calibrates)."""
-        prompt_chars = request.prompt_chars()
-        return self.admit(
-            self.estimator.estimate(prompt_chars), request.max_tokens, prompt_chars=prompt_chars
-        )
+        prompt = request.prompt_size()
+        return self.admit(self.estimator.estimate(prompt.utf8_bytes), request.max_tokens, prompt=prompt)
 
     def admit(
-        self, estimated_prompt_tokens: int, max_tokens: int, *, prompt_chars: int | None = None
+        self, estimated_prompt_tokens: int, max_tokens: int, *, prompt: PromptSize | None = None
     ) -> AbstractAsyncContextManager[Ticket]:
         """Wait until this backbone may take one more attempt, and hold its resources for the block.
 
@@ -395,7 +392,7 @@ class BackboneGate:
             BudgetExhausted: on entering the block, the ledger refused the worst-case reservation; nothing is
                 held.
         """
-        return _Admission(self, estimated_prompt_tokens, max_tokens, prompt_chars)
+        return _Admission(self, estimated_prompt_tokens, max_tokens, prompt)
 
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
         """Decide about a failed attempt and apply its consequences to this backbone only.
@@ -608,34 +605,50 @@ class BackboneGate:
         """How many pauses began while none was running (a burst of 429s extending one pause counts once)."""
         return self._pauses_started
 
-    async def _reserve_when_budget_allows(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
+    async def _reserve_when_budget_allows(
+        self, estimated_prompt_tokens: int, max_tokens: int, prompt: PromptSize | None
+    ) -> Reservation:
         """Reserve the call's worst case; while calls in flight hold reservations, wait for them to settle.
 
         Reservations are worst cases (the whole output budget); a call usually settles for much less, so a
         refusal while others are in flight may be temporary. Only a refusal with nothing in flight is final.
+        Prompt and output are reserved for what the call may cost, not what it will likely cost
+        (`TokenEstimator.reservation` and `reserved_output`: before the backbone's first report, the most a bill
+        is believed to be), asked again after each wait: the reports that came in meanwhile may have brought it
+        down.
 
         Raises:
-            BudgetExhausted: the budget cannot take this call even with every reservation settled.
+            BudgetExhausted: the budget cannot take this call even with every reservation settled (nor, before the
+                backbone's first answer, at one token per UTF-8 byte).
         """
         while True:
+            reserved_prompt = (
+                max(estimated_prompt_tokens, self.estimator.reservation(prompt))
+                if prompt is not None
+                else estimated_prompt_tokens
+            )
             try:
-                return self._reserve(estimated_prompt_tokens, max_tokens)
+                return self._reserve(reserved_prompt, self.estimator.reserved_output(max_tokens))
             except BudgetExhausted:
                 if self.ledger.open_reservations == 0:
-                    raise
+                    if prompt is None or self.estimator.answered:
+                        raise
+                    # Nothing in flight, nothing known of this backbone's bills, and the most one is believed to
+                    # be does not fit: this call alone goes at the most a tokenizer bills (a token per UTF-8 byte,
+                    # the output budget), so that a budget smaller than that belief runs at all; its answer then
+                    # sets what the calls after it reserve.
+                    return self._reserve(
+                        max(estimated_prompt_tokens, self.estimator.unreported(prompt)), max_tokens
+                    )
             if self._budget_freed is None:
                 self._budget_freed = asyncio.Event()
                 self.ledger.on_reservation_ended(self._budget_freed.set)
             self._budget_freed.clear()
             await self._budget_freed.wait()
 
-    def _reserve(self, estimated_prompt_tokens: int, max_tokens: int) -> Reservation:
-        usd = (
-            self.prices.worst_case_usd(estimated_prompt_tokens, max_tokens)
-            if self.prices is not None
-            else 0.0
-        )
-        return self.ledger.reserve(self.name, usd, estimated_prompt_tokens + max_tokens)
+    def _reserve(self, prompt_tokens: int, output_tokens: int) -> Reservation:
+        usd = self.prices.worst_case_usd(prompt_tokens, output_tokens) if self.prices is not None else 0.0
+        return self.ledger.reserve(self.name, usd, prompt_tokens + output_tokens)
 
     async def _wait_out_pause(self) -> None:
         while (remaining := self._paused_until - self._now()) > 0:

@@ -32,6 +32,7 @@ from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.cli.output import silence_closed_output, survives_closed_stdout
 from rcarun.cli.serve import add_serve_command, cmd_serve
+from rcarun.cli.terminal import SafeStdout
 from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.runner import (
@@ -44,6 +45,7 @@ from rcarun.runner import (
 )
 from rcarun.runner.loop import run as run_on_sweep_loop
 from rcarun.store import BackboneSummary, RunBusy, Store, open_store
+from rcarun.text import terminal_safe
 
 __all__ = ["main"]
 
@@ -138,7 +140,7 @@ def _install_stop_handlers(
 def _tell(text: str) -> None:
     """One message on stderr that never raises: a closed pipe must not abort what a signal handler is doing."""
     with contextlib.suppress(OSError, ValueError):
-        print(text, file=sys.stderr, flush=True)
+        print(terminal_safe(text), file=sys.stderr, flush=True)
 
 
 async def _run_with_signals(
@@ -501,6 +503,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["mock-server"]:
         return _cmd_mock_server(argparse.Namespace(), argv[1:])
     args = build_parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = SafeStdout(stdout)
+    try:
+        return _run_command(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "sweep":
             return _cmd_sweep(args)
@@ -526,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "data":
             return cmd_data_check(args) if args.data_command == "check" else cmd_data_sample_mini(args)
     except RcarunError as exc:
-        print(f"rcarun: {exc}", file=sys.stderr)
+        print(terminal_safe(f"rcarun: {exc}"), file=sys.stderr)
         return 2
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("rcarun: cancelled; results.db is consistent and the run can be resumed", file=sys.stderr)

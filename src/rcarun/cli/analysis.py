@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.errors import ConfigError, DataError
 from rcarun.store import RunRow, Store, open_store
+from rcarun.text import terminal_safe
 
 # `rcarun.analysis` (numpy with it) is imported by the commands that use it, not when the `rcarun` command starts:
 # `rcarun sweep`, `rcarun --help` and the other commands then start in 0.36 s of CPU instead of 0.55 (12 MB less).
@@ -180,7 +181,7 @@ def open_results(db: Path) -> Store:
     """
     store = open_store(db, read_only=True)
     if store.notice:
-        print(f"rcarun: {store.notice}", file=sys.stderr)
+        print(terminal_safe(f"rcarun: {store.notice}"), file=sys.stderr)
     return store
 
 
@@ -232,7 +233,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if not expected:
         raise DataError("no labelled trajectories found", path=args.references)
     for problem in reference_problems:
-        print(f"rcarun: references: left out: {problem}", file=sys.stderr)
+        print(terminal_safe(f"rcarun: references: left out: {problem}"), file=sys.stderr)
     submission = score_submission(
         load_predictions_jsonl(args.predictions), expected, keep_handoff=args.keep_handoff
     )
@@ -605,7 +606,7 @@ def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
         )
     elif args.html:
         Path(args.html).write_text(render_html(report), encoding="utf-8")
-        print(f"rcarun: wrote {args.html}", file=sys.stderr)
+        print(terminal_safe(f"rcarun: wrote {args.html}"), file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

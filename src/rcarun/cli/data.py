@@ -10,6 +10,7 @@ import sys
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.data import CheckReport
 from rcarun.errors import ConfigError, RcarunError
+from rcarun.text import terminal_safe
 
 __all__ = ["cmd_data_check", "cmd_data_sample_mini"]
 
@@ -84,7 +85,7 @@ def cmd_data_sample_mini(args: argparse.Namespace) -> int:
         for record in iter_dataset(args.path, strict=False, on_problem=problems.append)
     ]
     for problem in problems:
-        print(f"rcarun: left out: {problem}", file=sys.stderr)
+        print(terminal_safe(f"rcarun: left out: {problem}"), file=sys.stderr)
     try:
         manifest = sample_mini(triples, size=args.size, seed=args.seed)
     except ValueError as exc:

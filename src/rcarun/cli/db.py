@@ -26,6 +26,7 @@ from rcarun.cli.output import survives_closed_stdout
 from rcarun.data.roles import role_matches
 from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.store import MergeSummary, RunRow, Store, merge_databases, open_connection, open_store
+from rcarun.text import terminal_safe
 
 __all__ = ["DB_COMMANDS", "add_db_commands", "run_db_command"]
 
@@ -346,7 +347,8 @@ def _call_lines(call: Mapping[str, Any], full: bool) -> Iterator[str]:
         text = call[label]
         if text is not None:
             yield f"   {label} ({len(text):,} characters):"
-            yield _indented(_cut(text, full))
+            # Escaped before the lines are split: a carriage return or a form feed is shown, not taken for a break.
+            yield _indented(terminal_safe(_cut(text, full)))
 
 
 def _prediction_line(prediction: Mapping[str, Any]) -> Iterator[str]:
@@ -484,8 +486,10 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         )
         for conflict in summary.conflicts:
             print(
-                f"conflict: run {conflict.run!r} {conflict.key}: kept {conflict.kept}; not written from "
-                f"{conflict.source}: {conflict.refused}",
+                terminal_safe(
+                    f"conflict: run {conflict.run!r} {conflict.key}: kept {conflict.kept}; not written from "
+                    f"{conflict.source}: {conflict.refused}"
+                ),
                 file=sys.stderr,
             )
     if summary.conflicts:

@@ -23,6 +23,7 @@ from typing import Any
 from rcarun.errors import ConfigError
 from rcarun.runner import SweepConfig, load_sweep_config, narrow_sweep
 from rcarun.runner.managed import managed_backbones
+from rcarun.text import terminal_safe
 
 __all__ = ["add_serve_command", "cmd_serve"]
 
@@ -113,4 +114,4 @@ async def _serve(config: SweepConfig, log_dir: Path) -> int:
 
 def _say(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
-        print(text, file=sys.stderr, flush=True)
+        print(terminal_safe(text), file=sys.stderr, flush=True)

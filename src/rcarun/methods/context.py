@@ -6,7 +6,7 @@ their results differ by method, not by how each one happened to shorten its inpu
 
 - The prompt budget is ``context_window − max_tokens − CONTEXT_MARGIN_TOKENS − tokens(system prompt)``: the
   output budget of the first attempt stays free, and the margin absorbs chat-template overhead and the error of
-  the calibrated chars-per-token estimate.
+  the calibrated bytes-per-token estimate.
 - ``"cap-steps"``: when the full prompt does not fit, every shown step keeps its index and agent, and contents
   longer than one common character cap are cut in the middle (head and tail kept, the number of elided characters
   stated). The cap is the largest that fits, found by bisection, so the cut is the smallest possible; long tool

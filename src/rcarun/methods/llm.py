@@ -129,5 +129,5 @@ class LLM(Protocol):
         ...
 
     def estimate_tokens(self, text: str) -> int:
-        """Estimated prompt tokens of ``text`` for this backbone (calibrated chars-per-token)."""
+        """Estimated prompt tokens of ``text`` for this backbone (its UTF-8 bytes over the calibrated ratio)."""
         ...

@@ -5,8 +5,9 @@ method's real call structure, not from a formula per method that drifts from the
 ``attribute(trajectory, llm)`` runs against `EstimatingLLM`, which implements the `LLM` protocol without a network:
 
 - **Prompt tokens, expected**: the messages' characters over the backbone's ``chars_per_token``, the best guess
-  of what the provider bills. **Worst case**: what the runner reserves, the backbone's `TokenEstimator` with
-  its 5% margin, as `ItemSession` estimates them; output budgets are clamped to the context left after that
+  of what the provider bills. **Worst case**: the backbone's `TokenEstimator` (the prompt's UTF-8 bytes over
+  ``chars_per_token``, with its 5% margin), as `ItemSession` estimates them and the runner reserves them once a
+  report calibrated it; output budgets are clamped to the context left after that
   figure, as in a sweep. The method sees the backbone's context window and the same estimator, so its
   truncation policy shapes the prompts as in a sweep. Cached prompt tokens are assumed to be 0 (no
   provider-side prefix caching is counted), so USD leans high on a provider that caches prefixes.
@@ -66,7 +67,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rcarun.backends import ChatMessage, ChatRequest, ChatToolCall, Usage, prompt_chars
+from rcarun.backends import ChatMessage, ChatRequest, ChatToolCall, Usage, prompt_size, utf8_length
 from rcarun.budgets import PriceTable, TokenEstimator, clamp_to_context, next_length_budget
 from rcarun.data import Record, Trajectory, iter_dataset, load_manifest
 from rcarun.errors import ConfigError, DataError, RcarunError
@@ -276,7 +277,7 @@ class EstimatingLLM:
         return self._backbone.context_window
 
     def estimate_tokens(self, text: str) -> int:
-        return self._estimator.estimate(len(text))
+        return self._estimator.estimate(utf8_length(text))
 
     async def chat(
         self,
@@ -303,9 +304,11 @@ class EstimatingLLM:
             for m in messages
         )
         wire_tools = tuple(tools or ())
-        chars = prompt_chars(wire_messages, wire_tools)
-        prompt = self._estimator.estimate(chars)  # with the runner's margin: budgets and the worst case
-        prompt_expected = math.ceil(chars / backbone.chars_per_token)
+        size = prompt_size(wire_messages, wire_tools)
+        prompt = self._estimator.estimate(
+            size.utf8_bytes
+        )  # with the runner's margin: budgets and the worst case
+        prompt_expected = math.ceil(size.chars / backbone.chars_per_token)
         budget = clamp_to_context(
             policy.first_budget(max_tokens, method_sets_it=stage in self._budgeted_stages),
             context_window=backbone.context_window,
@@ -714,7 +717,7 @@ class _Counter:
         self.context_window = backbone.context_window
 
     def estimate_tokens(self, text: str) -> int:
-        return self._estimator.estimate(len(text))
+        return self._estimator.estimate(utf8_length(text))
 
 
 def _row(

@@ -14,6 +14,7 @@ import sys
 from tqdm import tqdm
 
 from rcarun.runner.runtime import BackboneRuntime
+from rcarun.text import terminal_safe
 
 __all__ = ["ProgressBoard", "postfix"]
 
@@ -49,7 +50,7 @@ class ProgressBoard:
                 self._bars[name] = tqdm(
                     total=runtime.counters.items_total,
                     initial=runtime.counters.items_finished_before,
-                    desc=name.ljust(width),
+                    desc=terminal_safe(name).ljust(width),
                     unit="item",
                     position=position,
                     leave=True,

@@ -22,6 +22,7 @@ from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited, RcarunError
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
+from rcarun.text import terminal_safe
 
 if TYPE_CHECKING:
     from rcarun.runner.forward_session import ForwardCache, LocalModel
@@ -47,7 +48,7 @@ def announce_line(line: str) -> None:
     reports into a failed item; the same facts are in results.db's events.
     """
     with contextlib.suppress(OSError, ValueError):
-        tqdm.write(f"rcarun: {line}", file=sys.stderr)
+        tqdm.write(terminal_safe(f"rcarun: {line}"), file=sys.stderr)
 
 
 class StopRequested(RcarunError):

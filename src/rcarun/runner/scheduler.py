@@ -796,6 +796,7 @@ def _build_runtimes(
             ),
             ledger=ledger,
             prices=build_prices(backbone),
+            # The declared characters per token start the bytes-per-token ratio: the same on ASCII text.
             estimator=TokenEstimator(backbone.chars_per_token),
         )
         runtimes[name] = BackboneRuntime(

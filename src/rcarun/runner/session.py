@@ -33,11 +33,13 @@ from rcarun.backends import (
     ChatRequest,
     ChatResult,
     ChatToolCall,
+    PromptSize,
     Usage,
     get_preset,
     parse_completion,
-    prompt_chars,
+    prompt_size,
     replay_body,
+    utf8_length,
 )
 from rcarun.budgets import (
     RetryDecision,
@@ -129,7 +131,7 @@ class ItemSession:
         return self._runtime.config.context_window
 
     def estimate_tokens(self, text: str) -> int:
-        return self._runtime.gate.estimator.estimate(len(text))
+        return self._runtime.gate.estimator.estimate(utf8_length(text))
 
     async def chat(
         self,
@@ -150,8 +152,8 @@ class ItemSession:
         wire_messages = tuple(_wire_message(m) for m in messages)
         wire_tools = tuple(tools or ())
         # Tool specs and earlier calls' arguments are prompt too: the reservation must cover them.
-        request_chars = prompt_chars(wire_messages, wire_tools)
-        estimated_prompt = runtime.gate.estimator.estimate(request_chars)
+        request_size = prompt_size(wire_messages, wire_tools)
+        estimated_prompt = runtime.gate.estimator.estimate(request_size.utf8_bytes)
         budget = clamp_to_context(
             stage_policy.first_budget(max_tokens, method_sets_it=stage in self._budgeted_stages),
             context_window=config.context_window,
@@ -202,7 +204,7 @@ class ItemSession:
                 if result is None:
                     request_sha = self._context.writer.put_blob(request_json, request_sha)
                     outcome = await self._call_backend(
-                        key, request, stage, attempt, request_chars, failures, request_sha
+                        key, request, stage, attempt, request_size, failures, request_sha
                     )
                     if isinstance(outcome, tuple):
                         error, decision = outcome
@@ -369,7 +371,7 @@ class ItemSession:
         request: ChatRequest,
         stage: str,
         attempt: int,
-        prompt_chars: int,
+        prompt: PromptSize,
         failures: _FailureCounts,
         request_sha: str,
     ) -> ChatResult | tuple[CallError, RetryDecision]:
@@ -385,12 +387,12 @@ class ItemSession:
         writer = self._context.writer
         gate = runtime.gate
         base = self._base_row(stage, attempt, request.max_tokens, key, request_sha)
-        estimated_prompt = gate.estimator.estimate(prompt_chars)
+        estimated_prompt = gate.estimator.estimate(prompt.utf8_bytes)
         with runtime.stop_guard() as guard:
             # Backpressure: a call is not started while the writer is behind, so memory stays bounded by the
             # writer's queue however fast answers come back.
             await writer.wait_for_room()
-            async with gate.admit(estimated_prompt, request.max_tokens, prompt_chars=prompt_chars) as ticket:
+            async with gate.admit(estimated_prompt, request.max_tokens, prompt=prompt) as ticket:
                 guard.disarm()  # from here on the request goes out: a stop lets it finish and be recorded
                 if runtime.stopped is not None:
                     raise StopRequested(runtime.stopped)
@@ -406,7 +408,7 @@ class ItemSession:
                         gate.estimator,
                         error,
                         progress,
-                        prompt_chars=prompt_chars,
+                        prompt=prompt,
                         max_tokens=request.max_tokens,
                     )
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
@@ -451,7 +453,7 @@ class ItemSession:
                         gate.estimator,
                         None,
                         progress,
-                        prompt_chars=prompt_chars,
+                        prompt=prompt,
                         max_tokens=request.max_tokens,
                     )
                     cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
@@ -495,32 +497,34 @@ class ItemSession:
                     await asyncio.sleep(0)
                 finally:
                     # Settled and recorded even when cancelled in between: the provider answered and charged.
-                    usage, source = self._billable_usage(result, request, prompt_chars)
+                    usage, source = self._billable_usage(result, request, prompt)
                     cost = ticket.settle(usage, reported=source == "reported")
                     self._note_rate_changes()
                     self._record_answer(base, result, usage, source, started_at, ended_at, cost)
         return result
 
     def _billable_usage(
-        self, result: ChatResult, request: ChatRequest, prompt_chars: int
+        self, result: ChatResult, request: ChatRequest, prompt: PromptSize
     ) -> tuple[Usage, UsageSource]:
         """The usage to charge: the provider's, or a conservative estimate when it sent none or nonsense."""
         runtime = self._runtime
         problem = result.usage_problem or implausible_usage(
             result.usage,
-            prompt_chars=prompt_chars,
+            prompt=prompt,
             messages=len(request.messages),
             max_tokens=request.max_tokens,
             context_window=runtime.config.context_window,
         )
         if problem is None:
             return result.usage, "reported"
-        answer_chars = len(result.text) + len(result.reasoning_text)
-        answer_chars += sum(len(call.name) + len(call.arguments) for call in result.tool_calls)
+        answer_bytes = utf8_length(result.text) + utf8_length(result.reasoning_text)
+        answer_bytes += sum(
+            utf8_length(call.name) + utf8_length(call.arguments) for call in result.tool_calls
+        )
         usage = estimated_usage(
             runtime.gate.estimator,
-            prompt_chars=prompt_chars,
-            answer_chars=answer_chars,
+            prompt=prompt,
+            answer_bytes=answer_bytes,
             max_tokens=request.max_tokens,
             finish_reason=result.finish_reason,
         )
