@@ -542,6 +542,12 @@ class SweepSection(_Strict):
         description="the backbones are rcarun's simulator (reports say so); implied by provider 'simulated'",
     )
     drain_timeout_s: float = Field(30.0, ge=0)
+    write_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="while results.db refuses writes (a lock another tool holds, a full disk) no new call is "
+        "sent; after this long without recovery the run stops, resumable",
+    )
     lease_stale_s: float = Field(
         30.0,
         ge=2,

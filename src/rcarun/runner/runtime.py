@@ -37,6 +37,7 @@ __all__ = [
     "StopGuard",
     "StopRequested",
     "WorkItem",
+    "WritePause",
     "announce_line",
 ]
 
@@ -125,6 +126,60 @@ class StopController:
             self.reason = reason
             for listener in self._listeners:
                 listener(reason)
+
+
+class WritePause:
+    """While results.db refuses writes (another tool holds its lock, the disk is full), no new call is sent: what
+    is answered meanwhile waits in the writer, and calls resume once it commits again. Past ``wait_s`` without
+    recovery admission stops for good (the run ends resumable), as it would for Ctrl-C."""
+
+    def __init__(self, stop: StopController, announce: Callable[[str], None], wait_s: float) -> None:
+        self._stop = stop
+        self._announce = announce
+        self._wait_s = wait_s
+        self._open = asyncio.Event()
+        self._open.set()
+        self._since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.pauses = 0
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def wait(self) -> None:
+        """Return once writes go through (at once when they do)."""
+        await self._open.wait()
+
+    def failing(self, error: Exception) -> None:
+        """The writer's first failure (or a new one after a recovery): pause admission, stop it after ``wait_s``."""
+        if self.paused or self._stop.admission_stopped:
+            return
+        self._open.clear()
+        self.pauses += 1
+        loop = asyncio.get_running_loop()
+        self._since = loop.time()
+        self._timer = loop.call_later(self._wait_s, self._give_up)
+        self._announce(
+            f"{error}; no new calls are sent until it takes writes again (up to {self._wait_s:g} s, "
+            "sweep.write_wait_s), the calls in flight finish"
+        )
+
+    def recovered(self) -> float | None:
+        """Every pending row committed: resume admission; the seconds it was paused (None if it was not)."""
+        if not self.paused:
+            return None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._open.set()
+        paused_s = asyncio.get_running_loop().time() - self._since
+        if not self._stop.admission_stopped:
+            self._announce(f"results.db takes writes again after {paused_s:.0f} s: calls resume")
+        return paused_s
+
+    def _give_up(self) -> None:
+        if self.paused:
+            self._stop.stop_admission("results.db is not taking writes")
 
 
 @dataclass(slots=True)
@@ -293,3 +348,5 @@ class RunContext:
     announce: Callable[[str], None] = announce_line
     # Where local backbones keep their forward passes (`rcarun.runner.forward_session`); None: no local backbone.
     forward_cache: ForwardCache | None = None
+    # Admission waits here while results.db refuses writes; None: never (a caller without a writer's trouble).
+    write_pause: WritePause | None = None

@@ -80,6 +80,7 @@ from rcarun.runner.runtime import (
     StopController,
     StopRequested,
     WorkItem,
+    WritePause,
     announce_line,
 )
 from rcarun.runner.session import ItemSession
@@ -464,11 +465,24 @@ async def _run_sweep(
                 ),
             )
 
+        # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
+        write_pause = WritePause(stop, announce, config.sweep.write_wait_s)
+
         def writes_failing(error: StoreError) -> None:
-            # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
-            if not stop.admission_stopped:
-                announce(f"{error}; no new calls are sent, the calls in flight finish")
-            stop.stop_admission("results.db is not taking writes")
+            write_pause.failing(error)
+
+        def writes_recovered() -> None:
+            paused_s = write_pause.recovered()
+            if paused_s is None:
+                return
+            with contextlib.suppress(StoreError):  # recovered while closing: the writer takes no more rows
+                writer.add_event(
+                    EventRow(
+                        run_id=run_id,
+                        kind="writes_paused",
+                        detail_json=json.dumps({"seconds": round(paused_s, 3)}),
+                    )
+                )
 
         def serving_event(kind: str, detail: dict[str, Any]) -> None:
             if kind != "replicas_started":  # deaths and restarts are news; the start was announced already
@@ -481,7 +495,9 @@ async def _run_sweep(
                 )
 
         async with (
-            StoreWriter(db_path, on_trouble=writes_failing, spill_run_id=run_id) as writer,
+            StoreWriter(
+                db_path, on_trouble=writes_failing, on_recovered=writes_recovered, spill_run_id=run_id
+            ) as writer,
             managed_backbones(
                 config,
                 log_dir=replica_log_dir(db_path),
@@ -500,6 +516,7 @@ async def _run_sweep(
                 cache_lookups=store.has_calls(scope),
                 limit=limit,
                 forward_cache=ForwardCache(forward_cache_dir(db_path), config.sweep.forward_cache),
+                write_pause=write_pause,
             )
             recorder = _TrajectoryRecorder(context)
             served = {name: fleet.base_urls for name, fleet in fleets.items()}

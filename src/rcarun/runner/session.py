@@ -202,6 +202,10 @@ class ItemSession:
                             self._context.shared.lead(key)  # no await since the look: nobody leads it now
                             leading = key
                 if result is None:
+                    pause = self._context.write_pause
+                    if pause is not None and pause.paused:
+                        with runtime.stop_guard():  # no call is sent while its answer could not be kept
+                            await pause.wait()
                     request_sha = self._context.writer.put_blob(request_json, request_sha)
                     outcome = await self._call_backend(
                         key, request, stage, attempt, request_size, failures, request_sha

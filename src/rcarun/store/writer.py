@@ -457,6 +457,8 @@ class StoreWriter:
             given up (s).
         on_trouble: called (on the loop's thread, with the error) when a commit first fails for the file's
             sake, and again after a recovery if it fails anew; must not raise.
+        on_recovered: called (on the loop's thread) when every row pending through such trouble is committed;
+            must not raise.
         spill_run_id: the run whose rows a give-up writes to a spill file (`rcarun.store.spill`) rather than
             dropping them; None: they are dropped.
     """
@@ -474,6 +476,7 @@ class StoreWriter:
         busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
         give_up_after_s: float = 10.0,
         on_trouble: Callable[[StoreError], None] | None = None,
+        on_recovered: Callable[[], None] | None = None,
         spill_run_id: int | None = None,
     ) -> None:
         if (
@@ -494,6 +497,7 @@ class StoreWriter:
         self._busy_timeout_s = busy_timeout_s
         self._give_up_after_s = give_up_after_s
         self._on_trouble = on_trouble
+        self._on_recovered = on_recovered
         self._spill_run_id = spill_run_id
         self._recent_blobs: OrderedDict[str, None] = OrderedDict()
         self._entries: deque[_Entry] = deque()
@@ -843,7 +847,7 @@ class StoreWriter:
         """
         assert self._batch_writer is not None
         chunk = self._batch_size if self._trouble is None else max(1, len(self._pending) // 2)
-        committed_any = False
+        committed_any = recovered = False
         while self._pending:
             rows = self._pending[:chunk]
             try:
@@ -859,6 +863,9 @@ class StoreWriter:
             committed_any = True
             if self._trouble is not None:
                 self._trouble = None
+                recovered = True
+        if recovered and self._on_recovered is not None:
+            self._on_recovered()
         return committed_any
 
     def _note_trouble(self, rows: Sequence[_Row], error: BaseException) -> None:
