@@ -144,6 +144,11 @@ def test_registered_and_options_from_config() -> None:
         ({"max_focal": 2}, "echo: focal and max_focal apply only to context='focal'"),
         ({"context": "whole-log", "focal": [1]}, "echo: focal and max_focal apply only to context='focal'"),
         (
+            {"context": "focal", "neighbour_targets": "referenced"},
+            "echo: neighbour_targets applies only to context='per-target'",
+        ),
+        ({"neighbour_targets": "once"}, "echo: neighbour_targets: Input should be 'in-full' or 'referenced'"),
+        (
             {"context_chars": 100},
             "echo: context_chars: Input should be greater than or equal to 2000 (got 100)",
         ),
@@ -251,6 +256,16 @@ async def test_a_short_log_gives_every_step_its_context_and_costs_k_calls() -> N
     )
     assert (context["every_step_a_target"], context["fits"], context["full_char_cap"]) == (True, True, None)
     assert (context["omitted_steps"], context["chars"]) == (0, len(_log(llm.requests[0])))
+    assert context["neighbour_targets"] == "in-full"
+    # The cheaper reading names a neighbour that is a target instead of repeating it.
+    llm = numbered(_replies(*[_answer(step=4)] * 3))
+    options = EchoOptions(neighbour_targets="referenced")
+    referenced = await Echo("echo", options).attribute(trajectory, llm)
+    assert len(llm.requests) == 3 and referenced.output["context"]["neighbour_targets"] == "referenced"
+    assert (
+        _log(llm.requests[0])
+        == target_context(trajectory, char_cap=100_000, neighbour_targets="referenced").text
+    )
 
 
 async def test_focal_context_reproduces_the_single_multi_focal_view() -> None:

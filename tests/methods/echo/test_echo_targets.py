@@ -121,3 +121,25 @@ def test_the_cue_fallbacks_are_counted_and_an_empty_log_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="at least one step"):
         target_context(_trajectory([]))
+
+
+def test_referenced_neighbour_targets_show_every_step_in_full_once() -> None:
+    contents = [f"Step {i} says hello. Therefore we go on with {i}." for i in range(18)]
+    trajectory = _trajectory(contents)
+    literal = target_context(trajectory, char_cap=100_000)
+    referenced = target_context(trajectory, char_cap=100_000, neighbour_targets="referenced")
+    assert referenced.every_step and referenced.targets == tuple(range(18))
+    for index, content in enumerate(contents):
+        assert literal.text.count(f"{AGENTS[index % 3]}: {content}") == (2 if index in (0, 17) else 3)
+        assert referenced.text.count(f"{AGENTS[index % 3]}: {content}") == 1  # as a target, in its own block
+    assert _blocks(referenced.text)[8].splitlines()[2:5] == [
+        "[step 7] Coder: (a target: shown in full in its own context)",
+        f"[step 8 | target] Computer_terminal: {contents[8]}",
+        "[step 9] Planner: (a target: shown in full in its own context)",
+    ]
+    # Targets three or more steps apart have no target as a neighbour: both readings are the same document.
+    long = _uniform(300, 1500)
+    spread = target_context(long, char_cap=100_000)
+    assert target_context(long, char_cap=100_000, neighbour_targets="referenced").text == spread.text
+    with pytest.raises(ValueError, match="neighbour_targets"):
+        target_context(trajectory, neighbour_targets="twice")

@@ -36,7 +36,7 @@ from rcarun.methods.echo.context import (
     context_lines,
     fit_context,
 )
-from rcarun.methods.echo.targets import target_context
+from rcarun.methods.echo.targets import NeighbourTargets, target_context
 from rcarun.methods.echo.vote import Vote, VoteOutcome, consensus_vote, pair_conclusion, score_key
 from rcarun.methods.llm import LLM, Message
 from rcarun.methods.registry import method
@@ -84,6 +84,8 @@ class EchoOptions(MethodOptions):
         context_type: the cue set that reduces distant steps.
         context: "per-target" (the paper's C_i around each target step, the default), "whole-log" (every step
             in full) or "focal" (one multi-focal view, rcarun's earlier design).
+        neighbour_targets: per-target only: a neighbour that is itself a target is repeated in full ("in-full",
+            the literal C_i) or named ("referenced", fewer tokens when targets are adjacent).
         focal: focal only: "errors", "spread" or a list of step indices.
         max_focal: focal only: how many focal steps the strategies pick.
         context_chars: the character cap of what the analysts read (lowered to fit a known context window).
@@ -102,6 +104,7 @@ class EchoOptions(MethodOptions):
     min_confidence: _Unit = 0.3
     context_type: ContextType = "decision-quality"
     context: Literal["per-target", "whole-log", "focal"] = "per-target"
+    neighbour_targets: NeighbourTargets = "in-full"
     focal: _FocalOption = "errors"
     max_focal: PositiveInt = 5
     context_chars: Annotated[int, Field(ge=_MIN_CONTEXT_CHARS)] = 100_000
@@ -128,6 +131,8 @@ class EchoOptions(MethodOptions):
         given = self.model_fields_set
         if self.context != "focal" and given & {"focal", "max_focal"}:
             raise ValueError("focal and max_focal apply only to context='focal'")
+        if self.context != "per-target" and "neighbour_targets" in given:
+            raise ValueError("neighbour_targets applies only to context='per-target'")
         return self
 
     @classmethod
@@ -276,7 +281,9 @@ class Echo(Method):
 
     def _per_target_builder(self, trajectory: Trajectory) -> _ViewBuilder:
         def build(cap: int) -> PanelView:
-            context = target_context(trajectory, self.options.context_type, cap)
+            context = target_context(
+                trajectory, self.options.context_type, cap, neighbour_targets=self.options.neighbour_targets
+            )
             if context.every_step:
                 targets = "every step is a target"
             else:
@@ -286,6 +293,7 @@ class Echo(Method):
             record = {
                 "mode": "per-target",
                 "context_type": self.options.context_type,
+                "neighbour_targets": self.options.neighbour_targets,
                 "char_cap": cap,
                 "targets": list(context.targets),
                 "every_step_a_target": context.every_step,

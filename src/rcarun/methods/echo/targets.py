@@ -5,13 +5,16 @@ makes one call (two when decoupled) per trajectory, so all the contexts an analy
 document holds the global context once (every step as an L4 milestone: the L4 part of every C_i), then one block
 per target with its L1, L2 and L3 steps and the range its L4 part covers. Every step is a target when that fits
 the character cap; otherwise the most evenly spaced targets that fit, and only then are contents cut or
-milestones left out. The reasons for these choices are in ``docs/methods/echo.md``.
+milestones left out. A neighbour that is itself a target is shown in full in both blocks (the literal C_i), or,
+with ``neighbour_targets="referenced"``, named in the other block. The reasons for these choices are in
+``docs/methods/echo.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from rcarun.data import Trajectory
 from rcarun.methods.echo.context import (
@@ -26,10 +29,21 @@ from rcarun.methods.echo.context import (
     spread_steps,
 )
 
-__all__ = ["GLOBAL_HEADER", "TargetContext", "target_block_header", "target_context"]
+__all__ = [
+    "GLOBAL_HEADER",
+    "NEIGHBOUR_TARGETS",
+    "NeighbourTargets",
+    "TargetContext",
+    "target_block_header",
+    "target_context",
+]
+
+NeighbourTargets = Literal["in-full", "referenced"]
+NEIGHBOUR_TARGETS: tuple[str, ...] = get_args(NeighbourTargets)
 
 GLOBAL_HEADER = "=== Global context: every step reduced to a milestone (the L4 level of every target) ==="
 _TARGET_TAG = "target"
+_IN_ITS_OWN_BLOCK = "(a target: shown in full in its own context)"
 _LOCAL = (2, 3)  # distances of L2
 _DISTANT = (4, 5, 6)  # distances of L3
 
@@ -65,8 +79,9 @@ class TargetContext:
 class _Document:
     """A log's steps reduced once for every level, rendered for any set of targets, content cap and omissions."""
 
-    def __init__(self, trajectory: Trajectory, context_type: str) -> None:
+    def __init__(self, trajectory: Trajectory, context_type: str, neighbour_targets: str) -> None:
         self.trajectory = trajectory
+        self.refer_to_targets = neighbour_targets == "referenced"
         self.extracts: list[dict[int, Extract]] = [
             {level: extract_cue(step.content, level, context_type) for level in (2, 3, 4)}
             for step in trajectory.steps
@@ -78,6 +93,7 @@ class _Document:
         """The document and its number of cue fallbacks."""
         steps = self.trajectory.steps
         n = len(steps)
+        shown_as_target = frozenset(targets) if self.refer_to_targets else frozenset()
         fallbacks = 0
         out = [GLOBAL_HEADER]
         run: list[int] = []
@@ -99,6 +115,9 @@ class _Document:
             out.append("L1 immediate (the target and its neighbours, in full):")
             for index in range(max(target - 1, 0), min(target + 2, n)):
                 step = steps[index]
+                if index != target and index in shown_as_target:
+                    out.append(full_line(index, step.agent, _IN_ITS_OWN_BLOCK))
+                    continue
                 content = step.content if full_cap is None else cut_middle(step.content, full_cap)
                 out.append(full_line(index, step.agent, content, _TARGET_TAG if index == target else None))
             for level, distances, title in (
@@ -134,7 +153,11 @@ def _far_ranges(target: int, n: int) -> str:
 
 
 def target_context(
-    trajectory: Trajectory, context_type: str = "decision-quality", char_cap: int | None = None
+    trajectory: Trajectory,
+    context_type: str = "decision-quality",
+    char_cap: int | None = None,
+    *,
+    neighbour_targets: str = "in-full",
 ) -> TargetContext:
     """The per-target document of ``trajectory``, fitted to ``char_cap`` characters.
 
@@ -145,12 +168,14 @@ def target_context(
     when even the last is longer than the cap.
 
     Raises:
-        ValueError: the trajectory has no step.
+        ValueError: the trajectory has no step, or ``neighbour_targets`` is unknown.
     """
     n = trajectory.n_steps
     if n == 0:
         raise ValueError("a per-target context needs at least one step")
-    document = _Document(trajectory, context_type)
+    if neighbour_targets not in NEIGHBOUR_TARGETS:
+        raise ValueError(f"neighbour_targets must be one of {NEIGHBOUR_TARGETS}, not {neighbour_targets!r}")
+    document = _Document(trajectory, context_type, neighbour_targets)
 
     def made(
         targets: Sequence[int], full_cap: int | None = None, omitted: frozenset[int] = frozenset()
