@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 
+from helpers.longrca import SOURCES, write_padded
 from helpers.scripted import ScriptedLLM
 from rcarun.data import Trajectory, iter_dataset
 from rcarun.methods import create_method
 from rcarun.methods.context import TASK_CHAR_CAP
 from rcarun.mock.answers import generate_value
 
-SHAPES = Path(__file__).resolve().parents[1] / "data" / "longrca_shapes"
-SOURCES = ("swe_bench_pro", "terminal_bench_2", "travelplanner", "vitabench", "webarena_verified")
 LONG_STEPS = 160  # RCTA cuts at most 80 steps per segment; binary search halves 7 or 8 times
 
 # (name, options): every method of the baselines and the wrappers around them, by its registry name.
@@ -83,45 +82,12 @@ def _recording_llm(context_window: int | None = None) -> RecordingLLM:
     return RecordingLLM(replies=_answer, context_window=context_window)
 
 
-def _padded(raw: dict[str, Any], n_steps: int, filler_chars: int) -> dict[str, Any]:
-    """The record with neutral workflow steps inserted after its opening, so that its log is ``n_steps`` long.
-
-    The opening (the task's steps and the first workflow step) and the original ending stay as they are; the
-    label moves with the step it names.
-    """
-    history = raw["history"]
-    opening = next(i for i, item in enumerate(history) if i > 0 and item["name"] != history[0]["name"])
-    workers = [
-        item["name"] for item in history[opening:] if item["name"] not in ("human", history[0]["name"])
-    ]
-    inserted = n_steps - len(history)
-    filler = [
-        {
-            "name": workers[i % len(workers)],
-            "role": "assistant",
-            "content": f"Progress note {i}: item {i} of the checklist was looked at and recorded. "
-            + "Details follow. " * max(0, (filler_chars - 70) // 16),
-        }
-        for i in range(inserted)
-    ]
-    items = [*history[: opening + 1], *filler, *history[opening + 1 :]]
-    record = dict(raw)
-    record["history"] = [{**item, "step": index} for index, item in enumerate(items)]
-    if raw["mistake_step"] > opening:
-        record["mistake_step"] = raw["mistake_step"] + inserted
-    return record
-
-
 def _long_records(
     tmp_path: Path, n_steps: int = LONG_STEPS, filler_chars: int = 120
 ) -> dict[str, Trajectory]:
     """The five source shapes padded to ``n_steps`` steps, written as a LongRCA dataset and loaded back."""
     for source in SOURCES:
-        raw = json.loads((SHAPES / source / f"{source}__900.json").read_text())
-        directory = tmp_path / "longrca" / source
-        directory.mkdir(parents=True)
-        record = _padded(raw, n_steps, filler_chars)
-        (directory / f"{raw['question_ID']}.json").write_text(json.dumps(record))
+        write_padded(tmp_path / "longrca", source, n_steps, filler_chars)
     loaded = {r.trajectory.source: r.trajectory for r in iter_dataset(tmp_path / "longrca")}
     assert set(loaded) == set(SOURCES)
     return loaded

@@ -1,9 +1,7 @@
-"""ECHO's hierarchical context without any model: levels, cue extraction, fitting, focal steps, target windows."""
+"""ECHO's hierarchical context without any model: levels, cue extraction, fitting, focal steps."""
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -11,21 +9,17 @@ import pytest
 from rcarun.data import Step, Trajectory
 from rcarun.methods.echo import (
     LEVEL_WORDS,
-    StepLevels,
     build_context,
     choose_focal_steps,
     context_level,
     context_lines,
-    equal_windows,
     extract_cue,
     fit_context,
     hierarchical_context,
     key_decision,
     milestone,
     outcome_summary,
-    plan_windows,
     split_sentences,
-    target_windows,
 )
 
 AGENTS = ("Planner", "Coder", "Computer_terminal")
@@ -222,140 +216,3 @@ def test_focal_steps_errors_then_spread() -> None:
     assert choose_focal_steps(trajectory, "spread", 1) == (14,)
     assert choose_focal_steps(trajectory, [1], 5) == (1,)
     assert choose_focal_steps(trajectory, [40, -1], 2) == (0, 29)  # none inside -> spread
-
-
-# --- target windows ------------------------------------------------------------------------------------------
-
-_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
-_CUE_SENTENCES = ("Therefore we go on.", "The result was fine.", "Saved the output.", "Let me check it.")
-
-
-def _long_log(n_steps: int, chars: int, seed: int = 0) -> Trajectory:
-    """``n_steps`` steps of exactly ``chars`` characters: a short opening sentence, then filler sentences, some
-    of them cue sentences, so that the reduced lines differ in length from step to step."""
-    rng = random.Random(seed)
-    contents = []
-    for index in range(n_steps):
-        text = f"Step {index} ran the tool."
-        while len(text) < chars:
-            if rng.random() < 0.1:
-                text += " " + rng.choice(_CUE_SENTENCES)
-            else:
-                text += " " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12))) + "."
-        contents.append(text[:chars])
-    return _trajectory(contents)
-
-
-def _target_lines(text: str) -> list[int]:
-    return [int(line.split()[1]) for line in text.splitlines() if line.split("]")[0].endswith("| target")]
-
-
-def test_window_sizes_are_the_rendered_lengths_and_lines_are_the_union_of_the_targets_views() -> None:
-    trajectory = _long_log(40, 300)
-    levels = StepLevels(trajectory)
-    rng = random.Random(1)
-    spans = [
-        (0, 39),
-        (0, 0),
-        (39, 39),
-        (5, 5),
-        (3, 17),
-        *((a, a + rng.randint(0, 10)) for a in range(0, 29, 4)),
-    ]
-    for first, last in spans:
-        lines = levels.window_lines(first, last)
-        assert lines == context_lines(trajectory, range(first, last + 1))
-        rendered = fit_context(lines, None, target_tag="target").text
-        assert levels.full_chars(first, last) == len(rendered), (first, last)
-        assert levels.least_chars(first, last) <= levels.full_chars(first, last)
-        assert _target_lines(rendered) == list(range(first, last + 1))
-
-
-def test_a_log_that_fits_is_one_window_showing_every_step_in_full() -> None:
-    trajectory = _long_log(18, 200)
-    levels = StepLevels(trajectory)
-    plan, windows = target_windows(levels, 100_000, 8)
-    assert plan.spans == ((0, 17),) and plan.tiling == "greedy"
-    (window,) = windows
-    assert window.view.whole and window.view.fits
-    # Every step a target, so no tag is needed: the view reads exactly as the log.
-    assert window.view.text == "\n".join(f"[step {s.index}] {s.agent}: {s.content}" for s in trajectory.steps)
-    assert window.levels == {1: 18, 2: 0, 3: 0, 4: 0}
-    assert plan_windows(levels, None, 8).spans == ((0, 17),)  # no cap: one window
-
-
-def _tiles(spans: Sequence[tuple[int, int]], n_steps: int) -> bool:
-    return [step for first, last in spans for step in range(first, last + 1)] == list(range(n_steps))
-
-
-def test_a_long_log_is_tiled_into_the_longest_windows_that_fit_whole() -> None:
-    trajectory = _long_log(300, 1500)
-    cap = 100_000
-    levels = StepLevels(trajectory)
-    plan, windows = target_windows(levels, cap, 8)
-    assert plan.tiling == "greedy" and 3 <= len(windows) <= 8
-    assert _tiles(plan.spans, 300)
-    for window in windows:
-        assert window.view.whole and window.view.fits and len(window.view.text) <= cap
-        # Greedy: no longer window from the same first target would fit whole.
-        assert all(levels.full_chars(window.first, last) > cap for last in range(window.last + 1, 300))
-        # The targets and their two neighbours in full, the next two steps on each side as key decisions.
-        assert _target_lines(window.view.text) == list(window.targets)
-        for neighbour in (window.first - 1, window.last + 1):
-            if 0 <= neighbour < 300:
-                step = trajectory.steps[neighbour]
-                assert f"[step {neighbour}] {step.agent}: {step.content}\n" in window.view.text + "\n"
-        if window.first >= 2:
-            assert f"[step {window.first - 2} | L2 key decision]" in window.view.text
-    # Every step is shown in full as a target in exactly one window.
-    for step in trajectory.steps:
-        shown = [
-            w for w in windows if f"[step {step.index} | target] {step.agent}: {step.content}" in w.view.text
-        ]
-        assert len(shown) == 1
-
-
-def test_more_windows_than_max_views_become_equal_windows_fitted_to_the_cap() -> None:
-    trajectory = _long_log(301, 1500)
-    levels = StepLevels(trajectory)
-    assert len(plan_windows(levels, 100_000, 8).spans) == 6  # greedy: 55 targets of 1,500 characters a window
-    plan, windows = target_windows(levels, 100_000, 5)
-    assert plan.tiling == "equal"
-    assert plan.spans == ((0, 60), (61, 120), (121, 180), (181, 240), (241, 300))
-    for window in windows:
-        assert window.view.fits and len(window.view.text) <= 100_000
-        assert not window.view.whole  # 61 targets of 1,500 characters cannot be shown whole
-        assert _target_lines(window.view.text) == list(window.targets)  # cut, never left out
-    assert equal_windows(10, 3) == ((0, 3), (4, 6), (7, 9))
-    assert equal_windows(2, 5) == ((0, 0), (1, 1))
-    with pytest.raises(ValueError, match="max_views"):
-        plan_windows(levels, 100_000, 0)
-
-
-def test_a_target_whose_view_cannot_fit_whole_is_a_window_of_its_own_fitted_by_the_rules() -> None:
-    contents = [f"Step {i} is short." for i in range(30)]
-    contents[12] = "z" * 6000
-    trajectory = _trajectory(contents)
-    plan, windows = target_windows(StepLevels(trajectory), 3000, 8)
-    assert plan.tiling == "greedy" and _tiles(plan.spans, 30)
-    lone = [w for w in windows if w.first == 12]
-    assert len(lone) == 1 and lone[0].last == 12
-    view = lone[0].view
-    assert view.fits and len(view.text) <= 3000
-    assert view.full_char_cap is not None and "characters cut" in view.text
-    # The windows next to it show step 12 as a full neighbour, so they are cut too; the others are whole.
-    touching = {w.first for w in windows if w.last == 11 or w.first in (12, 13)}
-    assert all(w.view.full_char_cap is not None for w in windows if w.first in touching)
-    assert all(w.view.whole for w in windows if w.first not in touching)
-
-
-def test_planning_a_700_step_log_renders_only_the_chosen_windows() -> None:
-    trajectory = _long_log(700, 2000, seed=7)
-    start = time.perf_counter()
-    levels = StepLevels(trajectory)
-    plan, windows = target_windows(levels, 100_000, 8)
-    elapsed = time.perf_counter() - start
-    print(f"700 steps x 2,000 characters: {len(windows)} windows ({plan.tiling}) in {elapsed:.3f} s")
-    assert plan.tiling == "equal" and len(windows) == 8
-    assert _tiles(plan.spans, 700)
-    assert all(w.view.fits and len(w.view.text) <= 100_000 for w in windows)

@@ -1,7 +1,7 @@
-"""The ECHO method against a scripted LLM: options, the panel, the calls per view, the output, error and fallback.
+"""The ECHO method against a scripted LLM: options, the panel, the calls, the output, error and fallback.
 
-The deterministic parts are tested alone in the other ``test_echo_*`` files; here the views are checked through
-the prompts the analysts receive and the ``context`` the output records.
+The deterministic parts are tested alone in the other ``test_echo_*`` files; here what the analysts read is
+checked through the prompts they receive and the ``context`` the output records.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from rcarun.methods._options import MethodOptions
 from rcarun.methods.echo import (
     Echo,
     EchoOptions,
-    StepLevels,
     analyst_panel,
     answer_schema,
-    plan_windows,
+    spread_steps,
+    target_context,
 )
 
 AGENTS = ("Planner", "Coder", "Computer_terminal")
@@ -110,12 +110,7 @@ def test_registered_and_options_from_config() -> None:
     assert options.temperatures == (0.1, 1.0)
     assert options.focal == (3, 4)
     defaults = EchoOptions()
-    assert (defaults.context, defaults.max_views, defaults.focal, defaults.context_chars) == (
-        "per-target",
-        8,
-        "errors",
-        100_000,
-    )
+    assert (defaults.context, defaults.focal, defaults.context_chars) == ("per-target", "errors", 100_000)
 
 
 @pytest.mark.parametrize(
@@ -135,8 +130,11 @@ def test_registered_and_options_from_config() -> None:
         ({"temperature_range": [0.3]}, "echo: temperature_range.1: Field required (got (0.3,))"),
         ({"min_confidence": 1.5}, "echo: min_confidence: Input should be less than or equal to 1 (got 1.5)"),
         ({"context_type": "vibes"}, "echo: context_type: Input should be 'decision-quality', 'handoff' or"),
-        ({"context": "whole"}, "echo: context: Input should be 'per-target' or 'focal' (got 'whole')"),
-        ({"max_views": 0}, "echo: max_views: Input should be greater than 0 (got 0)"),
+        (
+            {"context": "whole"},
+            "echo: context: Input should be 'per-target', 'whole-log' or 'focal' (got 'whole')",
+        ),
+        ({"max_views": 2}, "echo: unknown option(s) ['max_views']; known: ["),
         (
             {"context": "focal", "focal": "middle"},
             "echo: focal.strategy: Input should be 'errors' or 'spread' (got 'middle')",
@@ -144,7 +142,12 @@ def test_registered_and_options_from_config() -> None:
         ({"context": "focal", "focal": []}, "echo: focal.steps: Value should have at least 1 item"),
         ({"focal": [1]}, "echo: focal and max_focal apply only to context='focal'"),
         ({"max_focal": 2}, "echo: focal and max_focal apply only to context='focal'"),
-        ({"context": "focal", "max_views": 2}, "echo: max_views applies only to context='per-target'"),
+        ({"context": "whole-log", "focal": [1]}, "echo: focal and max_focal apply only to context='focal'"),
+        (
+            {"context": "focal", "neighbour_targets": "referenced"},
+            "echo: neighbour_targets applies only to context='per-target'",
+        ),
+        ({"neighbour_targets": "once"}, "echo: neighbour_targets: Input should be 'in-full' or 'referenced'"),
         (
             {"context_chars": 100},
             "echo: context_chars: Input should be greater than or equal to 2000 (got 100)",
@@ -168,7 +171,7 @@ def test_invalid_options_are_config_errors(options: dict[str, Any], message: str
     [
         ("analysts", "3", "Input should be a valid integer (got '3')"),
         ("analysts", True, "Input should be a valid integer (got True)"),
-        ("max_views", 2.0, "Input should be a valid integer (got 2.0)"),
+        ("max_focal", 2.0, "Input should be a valid integer (got 2.0)"),
         ("context_chars", 5000.5, "Input should be a valid integer (got 5000.5)"),
         ("context_chars", float("inf"), "Input should be a valid integer (got inf)"),
         ("max_tokens", "8000", "Input should be a valid integer (got '8000')"),
@@ -207,7 +210,7 @@ def test_default_panel_is_a_seeded_sample() -> None:
     assert [(s.persona, s.temperature) for s in configured] == [("skeptical", 0.0), ("skeptical", 1.5)]
 
 
-async def test_a_log_that_fits_is_one_view_of_the_whole_log_and_costs_k_calls() -> None:
+async def test_a_short_log_gives_every_step_its_context_and_costs_k_calls() -> None:
     trajectory = _plain(8)
     llm = numbered(_replies(_answer(step=4), _answer(step=4), _answer(step=5, confidence=0.5)))
     attribution = await Echo("echo", EchoOptions()).attribute(trajectory, llm)
@@ -223,34 +226,46 @@ async def test_a_log_that_fits_is_one_view_of_the_whole_log_and_costs_k_calls() 
     user = llm.requests[0]["user"]
     assert "Count the awnings." in user
     assert "Decide both who is responsible" in user
-    assert "The log has 8 steps, numbered from 0. Every step is shown in full" in user
-    # Every step is a target of its own view: the whole log, in full, exactly as recorded.
-    assert _log(llm.requests[0]) == "\n".join(
-        f"[step {s.index}] {s.agent}: {s.content}" for s in trajectory.steps
-    )
+    assert "The log has 8 steps, numbered from 0. It is shown as hierarchical contexts" in user
+    assert "(every step is a target)" in user
+    # The panel reads the per-target document, the same for every analyst.
+    assert _log(llm.requests[0]) == target_context(trajectory, char_cap=100_000).text
     assert all(_log(r) == _log(llm.requests[0]) for r in llm.requests)
+    assert _targets(_log(llm.requests[0])) == list(range(8))
     assert '"maximum": 7' in user
     assert (attribution.pred_role, attribution.pred_step) == ("Coder", 4)
     assert attribution.role_valid and attribution.step_valid and not attribution.abstained
     output = attribution.output
-    assert output["n_calls"] == 3 and output["n_analysts"] == 3 and output["n_views"] == 1
+    assert output["n_calls"] == 3 and output["n_analysts"] == 3
     assert output["vote_table"]["type_sums"] == {"single_agent": pytest.approx(2.1), "multi_agent": 0.0}
     assert output["vote_table"]["step_scores"] == [
         {"step": 4, "score": pytest.approx(1.6)},
         {"step": 5, "score": 0.5},
     ]
-    assert [v["window"] for v in output["vote_table"]["votes"]] == [0, 0, 0]
+    assert [v["analyst"] for v in output["vote_table"]["votes"]] == [0, 1, 2]
     assert output["consensus"]["confidence"] == pytest.approx(0.7)
     assert output["consensus"]["reasoning"].startswith(
         "single_agent conclusion backed by 3 of 3 votes (conservative, detail-focused, general)"
     )
     assert output["fallback"]["used"] is False
     context = output["context"]
-    assert (context["mode"], context["tiling"], context["char_cap"]) == ("per-target", "greedy", 100_000)
-    (window,) = context["windows"]
-    assert (window["first"], window["last"], window["fits"], window["whole"]) == (0, 7, True, True)
-    assert (window["full_char_cap"], window["omitted_steps"]) == (None, 0)
-    assert window["chars"] == len(_log(llm.requests[0]))
+    assert (context["mode"], context["char_cap"], context["targets"]) == (
+        "per-target",
+        100_000,
+        list(range(8)),
+    )
+    assert (context["every_step_a_target"], context["fits"], context["full_char_cap"]) == (True, True, None)
+    assert (context["omitted_steps"], context["chars"]) == (0, len(_log(llm.requests[0])))
+    assert context["neighbour_targets"] == "in-full"
+    # The cheaper reading names a neighbour that is a target instead of repeating it.
+    llm = numbered(_replies(*[_answer(step=4)] * 3))
+    options = EchoOptions(neighbour_targets="referenced")
+    referenced = await Echo("echo", options).attribute(trajectory, llm)
+    assert len(llm.requests) == 3 and referenced.output["context"]["neighbour_targets"] == "referenced"
+    assert (
+        _log(llm.requests[0])
+        == target_context(trajectory, char_cap=100_000, neighbour_targets="referenced").text
+    )
 
 
 async def test_focal_context_reproduces_the_single_multi_focal_view() -> None:
@@ -265,7 +280,6 @@ async def test_focal_context_reproduces_the_single_multi_focal_view() -> None:
     assert (attribution.pred_role, attribution.pred_step) == ("Coder", 4)
     context = attribution.output["context"]
     assert (context["mode"], context["focal_steps"], context["fits"]) == ("focal", [0, 2, 4, 5, 7], True)
-    assert attribution.output["n_views"] == 1
 
     # The old view of the analysts, unchanged: FA4MAS's example view around step 1 on a longer log.
     long = _plain(20)
@@ -303,144 +317,81 @@ async def test_decoupled_mode_doubles_the_calls_and_pairs_the_halves() -> None:
         (0, ["Planner"], 6, 0.4),
         (2, ["Coder"], 3, 0.6),
     ]
-    assert attribution.output["vote_table"]["no_vote"] == [{"window": 0, "analyst": 1}]
+    assert attribution.output["vote_table"]["no_vote"] == [{"analyst": 1}]
     assert (attribution.pred_role, attribution.pred_step) == ("Coder", 3)
     assert [c["focus"] for c in attribution.output["calls"]] == ["agent", "step"] * 3
 
 
-# --- per-target windows --------------------------------------------------------------------------------------
+# --- long logs, the whole-log option ------------------------------------------------------------------------
 
 
-async def test_a_long_log_is_read_in_windows_every_step_a_target_once() -> None:
+async def test_a_long_log_gets_the_most_evenly_spaced_targets_that_fit_and_still_k_calls() -> None:
     trajectory = _long()
-    spans = plan_windows(StepLevels(trajectory), 100_000, 8).spans
-    assert 3 <= len(spans) <= 8
     llm = numbered(lambda index, _request: _answer(step=index))
     attribution = await Echo("echo", EchoOptions()).attribute(trajectory, llm)
 
-    n_windows = len(spans)
-    assert len(llm.requests) == 3 * n_windows
-    output = attribution.output
-    assert output["n_views"] == n_windows and output["n_calls"] == 3 * n_windows
-    # Window by window, in panel order inside a window.
-    assert [(c["window"], c["persona"]) for c in output["calls"]] == [
-        (window, persona)
-        for window in range(n_windows)
-        for persona in ("conservative", "detail-focused", "general")
-    ]
-    assert [r["temperature"] for r in llm.requests] == [0.83, 0.84, 0.67] * n_windows
-    windows = output["context"]["windows"]
-    assert [(w["first"], w["last"]) for w in windows] == list(spans)
-    assert output["context"]["tiling"] == "greedy"
-    shown_in_full: dict[int, int] = {}
-    for number, (window, (first, last)) in enumerate(zip(windows, spans, strict=True)):
-        requests = llm.requests[3 * number : 3 * number + 3]
-        log = _log(requests[0])
-        assert all(_log(r) == log for r in requests)  # the panel reads the same view
-        assert window["chars"] == len(log) <= 100_000 and window["fits"] and window["whole"]
-        assert _targets(log) == list(range(first, last + 1))
-        assert (
-            f"This is view {number + 1} of {n_windows}: its target steps are {first} to {last}."
-            in (requests[0]["user"])
-        )
-        assert "The other views show the other parts of the log in full" in requests[0]["user"]
-        for step in trajectory.steps:
-            if f"[step {step.index} | target] {step.agent}: {step.content}" in log:
-                shown_in_full[step.index] = shown_in_full.get(step.index, 0) + 1
-    assert shown_in_full == dict.fromkeys(range(300), 1)
-    # One vote per (analyst, window), each recorded with its window.
-    assert [(v["window"], v["analyst"]) for v in output["vote_table"]["votes"]] == [
-        (window, analyst) for window in range(n_windows) for analyst in range(3)
-    ]
-    assert output["consensus"]["reasoning"].startswith(
-        f"single_agent conclusion backed by {3 * n_windows} of {3 * n_windows} votes (conservative on window 0, "
-    )
-
-
-async def test_decoupled_windows_cost_two_calls_per_analyst_and_window_in_the_stated_order() -> None:
-    trajectory = _long()
-    n_windows = len(plan_windows(StepLevels(trajectory), 100_000, 8).spans)
-    llm = numbered(lambda index, _request: _answer(step=index % 300))
-    attribution = await Echo("echo", EchoOptions(decoupled=True)).attribute(trajectory, llm)
-    assert len(llm.requests) == 2 * 3 * n_windows
-    assert [(c["window"], c["analyst"], c["focus"]) for c in attribution.output["calls"]] == [
-        (window, analyst, focus)
-        for window in range(n_windows)
-        for analyst in range(3)
-        for focus in ("agent", "step")
-    ]
-    # A pair is the two halves of one analyst on one window: its step is the step-focused call's.
-    votes = attribution.output["vote_table"]["votes"]
-    assert len(votes) == 3 * n_windows
-    assert [v["mistake_step"] for v in votes] == [index % 300 for index in range(1, 6 * n_windows, 2)]
-
-
-async def test_votes_from_different_windows_are_pooled_by_the_published_vote() -> None:
-    trajectory = _long()
-    n_windows = len(plan_windows(StepLevels(trajectory), 100_000, 8).spans)
-    assert n_windows >= 3
-
-    def reply(index: int, _request: Mapping[str, Any]) -> str:
-        window = index // 3
-        if window == 0:  # the first window's panel blames the Planner at step 2, quite sure
-            return _answer(attribution=["Planner"], step=2, confidence=0.9)
-        if window == 1:  # the second window's panel blames the Coder at step 100
-            return _answer(attribution=["Coder"], step=100, confidence=0.7)
-        return _answer(attribution=["Coder"], step=100, confidence=0.2)  # below min_confidence: dropped
-
-    attribution = await Echo("echo", EchoOptions()).attribute(trajectory, numbered(reply))
-    # Planner 3 x 0.9 = 2.7 against Coder 3 x 0.7 = 2.1: the pooled votes of two windows decide. A vote may name
-    # any step of the log, inside its window's targets or not.
-    assert all(call["well_formed"] for call in attribution.output["calls"])
-    assert (attribution.pred_role, attribution.pred_step) == ("Planner", 2)
-    table = attribution.output["vote_table"]
-    assert [v["kept"] for v in table["votes"]] == [True] * 6 + [False] * (3 * n_windows - 6)
-    assert table["agent_scores"] == [
-        {"agent": "Planner", "score": pytest.approx(2.7)},
-        {"agent": "Coder", "score": pytest.approx(2.1)},
-    ]
-    assert attribution.output["consensus"]["confidence"] == pytest.approx(0.8)
-    assert attribution.output["consensus"]["reasoning"].startswith(
-        f"single_agent conclusion backed by 6 of {3 * n_windows} votes"
-    )
-
-
-async def test_max_views_cuts_the_log_into_equal_windows() -> None:
-    trajectory = _long(301)
-    llm = numbered(lambda index, _request: _answer(step=4))
-    attribution = await Echo("echo", EchoOptions(max_views=5)).attribute(trajectory, llm)
+    assert len(llm.requests) == 3
+    log = _log(llm.requests[0])
+    assert all(_log(r) == log for r in llm.requests)
     context = attribution.output["context"]
-    assert context["tiling"] == "equal"
-    assert [(w["first"], w["last"]) for w in context["windows"]] == [
-        (0, 60),
-        (61, 120),
-        (121, 180),
-        (181, 240),
-        (241, 300),
+    targets = context["targets"]
+    assert 1 < len(targets) < 300 and not context["every_step_a_target"]
+    assert targets == spread_steps(300, len(targets)) == _targets(log)
+    assert context["fits"] and context["chars"] == len(log) <= 100_000 and context["full_char_cap"] is None
+    listed = ", ".join(str(step) for step in targets)
+    assert f"({len(targets)} evenly spaced target steps: {listed})" in llm.requests[0]["user"]
+    assert attribution.output["n_calls"] == 3
+
+
+async def test_decoupled_long_log_costs_two_calls_per_analyst() -> None:
+    llm = numbered(lambda index, _request: _answer(step=index))
+    attribution = await Echo("echo", EchoOptions(decoupled=True)).attribute(_long(), llm)
+    assert len(llm.requests) == 6
+    assert [(c["analyst"], c["focus"]) for c in attribution.output["calls"]] == [
+        (analyst, focus) for analyst in range(3) for focus in ("agent", "step")
     ]
-    assert len(llm.requests) == 3 * 5
-    for number, window in enumerate(context["windows"]):
-        log = _log(llm.requests[3 * number])
-        assert window["fits"] and not window["whole"] and len(log) == window["chars"] <= 100_000
-        assert _targets(log) == list(range(window["first"], window["last"] + 1))  # cut, never left out
+    assert [v["mistake_step"] for v in attribution.output["vote_table"]["votes"]] == [1, 3, 5]
 
 
-async def test_a_small_context_window_lowers_the_cap_of_every_window() -> None:
+async def test_a_small_context_window_lowers_the_cap() -> None:
     trajectory = _long(60)
     llm = numbered(lambda index, _request: _answer(step=1), context_window=12_000)
     attribution = await Echo("echo", EchoOptions(max_tokens=2000)).attribute(trajectory, llm)
     context = attribution.output["context"]
     cap = context["char_cap"]
     assert cap < 100_000 and context["context_window"] == 12_000
-    assert len(context["windows"]) > 1  # the whole log (about 90,000 characters) would fit the default cap
-    assert len(llm.requests) == 3 * len(context["windows"])
+    assert len(llm.requests) == 3
     for request in llm.requests:
         assert llm.estimate_tokens(request["system"]) + llm.estimate_tokens(request["user"]) + 2000 <= 12_000
-    for number, window in enumerate(context["windows"]):
-        assert window["chars"] == len(_log(llm.requests[3 * number])) <= cap
-    # Under the default cap, the same log is one window.
+    assert context["chars"] == len(_log(llm.requests[0])) <= cap
     wide = await Echo("echo", EchoOptions()).attribute(trajectory, numbered(lambda i, r: _answer(step=1)))
-    assert wide.output["n_views"] == 1 and wide.output["n_calls"] == 3
+    assert len(wide.output["context"]["targets"]) > len(context["targets"])  # a wider cap holds more targets
+
+
+async def test_the_whole_log_option_shows_every_step_in_full_and_costs_k_calls() -> None:
+    trajectory = _plain(8)
+    llm = numbered(_replies(*[_answer(step=4)] * 3))
+    attribution = await Echo("echo", EchoOptions(context="whole-log")).attribute(trajectory, llm)
+    assert len(llm.requests) == 3
+    assert "The log has 8 steps, numbered from 0. Every step is shown in full" in llm.requests[0]["user"]
+    assert all(
+        _log(r) == "\n".join(f"[step {s.index}] {s.agent}: {s.content}" for s in trajectory.steps)
+        for r in llm.requests
+    )
+    assert attribution.output["context"] == {
+        "mode": "whole-log",
+        "char_cap": 100_000,
+        "chars": len(_log(llm.requests[0])),
+        "fits": True,
+        "full_char_cap": None,
+    }
+    # A log longer than the cap is still one view of every step, its contents cut in the middle.
+    llm = numbered(lambda index, _request: _answer(step=1))
+    long = await Echo("echo", EchoOptions(context="whole-log")).attribute(_long(), llm)
+    assert len(llm.requests) == 3
+    log = _log(llm.requests[0])
+    assert [int(line.split()[1].rstrip("]")) for line in log.splitlines()] == list(range(300))
+    assert "characters cut" in log and long.output["context"]["full_char_cap"] is not None
 
 
 @pytest.mark.parametrize(("include", "shown"), [(False, False), (True, True)])
@@ -494,8 +445,8 @@ async def test_malformed_analysts_are_recorded_and_excluded() -> None:
     assert calls[1]["answer"]["primary_conclusion"]["attribution"] == ["Nobody"]  # stored as answered
     assert any("Nobody" in p for p in calls[1]["problems"])
     assert attribution.output["vote_table"]["no_vote"] == [
-        {"window": 0, "analyst": 0},
-        {"window": 0, "analyst": 1},
+        {"analyst": 0},
+        {"analyst": 1},
     ]
     assert attribution.output["consensus"]["attribution"] == ["Computer_terminal"]
 
@@ -541,12 +492,12 @@ async def test_alternative_hypotheses_are_reported_by_confidence() -> None:
     llm = numbered(_replies(*replies))
     attribution = await Echo("echo", EchoOptions()).attribute(_plain(8), llm)
     reported = attribution.output["alternative_hypotheses"]
-    assert [(h["analyst"], h["window"], h["confidence"]) for h in reported] == [
-        (0, 0, 0.6),
-        (1, 0, 0.5),
-        (1, 0, 0.4),
-        (0, 0, 0.3),
-        (1, 0, 0.2),
+    assert [(h["analyst"], h["confidence"]) for h in reported] == [
+        (0, 0.6),
+        (1, 0.5),
+        (1, 0.4),
+        (0, 0.3),
+        (1, 0.2),
     ]
 
 

@@ -16,10 +16,8 @@ def _rounded(scores: Sequence[tuple[Any, float]]) -> list[tuple[Any, float]]:
     return [(key, round(score, 9)) for key, score in scores]
 
 
-def _vote(
-    analyst: int, kind: str, agents: Sequence[str], step: int, confidence: float, window: int = 0
-) -> Vote:
-    return Vote(analyst, Conclusion(kind, tuple(agents), step, confidence), window)
+def _vote(analyst: int, kind: str, agents: Sequence[str], step: int, confidence: float) -> Vote:
+    return Vote(analyst, Conclusion(kind, tuple(agents), step, confidence))
 
 
 def test_pair_weight_is_the_lower_confidence() -> None:
@@ -151,18 +149,17 @@ def test_disagreement_report() -> None:
     assert split_outcome.review_reasons == ()
 
 
-def test_votes_of_every_window_are_pooled_by_the_published_vote() -> None:
-    # Two analysts on three windows: six votes, one per (analyst, window); the same analyst may vote twice.
+def test_kept_and_dropped_are_positions_of_votes_not_analysts() -> None:
+    # Six votes, analyst 1 voting on both sides of the confidence floor.
     votes = [
-        _vote(0, "single_agent", ["Coder"], 40, 0.6, window=0),
-        _vote(1, "single_agent", ["Planner"], 3, 0.7, window=0),
-        _vote(0, "single_agent", ["Coder"], 40, 0.5, window=1),
-        _vote(1, "single_agent", ["Coder"], 41, 0.2, window=1),  # below 0.3: dropped
-        _vote(0, "multi_agent", ["Coder", "Planner"], 90, 0.9, window=2),
-        _vote(1, "single_agent", ["Coder"], 40, 0.4, window=2),
+        _vote(0, "single_agent", ["Coder"], 40, 0.6),
+        _vote(1, "single_agent", ["Planner"], 3, 0.7),
+        _vote(0, "single_agent", ["Coder"], 40, 0.5),
+        _vote(1, "single_agent", ["Coder"], 41, 0.2),  # below 0.3: dropped
+        _vote(0, "multi_agent", ["Coder", "Planner"], 90, 0.9),
+        _vote(1, "single_agent", ["Coder"], 40, 0.4),
     ]
     outcome = consensus_vote(votes, agents=AGENTS, n_steps=120)
-    # kept / dropped are positions in `votes`, not analysts: analyst 1 has votes on both sides.
     assert outcome.kept == (0, 1, 2, 4, 5) and outcome.dropped == (3,)
     assert outcome.type_sums == {"single_agent": pytest.approx(2.2), "multi_agent": pytest.approx(0.9)}
     assert outcome.winning_type == "single_agent"
@@ -170,12 +167,3 @@ def test_votes_of_every_window_are_pooled_by_the_published_vote() -> None:
     assert _rounded(outcome.step_scores) == [(40, 1.5), (3, 0.7)]
     assert (outcome.role, outcome.mistake_step) == ("Coder", 40)
     assert outcome.confidence == pytest.approx(2.2 / 4)
-    # The same conclusions as one window each give the same tally: a vote's window does not weigh.
-    flat = consensus_vote(
-        [Vote(at, vote.conclusion) for at, vote in enumerate(votes)], agents=AGENTS, n_steps=120
-    )
-    assert (flat.kept, flat.agent_scores, flat.step_scores) == (
-        outcome.kept,
-        outcome.agent_scores,
-        outcome.step_scores,
-    )

@@ -1,10 +1,10 @@
 """ECHO (Banerjee et al., 2025): hierarchical context per target, independent analysts, a weighted vote.
 
-Each part is a module tested on its own: `context` (the hierarchical levels, cue extraction, fitting and the
-target windows; deterministic, no LLM), `answers` (the answer schema and its strict reading), `vote` (the
-consensus vote, the decoupled pairing and the fallback; pure functions) and `method` (the options, the panel and
-the `Echo` method registered as ``"echo"``, whose docstring gives the design). Importing this package registers
-the method.
+Each part is a module tested on its own: `context` (the hierarchical levels, cue extraction and fitting; no
+LLM), `targets` (the per-target contexts the analysts read; no LLM), `answers` (the answer schema and its strict
+reading), `vote` (the consensus vote, the decoupled pairing and the fallback; pure functions) and `method` (the
+options, the panel and the `Echo` method registered as ``"echo"``). The design is in ``docs/methods/echo.md``.
+Importing this package registers the method.
 """
 
 from rcarun.methods.echo.answers import (
@@ -21,25 +21,21 @@ from rcarun.methods.echo.context import (
     ContextLine,
     ContextView,
     Extract,
-    StepLevels,
-    TargetWindow,
-    WindowPlan,
     build_context,
     choose_focal_steps,
     context_level,
     context_lines,
-    equal_windows,
     extract_cue,
     fit_context,
     hierarchical_context,
     key_decision,
     milestone,
     outcome_summary,
-    plan_windows,
     split_sentences,
-    target_windows,
+    spread_steps,
 )
 from rcarun.methods.echo.method import PERSONAS, AnalystSpec, Echo, EchoOptions, PanelView, analyst_panel
+from rcarun.methods.echo.targets import TargetContext, target_context
 from rcarun.methods.echo.vote import Vote, VoteOutcome, consensus_vote, pair_conclusion
 
 __all__ = [
@@ -57,11 +53,9 @@ __all__ = [
     "Evaluation",
     "Extract",
     "PanelView",
-    "StepLevels",
-    "TargetWindow",
+    "TargetContext",
     "Vote",
     "VoteOutcome",
-    "WindowPlan",
     "analyst_panel",
     "answer_schema",
     "build_context",
@@ -69,7 +63,6 @@ __all__ = [
     "consensus_vote",
     "context_level",
     "context_lines",
-    "equal_windows",
     "extract_cue",
     "fit_context",
     "hierarchical_context",
@@ -77,8 +70,8 @@ __all__ = [
     "milestone",
     "outcome_summary",
     "pair_conclusion",
-    "plan_windows",
     "read_answer",
     "split_sentences",
-    "target_windows",
+    "spread_steps",
+    "target_context",
 ]

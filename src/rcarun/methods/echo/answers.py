@@ -1,9 +1,9 @@
 """What an ECHO analyst answers (the JSON schema it is asked for) and the strict reading of that answer.
 
-Every analyst call, in every window and in both halves of the decoupled mode, is asked for the same object: a
-summary, per-agent evaluations, a primary conclusion and alternative hypotheses. The schema carries the recorded
-agents as an enum and the step range of the whole log as integer bounds (an analyst judges the whole run, whatever
-part of the log its view shows in full).
+Every analyst call, in both halves of the decoupled mode too, is asked for the same object: a summary, per-agent
+evaluations, a primary conclusion and alternative hypotheses. The schema carries the recorded agents as an enum
+and the step range of the whole log as integer bounds (an analyst judges the whole run, whatever steps its
+context shows in full).
 
 Reading is strict and never repairs: a vote needs a JSON object with every required field: summary (string),
 agent_evaluations (array), alternative_hypotheses (array) and a primary_conclusion whose type is one of the two,

@@ -1,38 +1,11 @@
 """ECHO's hierarchical context (part 1 of the method): levels of detail around target steps, built without an LLM.
 
-The paper compresses a log with regex pattern extraction, not with a model, so everything here is deterministic
-and tested on its own. Around a target step i (the paper's position-aware context C_i):
-
-- L1 = steps i-1, i and i+1 in full;
-- L2 = steps i±2..3, reduced to a key decision or reasoning sentence (≤50 words);
-- L3 = steps i±4..6, reduced to a short outcome (≤20 words);
-- L4 = every step further away, reduced to a milestone (≤15 words).
-
-A reduction is the first sentence that matches the level's cue patterns ("Therefore/Thus ...", "The answer is ...",
-"I conclude ...", "completed/created ...", error and warning cues), cut to the level's word cap, and to 8
-characters per allowed word so that a sentence without spaces (a URL, a blob of JSON) cannot pass. When no
-sentence of the step matches, its first non-empty sentence is cut the same way (``cue_matched=False``). The
-paper's three context types are alternative cue sets (``decision-quality``, the default; ``handoff``;
-``error-propagation``). Sentences end at ``.``, ``!`` or ``?`` followed by whitespace, and at line breaks.
-
-A view with several targets shows every step at the level of its distance to the NEAREST target. For the
-consecutive targets of a window [first, last] that is the union of the targets' C_i (`StepLevels.window_lines`);
-for the focal steps of ``context="focal"`` it is rcarun's own multi-focal view (`context_lines`,
-`choose_focal_steps`).
-
-Fitting a view to a character cap (`fit_context`) applies this fixed order until it fits: (a) L1 contents are
-cut in the middle (head and tail kept, the cut marked) to the largest common cap, not below 1,000 characters;
-(b) reduced lines are left out, replaced by ``[steps a-b omitted]``: first L4 lines without a cue, then L4 lines
-with a cue, then L3, then L2, each farthest from a target first (the later step first on ties). L1 lines are
-never left out.
-
-Target windows (`plan_windows`, `target_windows`) make every step of the log a target exactly once. The log is
-tiled greedily from step 0: each window is the longest run of consecutive targets whose view, with nothing cut
-and no line left out, fits the cap; a single target whose view does not fit even so is a window of its own,
-fitted by the rules above. When that tiling needs more than ``max_views`` windows, the log is instead cut into
-``max_views`` windows of equal target counts (sizes differ by at most one, the longer windows first), each view
-fitted by the rules above. Window sizes come from per-step line lengths by level and prefix sums
-(`StepLevels.full_chars`), so planning renders nothing; only the chosen windows are rendered.
+The paper compresses a log with regex cue extraction, not with a model, so everything here is deterministic. Around
+a target step i: L1 = steps i-1..i+1 in full, L2 = i±2..3 reduced to a key decision (≤50 words), L3 = i±4..6
+reduced to an outcome (≤20 words), L4 = every step further away reduced to a milestone (≤15 words). The cue sets,
+the sentence rules and the order in which `fit_context` shrinks a view are specified in ``docs/methods/echo.md``.
+This module reduces steps and renders single views (the whole log, ``context="focal"``'s multi-focal view);
+`rcarun.methods.echo.targets` puts the per-target contexts together.
 """
 
 from __future__ import annotations
@@ -41,7 +14,6 @@ import re
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Literal, get_args
 
 from rcarun.data import Trajectory
@@ -49,39 +21,38 @@ from rcarun.data import Trajectory
 __all__ = [
     "CONTEXT_TYPES",
     "LEVEL_WORDS",
+    "MIN_FULL_CHARS",
     "ContextLine",
     "ContextType",
     "ContextView",
     "Extract",
-    "StepLevels",
-    "TargetWindow",
-    "Tiling",
-    "WindowPlan",
     "build_context",
     "choose_focal_steps",
     "context_level",
     "context_lines",
-    "equal_windows",
+    "cut_middle",
     "extract_cue",
     "fit_context",
+    "full_line",
     "hierarchical_context",
     "key_decision",
     "milestone",
+    "omission_marker",
     "outcome_summary",
-    "plan_windows",
+    "reduced_line",
     "split_sentences",
-    "target_windows",
+    "spread_steps",
 ]
 
 ContextType = Literal["decision-quality", "handoff", "error-propagation"]
 CONTEXT_TYPES: tuple[str, ...] = get_args(ContextType)
-Tiling = Literal["greedy", "equal"]
 LEVEL_WORDS: Mapping[int, int] = {2: 50, 3: 20, 4: 15}
 """Word cap of a reduced step, by level (L1 is shown in full)."""
 
 _CHARS_PER_WORD = 8  # an extract is also cut at 8 characters per allowed word (400/160/120 characters)
 _LEVEL_TAGS: Mapping[int, str] = {2: "L2 key decision", 3: "L3 outcome", 4: "L4 milestone"}
-_MIN_FULL_CHARS = 1000  # L1 contents are never cut below this when the view must shrink
+MIN_FULL_CHARS = 1000
+"""L1 contents are never cut below this many characters when a view must shrink."""
 _CUT = " [... {n} characters cut ...] "
 _FAR = 7  # the first distance at level 4 (context_level)
 
@@ -313,7 +284,8 @@ def context_lines(
     return tuple(lines)
 
 
-def _cut_middle(text: str, cap: int) -> str:
+def cut_middle(text: str, cap: int) -> str:
+    """``text`` cut in the middle to ``cap`` characters, head and tail kept and the cut marked."""
     if len(text) <= cap:
         return text
     head = cap // 2
@@ -329,6 +301,16 @@ def _reduced_prefix(index: int, agent: str, level: int) -> str:
     return f"[step {index} | {_LEVEL_TAGS[level]}] {agent}: "
 
 
+def full_line(index: int, agent: str, content: str, tag: str | None = None) -> str:
+    """A step shown in full: ``[step k] agent: content``, or ``[step k | tag] agent: content``."""
+    return _full_prefix(index, agent, tag) + content
+
+
+def reduced_line(index: int, agent: str, level: int, text: str) -> str:
+    """A step reduced for ``level`` (2-4): ``[step k | L2 key decision] agent: extract`` and so on."""
+    return _reduced_prefix(index, agent, level) + text
+
+
 def _render(
     lines: Sequence[ContextLine], full_cap: int | None, omitted: frozenset[int], target_tag: str | None
 ) -> str:
@@ -342,27 +324,28 @@ def _render(
             previous = line.index
             continue
         if run_start is not None:
-            out.append(_gap(run_start, previous))
+            out.append(omission_marker(run_start, previous))
             run_start = None
         if line.level == 1:
-            content = line.text if full_cap is None else _cut_middle(line.text, full_cap)
+            content = line.text if full_cap is None else cut_middle(line.text, full_cap)
             tag = target_tag if line.focal else None
             out.append(_full_prefix(line.index, line.agent, tag) + content)
         else:
             out.append(_reduced_prefix(line.index, line.agent, line.level) + line.text)
     if run_start is not None:
-        out.append(_gap(run_start, previous))
+        out.append(omission_marker(run_start, previous))
     return "\n".join(out)
 
 
-def _gap(first: int, last: int) -> str:
+def omission_marker(first: int, last: int) -> str:
+    """The line that stands for steps ``first..last`` left out of a view."""
     return f"[step {first} omitted]" if first == last else f"[steps {first}-{last} omitted]"
 
 
 def fit_context(
     lines: Sequence[ContextLine], char_cap: int | None = None, *, target_tag: str | None = "focal"
 ) -> ContextView:
-    """Render ``lines``, shrunk to ``char_cap`` characters by the fixed order in the module docstring.
+    """Render ``lines``, shrunk to ``char_cap`` characters by the fixed order of ``docs/methods/echo.md``.
 
     First the largest common cap (≥ 1,000 characters) on level-1 contents; then reduced lines left out, fewest
     first. ``fits`` is False only when even the smallest view (every reduced line out, level-1 contents at 1,000
@@ -379,7 +362,7 @@ def fit_context(
         return _render(lines, full_cap, omitted, target_tag)
 
     longest = max((len(line.text) for line in lines if line.level == 1), default=0)
-    floor = min(_MIN_FULL_CHARS, longest)
+    floor = min(MIN_FULL_CHARS, longest)
     if fits(render(floor)):
         low, high = floor, longest  # invariant: `low` fits; search the largest cap that fits
         while low < high:
@@ -437,7 +420,8 @@ def build_context(
     return fit_context(context_lines(trajectory, focal, context_type), char_cap)
 
 
-def _spread(n_steps: int, count: int) -> list[int]:
+def spread_steps(n_steps: int, count: int) -> list[int]:
+    """``count`` evenly spaced steps of ``[0, n_steps)``, both ends included from two on, sorted and distinct."""
     if n_steps <= 0 or count <= 0:
         return []
     if count == 1:
@@ -457,189 +441,15 @@ def choose_focal_steps(
     n = trajectory.n_steps
     if not isinstance(focal, str):
         chosen = sorted({index for index in focal if 0 <= index < n})
-        return tuple(chosen) if chosen else tuple(_spread(n, max_focal))
+        return tuple(chosen) if chosen else tuple(spread_steps(n, max_focal))
     if focal == "spread":
-        return tuple(_spread(n, max_focal))
+        return tuple(spread_steps(n, max_focal))
     if focal != "errors":
         raise ValueError(f"unknown focal strategy {focal!r}")
     picked = [step.index for step in trajectory.steps if _ERROR_CUES.search(step.content)][:max_focal]
-    for index in _spread(n, max_focal):
+    for index in spread_steps(n, max_focal):
         if len(picked) >= max_focal:
             break
         if index not in picked:
             picked.append(index)
     return tuple(sorted(picked))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Target windows
-
-
-class StepLevels:
-    """Every step of a log reduced for each level once, with the length of its rendered line at each level.
-
-    A window's view is then sized by prefix sums (`full_chars`) instead of being rendered, and rendered from the
-    same extracts (`window_lines`), so the size used to plan a window is the length of its rendered view.
-    """
-
-    def __init__(
-        self, trajectory: Trajectory, context_type: str = "decision-quality", *, target_tag: str = "target"
-    ) -> None:
-        if context_type not in _CUE_SETS:
-            raise ValueError(f"unknown context type {context_type!r}")
-        self.trajectory = trajectory
-        self.context_type = context_type
-        self.target_tag = target_tag
-        self._extracts: list[dict[int, Extract]] = []
-        target: list[int] = []
-        by_level: dict[int, list[int]] = {level: [] for level in (1, 2, 3, 4)}
-        for step in trajectory.steps:
-            sentences = split_sentences(step.content)
-            extracts = {level: _extract(sentences, level, context_type) for level in LEVEL_WORDS}
-            self._extracts.append(extracts)
-            target.append(len(_full_prefix(step.index, step.agent, target_tag)) + len(step.content))
-            by_level[1].append(len(_full_prefix(step.index, step.agent, None)) + len(step.content))
-            for level, extract in extracts.items():
-                by_level[level].append(
-                    len(_reduced_prefix(step.index, step.agent, level)) + len(extract.text)
-                )
-        self._lengths = by_level  # line length of step k at level L: by_level[L][k]
-        self._targets = [0, *accumulate(target)]
-        self._far = [0, *accumulate(by_level[4])]
-        # The shortest line a step can have in a view where it is no target: a lower bound on any view's size.
-        self._shortest = [
-            0,
-            *accumulate(min(by_level[level][k] for level in by_level) for k in range(len(target))),
-        ]
-
-    @property
-    def n_steps(self) -> int:
-        return self.trajectory.n_steps
-
-    def full_chars(self, first: int, last: int) -> int:
-        """Length of the view of targets ``first..last`` rendered with nothing cut and no line left out."""
-        n = self.n_steps
-        total = self._targets[last + 1] - self._targets[first] + max(n - 1, 0)  # targets, and the line breaks
-        total += self._far[max(first - _FAR + 1, 0)]  # steps before, at level 4
-        total += self._far[n] - self._far[min(last + _FAR, n)]  # steps after, at level 4
-        for distance in range(1, _FAR):
-            level = context_level(distance)
-            if first - distance >= 0:
-                total += self._lengths[level][first - distance]
-            if last + distance < n:
-                total += self._lengths[level][last + distance]
-        return total
-
-    def least_chars(self, first: int, last: int) -> int:
-        """A lower bound of `full_chars` that never decreases as ``last`` grows (a target line is never shorter
-        than the same step's shortest line)."""
-        outside = self._shortest[first] + self._shortest[self.n_steps] - self._shortest[last + 1]
-        return self._targets[last + 1] - self._targets[first] + outside + max(self.n_steps - 1, 0)
-
-    def window_lines(self, first: int, last: int) -> tuple[ContextLine, ...]:
-        """Every step at its level by its distance to the nearest of the targets ``first..last``."""
-        lines = []
-        for step in self.trajectory.steps:
-            distance = first - step.index if step.index < first else max(step.index - last, 0)
-            level = context_level(distance)
-            extract = Extract(step.content, True) if level == 1 else self._extracts[step.index][level]
-            lines.append(
-                ContextLine(step.index, step.agent, level, distance, extract.text, extract.cue_matched)
-            )
-        return tuple(lines)
-
-
-@dataclass(frozen=True, slots=True)
-class WindowPlan:
-    """How the log is tiled into target windows.
-
-    Attributes:
-        spans: ``(first, last)`` targets of each window, in order; they tile ``[0, n_steps)`` exactly once.
-        tiling: ``"greedy"`` (longest windows that fit whole) or ``"equal"`` (``max_views`` equal windows).
-    """
-
-    spans: tuple[tuple[int, int], ...]
-    tiling: Tiling
-
-
-@dataclass(frozen=True, slots=True)
-class TargetWindow:
-    """One per-target view: its targets ``first..last`` and the view as fitted to the cap."""
-
-    first: int
-    last: int
-    view: ContextView
-    levels: Mapping[int, int]
-    cue_fallbacks: int
-
-    @property
-    def targets(self) -> range:
-        return range(self.first, self.last + 1)
-
-
-def equal_windows(n_steps: int, count: int) -> tuple[tuple[int, int], ...]:
-    """``count`` windows of consecutive targets tiling ``[0, n_steps)``, sizes differing by at most one."""
-    count = min(count, n_steps)
-    size, longer = divmod(n_steps, count) if count else (0, 0)
-    spans = []
-    first = 0
-    for window in range(count):
-        last = first + size + (1 if window < longer else 0) - 1
-        spans.append((first, last))
-        first = last + 1
-    return tuple(spans)
-
-
-def plan_windows(levels: StepLevels, char_cap: int | None, max_views: int) -> WindowPlan:
-    """The target windows of the log (rules in the module docstring); no view is rendered.
-
-    Raises:
-        ValueError: ``max_views`` is below 1.
-    """
-    if max_views < 1:
-        raise ValueError(f"max_views must be at least 1, not {max_views}")
-    n = levels.n_steps
-    if n == 0:
-        return WindowPlan((), "greedy")
-    if char_cap is None:
-        return WindowPlan(((0, n - 1),), "greedy")
-    spans: list[tuple[int, int]] = []
-    first = 0
-    while first < n:
-        best = first  # a lone target that does not fit whole is still a window, fitted later
-        for last in range(first, n):
-            if levels.least_chars(first, last) > char_cap:
-                break  # no longer window can fit either
-            if levels.full_chars(first, last) <= char_cap:
-                best = last
-        spans.append((first, best))
-        if len(spans) > max_views:
-            return WindowPlan(equal_windows(n, max_views), "equal")
-        first = best + 1
-    return WindowPlan(tuple(spans), "greedy")
-
-
-def target_windows(
-    levels: StepLevels, char_cap: int | None, max_views: int
-) -> tuple[WindowPlan, tuple[TargetWindow, ...]]:
-    """The planned windows, each view rendered and fitted to ``char_cap``.
-
-    A single window whose targets are the whole log is rendered without target tags (every line is a target),
-    so a log that fits whole reads exactly as the log.
-    """
-    plan = plan_windows(levels, char_cap, max_views)
-    whole = plan.spans == ((0, levels.n_steps - 1),)
-    windows = []
-    for first, last in plan.spans:
-        lines = levels.window_lines(first, last)
-        view = fit_context(lines, char_cap, target_tag=None if whole else levels.target_tag)
-        windows.append(
-            TargetWindow(
-                first=first,
-                last=last,
-                view=view,
-                levels={level: sum(1 for line in lines if line.level == level) for level in (1, 2, 3, 4)},
-                cue_fallbacks=sum(1 for line in lines if not line.cue_matched),
-            )
-        )
-    return plan, tuple(windows)

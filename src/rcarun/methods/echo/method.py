@@ -1,114 +1,14 @@
 """ECHO: hierarchical context per target, a panel of independent analysts, a confidence-weighted vote.
 
-ECHO (Banerjee et al., 2025) replaces the single judge of the Who&When baselines with three parts, implemented as
-described in the baseline notes (``baselines.md``, "ECHO") under the LongRCA protocol (paper Sec. 5.1): every
-analyst answers a JSON object whose schema carries the recorded agents as an enum and the step range as integer
-bounds; the final answer has an explicit responsible role and a 0-based root step, scored independently; no
-ground-truth final answer is shown unless ``include_ground_truth=True``; invalid fields are stored as invalid and
-never repaired. Each part is a module tested on its own: `rcarun.methods.echo.context` (the hierarchical context
-and the target windows, no LLM), `rcarun.methods.echo.answers` (the answer schema and its strict reading),
-`rcarun.methods.echo.vote` (the consensus vote, the decoupled pairing and the fallback). This module draws the
-panel, sends the calls and writes the output.
+ECHO (Banerjee et al., 2025) as the baseline notes describe it (``baselines.md``, "ECHO"), under the LongRCA
+protocol (JSON answers, an explicit role and a 0-based step scored independently, no ground truth by default).
+The parts are modules tested on their own: `context` and `targets` (what the analysts read, no LLM), `answers`
+(the answer schema and its strict reading) and `vote` (the published vote and fallback). This module draws the
+panel, sends the calls and writes the output. The specification, every choice where the paper is open, the
+options and the output are in ``docs/methods/echo.md``.
 
-1. **Hierarchical context, per target** (``context="per-target"``, the default). The paper builds the context
-   per target step i: L1 = i and i±1 in full, L2 = i±2..3 reduced to a key-decision sentence (≤50 words), L3 =
-   i±4..6 reduced to an outcome (≤20 words), L4 = the rest reduced to milestones (≤15 words), by regex cue
-   extraction (`rcarun.methods.echo.context`). Here every step of the log is a target exactly once. The log is
-   tiled into windows of consecutive targets, and a window's view shows every step at the level of its distance
-   to the nearest target of the window: the union of the targets' C_i, so the window and its two neighbours are
-   in full. Windows are chosen greedily from step 0, each the longest whose view fits the character cap with
-   nothing cut and no line left out; a single target whose view does not fit even so is a window of its own,
-   fitted to the cap. So a log that fits the cap whole is ONE window whose view is the whole log in full (every
-   step is a target of its own C_i, nothing needs compressing), and ECHO then costs ``analysts`` calls, as
-   published. When the greedy tiling would need more than ``max_views`` (8) windows, the log is cut instead into
-   ``max_views`` windows of equal target counts, and each view is fitted to the cap.
-   Why: the paper's context is per target (C_i); an audit (issue 16, deviation #9) rejected the earlier single
-   view, centred on the steps a regex of rcarun's took for errors, because it let rcarun's own design decide
-   what every analyst reads. Per-target windows make every step a target exactly once (shown in full unless its
-   view must be cut to fit), and leave to the analysts which steps matter.
-2. **Analysts.** ``analysts`` independent calls per view (stage ``"analyst"``), each with one of the six personas
-   (conservative, liberal, detail-focused, pattern-focused, skeptical, general) and its own temperature. An
-   analyst judges the whole run from the view it is given: its mistake_step may be any step of the log.
-3. **Consensus voting** (`rcarun.methods.echo.vote.consensus_vote`, the published vote) over every
-   (analyst, view) well-formed conclusion: each is one vote, and the votes of all views enter one tally.
-
-``context="focal"`` is rcarun's own earlier design, kept as an option: ONE multi-focal view of the whole log,
-every step at the level of its distance to the NEAREST of a few focal steps (``focal``, ``max_focal``; both
-apply only to this mode, and setting them with ``context="per-target"`` is refused rather than ignored, as is
-``max_views`` with ``context="focal"``). ``focal="errors"`` (its default strategy) = the earliest
-``max_focal`` steps whose content carries an error/warning cue, topped up with evenly spaced steps when fewer
-match; ``"spread"`` = ``max_focal`` evenly spaced steps; or a list of step indices (``[1]`` reproduces FA4MAS's
-example view; indices outside the log are ignored, and ``"spread"`` is used when none remains). FA4MAS itself
-sends the raw step list plus that one example view, cut at 12k characters; on LongRCA logs (hundreds of steps,
-23k-130k tokens) such a cut would show only the first few dozen steps.
-
-Choices where the notes are silent (each is documented here and, where cheap, an option):
-
-- **The task, whole, beside every view.** Every analyst prompt states the task instruction in full (up to
-  `rcarun.methods.context.TASK_CHAR_CAP`, `task_text`): the record's ``question``, or on LongRCA records, which
-  have none, the instruction the loader derived from the opening step(s) of the history
-  (`rcarun.data.derive_task`). The view is unchanged: the task step stays step 0 at the level its distance gives
-  it (an L4 milestone of 15 words in a view whose targets are far from it).
-- **What a prompt says of its view.** With one window, that the log is shown whole; with several, which steps
-  are the view's targets (in full with their immediate neighbours), that it is view j of W and that the other
-  views show the other parts of the log in full (prompt file ``echo_views.txt``).
-- **Character cap** (``context_chars=100_000``, about 25k tokens, instead of FA4MAS's 12k, for the reason above),
-  the same for every view. A view that must shrink is shrunk in the fixed order of `fit_context`: L1 contents cut
-  in the middle to the largest common cap (not below 1,000 characters), then reduced lines left out (L4 without
-  a cue first, farthest first); L1 lines are never left out. When the backbone's context window is known and
-  the longest analyst prompt would not fit beside ``max_tokens``, the cap is lowered in proportion to the
-  overshoot (a little more, to absorb estimate error) and the windows are planned again with it, at most 8
-  rounds, not below 2,000 characters; a lower cap means smaller, and so more, windows. What was applied is
-  recorded in ``output["context"]``.
-- **Panel.** ``personas`` unset: a seeded sample of ``analysts`` of the six (``random.Random(seed).sample``,
-  ``seed=2026`` as FA4MAS), so at most 6 analysts; set: exactly ``analysts`` names (repeats allowed).
-  ``temperatures`` unset: uniform in ``temperature_range`` (0.3, 0.9) from the same generator after the persona
-  draw, rounded to 2 decimals. The panel is drawn once per method instance, so every trajectory and every view
-  meets the same analysts (resume-safe and independent of processing order). With the default options it is
-  conservative@0.83, detail-focused@0.84, general@0.67.
-- **Decoupled mode** (``decoupled=True``): on each view each analyst runs twice with the same persona and
-  temperature, once agent-focused and once step-focused, with the same answer schema. Its vote on that view takes
-  type and attribution from the agent-focused answer and mistake_step from the step-focused answer, with weight
-  min(agent_conf, step_conf); when either half is malformed the analyst casts no vote on that view.
-- **Calls are sent one after another**, window by window, in panel order inside a window (agent-focused before
-  step-focused): they are independent (no analyst sees another's answer), the order is deterministic, and the
-  runner's concurrency is across trajectories. A call that raises (fatal call error, spent budget) fails the item
-  as the runner decides.
-- **Malformed answers** are recorded with their problems and cast no vote (`rcarun.methods.echo.answers`); their
-  valid agent evaluations still count for the fallback. The evaluations of every call, in every view, pool into
-  the fallback.
-- **Vote** and **fallback** as published (`rcarun.methods.echo.vote`): conclusions below ``min_confidence``
-  (0.3) dropped, the heaviest type wins, summed confidences rank agents and steps; ties: types to single_agent,
-  agents by recorded order, steps earliest. The final answer is the first attributed agent and the chosen step.
-  Fallback when no vote survives: the agent with the highest mean error likelihood, and its most likely step.
-- ``max_tokens=8000`` per call (the attribution budget of the other baselines; the answer is longer than theirs).
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``), keeping the output's own ``fallback``
-record as it is:
-
-- ``error``: no analyst answer could be used at all (every call malformed: not a JSON object, or a conclusion
-  that breaks the schema) and no valid agent evaluation either, so the method abstains on no answer of the
-  model. It counts the malformed calls and gives the first one's parse error or problems. Some calls being
-  malformed is not an error: the other votes decide.
-- ``fallback``: a rule of the design, not the analysts' votes, decided the answer: the mean-likelihood
-  fallback (no vote survived; the text says how many of the possible votes were lost to malformed answers and
-  how many fell below ``min_confidence``); an abstention because every well-formed vote fell below
-  ``min_confidence`` and no evaluation was valid; or a tie rule that decided the final answer (tied conclusion
-  types go to single_agent, tied top agents to recorded order, tied top steps to the earliest).
-
-Output (``Attribution.output``): ``panel``; ``context`` (the mode, the cap, and per-target the tiling and every
-window: targets first/last, characters, whether it fits, the L1 cap applied, the number of steps left out;
-``focal``: the focal steps and what was cut); ``calls`` (one per call: window, persona, temperature, focus, the
-parsed answer or the raw text with its parse error, problems, skipped evaluations); ``vote_table`` (every vote
-with its window and kept flag, the (analyst, window) pairs that cast no vote, type sums, the winning type, ranked
-agent and step scores); ``consensus`` (type, attribution, mistake_step, confidence and a reasoning synthesised
-from the winning votes without a model call; None when no vote was kept); ``agent_mean_likelihood``; up to 5
-``alternative_hypotheses`` by confidence (reported, never voted); ``disagreement``; ``fallback``;
-``n_analysts``, ``n_views`` and ``n_calls``.
-
-Cost: ``analysts × windows`` calls per trajectory (3 × windows by default), ``× 2`` in decoupled mode; exactly
-``analysts`` (``2 × analysts``) whenever the log fits ``context_chars``, and at most ``analysts × max_views``
-(× 2). With ``context="focal"``: ``analysts`` (× 2). No per-step calls.
+Cost: ``analysts`` calls per trajectory (``2 × analysts`` when decoupled) whatever the log's length and the
+``context`` mode; no per-step or per-view calls.
 """
 
 from __future__ import annotations
@@ -132,13 +32,11 @@ from rcarun.methods.echo.answers import AnswerReading, Evaluation, answer_schema
 from rcarun.methods.echo.context import (
     ContextLine,
     ContextType,
-    ContextView,
-    StepLevels,
     choose_focal_steps,
     context_lines,
     fit_context,
-    target_windows,
 )
+from rcarun.methods.echo.targets import NeighbourTargets, target_context
 from rcarun.methods.echo.vote import Vote, VoteOutcome, consensus_vote, pair_conclusion, score_key
 from rcarun.methods.llm import LLM, Message
 from rcarun.methods.registry import method
@@ -153,7 +51,6 @@ _MIN_CONTEXT_CHARS = 2000
 _MAX_ALTERNATIVES = 5
 _CONTEXT_MARGIN_TOKENS = 512  # chat-template overhead and estimate error, besides the output budget
 _CAP_ROUNDS = 8
-_TARGET_TAG = "target"
 _SECTION = re.compile(r"\[([a-z-]+)\]")  # a section header of a prompt file: "[name]" alone on its line
 
 _Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -174,7 +71,7 @@ _FocalOption = Annotated[
 
 
 class EchoOptions(MethodOptions):
-    """ECHO's options (rules and defaults in the module docstring).
+    """ECHO's options (rules and defaults in ``docs/methods/echo.md``).
 
     Attributes:
         analysts: the panel's size; at most 6 without an explicit ``personas`` list.
@@ -182,15 +79,16 @@ class EchoOptions(MethodOptions):
         temperatures: one per analyst, in [0, 2]; unset: drawn uniformly from ``temperature_range``.
         temperature_range: [low, high] of the drawn temperatures, 0 <= low <= high <= 2.
         seed: the seed of the panel draw.
-        decoupled: each analyst answers twice per view, agent-focused then step-focused.
+        decoupled: each analyst answers twice, agent-focused then step-focused.
         min_confidence: votes below it are dropped; in a multi_agent consensus, the score an agent needs.
         context_type: the cue set that reduces distant steps.
-        context: "per-target" (the paper's context per target step, tiled into windows) or "focal" (one
-            multi-focal view, rcarun's own design).
-        max_views: per-target only: the most windows; a longer tiling becomes this many equal windows.
+        context: "per-target" (the paper's C_i around each target step, the default), "whole-log" (every step
+            in full) or "focal" (one multi-focal view, rcarun's earlier design).
+        neighbour_targets: per-target only: a neighbour that is itself a target is repeated in full ("in-full",
+            the literal C_i) or named ("referenced", fewer tokens when targets are adjacent).
         focal: focal only: "errors", "spread" or a list of step indices.
         max_focal: focal only: how many focal steps the strategies pick.
-        context_chars: the character cap of a view (lowered to fit a known context window).
+        context_chars: the character cap of what the analysts read (lowered to fit a known context window).
         max_tokens: the output budget of each call.
         reasoning: the reasoning effort asked of the backbone (unset: the backbone's own).
         include_task: show the task instruction in every prompt.
@@ -205,8 +103,8 @@ class EchoOptions(MethodOptions):
     decoupled: bool = False
     min_confidence: _Unit = 0.3
     context_type: ContextType = "decision-quality"
-    context: Literal["per-target", "focal"] = "per-target"
-    max_views: PositiveInt = 8
+    context: Literal["per-target", "whole-log", "focal"] = "per-target"
+    neighbour_targets: NeighbourTargets = "in-full"
     focal: _FocalOption = "errors"
     max_focal: PositiveInt = 5
     context_chars: Annotated[int, Field(ge=_MIN_CONTEXT_CHARS)] = 100_000
@@ -231,10 +129,10 @@ class EchoOptions(MethodOptions):
         if low > high:
             raise ValueError(f"temperature_range [{low}, {high}] must be [low, high] with low <= high")
         given = self.model_fields_set
-        if self.context == "per-target" and given & {"focal", "max_focal"}:
+        if self.context != "focal" and given & {"focal", "max_focal"}:
             raise ValueError("focal and max_focal apply only to context='focal'")
-        if self.context == "focal" and "max_views" in given:
-            raise ValueError("max_views applies only to context='per-target'")
+        if self.context != "per-target" and "neighbour_targets" in given:
+            raise ValueError("neighbour_targets applies only to context='per-target'")
         return self
 
     @classmethod
@@ -252,25 +150,21 @@ class AnalystSpec:
 
 @dataclass(frozen=True, slots=True)
 class PanelView:
-    """One view every analyst answers on.
+    """What every analyst of the panel reads.
 
     Attributes:
-        index: the view's place, from 0 (the ``window`` of calls and votes).
-        targets: the steps it is built around: the window's targets, or the focal steps.
-        view: the rendered view and what was done to fit it.
-        explanation: what the prompt says of the view.
+        text: the context, shown between the prompt's log markers.
+        explanation: what the prompt says of it.
         record: what ``output["context"]`` records of it.
     """
 
-    index: int
-    targets: tuple[int, ...]
-    view: ContextView
+    text: str
     explanation: str
-    record: Mapping[str, Any]
+    record: dict[str, Any]
 
 
-_ViewBuilder = Callable[[int], tuple[tuple[PanelView, ...], dict[str, Any]]]
-"""The views for a character cap, and what ``output["context"]`` records of them."""
+_ViewBuilder = Callable[[int], PanelView]
+"""The panel's view for a character cap."""
 
 
 def analyst_panel(options: EchoOptions) -> tuple[AnalystSpec, ...]:
@@ -331,7 +225,7 @@ class Echo(Method):
         missing = (
             [p for p in PERSONAS if p not in self._personas]
             + [f for f in ("joint", "agent", "step") if f not in self._focus]
-            + [v for v in ("whole", "part", "focal") if v not in self._views]
+            + [v for v in ("per-target", "whole-log", "focal") if v not in self._views]
         )
         if missing:
             raise RuntimeError(f"echo prompt files lack {missing}")
@@ -355,90 +249,92 @@ class Echo(Method):
             ground_truth=ground_truth,
             agents=", ".join(trajectory.agents),
             view=view.explanation,
-            log=view.view.text,
+            log=view.text,
             focus=self._focus[focus],
             schema=json.dumps(answer_schema(trajectory), ensure_ascii=False),
         )
 
-    def build_views(self, trajectory: Trajectory, llm: LLM) -> tuple[tuple[PanelView, ...], dict[str, Any]]:
-        """The views the panel answers on, fitted to ``context_chars`` and to ``llm``'s context window when known,
-        with what ``output["context"]`` records of them."""
-        if self.options.context == "per-target":
-            build = self._per_target_builder(trajectory)
-        else:
-            build = self._focal_builder(trajectory)
+    def build_view(self, trajectory: Trajectory, llm: LLM) -> PanelView:
+        """What the analysts read, fitted to ``context_chars`` and to ``llm``'s context window when known."""
+        builders = {
+            "per-target": self._per_target_builder,
+            "whole-log": self._whole_log_builder,
+            "focal": self._focal_builder,
+        }
+        build = builders[self.options.context](trajectory)
         cap = self.options.context_chars
-        views, info = build(cap)
+        view = build(cap)
         window = llm.context_window
         if window is not None:
             system = max((self.system_prompt(spec) for spec in self.panel), key=len)
             focus = max(self.focuses, key=lambda name: len(self._focus[name]))
             allowed = window - self.options.max_tokens - _CONTEXT_MARGIN_TOKENS - llm.estimate_tokens(system)
-            # Each round shrinks the cap in proportion to the largest overshoot, a little more to absorb estimate
-            # error, and builds the views again (per target: planned again, so a lower cap gives more windows).
+            # Each round shrinks the cap in proportion to the overshoot, a little more to absorb estimate error.
             for _ in range(_CAP_ROUNDS):
-                needed = max(llm.estimate_tokens(self.user_prompt(trajectory, view, focus)) for view in views)
+                needed = llm.estimate_tokens(self.user_prompt(trajectory, view, focus))
                 if needed <= allowed or cap <= _MIN_CONTEXT_CHARS:
                     break
                 cap = max(_MIN_CONTEXT_CHARS, min(cap - 1, int(cap * max(allowed, 0) / needed * 0.95)))
-                views, info = build(cap)
-            info["context_window"] = window
-        return views, info
+                view = build(cap)
+            view.record["context_window"] = window
+        return view
 
     def _per_target_builder(self, trajectory: Trajectory) -> _ViewBuilder:
-        """Builds the target windows' views for a cap; the steps are reduced once, whatever the cap."""
-        levels = StepLevels(trajectory, self.options.context_type, target_tag=_TARGET_TAG)
-
-        def build(cap: int) -> tuple[tuple[PanelView, ...], dict[str, Any]]:
-            plan, windows = target_windows(levels, cap, self.options.max_views)
-            views = []
-            for index, window in enumerate(windows):
-                if len(windows) == 1:
-                    explanation = self._views["whole"].substitute(n_steps=trajectory.n_steps)
-                else:
-                    explanation = self._views["part"].substitute(
-                        n_steps=trajectory.n_steps,
-                        n_views=len(windows),
-                        view=index + 1,
-                        first=window.first,
-                        last=window.last,
-                    )
-                record = {
-                    "window": index,
-                    "first": window.first,
-                    "last": window.last,
-                    "chars": len(window.view.text),
-                    "fits": window.view.fits,
-                    "whole": window.view.whole,
-                    "full_char_cap": window.view.full_char_cap,
-                    "omitted_steps": len(window.view.omitted),
-                    "levels": {str(level): count for level, count in window.levels.items()},
-                    "cue_fallbacks": window.cue_fallbacks,
-                }
-                views.append(PanelView(index, tuple(window.targets), window.view, explanation, record))
-            info: dict[str, Any] = {
+        def build(cap: int) -> PanelView:
+            context = target_context(
+                trajectory, self.options.context_type, cap, neighbour_targets=self.options.neighbour_targets
+            )
+            if context.every_step:
+                targets = "every step is a target"
+            else:
+                listed = ", ".join(str(step) for step in context.targets)
+                targets = f"{len(context.targets)} evenly spaced target steps: {listed}"
+            explanation = self._views["per-target"].substitute(n_steps=trajectory.n_steps, targets=targets)
+            record = {
                 "mode": "per-target",
                 "context_type": self.options.context_type,
+                "neighbour_targets": self.options.neighbour_targets,
                 "char_cap": cap,
-                "max_views": self.options.max_views,
-                "tiling": plan.tiling,
-                "windows": [view.record for view in views],
+                "targets": list(context.targets),
+                "every_step_a_target": context.every_step,
+                "chars": len(context.text),
+                "fits": context.fits,
+                "full_char_cap": context.full_char_cap,
+                "omitted_steps": len(context.omitted),
+                "cue_fallbacks": context.cue_fallbacks,
             }
-            return tuple(views), info
+            return PanelView(context.text, explanation, record)
+
+        return build
+
+    def _whole_log_builder(self, trajectory: Trajectory) -> _ViewBuilder:
+        every = tuple(range(trajectory.n_steps))
+        lines = context_lines(trajectory, every, self.options.context_type)  # every step at level 1
+        explanation = self._views["whole-log"].substitute(n_steps=trajectory.n_steps)
+
+        def build(cap: int) -> PanelView:
+            view = fit_context(lines, cap, target_tag=None)
+            record = {
+                "mode": "whole-log",
+                "char_cap": cap,
+                "chars": len(view.text),
+                "fits": view.fits,
+                "full_char_cap": view.full_char_cap,
+            }
+            return PanelView(view.text, explanation, record)
 
         return build
 
     def _focal_builder(self, trajectory: Trajectory) -> _ViewBuilder:
-        """Builds the single multi-focal view for a cap."""
         focal = choose_focal_steps(trajectory, self.options.focal, self.options.max_focal)
         lines: tuple[ContextLine, ...] = context_lines(trajectory, focal, self.options.context_type)
         explanation = self._views["focal"].substitute(
             n_steps=trajectory.n_steps, focal=", ".join(str(index) for index in focal)
         )
 
-        def build(cap: int) -> tuple[tuple[PanelView, ...], dict[str, Any]]:
+        def build(cap: int) -> PanelView:
             view = fit_context(lines, cap)
-            info = {
+            record = {
                 "mode": "focal",
                 "context_type": self.options.context_type,
                 "focal_steps": list(focal),
@@ -452,7 +348,7 @@ class Echo(Method):
                 },
                 "cue_fallbacks": sum(1 for line in lines if not line.cue_matched),
             }
-            return (PanelView(0, focal, view, explanation, info),), info
+            return PanelView(view.text, explanation, record)
 
         return build
 
@@ -461,54 +357,52 @@ class Echo(Method):
             return Attribution(
                 None, None, False, False, abstained=True, output={"abstain_reason": "empty log"}
             )
-        views, context_info = self.build_views(trajectory, llm)
+        view = self.build_view(trajectory, llm)
         schema = answer_schema(trajectory)
         calls: list[dict[str, Any]] = []
         votes: list[Vote] = []
         evaluations: list[Evaluation] = []
-        alternatives: list[tuple[int, int, Mapping[str, Any]]] = []
-        # Window by window, in panel order inside a window, agent-focused before step-focused.
-        for view in views:
-            for analyst, spec in enumerate(self.panel):
-                readings: list[AnswerReading] = []
-                for focus in self.focuses:
-                    messages = [
-                        Message("system", self.system_prompt(spec)),
-                        Message("user", self.user_prompt(trajectory, view, focus)),
-                    ]
-                    reply = await llm.chat(
-                        messages,
-                        stage="analyst",
-                        max_tokens=self.options.max_tokens,
-                        schema=schema,
-                        temperature=spec.temperature,
-                        reasoning=self.options.reasoning,
-                    )
-                    reading = read_answer(reply.parsed, trajectory.agents, trajectory.n_steps)
-                    readings.append(reading)
-                    evaluations.extend(reading.evaluations)
-                    alternatives.extend((analyst, view.index, a) for a in reading.alternatives)
-                    record: dict[str, Any] = {
-                        "window": view.index,
-                        "analyst": analyst,
-                        "persona": spec.persona,
-                        "temperature": spec.temperature,
-                        "focus": focus,
-                        "answer": reply.parsed if isinstance(reply.parsed, dict) else None,
-                        "finish_reason": reply.finish_reason,
-                        "well_formed": reading.conclusion is not None,
-                        "problems": list(reading.problems),
-                        "skipped_evaluations": list(reading.skipped),
-                    }
-                    if not isinstance(reply.parsed, dict):
-                        record["parse_error"] = reply.parse_error or "the answer is not a JSON object"
-                        record["raw_text"] = reply.text[:2000]
-                    calls.append(record)
-                first, last = readings[0].conclusion, readings[-1].conclusion
-                if first is not None and last is not None:
-                    # Decoupled: the agent-focused call came first, the step-focused one last.
-                    conclusion = first if len(readings) == 1 else pair_conclusion(first, last)
-                    votes.append(Vote(analyst, conclusion, view.index))
+        alternatives: list[tuple[int, Mapping[str, Any]]] = []
+        # In panel order, agent-focused before step-focused.
+        for analyst, spec in enumerate(self.panel):
+            readings: list[AnswerReading] = []
+            for focus in self.focuses:
+                messages = [
+                    Message("system", self.system_prompt(spec)),
+                    Message("user", self.user_prompt(trajectory, view, focus)),
+                ]
+                reply = await llm.chat(
+                    messages,
+                    stage="analyst",
+                    max_tokens=self.options.max_tokens,
+                    schema=schema,
+                    temperature=spec.temperature,
+                    reasoning=self.options.reasoning,
+                )
+                reading = read_answer(reply.parsed, trajectory.agents, trajectory.n_steps)
+                readings.append(reading)
+                evaluations.extend(reading.evaluations)
+                alternatives.extend((analyst, a) for a in reading.alternatives)
+                record: dict[str, Any] = {
+                    "analyst": analyst,
+                    "persona": spec.persona,
+                    "temperature": spec.temperature,
+                    "focus": focus,
+                    "answer": reply.parsed if isinstance(reply.parsed, dict) else None,
+                    "finish_reason": reply.finish_reason,
+                    "well_formed": reading.conclusion is not None,
+                    "problems": list(reading.problems),
+                    "skipped_evaluations": list(reading.skipped),
+                }
+                if not isinstance(reply.parsed, dict):
+                    record["parse_error"] = reply.parse_error or "the answer is not a JSON object"
+                    record["raw_text"] = reply.text[:2000]
+                calls.append(record)
+            first, last = readings[0].conclusion, readings[-1].conclusion
+            if first is not None and last is not None:
+                # Decoupled: the agent-focused call came first, the step-focused one last.
+                conclusion = first if len(readings) == 1 else pair_conclusion(first, last)
+                votes.append(Vote(analyst, conclusion))
 
         outcome = consensus_vote(
             votes,
@@ -517,8 +411,7 @@ class Echo(Method):
             n_steps=trajectory.n_steps,
             min_confidence=self.options.min_confidence,
         )
-        possible = len(self.panel) * len(views)
-        output = self._output(context_info, len(views), calls, votes, outcome, alternatives)
+        output = self._output(view.record, calls, votes, outcome, alternatives)
         role, step = outcome.role, outcome.mistake_step
         return Attribution(
             pred_role=role,
@@ -528,15 +421,15 @@ class Echo(Method):
             abstained=role is None and step is None,
             output=output,
             error=_unusable(calls, evaluations),
-            fallback=self._rules_that_decided(outcome, len(votes), possible, trajectory.n_steps),
+            fallback=self._rules_that_decided(outcome, len(votes), len(self.panel), trajectory.n_steps),
         )
 
     def _rules_that_decided(
         self, outcome: VoteOutcome, n_votes: int, possible: int, n_steps: int
     ) -> str | None:
-        """The design's rules that decided the answer instead of the votes (module docstring), or None.
+        """The design's rules that decided the answer instead of the votes (``docs/methods/echo.md``), or None.
 
-        ``possible`` is the number of votes the panel could cast (analysts × views).
+        ``possible`` is the number of votes the panel could cast (one per analyst).
         """
         malformed = possible - n_votes
         low, floor = len(outcome.dropped), self.options.min_confidence
@@ -568,11 +461,10 @@ class Echo(Method):
     def _output(
         self,
         context_info: Mapping[str, Any],
-        n_views: int,
         calls: Sequence[Mapping[str, Any]],
         votes: Sequence[Vote],
         outcome: VoteOutcome,
-        alternatives: Sequence[tuple[int, int, Mapping[str, Any]]],
+        alternatives: Sequence[tuple[int, Mapping[str, Any]]],
     ) -> dict[str, Any]:
         personas = {analyst: spec.persona for analyst, spec in enumerate(self.panel)}
         kept = set(outcome.kept)
@@ -588,16 +480,15 @@ class Echo(Method):
                 "attribution": list(outcome.attribution),
                 "mistake_step": outcome.mistake_step,
                 "confidence": outcome.confidence,
-                "reasoning": _synthesis(outcome, winners, personas, len(self.panel) * n_views, n_views),
+                "reasoning": _synthesis(outcome, winners, personas, len(self.panel)),
             }
         ranked_alternatives = sorted(
             alternatives,
-            key=lambda item: -(float(item[2]["confidence"]) if is_unit(item[2].get("confidence")) else 0.0),
+            key=lambda item: -(float(item[1]["confidence"]) if is_unit(item[1].get("confidence")) else 0.0),
         )
-        voted = {(vote.analyst, vote.window) for vote in votes}
+        voted = {vote.analyst for vote in votes}
         return {
             "n_analysts": len(self.panel),
-            "n_views": n_views,
             "n_calls": len(calls),
             "decoupled": self.options.decoupled,
             "panel": [{"persona": s.persona, "temperature": s.temperature} for s in self.panel],
@@ -607,7 +498,6 @@ class Echo(Method):
                 "min_confidence": self.options.min_confidence,
                 "votes": [
                     {
-                        "window": v.window,
                         "analyst": v.analyst,
                         "persona": personas[v.analyst],
                         "type": v.conclusion.type,
@@ -619,10 +509,7 @@ class Echo(Method):
                     for at, v in enumerate(votes)
                 ],
                 "no_vote": [
-                    {"window": window, "analyst": analyst}
-                    for window in range(n_views)
-                    for analyst in range(len(self.panel))
-                    if (analyst, window) not in voted
+                    {"analyst": analyst} for analyst in range(len(self.panel)) if analyst not in voted
                 ],
                 "type_sums": dict(outcome.type_sums),
                 "winning_type": outcome.winning_type,
@@ -632,8 +519,8 @@ class Echo(Method):
             "consensus": consensus,
             "agent_mean_likelihood": dict(outcome.agent_mean_likelihood),
             "alternative_hypotheses": [
-                {"analyst": analyst, "window": window, **dict(hypothesis)}
-                for analyst, window, hypothesis in ranked_alternatives[:_MAX_ALTERNATIVES]
+                {"analyst": analyst, **dict(hypothesis)}
+                for analyst, hypothesis in ranked_alternatives[:_MAX_ALTERNATIVES]
             ],
             "disagreement": {
                 "requires_review": outcome.requires_review,
@@ -649,7 +536,7 @@ class Echo(Method):
 
 
 def _unusable(calls: Sequence[Mapping[str, Any]], evaluations: Sequence[Evaluation]) -> str | None:
-    """Why no analyst answer could be used, when none could (module docstring), else None."""
+    """Why no analyst answer could be used, when none could (``docs/methods/echo.md``), else None."""
     if not calls or evaluations or any(call["well_formed"] for call in calls):
         return None
     first = calls[0]
@@ -658,21 +545,18 @@ def _unusable(calls: Sequence[Mapping[str, Any]], evaluations: Sequence[Evaluati
 
 
 def _synthesis(
-    outcome: VoteOutcome, winners: Sequence[Vote], personas: Mapping[int, str], possible: int, n_views: int
+    outcome: VoteOutcome, winners: Sequence[Vote], personas: Mapping[int, str], possible: int
 ) -> str:
     """A deterministic account of the consensus, built from the winning votes (no LLM call)."""
 
-    def voter(vote: Vote) -> str:
-        return personas[vote.analyst] if n_views == 1 else f"{personas[vote.analyst]} on window {vote.window}"
-
-    names = ", ".join(voter(v) for v in winners)
+    names = ", ".join(personas[v.analyst] for v in winners)
     agents = ", ".join(f"{agent} ({score:.2f})" for agent, score in outcome.agent_scores)
     steps = ", ".join(f"{step} ({score:.2f})" for step, score in outcome.step_scores)
     lines = [
         f"{outcome.winning_type} conclusion backed by {len(winners)} of {possible} votes ({names}); "
         f"agent scores: {agents}; step scores: {steps}."
     ]
-    lines.extend(f"[{voter(v)}] {v.conclusion.reasoning}" for v in winners)
+    lines.extend(f"[{personas[v.analyst]}] {v.conclusion.reasoning}" for v in winners)
     return "\n".join(lines)
 
 

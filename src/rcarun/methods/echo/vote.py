@@ -19,8 +19,7 @@ Pure functions over validated conclusions, tested without any model. The publish
 - Decoupled mode (`pair_conclusion`): who (type and attribution) from the agent-focused answer, where
   (mistake_step) from the step-focused one, weight min(agent_conf, step_conf).
 
-A vote is one analyst's conclusion on one view (`Vote.window`): with per-target context each analyst votes once
-per window, and every vote enters the same published tally.
+A vote is one analyst's conclusion on the context the whole panel reads (one per analyst and trajectory).
 """
 
 from __future__ import annotations
@@ -39,17 +38,15 @@ _SCORE_DIGITS = 9  # sums of confidences are compared after rounding, so 0.1 + 0
 
 @dataclass(frozen=True, slots=True)
 class Vote:
-    """One analyst's conclusion on one view as it enters the vote (in decoupled mode, the paired conclusion).
+    """One analyst's conclusion as it enters the vote (in decoupled mode, the paired conclusion).
 
     Attributes:
         analyst: the analyst's place in the panel.
         conclusion: the conclusion voted.
-        window: the view it answered on (0 for the single view of ``context="focal"``).
     """
 
     analyst: int
     conclusion: Conclusion
-    window: int = 0
 
 
 def pair_conclusion(agent_focused: Conclusion, step_focused: Conclusion) -> Conclusion:
