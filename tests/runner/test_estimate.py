@@ -165,7 +165,9 @@ def test_rcta_makes_m_plus_two_calls_plus_validation_retries() -> None:
 
 def test_shared_rcta_stage_is_counted_once_across_conditions() -> None:
     alone = _row(estimate_sweep(_config([{"name": "rcta/no-a1"}]), samples=2), "rcta/no-a1")
-    both = estimate_sweep(_config([{"name": "rcta"}, {"name": "rcta/no-a1"}]), samples=2)
+    # The component study: full RCTA at the ablation settings, as every condition (App. H).
+    study = [{"name": "rcta", "options": {"preset": "ablation"}}, {"name": "rcta/no-a1"}]
+    both = estimate_sweep(_config(study), samples=2)
     rcta, ablation = _row(both, "rcta"), _row(both, "rcta/no-a1")
     # The ablation's Stage I (a summary per segment and the outline: at least 2 per trajectory) is what rcta
     # already sent; everything else it pays for itself.

@@ -737,12 +737,15 @@ async def test_long_steps_are_capped_to_fit_the_context_window() -> None:
 
 def test_options_defaults() -> None:
     options = RctaOptions.from_mapping({})
-    assert (options.preset, options.ablation, options.candidate_cap, options.include_task) == (
+    assert (options.resolved_preset, options.ablation, options.candidate_cap, options.include_task) == (
         "full",
         None,
         80,
         True,
     )
+    # App. H: a component condition runs at the ablation settings unless told otherwise.
+    assert RctaOptions.from_mapping({"ablation": "no-a2"}).resolved_preset == "ablation"
+    assert RctaOptions.from_mapping({"ablation": "no-a2", "preset": "full"}).resolved_preset == "full"
     assert not options.include_ground_truth and options.stage1_retry and options.truncation == "cap-steps"
 
 

@@ -211,8 +211,8 @@ class RctaOptions(MethodOptions):
 
     Attributes:
         preset: ``"full"`` or ``"ablation"``: the stages' output budgets (`PRESETS`) and reasoning settings
-            (`PRESET_REASONING`). Full RCTA defaults to ``"full"``, a component condition (``ablation`` set, or
-            ``rcta/no-aX``) to ``"ablation"``, as App. H runs them.
+            (`PRESET_REASONING`). None: the paper's for the condition, ``"full"`` for full RCTA and
+            ``"ablation"`` for a component condition (``ablation`` set, or ``rcta/no-aX``), as App. H runs them.
         ablation: None (all components) or one of `ABLATIONS`.
         include_task: show the task instruction, whole up to 12,000 characters, in every call: each segment
             summary, the outline, the attribution and its A4 retry (paper Sec. 3.2, 4.1: methods receive the task
@@ -231,7 +231,7 @@ class RctaOptions(MethodOptions):
             paper has no such rule and keeps role and step independent; coverage never uses them.
     """
 
-    preset: Preset = "full"
+    preset: Preset | None = None
     ablation: Ablation | None = None
     include_task: bool = True
     include_ground_truth: bool = False
@@ -265,12 +265,19 @@ class RctaOptions(MethodOptions):
         return SegmentationConfig() if self.segmentation is None else SegmentationConfig(**self.segmentation)
 
     @property
+    def resolved_preset(self) -> Preset:
+        """The preset this condition runs at (``preset``, or the paper's for it: App. H)."""
+        if self.preset is not None:
+            return self.preset
+        return "full" if self.ablation is None else "ablation"
+
+    @property
     def budgets(self) -> StageBudgets:
-        return PRESETS[self.preset]
+        return PRESETS[self.resolved_preset]
 
     @property
     def reasoning(self) -> StageReasoning:
-        return PRESET_REASONING[self.preset]
+        return PRESET_REASONING[self.resolved_preset]
 
 
 def uniform_ids(n_steps: int, count: int) -> tuple[int, ...]:
@@ -795,7 +802,7 @@ class RCTA(Method):
 
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
         run = _Run()
-        output: dict[str, Any] = {"preset": self.options.preset, "ablation": self.ablation}
+        output: dict[str, Any] = {"preset": self.options.resolved_preset, "ablation": self.ablation}
         if trajectory.n_steps == 0:
             output.update(calls=0, error="empty trajectory")
             return Attribution(None, None, False, False, abstained=True, output=output)
@@ -1048,9 +1055,6 @@ def _factory(name: str, fixed: Ablation | None) -> None:
             if "ablation" in table and table["ablation"] != fixed:
                 raise ConfigError(f"{name}: ablation is fixed to {fixed!r}; got {table['ablation']!r}")
             table["ablation"] = fixed
-        if table.get("ablation") is not None:
-            # App. H: "All component conditions share these settings" (the ablation preset's).
-            table.setdefault("preset", "ablation")
         return RCTA(label, RctaOptions.from_mapping(table, name=name))
 
 
