@@ -1403,6 +1403,12 @@ def _calibration_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("calibration", title, (table,), tuple(notes))
 
 
+def _tiers(order: object) -> str:
+    """``a > b = c`` from tiers of tied names, best first."""
+    tiers = order if isinstance(order, list) else []
+    return " > ".join(" = ".join(str(m) for m in tier) for tier in tiers if isinstance(tier, list))
+
+
 def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
     found = report.get("label_sensitivity")
     if not isinstance(found, Mapping):
@@ -1419,8 +1425,9 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         "trajectory uniformly and uses its root step for every method; predictions stay fixed and trajectories "
         "weigh equally. Cells: final-label score → mean over draws "
         f"[{low:g}th, {high:g}th percentiles] (%). Rank 1: the share of draws in which the method strictly "
-        "leads every other (ties are no wins). Intervals describe label sensitivity on fixed samples, not "
-        "population confidence intervals.",
+        "leads every other (ties are no wins). Full ordering retained: the share of draws in which every pair of "
+        "methods compares as under the final labels (a tie only where they tie). Intervals describe label "
+        "sensitivity on fixed samples, not population confidence intervals.",
     ]
 
     def cell(row: Mapping[str, Any], scale: float = 100) -> str:
@@ -1449,6 +1456,16 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
             "",
         )
         for row in _rows(found, "gaps")
+    ]
+    rows += [
+        _row(
+            _text(row, "backbone"),
+            f"full ordering retained: {_tiers(row.get('order'))}",
+            _metric_label(_text(row, "metric")),
+            _pct(_num(row, "retained")),
+            "",
+        )
+        for row in _rows(found, "orderings")
     ]
     if not rows:
         return _Section(

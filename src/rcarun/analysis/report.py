@@ -1147,6 +1147,7 @@ def _label_sensitivity(
     expected_qids = {item.qid for item in scores.expected}
     rows: list[dict[str, Any]] = []
     gaps: list[dict[str, Any]] = []
+    orderings: list[dict[str, Any]] = []
     cells = _shown_cells(scores, methods)
     for backbone in sorted({backbone for backbone, _ in cells}):
         found = label_sensitivity(
@@ -1160,6 +1161,7 @@ def _label_sensitivity(
         )
         rows += [{"backbone": backbone, **row} for row in found["rows"]]
         gaps += [{"backbone": backbone, **row} for row in found["gaps"]]
+        orderings += [{"backbone": backbone, **row} for row in found["orderings"]]
     n = sum(1 for item in scores.expected if len(annotations.get(item.qid, ())) >= 2)
     return {
         "draws": options.draws,
@@ -1173,4 +1175,5 @@ def _label_sensitivity(
         "aggregate": "pooled",
         "rows": rows,
         "gaps": gaps,
+        "orderings": orderings,
     }
