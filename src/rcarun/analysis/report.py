@@ -65,7 +65,8 @@ methods), and ``protocol`` in the dict says what was chosen and why:
     - Leave one source out (Table 13, ``leave_one_source_out``): the reference's Step Acc gain over each compared
       method averaged over App. B's backbones (``holm_backbones``) within each trajectory, on the trajectories
       of every source but one, each source in turn, with its pointwise source-stratified bootstrap interval;
-      backbones on which either method's number is not shown are left out of the mean.
+      backbones on which either method's number is not shown are left out of the mean; nothing with a single
+      source.
     - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups),
       each group's accuracies with Wilson intervals, and per method and metric the longest group minus the
       shortest with Newcombe's interval (App. F.1: "the highest and lowest groups"; ``length_contrasts``).
@@ -1119,6 +1120,8 @@ def _leave_one_source_out(
             for hits in (hits_a, hits_b)
         ]
         strata = [item.source for item in ordered]
+        if len(set(strata)) < 2:
+            continue  # nothing to leave out
         settings: dict[str, Any] = {
             "aggregate": aggregate,
             "resamples": protocol.resamples,
