@@ -173,6 +173,9 @@ def test_the_text_html_and_json_show_them(
         and "Trajectories kept: 24 with every source; 16 without s1, 16 without s2, 16 without s3" in text
     )
     assert "with Wilson 95% intervals" in text and "Longest group minus shortest" in text
+    b_rcta = next(r for r in report["length_contrasts"] if (r["backbone"], r["method"]) == ("b", "rcta"))
+    shown = f"{b_rcta['delta'] * 100:+.1f} [{b_rcta['ci_low'] * 100:.1f}, {b_rcta['ci_high'] * 100:.1f}]"
+    assert f"b rcta 90–90 30–30 {shown} {shown} {shown}" in text  # right answers are right on all three
     page = render_html(report)
     for title in ("Task-cluster bootstrap (App. B)", "Leave one source out (Table 13)", "Newcombe"):
         assert title in page

@@ -1135,23 +1135,25 @@ def _length_section(report: Mapping[str, Any]) -> _Section | None:
             f"realization, with Wilson {level} intervals.",
         )
     ]
-    contrasts = _rows(report, "length_contrasts")
+    # One row per cell, a column per metric: "Δ [low, high]".
+    contrasts: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    for row in _rows(report, "length_contrasts"):
+        key = (
+            _text(row, "backbone"),
+            _text(row, "method"),
+            _span(row.get("longest")),
+            _span(row.get("shortest")),
+        )
+        contrasts.setdefault(key, {})[_text(row, "metric")] = " ".join(_delta_interval(row))
     if contrasts:
         tables.append(
             _Table(
-                columns=("Backbone", "Method", "Metric", "Longest", "Shortest", "Δ", "Interval"),
+                columns=("Backbone", "Method", "Longest", "Shortest", "Step", "Step ±5", "Agent"),
                 rows=tuple(
-                    _row(
-                        _text(row, "backbone"),
-                        _text(row, "method"),
-                        _metric_label(_text(row, "metric")),
-                        _span(row.get("longest")),
-                        _span(row.get("shortest")),
-                        *_delta_interval(row),
-                    )
-                    for row in contrasts
+                    _row(*key, *(by.get(m, DASH) for m in ("step_acc", "step_pm5", "agent_acc")))
+                    for key, by in contrasts.items()
                 ),
-                label_columns=3,
+                label_columns=2,
                 caption=f"Longest group minus shortest (pp), with Newcombe's {level} interval (hybrid score, "
                 "independent groups; App. F.1).",
             )
