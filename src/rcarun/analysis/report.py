@@ -121,6 +121,7 @@ from .scoring import (
 from .sensitivity import ANNOTATION_SEED, label_sensitivity
 from .stats import (
     DEFAULT_SEED,
+    Aggregate,
     BootstrapInterval,
     Complementarity,
     PairedComparison,
@@ -1107,7 +1108,7 @@ def _leave_one_source_out(
     for backbone, method, base, other in _method_pairs(scores, reference, compared):
         if backbone in options.holm_backbones:
             pairs.setdefault(method, []).append((backbone, base, other))
-    aggregate: Any = "macro" if protocol.aggregate == "macro" else "pooled"
+    aggregate: Aggregate = "macro" if protocol.aggregate == "macro" else "pooled"
     rows = []
     for method, found in pairs.items():
         # The trajectories every backbone's pair holds (all expected ones, but for a split like SOAP's).
