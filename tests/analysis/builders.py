@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rcarun.data import task_key
 from rcarun.store import (
     METHOD_PREPARED,
     EventRow,
@@ -38,6 +39,7 @@ class Traj:
     ref_step: int = 10
     n_steps: int = 40
     roles: tuple[str, ...] = ("Planner", "Coder", "Verifier", "DiagnostAgent (-> ActionAgent)")
+    task: str | None = None  # the task instruction, stored as its key (`rcarun.data.task_key`)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ async def _build(
                     ref_role=traj.ref_role,
                     ref_step=traj.ref_step,
                     sha256=hashlib.sha256(traj.qid.encode()).hexdigest(),
+                    task_sha256=task_key(traj.task) if traj.task else None,
                 )
             )
         for pred in preds:

@@ -9,6 +9,9 @@ Three trajectories, each with final reference root 10 (40 steps). Observed annot
   5/12; C 0. A leads strictly only when both draws are 10 (probability 1/3); B when both are the others (1/6);
   the rest are ties, which are no wins. A − max(B, C) is 1, 0 or −1 with probabilities 1/3, 1/2, 1/6: mean 1/6.
 - Step ±5: C is always within 5 of t0's label (15 against 10 or 20), so exactly 1/2 in every draw.
+- Full ordering (Table 22's last row): every draw gives t0 and t1 each to A or to B, so A + B = 1 per draw. Step
+  Acc's final ordering A > B = C holds only when A takes both (B = C = 0): probability 1/2 · 2/3 = 1/3; Step ±5's
+  A > C > B needs A above 1/2, again both: 1/3.
 """
 
 from __future__ import annotations
@@ -78,10 +81,30 @@ def test_scores_under_drawn_labels_match_the_exact_distribution() -> None:
     )
 
 
+def test_the_full_ordering_is_retained_by_draws_that_keep_every_pairwise_comparison() -> None:
+    expected, cells = _case()
+    result = label_sensitivity(expected, cells, ANNOTATIONS, reference="A", draws=20_000)
+    orderings = {row["metric"]: row for row in result["orderings"]}
+    assert orderings["step_acc"]["order"] == [["A"], ["B", "C"]]
+    assert orderings["step_pm5"]["order"] == [["A"], ["C"], ["B"]]
+    assert orderings["step_acc"]["retained"] == pytest.approx(1 / 3, abs=0.015)
+    assert orderings["step_pm5"]["retained"] == pytest.approx(1 / 3, abs=0.015)
+    # The same draws, counted one by one: A takes both trajectories exactly when A leads strictly (rank 1).
+    assert orderings["step_acc"]["retained"] == _by(result)["A", "step_acc"]["rank1"]
+
+    # A twin of B ties it in every draw as under the final labels: the tie is kept and the rate does not change.
+    cells["B2"] = cells["B"]
+    twin = label_sensitivity(expected, cells, ANNOTATIONS, reference="A", draws=20_000)
+    assert [row["retained"] for row in twin["orderings"]] == [row["retained"] for row in result["orderings"]]
+    assert twin["orderings"][0]["order"] == [["A"], ["B", "B2", "C"]]
+    single = label_sensitivity(expected, {"A": cells["A"]}, ANNOTATIONS, reference="A", draws=10)
+    assert single["orderings"] == []
+
+
 def test_nothing_to_draw_and_labels_out_of_range() -> None:
     expected, cells = _case()
     empty = label_sensitivity(expected, cells, {"t2": (10,)}, reference="A", draws=10)
-    assert empty == {"n": 0, "rows": [], "gaps": []}
+    assert empty == {"n": 0, "rows": [], "gaps": [], "orderings": []}
     with pytest.raises(DataError, match="outside the trajectory's 40 steps"):
         label_sensitivity(expected, cells, {"t0": (10, 40)}, reference="A", draws=10)
     no_gap = label_sensitivity(expected, cells, ANNOTATIONS, reference=None, draws=10)
@@ -137,6 +160,12 @@ def test_the_report_section_and_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     text = " ".join(render_text(report, sections=("label-sensitivity",)).split())
     assert "Label sensitivity (App. K.1, Table 22)" in text and "gap: rcta − strongest other" in text
     assert "100.0 → " in text
+    assert [(row["backbone"], row["metric"], row["order"]) for row in found["orderings"]] == [
+        ("bb", "step_acc", [["rcta"], ["aao", "echo"]]),
+        ("bb", "step_pm5", [["rcta"], ["echo"], ["aao"]]),
+    ]
+    retained = found["orderings"][0]["retained"]
+    assert f"full ordering retained: rcta > aao = echo Step Acc {retained * 100:.1f}" in text
 
     annotations = tmp_path / "annotations.jsonl"
     annotations.write_text(

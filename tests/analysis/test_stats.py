@@ -13,6 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
 from rcarun.analysis.stats import (
     Agreement,
@@ -20,15 +21,19 @@ from rcarun.analysis.stats import (
     Complementarity,
     PairedComparison,
     adjust_family,
+    cluster_paired_bootstrap,
     complementarity,
     holm,
+    leave_one_source_out,
     mcnemar_exact,
     mean_pairwise_agreement,
+    newcombe_difference,
     paired_comparison,
     pairwise_agreement,
     spread,
     stratified_paired_bootstrap,
     union_complementarity,
+    wilson_interval,
 )
 
 # --- McNemar ---------------------------------------------------------------------------------------------------
@@ -419,3 +424,134 @@ def test_spread_of_one_realization_and_bad_input() -> None:
         spread({})
     with pytest.raises(ValueError, match="realization 2 has nan"):
         spread({1: 0.5, 2: math.nan})
+
+
+# --- Task-cluster bootstrap and leave-one-source-out ------------------------------------------------------------
+
+
+def _outcomes(n: int, seed: int) -> tuple[list[float], list[float], list[str]]:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 2, n).astype(float).tolist()
+    b = rng.integers(0, 2, n).astype(float).tolist()
+    return a, b, [f"s{i % 3}" for i in range(n)]
+
+
+@pytest.mark.parametrize("aggregate", ["pooled", "macro"])
+def test_clusters_of_one_draw_exactly_the_stratified_bootstrap(aggregate: Any) -> None:
+    a, b, strata = _outcomes(61, 5)
+    single = cluster_paired_bootstrap(a, b, strata, list(range(61)), aggregate=aggregate, resamples=3000)
+    assert single == stratified_paired_bootstrap(a, b, strata, aggregate=aggregate, resamples=3000)
+
+
+@pytest.mark.parametrize("aggregate", ["pooled", "macro"])
+def test_repeated_attempts_kept_together_do_not_narrow_the_interval(aggregate: Any) -> None:
+    # Every trajectory attempted twice with the same outcomes: drawn as one task, the copies add nothing and the
+    # interval is the one of the originals; drawn apart, they pretend to twice the evidence.
+    a, b, strata = _outcomes(60, 6)
+    twice = (
+        [x for x in a for _ in (0, 1)],
+        [x for x in b for _ in (0, 1)],
+        [s for s in strata for _ in (0, 1)],
+    )
+    tasks = [f"task{i}" for i in range(60) for _ in (0, 1)]
+    kept = cluster_paired_bootstrap(*twice, tasks, aggregate=aggregate, resamples=4000, seed=3)
+    original = stratified_paired_bootstrap(a, b, strata, aggregate=aggregate, resamples=4000, seed=3)
+    apart = stratified_paired_bootstrap(*twice, aggregate=aggregate, resamples=4000, seed=3)
+    assert (kept.delta, kept.low, kept.high) == pytest.approx((original.delta, original.low, original.high))
+    assert apart.high - apart.low < 0.8 * (kept.high - kept.low)
+
+
+def test_one_stratum_cluster_bootstrap_agrees_with_scipy_over_tasks() -> None:
+    # 40 tasks of 1 to 4 attempts: the replicate is the ratio (sum of drawn differences) / (attempts drawn),
+    # which scipy resamples as paired per-task (sum, size) vectors.
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(1, 5, 40)
+    tasks = np.repeat(np.arange(40), sizes)
+    a = (rng.random(tasks.size) < 0.6).astype(float)
+    b = (rng.random(tasks.size) < 0.4).astype(float)
+    ours = cluster_paired_bootstrap(
+        a.tolist(), b.tolist(), ["s"] * tasks.size, tasks.tolist(), resamples=20_000
+    )
+    task_sums = np.bincount(tasks, weights=a - b)
+    reference = scipy_stats.bootstrap(
+        (task_sums, sizes.astype(float)),
+        lambda s, z, axis: s.sum(axis=axis) / z.sum(axis=axis),
+        paired=True,
+        vectorized=True,
+        method="percentile",
+        n_resamples=20_000,
+        **_scipy_rng_kwargs(4),
+    ).confidence_interval
+    assert ours.delta == pytest.approx(float((a - b).mean()))
+    assert ours.low == pytest.approx(reference.low, abs=0.015)
+    assert ours.high == pytest.approx(reference.high, abs=0.015)
+
+
+def test_cluster_labels_nest_in_strata_and_must_match_the_trajectories() -> None:
+    a, b, strata = [1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], ["x", "x", "y", "y"]
+    # One label across two strata is two clusters: the same as four distinct labels would be with two per stratum.
+    shared = cluster_paired_bootstrap(a, b, strata, ["t", "t", "t", "t"], resamples=500)
+    apart = cluster_paired_bootstrap(a, b, strata, ["t1", "t1", "t2", "t2"], resamples=500)
+    assert shared == apart
+    with pytest.raises(ValueError, match="clusters has length 3"):
+        cluster_paired_bootstrap(a, b, strata, ["t", "t", "t"])
+
+
+def test_leave_one_source_out_rows_are_the_bootstrap_of_the_retained_sources() -> None:
+    a, b, strata = _outcomes(45, 9)
+    rows = leave_one_source_out(a, b, strata, aggregate="macro", resamples=2000, seed=7)
+    assert [(row.source, row.n) for row in rows] == [("s0", 30), ("s1", 30), ("s2", 30)]
+    for row in rows:
+        kept = [i for i, s in enumerate(strata) if s != row.source]
+        means = [
+            np.mean([a[i] - b[i] for i in kept if strata[i] == s]) for s in sorted({strata[i] for i in kept})
+        ]
+        assert row.interval.delta == pytest.approx(float(np.mean(means)))
+        assert row.interval == stratified_paired_bootstrap(
+            [a[i] for i in kept],
+            [b[i] for i in kept],
+            [strata[i] for i in kept],
+            aggregate="macro",
+            resamples=2000,
+            seed=7,
+        )
+    assert leave_one_source_out(a, b, ["one"] * 45) == []
+
+
+# --- Wilson and Newcombe --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_wilson_matches_statsmodels_on_every_count(confidence: float) -> None:
+    for n in (1, 2, 7, 40, 161):
+        for x in range(n + 1):
+            ours = wilson_interval(x, n, confidence=confidence)
+            low, high = proportion_confint(x, n, alpha=1 - confidence, method="wilson")
+            assert ours.estimate == x / n
+            assert (ours.low, ours.high) == pytest.approx((low, high), abs=1e-12)
+            assert 0.0 <= ours.low <= x / n <= ours.high <= 1.0
+
+
+def test_newcombe_reproduces_the_papers_example_and_statsmodels() -> None:
+    # Newcombe (1998), Table II, example (a): 56/70 against 48/80, method 10: 0.0524 to 0.3339.
+    found = newcombe_difference(56, 70, 48, 80)
+    assert found.estimate == pytest.approx(0.2)
+    assert (round(found.low, 4), round(found.high, 4)) == (0.0524, 0.3339)
+    rng = random.Random(2)
+    for _ in range(300):
+        n_a, n_b = rng.randint(1, 80), rng.randint(1, 80)
+        x_a, x_b = rng.randint(0, n_a), rng.randint(0, n_b)
+        ours = newcombe_difference(x_a, n_a, x_b, n_b, confidence=0.9)
+        low, high = confint_proportions_2indep(
+            x_a, n_a, x_b, n_b, method="newcomb", compare="diff", alpha=0.1
+        )
+        assert (ours.low, ours.high) == pytest.approx((low, high), abs=1e-12)
+
+
+def test_proportion_intervals_refuse_impossible_counts() -> None:
+    with pytest.raises(ValueError, match="successes=3, n=2"):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError, match="n=0"):
+        newcombe_difference(0, 0, 1, 2)
+    with pytest.raises(ValueError, match="confidence"):
+        wilson_interval(1, 2, confidence=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from rcarun.data import (
     iter_dataset,
     load_trajectory_file,
     parse_step,
+    task_key,
     task_profile,
 )
 
@@ -236,3 +238,11 @@ def test_parse_step_reads_integers_and_digit_strings_as_the_scorer_does(
     from rcarun.analysis.scoring import parse_step as scorer_parse_step
 
     assert parse_step(value) == step == scorer_parse_step(value)
+
+
+def test_task_key_joins_reformatted_copies_of_one_task_and_parts_others() -> None:
+    key = task_key("Book a trip\nto Rome for 2 people.")
+    assert key == hashlib.sha256(b"Book a trip to Rome for 2 people.").hexdigest()
+    assert task_key("  Book a trip to   Rome\tfor 2 people. \n") == key
+    assert task_key("Book a trip to Rome for 3 people.") != key
+    assert task_key(" \n\t") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.sweeps import make_config, rows
+from rcarun.data import bundled_sample_path, iter_dataset, task_key
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 
@@ -29,6 +30,13 @@ async def test_one_prediction_per_item_and_every_attempt_recorded(
     paid = rows(db, "SELECT count(*) FROM calls WHERE status IN ('ok', 'length')")[0][0]
     assert paid == accepted == 20
     assert rows(db, "SELECT count(*) FROM trajectories")[0][0] == 10
+    # Each trajectory's task is stored as its key, so the report can keep repeated attempts together.
+    tasks = {
+        record.trajectory.qid: task_key(record.trajectory.task)
+        for record in iter_dataset(bundled_sample_path())
+    }
+    assert dict(rows(db, "SELECT qid, task_sha256 FROM trajectories")) == tasks
+    assert all(tasks.values())
     assert rows(db, "SELECT count(*) FROM items WHERE status = 'done'")[0][0] == 20
     # Prompts are stored once each: both realizations send the same request, so 20 calls share 10 prompt blobs.
     assert rows(db, "SELECT count(DISTINCT request_sha256) FROM calls")[0][0] == 10

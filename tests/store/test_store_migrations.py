@@ -289,3 +289,27 @@ def test_a_read_only_results_db_is_named_as_such(db_path: Path) -> None:
         str(caught.value)
         == f"cannot open {db_path} for writing: read-only (no write permission on {db_path})"
     )
+
+
+def test_migration_6_adds_the_task_key_to_a_schema_5_file_as_null(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    connection = sqlite3.connect(db, isolation_level=None)
+    try:
+        connection.execute(
+            "CREATE TABLE migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+        )
+        for migration in MIGRATIONS[:5]:
+            for statement in migration.statements:
+                connection.execute(statement)
+            connection.execute(
+                "INSERT INTO migrations VALUES (?, ?, '2026-01-01T00:00:00.000Z')",
+                (migration.version, migration.name),
+            )
+        connection.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('old', '2026', '2026')")
+        connection.execute("INSERT INTO trajectories VALUES (1, 'q1', 'src', 3, '[]', 'a', 1, 'ff')")
+    finally:
+        connection.close()
+    assert MIGRATIONS[5].version == 6
+
+    with open_store(db) as store:
+        assert store.trajectories(1) == [TrajectoryRow(1, "q1", "src", 3, "[]", "a", 1, "ff", None)]

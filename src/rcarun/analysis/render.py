@@ -1080,29 +1080,174 @@ def _turns_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("turns", "Turns", (table,), _rule_note(report))
 
 
+def _with_interval(value: float | None, bounds: object) -> str:
+    """``12.5 [5.1, 27.0]`` from a fraction and its [low, high] (percent); the bare number without bounds."""
+    if value is None:
+        return DASH
+    if not isinstance(bounds, list | tuple) or len(bounds) != 2:
+        return _pct(value)
+    low, high = bounds
+    return f"{value * 100:.1f} [{low * 100:.1f}, {high * 100:.1f}]"
+
+
+def _delta_interval(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Δ and its interval in percentage points."""
+    delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+    shown = DASH if delta is None else f"{delta * 100:+.1f}"
+    interval = DASH if low is None or high is None else f"[{low * 100:.1f}, {high * 100:.1f}]"
+    return shown, interval
+
+
+def _span(bounds: object) -> str:
+    return f"{bounds[0]}–{bounds[1]}" if isinstance(bounds, list | tuple) and len(bounds) == 2 else DASH
+
+
 def _length_section(report: Mapping[str, Any]) -> _Section | None:
     rows_in = _rows(report, "length_groups")
     if not rows_in:
         return None
+
+    def cell(row: Mapping[str, Any], metric: str) -> str:
+        intervals = row.get("intervals")
+        return _with_interval(
+            _num(row, metric), intervals.get(metric) if isinstance(intervals, Mapping) else None
+        )
+
     rows = tuple(
         _row(
             _text(row, "backbone"),
             _text(row, "method"),
             f"{_count(_num(row, 'low'))}–{_count(_num(row, 'high'))}",
             _count(_num(row, "n")),
-            _pct(_num(row, "step_acc")),
-            _pct(_num(row, "step_pm5")),
-            _pct(_num(row, "agent_acc")),
+            cell(row, "step_acc"),
+            cell(row, "step_pm5"),
+            cell(row, "agent_acc"),
         )
         for row in rows_in
     )
+    level = f"{_confidence(report):.0%}"
+    tables = [
+        _Table(
+            columns=("Backbone", "Method", "Steps", "n", "Step", "Step ±5", "Agent"),
+            rows=rows,
+            label_columns=2,
+            caption="Accuracy (%) by recorded trajectory length (shared partition, bounds inclusive), first "
+            f"realization, with Wilson {level} intervals.",
+        )
+    ]
+    # One row per cell, a column per metric: "Δ [low, high]".
+    contrasts: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    for row in _rows(report, "length_contrasts"):
+        key = (
+            _text(row, "backbone"),
+            _text(row, "method"),
+            _span(row.get("longest")),
+            _span(row.get("shortest")),
+        )
+        contrasts.setdefault(key, {})[_text(row, "metric")] = " ".join(_delta_interval(row))
+    if contrasts:
+        tables.append(
+            _Table(
+                columns=("Backbone", "Method", "Longest", "Shortest", "Step", "Step ±5", "Agent"),
+                rows=tuple(
+                    _row(*key, *(by.get(m, DASH) for m in ("step_acc", "step_pm5", "agent_acc")))
+                    for key, by in contrasts.items()
+                ),
+                label_columns=2,
+                caption=f"Longest group minus shortest (pp), with Newcombe's {level} interval (hybrid score, "
+                "independent groups; App. F.1).",
+            )
+        )
+    notes = (
+        *_rule_note(report),
+        "Intervals are pointwise and conditional on the fixed groups (App. F.1); a group's interval counts its "
+        "scored trajectories.",
+    )
+    return _Section("length-groups", "Length groups", tuple(tables), notes)
+
+
+def _task_cluster_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("task_clusters")
+    if not isinstance(found, Mapping) or not _rows(found, "rows"):
+        return None
+    rows = tuple(
+        _row(
+            _text(row, "backbone"),
+            f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}",
+            _count(_num(row, "n")),
+            _count(_num(row, "tasks")),
+            *_delta_interval(row),
+        )
+        for row in _rows(found, "rows")
+    )
+    level = f"{_confidence(report):.0%}"
     table = _Table(
-        columns=("Backbone", "Method", "Steps", "n", "Step", "Step ±5", "Agent"),
+        columns=("Backbone", "A vs B", "n", "Tasks", "Δ Step Acc", "Interval"),
         rows=rows,
         label_columns=2,
-        caption="Accuracy (%) by recorded trajectory length (shared partition, bounds inclusive), first realization.",
+        caption=f"Paired Step Acc differences A − B (pp) with the pointwise {level} interval of a source-stratified "
+        "bootstrap over tasks, first realization.",
     )
-    return _Section("length-groups", "Length groups", (table,), _rule_note(report))
+    trajectories, tasks = _num(found, "trajectories"), _num(found, "tasks")
+    without = _num(found, "without_task") or 0
+    notes = [
+        *_rule_note(report),
+        f"{_count(trajectories)} trajectories in {_count(tasks)} tasks. Each resample draws, within each source, "
+        "tasks with replacement, a task bringing all its attempts (trajectories with the same task instruction, "
+        "`trajectories.task_sha256`), as App. B's check that keeps repeated attempts together; the aggregate, "
+        "resamples and seed are the paired comparisons'.",
+    ]
+    if without:
+        notes.append(
+            f"{_count(without)} trajectories have no stored task (no task instruction, or a results.db written "
+            "before schema 6): each counts as a task of its own."
+        )
+    if trajectories is not None and trajectories == tasks:
+        notes.append("No task has two attempts here, so the intervals are the paired comparisons' own.")
+    return _Section("task-clusters", "Task-cluster bootstrap (App. B)", (table,), tuple(notes))
+
+
+def _source_out_section(report: Mapping[str, Any]) -> _Section | None:
+    found = report.get("leave_one_source_out")
+    if not isinstance(found, Mapping) or not _rows(found, "rows"):
+        return None
+    rows_in = _rows(found, "rows")
+    left_out = _unique(_text(row, "excluded") for row in rows_in if row.get("excluded") is not None)
+    # One row per comparison, one column per source left out ("none": every source kept).
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    kept: dict[str, str] = {}
+    for row in rows_in:
+        key = (
+            f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}",
+            ", ".join(map(str, row.get("backbones") or ())),
+        )
+        delta, interval = _delta_interval(row)
+        column = _text(row, "excluded") or "none"
+        cells.setdefault(key, {})[column] = f"{delta} {interval}"
+        kept.setdefault(column, _count(_num(row, "n")))
+    columns = ["none", *left_out]
+    rows = tuple(
+        _row(pair, backbones, *(by.get(c, DASH) for c in columns)) for (pair, backbones), by in cells.items()
+    )
+    level = f"{_confidence(report):.0%}"
+    table = _Table(
+        columns=("A vs B", "Backbones", "None left out", *(f"Without {source}" for source in left_out)),
+        rows=rows,
+        label_columns=2,
+        caption=f"Step Acc gain A − B (pp) averaged over the backbones within each trajectory, with the pointwise "
+        f"{level} interval, every source kept and each left out in turn; first realization.",
+    )
+    notes = (
+        *_rule_note(report),
+        f"Trajectories kept: {kept['none']} with every source; "
+        + ", ".join(f"{kept[c]} without {c}" for c in left_out)
+        + ". As the paper's Table 13: each "
+        "trajectory's outcomes are averaged over App. B's backbones on which both methods' numbers are shown, then "
+        "aggregated over the retained sources; the source-stratified bootstrap keeps a trajectory's backbone "
+        "outcomes together and the retained sources' sizes. The columns are sensitivities of the observed "
+        "aggregate to source composition, not simultaneous intervals.",
+    )
+    return _Section("leave-one-source-out", "Leave one source out (Table 13)", (table,), notes)
 
 
 _COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
@@ -1403,6 +1548,12 @@ def _calibration_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("calibration", title, (table,), tuple(notes))
 
 
+def _tiers(order: object) -> str:
+    """``a > b = c`` from tiers of tied names, best first."""
+    tiers = order if isinstance(order, list) else []
+    return " > ".join(" = ".join(str(m) for m in tier) for tier in tiers if isinstance(tier, list))
+
+
 def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
     found = report.get("label_sensitivity")
     if not isinstance(found, Mapping):
@@ -1419,8 +1570,9 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         "trajectory uniformly and uses its root step for every method; predictions stay fixed and trajectories "
         "weigh equally. Cells: final-label score → mean over draws "
         f"[{low:g}th, {high:g}th percentiles] (%). Rank 1: the share of draws in which the method strictly "
-        "leads every other (ties are no wins). Intervals describe label sensitivity on fixed samples, not "
-        "population confidence intervals.",
+        "leads every other (ties are no wins). Full ordering retained: the share of draws in which every pair of "
+        "methods compares as under the final labels (a tie only where they tie). Intervals describe label "
+        "sensitivity on fixed samples, not population confidence intervals.",
     ]
 
     def cell(row: Mapping[str, Any], scale: float = 100) -> str:
@@ -1450,6 +1602,16 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         )
         for row in _rows(found, "gaps")
     ]
+    rows += [
+        _row(
+            _text(row, "backbone"),
+            f"full ordering retained: {_tiers(row.get('order'))}",
+            _metric_label(_text(row, "metric")),
+            _pct(_num(row, "retained")),
+            "",
+        )
+        for row in _rows(found, "orderings")
+    ]
     if not rows:
         return _Section(
             "label-sensitivity", title, notes=("No multiply annotated trajectory to draw from.", *notes)
@@ -1470,6 +1632,8 @@ def _sections(report: Mapping[str, Any]) -> list[_Section]:
         _full_metrics_section(report),
         _per_source_section(report),
         _paired_section(report),
+        _task_cluster_section(report),
+        _source_out_section(report),
         _components_section(report),
         _complementarity_section(report),
         _repeatability_section(report),
@@ -2012,7 +2176,8 @@ def _html_plot(plot: _Plot | str) -> str:
 # not named here (none today) would join the tail, so that nothing the text report has is ever dropped.
 _HEADLINE = ("accuracy", "paired", "components", "repeatability", "cost", "fidelity", "calibration")
 _TAIL = (
-    *("label-sensitivity", "outcomes", "full-metrics", "per-source", "complementarity", "recall", "turns"),
+    *("label-sensitivity", "outcomes", "full-metrics", "per-source", "task-clusters", "leave-one-source-out"),
+    *("complementarity", "recall", "turns"),
     "length-groups",
     "call-timing",
 )

@@ -58,7 +58,18 @@ methods), and ``protocol`` in the dict says what was chosen and why:
     - Turns (Continual Search paper, Table 2 and Fig. 7): for methods that store per-turn records (``turns``),
       accuracy of the answer standing after each turn in the headline aggregate, the share of trajectories whose
       answer changed at that turn, and the deduplicated evidence read (new in the turn, and cumulative).
-    - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups).
+    - Task-cluster bootstrap (App. B, ``task_clusters``): Step Acc of the reference against each compared
+      method per backbone, with the interval of a source-stratified bootstrap that draws tasks (repeated
+      attempts at one task together: trajectories sharing ``trajectories.task_sha256``; one without a key is a
+      task of its own) instead of trajectories.
+    - Leave one source out (Table 13, ``leave_one_source_out``): the reference's Step Acc gain over each compared
+      method averaged over App. B's backbones (``holm_backbones``) within each trajectory, on the trajectories
+      of every source but one, each source in turn, with its pointwise source-stratified bootstrap interval;
+      backbones on which either method's number is not shown are left out of the mean; nothing with a single
+      source.
+    - Length groups: the shared partition of the expected trajectories' lengths (``length_groups`` groups),
+      each group's accuracies with Wilson intervals, and per method and metric the longest group minus the
+      shortest with Newcombe's interval (App. F.1: "the highest and lowest groups"; ``length_contrasts``).
     - Post-stratification to ``populations`` when given (e.g. LongRCA Full's source sizes).
     - Outcomes: per backbone × method × realization, what became of the expected trajectories (`Outcome`:
       predictions, unreadable answers, fallback decisions, failed, skipped for budget, interrupted, never run)
@@ -98,25 +109,34 @@ from .protocol import (
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
+    LengthGroup,
     Metrics,
     Prediction,
     Summary,
-    by_length_group,
     length_groups,
+    pooled,
     score_items,
     summarize,
 )
 from .sensitivity import ANNOTATION_SEED, label_sensitivity
 from .stats import (
     DEFAULT_SEED,
+    Aggregate,
+    BootstrapInterval,
     Complementarity,
     PairedComparison,
+    ProportionInterval,
     adjust_family,
+    cluster_paired_bootstrap,
     complementarity,
+    leave_one_source_out,
+    newcombe_difference,
     paired_comparison,
     pairwise_agreement,
     spread,
+    stratified_paired_bootstrap,
     union_complementarity,
+    wilson_interval,
 )
 from .timing import call_timing
 
@@ -384,7 +404,10 @@ def build_report(
         "repeatability": _repeatability(scores, protocol),
         "recall": _recall(scores),
         "turns": _turns(scores, protocol, options),
+        "task_clusters": _task_clusters(store, run, scores, reference, compared, protocol, options),
+        "leave_one_source_out": _leave_one_source_out(scores, reference, compared, protocol, options),
         "length_groups": _length_groups(scores, options),
+        "length_contrasts": _length_contrasts(scores, options),
         "fidelity": _fidelity(store, run, scores, members, protocol, options, full_store),
         "calibration": _calibration(scores, members, options),
         "label_sensitivity": _label_sensitivity(scores, reference, members, options),
@@ -939,29 +962,179 @@ def _number(value: object) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+_GROUP_METRICS = ("agent_acc", "step_acc", "step_pm5")
+
+
+def _length_cells(
+    scores: RunScores, options: ReportOptions
+) -> Iterator[tuple[Cell, list[tuple[LengthGroup, list[ItemScore]]]]]:
+    """Each scored realization-0 cell with its items in each group of the shared length partition, shortest
+    group first."""
     if not scores.expected or options.length_groups < 1:
-        return []
+        return
     partition = length_groups({e.qid: e.n_steps for e in scores.expected}, k=options.length_groups)
-    entries = []
     for cell, items in scores.scores.items():
         if cell.realization != 0 or not _scored(scores, cell):
             continue
-        for group in by_length_group(items, partition):
-            metrics = group.metrics
+        by_qid = {item.qid: item for item in items}
+        yield cell, [(group, [by_qid[q] for q in group.qids if q in by_qid]) for group in partition.groups]
+
+
+def _hits(items: Sequence[ItemScore], metric: str) -> int:
+    return sum(_outcomes(items, metric))
+
+
+def _length_groups(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    entries = []
+    for cell, groups in _length_cells(scores, options):
+        for group, items in groups:
+            metrics = pooled(items) if items else None
             entries.append(
                 {
                     "backbone": cell.backbone,
                     "method": cell.method,
-                    "low": group.group.low,
-                    "high": group.group.high,
-                    "n": len(group.group.qids),
-                    "agent_acc": metrics.agent_acc if metrics else None,
-                    "step_acc": metrics.step_acc if metrics else None,
-                    "step_pm5": metrics.step_pm5 if metrics else None,
+                    "low": group.low,
+                    "high": group.high,
+                    "n": len(group.qids),
+                    **{metric: getattr(metrics, metric) if metrics else None for metric in _GROUP_METRICS},
+                    # App. F.1's Wilson intervals, over the group's scored trajectories.
+                    "intervals": {
+                        metric: _bounds(
+                            wilson_interval(_hits(items, metric), len(items), confidence=options.confidence)
+                        )
+                        for metric in _GROUP_METRICS
+                    }
+                    if items
+                    else None,
                 }
             )
     return entries
+
+
+def _bounds(interval: ProportionInterval) -> list[float]:
+    return [interval.low, interval.high]
+
+
+def _length_contrasts(scores: RunScores, options: ReportOptions) -> list[dict[str, Any]]:
+    """Per cell and metric, the longest length group minus the shortest with Newcombe's interval (App. F.1);
+    groups with no scored trajectory are passed over."""
+    entries = []
+    for cell, groups in _length_cells(scores, options):
+        scored = [(group, items) for group, items in groups if items]
+        if len(scored) < 2:
+            continue
+        (short, shortest), (long, longest) = scored[0], scored[-1]
+        for metric in _GROUP_METRICS:
+            found = newcombe_difference(
+                _hits(longest, metric),
+                len(longest),
+                _hits(shortest, metric),
+                len(shortest),
+                confidence=options.confidence,
+            )
+            entries.append(
+                {
+                    "backbone": cell.backbone,
+                    "method": cell.method,
+                    "metric": metric,
+                    "longest": [long.low, long.high],
+                    "shortest": [short.low, short.high],
+                    "delta": found.estimate,
+                    "ci_low": found.low,
+                    "ci_high": found.high,
+                }
+            )
+    return entries
+
+
+def _interval_json(interval: BootstrapInterval) -> dict[str, float]:
+    return {"delta": interval.delta, "ci_low": interval.low, "ci_high": interval.high}
+
+
+def _task_clusters(
+    store: Store,
+    run: RunRow,
+    scores: RunScores,
+    reference: str | None,
+    compared: Sequence[str],
+    protocol: Protocol,
+    options: ReportOptions,
+) -> dict[str, Any]:
+    """App. B's task-cluster bootstrap of Step Acc, reference against each compared method (module docstring)."""
+    keys = {row.qid: row.task_sha256 for row in store.trajectories(run.run_id)}
+    task = {e.qid: keys.get(e.qid) or f"qid:{e.qid}" for e in scores.expected}
+    rows = []
+    for backbone, method, base, other in _method_pairs(scores, reference, compared):
+        clusters = [task[item.qid] for item in base]
+        interval = cluster_paired_bootstrap(
+            [float(x) for x in _outcomes(base, "step_acc")],
+            [float(x) for x in _outcomes(other, "step_acc")],
+            [item.source for item in base],
+            clusters,
+            aggregate="macro" if protocol.aggregate == "macro" else "pooled",
+            resamples=protocol.resamples,
+            seed=protocol.seed,
+            confidence=options.confidence,
+        )
+        rows.append(
+            {
+                "backbone": backbone,
+                "method_a": reference,
+                "method_b": method,
+                "n": len(base),
+                "tasks": len({(item.source, task[item.qid]) for item in base}),
+                **_interval_json(interval),
+            }
+        )
+    return {
+        "metric": "step_acc",
+        "trajectories": len(scores.expected),
+        "tasks": len({(e.source, task[e.qid]) for e in scores.expected}),
+        "without_task": sum(1 for e in scores.expected if not keys.get(e.qid)),
+        "rows": rows,
+    }
+
+
+def _leave_one_source_out(
+    scores: RunScores,
+    reference: str | None,
+    compared: Sequence[str],
+    protocol: Protocol,
+    options: ReportOptions,
+) -> dict[str, Any]:
+    """Table 13: the reference's Step Acc gain over each compared method, backbones averaged within each
+    trajectory, each source left out in turn (module docstring)."""
+    pairs: dict[str, list[tuple[str, list[ItemScore], list[ItemScore]]]] = {}
+    for backbone, method, base, other in _method_pairs(scores, reference, compared):
+        if backbone in options.holm_backbones:
+            pairs.setdefault(method, []).append((backbone, base, other))
+    aggregate: Aggregate = "macro" if protocol.aggregate == "macro" else "pooled"
+    rows = []
+    for method, found in pairs.items():
+        # The trajectories every backbone's pair holds (all expected ones, but for a split like SOAP's).
+        qids = set.intersection(*({item.qid for item in base} for _, base, _ in found))
+        ordered = [item for item in found[0][1] if item.qid in qids]
+        hits_a = [{i.qid: i.step_exact for i in base if i.qid in qids} for _, base, _ in found]
+        hits_b = [{i.qid: i.step_exact for i in other if i.qid in qids} for _, _, other in found]
+        means = [
+            [sum(bool(h[item.qid]) for h in hits) / len(hits) for item in ordered]
+            for hits in (hits_a, hits_b)
+        ]
+        strata = [item.source for item in ordered]
+        if len(set(strata)) < 2:
+            continue  # nothing to leave out
+        settings: dict[str, Any] = {
+            "aggregate": aggregate,
+            "resamples": protocol.resamples,
+            "seed": protocol.seed,
+            "confidence": options.confidence,
+        }
+        entry = {"method_a": reference, "method_b": method, "backbones": [b for b, _, _ in found]}
+        every = stratified_paired_bootstrap(means[0], means[1], strata, **settings)
+        rows.append({**entry, "excluded": None, "n": len(ordered), **_interval_json(every)})
+        for left in leave_one_source_out(means[0], means[1], strata, **settings):
+            rows.append({**entry, "excluded": left.source, "n": left.n, **_interval_json(left.interval)})
+    return {"metric": "step_acc", "rows": rows}
 
 
 def _component_row(
@@ -1147,6 +1320,7 @@ def _label_sensitivity(
     expected_qids = {item.qid for item in scores.expected}
     rows: list[dict[str, Any]] = []
     gaps: list[dict[str, Any]] = []
+    orderings: list[dict[str, Any]] = []
     cells = _shown_cells(scores, methods)
     for backbone in sorted({backbone for backbone, _ in cells}):
         found = label_sensitivity(
@@ -1160,6 +1334,7 @@ def _label_sensitivity(
         )
         rows += [{"backbone": backbone, **row} for row in found["rows"]]
         gaps += [{"backbone": backbone, **row} for row in found["gaps"]]
+        orderings += [{"backbone": backbone, **row} for row in found["orderings"]]
     n = sum(1 for item in scores.expected if len(annotations.get(item.qid, ())) >= 2)
     return {
         "draws": options.draws,
@@ -1173,4 +1348,5 @@ def _label_sensitivity(
         "aggregate": "pooled",
         "rows": rows,
         "gaps": gaps,
+        "orderings": orderings,
     }

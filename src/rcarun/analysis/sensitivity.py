@@ -16,6 +16,11 @@ The protocol ("Sensitivity to observed root-step labels"), per backbone:
   2.5th and 97.5th percentiles at 95%); ``rank1``: the share of draws in which the method strictly leads every
   other method (ties are not wins).
 - Gap rows: the reference method minus the strongest other method *in each draw*, with the same summaries.
+- Ordering rows (Table 22's "Full ordering retained"): per metric, the share of draws in which the full ordering
+  of the methods is the final labels' one: every pair of methods compares the same way in the draw as under the
+  final labels. As for rank 1, an order needs a strict lead: a draw that ties two methods the final labels set
+  apart does not retain the ordering (and a tie under the final labels is retained only by a draw that ties
+  them too).
 
 Only root steps are resampled: roles, and so Agent Acc, do not enter. The intervals describe label
 sensitivity on fixed samples, not population confidence intervals.
@@ -154,8 +159,10 @@ def label_sensitivity(
 
     Returns:
         ``{"n", "rows": [{"method", "metric", "final", "mean", "low", "high", "rank1"}], "gaps": [{"method",
-        "metric", "final", "mean", "low", "high"}]}``; ``n`` 0 and empty lists without a multiply annotated
-        trajectory.
+        "metric", "final", "mean", "low", "high"}], "orderings": [{"metric", "order", "retained"}]}`` where
+        ``order`` lists the methods from best to worst under the final labels in tiers (a list of tied methods
+        each, sorted by name); ``n`` 0 and empty lists without a multiply annotated trajectory, no ordering rows
+        with a single method.
 
     Raises:
         DataError: an annotated step is outside its trajectory.
@@ -165,7 +172,7 @@ def label_sensitivity(
     positions, labels = _subset(expected, annotations)
     methods = sorted(cells)
     if not positions or not methods:
-        return {"n": len(positions), "rows": [], "gaps": []}
+        return {"n": len(positions), "rows": [], "gaps": [], "orderings": []}
     final_roots = np.array([expected[p].ref_step for p in positions], dtype=np.int64)
     drawn = _draw_labels(labels, draws, np.random.default_rng(seed))
     predicted = {
@@ -174,7 +181,7 @@ def label_sensitivity(
         )
         for method in methods
     }
-    rows, gaps = [], []
+    rows, gaps, orderings = [], [], []
     for metric in _METRICS:
         final = {m: float(_hits(predicted[m], final_roots, metric).mean()) for m in methods}
         scores = {m: _hits(predicted[m], drawn, metric).mean(axis=1) for m in methods}
@@ -201,4 +208,22 @@ def label_sensitivity(
                     **_summary(final_gap, scores[reference] - strongest, confidence),
                 }
             )
-    return {"n": len(positions), "rows": rows, "gaps": gaps}
+        if len(methods) > 1:
+            orderings.append({"metric": metric, **_ordering(methods, final, stacked)})
+    return {"n": len(positions), "rows": rows, "gaps": gaps, "orderings": orderings}
+
+
+def _ordering(
+    methods: Sequence[str], final: Mapping[str, float], draws: npt.NDArray[np.float64]
+) -> dict[str, Any]:
+    """The final labels' ordering of ``methods`` in tiers, and the share of draws (rows of ``draws``, in
+    ``methods`` order) that keep every pairwise comparison of it (module docstring)."""
+    finals = np.array([final[m] for m in methods])
+    expected = np.sign(finals[:, None] - finals[None, :])
+    found = np.sign(draws[:, None, :] - draws[None, :, :])  # (methods × methods × draws)
+    retained = (found == expected[:, :, None]).all(axis=(0, 1))
+    order = [
+        [m for m in methods if final[m] == score]
+        for score in sorted({final[m] for m in methods}, reverse=True)
+    ]
+    return {"order": order, "retained": float(retained.mean())}

@@ -22,6 +22,17 @@ can be set beside the paper's:
 * Families of comparisons are adjusted with Holm's step-down procedure ("Holm-20", "Holm-40"); which
   comparisons form a family is the caller's choice, passed to `adjust_family`.
 
+Three more analyses of the paper sit beside these:
+
+* The *task-cluster* bootstrap (App. B: "a source-stratified task-cluster bootstrap that keeps repeated attempts
+  together"): as above, but what is drawn within each source is a task with all its trajectories (its repeated
+  attempts), and the replicate is the aggregate over the trajectories drawn; `cluster_paired_bootstrap`.
+* Leave-one-source-out (Table 13): the stratified bootstrap again on the trajectories of all sources but one,
+  for each source in turn; the intervals are pointwise; `leave_one_source_out`.
+* Intervals for proportions (App. F.1): Wilson score intervals for a group's accuracy and Newcombe's hybrid score
+  interval (1998, method 10) for the difference of two independent groups' accuracies; `wilson_interval`,
+  `newcombe_difference`. The normal quantile is ``statistics.NormalDist().inv_cdf((1 + confidence) / 2)``.
+
 Also here: complementarity counts (which trajectories only one method solves, and method A against the union of
 several baselines, the paper's Figure 8) and repeatability across realizations of the same backbone and method
 (pairwise agreement of predictions and the spread of scores).
@@ -31,7 +42,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Literal
@@ -46,18 +57,24 @@ __all__ = [
     "Agreement",
     "BootstrapInterval",
     "Complementarity",
+    "LeftOut",
     "PairedComparison",
+    "ProportionInterval",
     "Spread",
     "adjust_family",
+    "cluster_paired_bootstrap",
     "complementarity",
     "holm",
+    "leave_one_source_out",
     "mcnemar_exact",
     "mean_pairwise_agreement",
+    "newcombe_difference",
     "paired_comparison",
     "pairwise_agreement",
     "spread",
     "stratified_paired_bootstrap",
     "union_complementarity",
+    "wilson_interval",
 ]
 
 Aggregate = Literal["pooled", "macro"]
@@ -201,12 +218,7 @@ def stratified_paired_bootstrap(
             ``resamples < 1`` or confidence outside (0, 1).
     """
     a_arr, b_arr = _validated_pair(a, b, strata)
-    if aggregate not in ("pooled", "macro"):
-        raise ValueError(f"aggregate must be 'pooled' or 'macro', got {aggregate!r}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    _check_settings(aggregate, resamples, confidence)
 
     order, starts, counts = _grouping(strata)
     diff = (a_arr - b_arr)[order]
@@ -228,16 +240,238 @@ def stratified_paired_bootstrap(
             replicates[first : first + m] = sums.sum(axis=1) / n
         else:
             replicates[first : first + m] = (sums / counts).mean(axis=1)
+    return _interval(float(delta), replicates, seed, confidence, aggregate)
+
+
+def _interval(
+    delta: float, replicates: npt.NDArray[np.float64], seed: int, confidence: float, aggregate: Aggregate
+) -> BootstrapInterval:
+    """The percentile interval of the replicates (linear quantiles, no bias correction)."""
     alpha = 1.0 - confidence
     low, high = np.quantile(replicates, [alpha / 2, 1.0 - alpha / 2])
     return BootstrapInterval(
-        delta=float(delta),
+        delta=delta,
         low=float(low),
         high=float(high),
-        resamples=resamples,
+        resamples=replicates.size,
         seed=seed,
         confidence=confidence,
         aggregate=aggregate,
+    )
+
+
+def _check_settings(aggregate: str, resamples: int, confidence: float) -> None:
+    if aggregate not in ("pooled", "macro"):
+        raise ValueError(f"aggregate must be 'pooled' or 'macro', got {aggregate!r}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+
+
+def cluster_paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    strata: Sequence[str],
+    clusters: Sequence[Hashable],
+    *,
+    aggregate: Aggregate = "pooled",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> BootstrapInterval:
+    """Source-stratified paired bootstrap that draws whole clusters (tasks) of trajectories.
+
+    Within every stratum, each resample draws as many clusters as the stratum has, with replacement; a drawn
+    cluster contributes all its trajectories, each with its a and b values. The replicate is the mean difference
+    over the trajectories drawn (pooled), or each stratum's mean difference over its drawn trajectories, then
+    the unweighted mean over strata (macro). The observed difference and the endpoints are as in
+    `stratified_paired_bootstrap`; with every trajectory a cluster of its own the two functions draw the same
+    resamples and return the same interval.
+
+    Clusters nest in strata: equal labels in two strata are two clusters. Clusters are numbered in order of
+    first appearance within each stratum, strata in sorted label order.
+
+    Args:
+        a: Per-trajectory outcome of method A.
+        b: Outcome of method B on the same trajectories.
+        strata: Source label of each trajectory.
+        clusters: Cluster label of each trajectory (its task); give a trajectory without one a label of its own.
+        aggregate: ``"pooled"`` or ``"macro"``.
+        resamples: Number of bootstrap resamples, >= 1.
+        seed: Seed for ``numpy.random.default_rng``.
+        confidence: Pointwise coverage in (0, 1).
+
+    Raises:
+        ValueError: As `stratified_paired_bootstrap`, or ``clusters`` of another length.
+    """
+    a_arr, b_arr = _validated_pair(a, b, strata)
+    if len(clusters) != len(a_arr):
+        raise ValueError(f"clusters has length {len(clusters)}, a has {len(a_arr)}")
+    _check_settings(aggregate, resamples, confidence)
+
+    order, starts, counts = _grouping(strata)
+    delta = _aggregate(a_arr[order], starts, counts, aggregate) - _aggregate(
+        b_arr[order], starts, counts, aggregate
+    )
+    diff = a_arr - b_arr
+    index: dict[tuple[int, Hashable], int] = {}
+    sums: list[float] = []
+    sizes: list[int] = []
+    cluster_starts: list[int] = []
+    for stratum, (start, count) in enumerate(zip(starts, counts, strict=True)):
+        cluster_starts.append(len(sums))
+        for position in order[start : start + count]:
+            key = (stratum, clusters[position])
+            if key not in index:
+                index[key] = len(sums)
+                sums.append(0.0)
+                sizes.append(0)
+            sums[index[key]] += float(diff[position])
+            sizes[index[key]] += 1
+    cluster_sum = np.asarray(sums, dtype=np.float64)
+    cluster_size = np.asarray(sizes, dtype=np.float64)
+    first = np.asarray(cluster_starts, dtype=np.intp)
+    per_stratum = np.diff(np.append(first, len(sums)))
+
+    rng = np.random.default_rng(seed)
+    k = cluster_sum.size
+    offset = np.repeat(first, per_stratum)  # column j draws a cluster of its own stratum
+    size = np.repeat(per_stratum, per_stratum)
+    rows = max(1, _BLOCK_ELEMENTS // k)
+    replicates = np.empty(resamples, dtype=np.float64)
+    for block in range(0, resamples, rows):
+        m = min(rows, resamples - block)
+        picks = offset + rng.integers(0, size, size=(m, k))
+        drawn_sums = np.add.reduceat(cluster_sum[picks], first, axis=1)  # (m, strata)
+        drawn_sizes = np.add.reduceat(cluster_size[picks], first, axis=1)
+        if aggregate == "pooled":
+            replicates[block : block + m] = drawn_sums.sum(axis=1) / drawn_sizes.sum(axis=1)
+        else:
+            replicates[block : block + m] = (drawn_sums / drawn_sizes).mean(axis=1)
+    return _interval(float(delta), replicates, seed, confidence, aggregate)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """One row of a leave-one-source-out analysis.
+
+    Attributes:
+        source: The source left out.
+        n: Trajectories retained.
+        interval: The difference on the retained trajectories and its pointwise interval.
+    """
+
+    source: str
+    n: int
+    interval: BootstrapInterval
+
+
+def leave_one_source_out(
+    a: Sequence[float],
+    b: Sequence[float],
+    strata: Sequence[str],
+    *,
+    aggregate: Aggregate = "pooled",
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> list[LeftOut]:
+    """`stratified_paired_bootstrap` on the trajectories of every source but one, for each source in turn.
+
+    Every row is drawn with the same ``seed``: each is a pointwise analysis of its own (the paper's Table 13).
+
+    Returns:
+        One row per source, in sorted source order; empty with fewer than two sources.
+
+    Raises:
+        ValueError: As `stratified_paired_bootstrap`.
+    """
+    a_arr, b_arr = _validated_pair(a, b, strata)
+    labels = np.asarray(strata, dtype=str)
+    sources = sorted(set(labels.tolist()))
+    if len(sources) < 2:
+        return []
+    rows = []
+    for source in sources:
+        kept = labels != source
+        interval = stratified_paired_bootstrap(
+            a_arr[kept].tolist(),
+            b_arr[kept].tolist(),
+            labels[kept].tolist(),
+            aggregate=aggregate,
+            resamples=resamples,
+            seed=seed,
+            confidence=confidence,
+        )
+        rows.append(LeftOut(source=source, n=int(kept.sum()), interval=interval))
+    return rows
+
+
+# --- Intervals for proportions (App. F.1) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProportionInterval:
+    """A proportion (or a difference of two) and its interval.
+
+    Attributes:
+        estimate: The observed proportion, or difference of proportions.
+        low: Lower endpoint.
+        high: Upper endpoint.
+    """
+
+    estimate: float
+    low: float
+    high: float
+
+
+def _z(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    return statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+
+
+def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> ProportionInterval:
+    """Wilson score interval of ``successes / n``.
+
+    ``(x + z²/2 ± z·sqrt(x(n − x)/n + z²/4)) / (n + z²)``; the endpoint is exactly 0 at x = 0 and 1 at x = n,
+    where rounding would leave it a hair inside and the interval would miss its own estimate.
+
+    Raises:
+        ValueError: ``n < 1``, ``successes`` outside ``[0, n]``, or confidence outside (0, 1).
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+    z = _z(confidence)
+    centre = successes + z * z / 2
+    half = z * math.sqrt(successes * (n - successes) / n + z * z / 4)
+    scale = n + z * z
+    return ProportionInterval(
+        estimate=successes / n,
+        low=0.0 if successes == 0 else (centre - half) / scale,
+        high=1.0 if successes == n else (centre + half) / scale,
+    )
+
+
+def newcombe_difference(
+    successes_a: int, n_a: int, successes_b: int, n_b: int, *, confidence: float = 0.95
+) -> ProportionInterval:
+    """Newcombe's hybrid score interval (1998, method 10) of ``p_a − p_b`` for independent groups.
+
+    With d = p_a − p_b and the Wilson intervals [l_a, u_a], [l_b, u_b] at the same confidence:
+    ``[d − sqrt((p_a − l_a)² + (u_b − p_b)²), d + sqrt((u_a − p_a)² + (p_b − l_b)²)]``.
+
+    Raises:
+        ValueError: As `wilson_interval`, for either group.
+    """
+    a = wilson_interval(successes_a, n_a, confidence=confidence)
+    b = wilson_interval(successes_b, n_b, confidence=confidence)
+    d = a.estimate - b.estimate
+    return ProportionInterval(
+        estimate=d,
+        low=d - math.hypot(a.estimate - a.low, b.high - b.estimate),
+        high=d + math.hypot(a.high - a.estimate, b.estimate - b.low),
     )
 
 

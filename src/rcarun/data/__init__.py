@@ -34,7 +34,15 @@ from .manifest import (
     save_manifest,
 )
 from .roles import Handoff, normalize_role, parse_handoff, role_matches, strip_handoff_suffix
-from .task import MAX_TASK_STEPS, TASK_PROFILES, TaskDerivation, TaskProfile, derive_task, task_profile
+from .task import (
+    MAX_TASK_STEPS,
+    TASK_PROFILES,
+    TaskDerivation,
+    TaskProfile,
+    derive_task,
+    task_key,
+    task_profile,
+)
 from .trajectory import Record, Reference, Step, Trajectory, agent_from_role, agent_of_step, parse_step
 
 __all__ = [
@@ -78,5 +86,6 @@ __all__ = [
     "sample_mini",
     "save_manifest",
     "strip_handoff_suffix",
+    "task_key",
     "task_profile",
 ]

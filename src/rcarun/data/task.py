@@ -45,17 +45,31 @@ Source profiles (the step-0 shapes we know; the released LongRCA trajectories ar
 - any other source: step 0; task givers ``human``, ``user``, ``system``.
 
 Who&When records carry ``question``, so the rule only applies to them when a copy drops it.
+
+`task_key` names the task for grouping: repeated attempts at one task (the paper's "task groups", 000 App. B)
+share the hash of its text, with runs of whitespace read as one space so that reformatting does not split a
+group; any other difference (a path, a date in the instruction) makes another task.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .roles import normalize_role
 from .trajectory import Step
 
-__all__ = ["MAX_TASK_STEPS", "TASK_PROFILES", "TaskDerivation", "TaskProfile", "derive_task", "task_profile"]
+__all__ = [
+    "MAX_TASK_STEPS",
+    "TASK_PROFILES",
+    "TaskDerivation",
+    "TaskProfile",
+    "derive_task",
+    "task_key",
+    "task_profile",
+]
 
 MAX_TASK_STEPS = 3
 """The most opening steps the task is taken from; a bound for a log whose environment speaks many times first."""
@@ -150,3 +164,9 @@ def derive_task(steps: Sequence[Step], source: str) -> TaskDerivation:
     last = opening[-1].index
     rule = "history[0]" if last == 0 else f"history[0..{last}]"
     return TaskDerivation(text, rule, tuple(step.index for step in opening))
+
+
+def task_key(task: str) -> str | None:
+    """Hex SHA-256 of the task text with whitespace runs as one space (module docstring); None for no task."""
+    text = re.sub(r"\s+", " ", task).strip()
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None

@@ -58,6 +58,7 @@ from rcarun.data import (
     count_entries,
     iter_dataset,
     load_manifest,
+    task_key,
 )
 from rcarun.errors import BudgetExhausted, ConfigError, DataError, FatalCallError, RcarunError, StoreError
 from rcarun.methods import Attribution, Method, create_method, home_backbone
@@ -739,6 +740,7 @@ class _TrajectoryRecorder:
                 ref_role=reference.role if reference else None,
                 ref_step=reference.step if reference else None,
                 sha256=trajectory.sha256,
+                task_sha256=task_key(trajectory.task),
             )
         )
 

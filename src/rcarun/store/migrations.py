@@ -377,6 +377,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             _CALLS_TEXT_VIEW_5,
         ),
     ),
+    Migration(
+        version=6,
+        name="the task each trajectory attempts, as a hash: repeated attempts at one task share it",
+        statements=("ALTER TABLE trajectories ADD COLUMN task_sha256 TEXT",),
+    ),
 )
 
 _MIGRATIONS_TABLE = """

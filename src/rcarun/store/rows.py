@@ -179,6 +179,8 @@ class TrajectoryRow:
         roles_json: JSON list of the normalised role of each step, in step order.
         ref_role / ref_step: the reference root-cause role and step index (0-based), when labelled.
         sha256: hash of the source record, to tell whether two runs saw the same trajectory.
+        task_sha256: hash of the task instruction (`rcarun.data.task_key`), shared by repeated attempts at one task; None
+            without a task or in a file written before schema 6.
     """
 
     run_id: int
@@ -189,6 +191,7 @@ class TrajectoryRow:
     ref_role: str | None
     ref_step: int | None
     sha256: str
+    task_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,9 @@ COLUMN_NOTES: Final[dict[str, dict[str, str]]] = {
         "ref_role": "reference root-cause role",
         "ref_step": "reference root-cause step index (0-based)",
         "sha256": "hash of the source record",
+        "task_sha256": "hex SHA-256 of the task instruction the methods see (`Trajectory.task`, whitespace runs as "
+        "one space): trajectories sharing it are repeated attempts at one task, kept together by the report's "
+        "task-cluster bootstrap; NULL without a task or before schema 6",
     },
     "run_events": {
         "event_id": "assigned in insertion order",
