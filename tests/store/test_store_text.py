@@ -199,7 +199,9 @@ def test_role_rule_in_sql_drops_a_handoff_suffix_and_case(db_path: Path) -> None
                 (run_id, qid, qid, predicted),
             )
             connection.execute(
-                "INSERT INTO trajectories VALUES (?, ?, 's', 3, '[]', ?, 1, 'x')", (run_id, qid, reference)
+                "INSERT INTO trajectories (run_id, qid, source, n_steps, roles_json, ref_role, ref_step, sha256) "
+                "VALUES (?, ?, 's', 3, '[]', ?, 1, 'x')",
+                (run_id, qid, reference),
             )
         found = dict(connection.execute("SELECT qid, role_correct FROM predictions_scored").fetchall())
     finally:
