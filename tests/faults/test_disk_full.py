@@ -47,6 +47,8 @@ from faults.hostile import (
     unstored_answers,
 )
 
+# The disk stays full: the sweep waits this long for space before it stops (sweep.write_wait_s, 120 s by default).
+WRITE_WAIT_S = 1
 ITEMS = 24
 CONCURRENCY = 4
 ALLOWED_LOST = 2 * CONCURRENCY  # the batch that failed (one wave of answers) and the calls in flight
@@ -75,6 +77,7 @@ def test_a_full_disk_stops_the_sweep_with_one_line_and_loses_only_calls_in_fligh
         tmp_path / "sweep.toml",
         dataset=dataset(ITEMS),
         backbones={"fx": backbone(server.base_url, limits={"concurrency": CONCURRENCY})},
+        sweep={"write_wait_s": WRITE_WAIT_S},
     )
     db = tmp_path / "results.db"
     (tmp_path / "not-a-directory").write_text("")
@@ -144,6 +147,7 @@ def test_answers_a_full_disk_refused_are_spilled_and_stored_by_the_resume_withou
         tmp_path / "sweep.toml",
         dataset=dataset(TMPFS_ITEMS),
         backbones={"fx": backbone(server.base_url, limits={"concurrency": CONCURRENCY})},
+        sweep={"write_wait_s": WRITE_WAIT_S},
     )
     db_dir, out, spill = tmp_path / "db", tmp_path / "out", tmp_path / "spill"
     db_dir.mkdir()

@@ -34,7 +34,7 @@ from rcarun.backends.streaming import (
     StreamError,
     render_completion,
 )
-from rcarun.backends.transports import ResponseStream, create_transport
+from rcarun.backends.transports import LOST_SENDS, ResponseStream, create_transport
 from rcarun.backends.types import ChatRequest, ChatResult
 from rcarun.backends.wire import (
     Redactor,
@@ -133,6 +133,7 @@ class OpenAICompatBackend:
             with replicas.lease(key) as base_url:
                 progress.sent_at = time.perf_counter()
                 deadline = asyncio.timeout(self.settings.max_call_s)
+                lost_sends = LOST_SENDS.set(progress.lost_sends)  # where a transport notes a send it lost
                 try:
                     async with deadline:
                         return await self._exchange(base_url, body, progress, stream)
@@ -143,6 +144,8 @@ class OpenAICompatBackend:
                         f"{self.name}: the call ran past max_call_s = {self.settings.max_call_s:g} s"
                         f"{_received(progress)}"
                     ) from None
+                finally:
+                    LOST_SENDS.reset(lost_sends)
         except CallError as error:
             if self._api_key is not None:
                 _scrub(error, self._api_key)

@@ -21,6 +21,7 @@ OpenAI credential or organisation into another provider's requests is passed exp
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
 from types import SimpleNamespace, TracebackType
@@ -30,7 +31,7 @@ import httpx2
 import openai
 
 from rcarun.backends.settings import BackendSettings, Secret
-from rcarun.backends.transports import WholeResponse, describe_failure, silence_message
+from rcarun.backends.transports import WholeResponse, describe_failure, note_lost_send, silence_message
 from rcarun.errors import ConnectionFailed, ResponseTooLarge, SilenceTimeout, TransportError
 
 __all__ = ["OpenAISDKTransport"]
@@ -218,6 +219,7 @@ class _SDKExchange:
 
         sending = SimpleNamespace(new_connection=False)
         token = _SENDING.set(sending)
+        sent_at = time.perf_counter()
         try:
             self._context = exchange(client)
             try:
@@ -226,6 +228,10 @@ class _SDKExchange:
                 # Sent again only where the server cannot have acted on it (rcarun.backends.transports).
                 if sending.new_connection or not _closed_before_answering(error):
                     raise
+                note_lost_send(
+                    sent_at,
+                    f"{transport._settings.name}: {url}: {describe_failure(error, transport._api_key)}",
+                )
                 self._context = exchange(transport._client(self._base_url, fresh=True))
                 self._response = await self._context.__aenter__()
         except openai.APIStatusError as error:

@@ -272,12 +272,16 @@ class CallProgress:
         "bytes_received",
         "first_token_at",
         "last_token_at",
+        "lost_sends",
         "sent_at",
         "status",
         "streamed",
     )
 
     def __init__(self) -> None:
+        # Sends a reused keep-alive connection lost before any byte of an answer, each sent again once by the
+        # transport without counting an attempt: (seconds from sending to the loss, why), recorded as rows.
+        self.lost_sends: list[tuple[float, str]] = []
         self.sent_at = time.perf_counter()
         self.status: int | None = None
         self.streamed = False

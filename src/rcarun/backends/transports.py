@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -208,6 +209,18 @@ def _closed_before_answering(error: BaseException) -> bool:
     return isinstance(error, aiohttp.ClientOSError) and error.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
+# Where the exchange being entered in this task notes a send it lost to a stale connection and sent again:
+# the call's `CallProgress.lost_sends`, set by the backend (None: nobody records them).
+LOST_SENDS: ContextVar[list[tuple[float, str]] | None] = ContextVar("rcarun_lost_sends", default=None)
+
+
+def note_lost_send(sent_at: float, why: str) -> None:
+    """Record a send lost to a stale kept-alive connection for the call being made, which stores it as a row."""
+    lost = LOST_SENDS.get()
+    if lost is not None:
+        lost.append((time.perf_counter() - sent_at, why))
+
+
 # The exchange being sent in this task: ``SimpleNamespace(reused=...)``, which the connector fills in.
 _SENDING: ContextVar[SimpleNamespace | None] = ContextVar("rcarun_aiohttp_sending", default=None)
 
@@ -341,6 +354,7 @@ class _AiohttpExchange:
         transport = self._transport
         connection = SimpleNamespace(reused=False)
         token = _SENDING.set(connection)
+        sent_at = time.perf_counter()
         try:
             self._response = await transport._session_for_loop().post(
                 self._url, data=self._data, headers=transport._request_headers()
@@ -354,6 +368,7 @@ class _AiohttpExchange:
             # connection that fails so is an attempt like any other: no request goes out twice unrecorded.
             if not (connection.reused and _closed_before_answering(error)):
                 raise transport._failure(self._url, error, answering=False) from None
+            note_lost_send(sent_at, str(transport._failure(self._url, error, answering=False)))
             try:
                 self._response = await transport._fresh_session().post(
                     self._url, data=self._data, headers=transport._request_headers()

@@ -202,10 +202,6 @@ class ItemSession:
                             self._context.shared.lead(key)  # no await since the look: nobody leads it now
                             leading = key
                 if result is None:
-                    pause = self._context.write_pause
-                    if pause is not None and pause.paused:
-                        with runtime.stop_guard():  # no call is sent while its answer could not be kept
-                            await pause.wait()
                     request_sha = self._context.writer.put_blob(request_json, request_sha)
                     outcome = await self._call_backend(
                         key, request, stage, attempt, request_size, failures, request_sha
@@ -397,6 +393,9 @@ class ItemSession:
             # writer's queue however fast answers come back.
             await writer.wait_for_room()
             async with gate.admit(estimated_prompt, request.max_tokens, prompt=prompt) as ticket:
+                pause = self._context.write_pause
+                if pause is not None and pause.paused:
+                    await pause.wait()  # no call goes out while its answer could not be kept
                 guard.disarm()  # from here on the request goes out: a stop lets it finish and be recorded
                 if runtime.stopped is not None:
                     raise StopRequested(runtime.stopped)
@@ -406,7 +405,7 @@ class ItemSession:
                 progress = CallProgress()
                 runtime.in_flight.add(progress)
                 try:
-                    result = await runtime.backend.chat(request, progress)
+                    result = await self._chat_recording_lost_sends(request, progress, base, started_at)
                 except CallError as error:
                     cut = cut_usage(
                         gate.estimator,
@@ -540,6 +539,29 @@ class ItemSession:
                 charged={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
             )
         return usage, "estimated"
+
+    async def _chat_recording_lost_sends(
+        self, request: ChatRequest, progress: CallProgress, base: dict[str, Any], started_at: str
+    ) -> ChatResult:
+        """The backend's call; a send a stale kept-alive connection lost, which the transport sent again once
+        without counting an attempt, still gets its own row: every request that left is recorded."""
+        try:
+            return await self._runtime.backend.chat(request, progress)
+        finally:
+            for seconds, why in progress.lost_sends:
+                self._context.writer.add_call(
+                    CallRow(
+                        **base,
+                        status="error",
+                        started_at=started_at,
+                        ended_at=utc_timestamp(),
+                        latency_ms=seconds * 1000,
+                        error=f"{why} (a kept-alive connection the server had closed; sent again at once)"[
+                            :2000
+                        ],
+                        error_kind="stale_connection",
+                    )
+                )
 
     def _cut_columns(self, progress: CallProgress, cut: Usage | None, cost: float) -> dict[str, Any]:
         """The columns of an attempt that ended early: what it received, and what it was charged."""
