@@ -393,9 +393,9 @@ class ItemSession:
             # writer's queue however fast answers come back.
             await writer.wait_for_room()
             async with gate.admit(estimated_prompt, request.max_tokens, prompt=prompt) as ticket:
-                pause = self._context.write_pause
-                if pause is not None and pause.paused:
-                    await pause.wait()  # no call goes out while its answer could not be kept
+                write_pause = self._context.write_pause
+                if write_pause is not None and write_pause.paused:
+                    await write_pause.wait()  # no call goes out while its answer could not be kept
                 guard.disarm()  # from here on the request goes out: a stop lets it finish and be recorded
                 if runtime.stopped is not None:
                     raise StopRequested(runtime.stopped)
