@@ -9,7 +9,6 @@ data. Messages never contain secrets: they name the backbone, the call or the fi
     ├── DataError                a trajectory file or record is unusable (file, record and field named)
     ├── StoreError               results.db cannot be opened or migrated
     ├── BudgetExhausted          a run's USD or token budget would be exceeded; admission stops
-    ├── AnswerError              a reply is not the requested JSON (kept as data, never repaired)
     └── CallError                one attempt at one chat call failed
         ├── RetryableError       worth another attempt after a backoff
         │   ├── RateLimited      429 or a provider's equivalent: pause the backbone and shrink concurrency
@@ -42,7 +41,6 @@ from typing import Protocol
 
 __all__ = [
     "BACKBONE_FAULTS",
-    "AnswerError",
     "AuthError",
     "BadRequest",
     "BudgetExhausted",
@@ -111,10 +109,6 @@ class StoreError(RcarunError):
 
 class BudgetExhausted(RcarunError):
     """Admitting another call would exceed a configured USD or token budget."""
-
-
-class AnswerError(RcarunError):
-    """A reply is not the JSON the method asked for."""
 
 
 class CallError(RcarunError):
