@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rcarun.budgets import LengthPolicy, clamp_to_context, next_length_budget
-from rcarun.errors import ConfigError, ContextOverflow
+from rcarun.budgets import clamp_to_context, next_length_budget
+from rcarun.errors import ContextOverflow
 
 
 def test_doubles_when_nothing_else_binds() -> None:
@@ -44,17 +44,6 @@ def test_default_cap_is_the_papers_65536() -> None:
 def test_no_growth_means_no_retry(kwargs: dict[str, int]) -> None:
     arguments = {"model_max_output": None, "context_window": None, "prompt_tokens": 0, **kwargs}
     assert next_length_budget(4_096, **arguments) is None  # type: ignore[arg-type]
-
-
-def test_length_policy_allows_its_retries_then_stops() -> None:
-    policy = LengthPolicy()
-    assert (policy.max_retries, policy.cap) == (1, 65_536)
-    bounds = {"model_max_output": None, "context_window": None, "prompt_tokens": 100}
-    assert policy.next_budget(2_048, retries_done=0, **bounds) == 4_096  # type: ignore[arg-type]
-    assert policy.next_budget(4_096, retries_done=1, **bounds) is None  # type: ignore[arg-type]
-    assert LengthPolicy(max_retries=3, cap=10_000).next_budget(8_192, retries_done=2, **bounds) == 10_000  # type: ignore[arg-type]
-    with pytest.raises(ConfigError):
-        LengthPolicy(max_retries=-1)
 
 
 def test_clamp_leaves_a_budget_that_fits() -> None:

@@ -12,7 +12,6 @@ from .ledger import Budget, Reservation, SpendLedger, SpendTotals
 from .length import (
     DEFAULT_CONTEXT_SAFETY_TOKENS,
     DEFAULT_LENGTH_CAP,
-    LengthPolicy,
     clamp_to_context,
     next_length_budget,
 )
@@ -33,7 +32,6 @@ __all__ = [
     "GateStats",
     "Grant",
     "LearnedRate",
-    "LengthPolicy",
     "Price",
     "PriceTable",
     "PriceWindow",

@@ -9,14 +9,11 @@ the prompt leaves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from rcarun.errors import ConfigError, ContextOverflow
+from rcarun.errors import ContextOverflow
 
 __all__ = [
     "DEFAULT_CONTEXT_SAFETY_TOKENS",
     "DEFAULT_LENGTH_CAP",
-    "LengthPolicy",
     "clamp_to_context",
     "next_length_budget",
 ]
@@ -78,42 +75,3 @@ def clamp_to_context(
             )
         budget = min(budget, room)
     return budget
-
-
-@dataclass(frozen=True, slots=True)
-class LengthPolicy:
-    """Length-triggered retries for one stage (defaults: the LongRCA paper's one retry, 65,536 cap).
-
-    Attributes:
-        max_retries: length retries allowed after the first attempt.
-        cap: no budget grows beyond this.
-    """
-
-    max_retries: int = 1
-    cap: int = DEFAULT_LENGTH_CAP
-
-    def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ConfigError(f"length max_retries must be >= 0, got {self.max_retries}")
-        if self.cap < 1:
-            raise ConfigError(f"length cap must be >= 1, got {self.cap}")
-
-    def next_budget(
-        self,
-        current: int,
-        *,
-        retries_done: int,
-        model_max_output: int | None,
-        context_window: int | None,
-        prompt_tokens: int,
-    ) -> int | None:
-        """The next budget after a length stop, or None when no retry is left or the budget cannot grow."""
-        if retries_done >= self.max_retries:
-            return None
-        return next_length_budget(
-            current,
-            cap=self.cap,
-            model_max_output=model_max_output,
-            context_window=context_window,
-            prompt_tokens=prompt_tokens,
-        )
