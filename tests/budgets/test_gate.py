@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 
 import pytest
@@ -16,6 +17,7 @@ from rcarun.budgets import (
     PriceTable,
     RetryPolicy,
     SpendLedger,
+    Ticket,
 )
 from rcarun.errors import BudgetExhausted, ConfigError, RateLimited, ServerError
 
@@ -27,6 +29,12 @@ PRICES = PriceTable(default=Price(input_per_mtok=1.0, cached_input_per_mtok=0.5,
 
 def now() -> float:
     return asyncio.get_running_loop().time()
+
+
+def admit(backbone: BackboneGate, request: ChatRequest) -> AbstractAsyncContextManager[Ticket]:
+    """Admit `request` as the runner does: the prompt estimated by the gate's own estimator."""
+    prompt = request.prompt_size()
+    return backbone.admit(backbone.estimator.estimate(prompt.utf8_bytes), request.max_tokens, prompt=prompt)
 
 
 def gate(name: str, **limits: float) -> BackboneGate:
@@ -107,7 +115,7 @@ def test_settle_reconciles_rate_ledger_estimator_and_counters() -> None:
     request = ChatRequest(messages=(ChatMessage("user", "x" * 40_000),), max_tokens=2_000)
 
     async def main() -> tuple[float, float]:
-        async with backbone.admit_request(request) as ticket:
+        async with admit(backbone, request) as ticket:
             assert ticket.estimated_prompt_tokens == 10_500  # 40,000 chars / 4, plus the 5 % margin
             # The budget reserves the worst case: before any report, the most a bill is believed to be (four
             # tokens a character, twice the output budget).
@@ -316,10 +324,10 @@ def test_a_budget_below_the_believed_ceiling_sends_the_first_call_alone_at_a_tok
     request = ChatRequest(messages=(ChatMessage("user", "x" * 4_000),), max_tokens=100)
 
     async def main() -> tuple[float, float]:
-        async with backbone.admit_request(request) as ticket:
+        async with admit(backbone, request) as ticket:
             alone = ledger.totals("b").reserved_usd
             ticket.settle(Usage(prompt_tokens=1_000, completion_tokens=50), at=NOON)
-        async with backbone.admit_request(request):
+        async with admit(backbone, request):
             calibrated = ledger.totals("b").reserved_usd
         return alone, calibrated
 

@@ -9,7 +9,9 @@ ledger is shared, so run-wide budgets hold across backbones.
 
 Typical use by the runner::
 
-    async with gate.admit_request(request) as ticket:
+    prompt = request.prompt_size()
+    estimated = gate.estimator.estimate(prompt.utf8_bytes)
+    async with gate.admit(estimated, request.max_tokens, prompt=prompt) as ticket:
         try:
             result = await backend.chat(request)
         except CallError as error:
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
-from rcarun.backends.types import ChatRequest, PromptSize, RateLimitInfo, Usage
+from rcarun.backends.types import PromptSize, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited, ReportedLimits
 
 from .concurrency import AdaptiveConcurrency, ConcurrencySlot
@@ -159,10 +161,6 @@ class Ticket:
         self._settled = False
         self._slot_released = False
         self._cost_usd = 0.0
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
 
     @property
     def slot_released(self) -> bool:
@@ -302,7 +300,7 @@ class BackboneGate:
         prices: its price table; None records zero cost and reserves no USD.
         ledger: the run's shared ledger; a private one without budgets when None.
         retry: the retry policy; the defaults when None.
-        estimator: prompt-token estimator for `admit_request`; a fresh 4-bytes-per-token one when None.
+        estimator: prompt-token estimator (which `Ticket.settle` calibrates); a fresh 4-bytes-per-token one when None.
         clock: monotonic seconds; the running loop's time when None.
     """
 
@@ -377,11 +375,6 @@ class BackboneGate:
             concurrency_limit=self.concurrency.limit,
             paused_for_s=paused_for_s,
         )
-
-    def admit_request(self, request: ChatRequest) -> AbstractAsyncContextManager[Ticket]:
-        """`admit` with the prompt estimated by the gate's estimator (which `Ticket.settle` calibrates)."""
-        prompt = request.prompt_size()
-        return self.admit(self.estimator.estimate(prompt.utf8_bytes), request.max_tokens, prompt=prompt)
 
     def admit(
         self, estimated_prompt_tokens: int, max_tokens: int, *, prompt: PromptSize | None = None
