@@ -206,10 +206,20 @@ def test_limits_are_validated_as_config() -> None:
 
 def test_client_buckets_leave_the_provider_a_jitter_allowance() -> None:
     limits = BackboneLimits(concurrency=4, rpm=600, tpm=60_000, burst_s=1.0, arrival_jitter_s=0.05)
-    gate = BackboneGate("a", limits)
     assert limits.client_burst_s == pytest.approx(0.95)
-    assert gate.limiter.request_capacity == pytest.approx(9.5)
-    assert gate.limiter.token_capacity == pytest.approx(950)
+
+    async def admitted_at(tokens: tuple[int, ...]) -> list[float]:
+        limiter = BackboneGate("a", limits).limiter
+        times: list[float] = []
+        for amount in tokens:
+            await limiter.acquire(amount)
+            times.append(now())
+        return times
+
+    # 9.5 requests at once: nine go at once, the tenth waits half a request at 10 a second.
+    assert run_virtual(lambda: admitted_at((1,) * 10)) == [0.0] * 9 + [pytest.approx(0.05)]
+    # 950 tokens at once: the next 100 wait 0.1 s at 1,000 a second.
+    assert run_virtual(lambda: admitted_at((950, 100))) == [0.0, pytest.approx(0.1)]
     assert BackboneLimits(concurrency=1, burst_s=0.06).client_burst_s == pytest.approx(0.03)
 
 

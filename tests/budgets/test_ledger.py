@@ -19,7 +19,9 @@ def test_budget_stop_counts_spent_plus_reserved_plus_this_call() -> None:
     third = ledger.reserve("gpt", 0.40, 1_000)  # 0.05 spent + 0.40 reserved + 0.40 fits now
     assert ledger.totals("gpt").reserved_usd == pytest.approx(0.80)
     ledger.release(third)
-    assert ledger.remaining_usd("gpt") == pytest.approx(1.00 - 0.05 - 0.40)
+    ledger.reserve("gpt", 0.54, 1_000)  # 1.00 - 0.05 spent - 0.40 reserved leaves 0.55
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve("gpt", 0.02, 1_000)
 
 
 def test_overall_budget_spans_backbones_and_other_backbones_are_unaffected_by_one_backbones_budget() -> None:

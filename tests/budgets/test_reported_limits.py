@@ -40,7 +40,7 @@ def test_reported_limits_never_raise_the_declared_ones_nor_touch_undeclared_ones
 
     assert not limiter.lower_limits(1_200.0, None)
     assert not limiter.lower_limits(600.0, 50_000.0)
-    assert limiter.request_capacity == pytest.approx(10.0)
-    assert limiter.token_capacity is None
+    assert limiter.requests_per_minute == pytest.approx(600.0)
+    assert limiter.tokens_per_minute is None
     assert limiter.lower_limits(300.0, None)
-    assert limiter.request_capacity == pytest.approx(5.0)
+    assert limiter.requests_per_minute == pytest.approx(300.0)

@@ -176,18 +176,6 @@ class SpendLedger:
         """Backbones that have reserved or spent anything, in first-use order."""
         return tuple(self._accounts)
 
-    def remaining_usd(self, backbone: str | None = None) -> float | None:
-        """USD left before the tighter of the backbone's and the run's budgets (None when unlimited)."""
-        limits: list[float] = []
-        if self._overall_budget.max_usd is not None:
-            limits.append(self._overall_budget.max_usd - self._overall.usd - self._overall.reserved_usd)
-        if backbone is not None:
-            budget = self._budgets.get(backbone)
-            account = self._accounts.get(backbone) or _Account()
-            if budget is not None and budget.max_usd is not None:
-                limits.append(budget.max_usd - account.usd - account.reserved_usd)
-        return max(0.0, min(limits)) if limits else None
-
     def _account(self, backbone: str) -> _Account:
         account = self._accounts.get(backbone)
         if account is None:

@@ -331,16 +331,6 @@ class RateLimiter:
         self._serial = 0
 
     @property
-    def request_capacity(self) -> float | None:
-        """Burst size of the request bucket, in requests (None when requests are unlimited)."""
-        return self._requests.capacity if self._requests is not None else None
-
-    @property
-    def token_capacity(self) -> float | None:
-        """Burst size of the token bucket, in tokens (None when tokens are unlimited)."""
-        return self._tokens.capacity if self._tokens is not None else None
-
-    @property
     def waiting(self) -> int:
         """Callers queued for admission."""
         return self._waiting
