@@ -15,7 +15,7 @@ from rcarun.backends.ratelimits import (
     parse_rate_limit_headers,
     parse_retry_after_s,
 )
-from rcarun.backends.registry import backend, backend_names, create_backend, register_lazy_backend
+from rcarun.backends.registry import backend, backend_names, create_backend
 from rcarun.backends.replicas import ReplicaBalancer
 from rcarun.backends.settings import BackendSettings, Secret
 from rcarun.backends.streaming import CallProgress
@@ -70,7 +70,6 @@ __all__ = [
     "parse_retry_after_s",
     "prompt_chars",
     "prompt_size",
-    "register_lazy_backend",
     "register_preset",
     "replay_body",
     "transport",

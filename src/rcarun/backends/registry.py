@@ -1,13 +1,10 @@
 """Backends found by name from config, so that adding one (an in-process vLLM engine, say) touches no caller.
 
-`create_backend` reads ``settings.backend`` (``openai-compat`` by default). Backends whose dependencies are
-heavy or optional are registered lazily by module path and imported only when a backbone selects them, so that
-``import rcarun.backends`` never needs vllm.
+`create_backend` reads ``settings.backend`` (``openai-compat`` by default).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -15,15 +12,13 @@ from rcarun.backends.settings import BackendSettings
 from rcarun.backends.types import Backend
 from rcarun.errors import ConfigError
 
-__all__ = ["BackendFactory", "backend", "backend_names", "create_backend", "register_lazy_backend"]
+__all__ = ["BackendFactory", "backend", "backend_names", "create_backend"]
 
 BackendFactory = Callable[[BackendSettings], Backend]
 
 _FactoryT = TypeVar("_FactoryT", bound=BackendFactory)
 
 _BACKENDS: dict[str, BackendFactory] = {}
-# name -> module that registers it on import (optional dependencies stay unimported until chosen).
-_LAZY_BACKENDS: dict[str, str] = {}
 
 
 def backend(name: str) -> Callable[[_FactoryT], _FactoryT]:
@@ -38,13 +33,8 @@ def backend(name: str) -> Callable[[_FactoryT], _FactoryT]:
     return register
 
 
-def register_lazy_backend(name: str, module: str) -> None:
-    """Declare that importing `module` registers backend `name`; the import happens on first use."""
-    _LAZY_BACKENDS[name] = module
-
-
 def backend_names() -> tuple[str, ...]:
-    return tuple(sorted({*_BACKENDS, *_LAZY_BACKENDS}))
+    return tuple(sorted(_BACKENDS))
 
 
 def create_backend(settings: BackendSettings) -> Backend:
@@ -54,9 +44,6 @@ def create_backend(settings: BackendSettings) -> Backend:
         ConfigError: unknown backend, unknown preset or transport, or the key's environment variable unset.
     """
     factory = _BACKENDS.get(settings.backend)
-    if factory is None and settings.backend in _LAZY_BACKENDS:
-        importlib.import_module(_LAZY_BACKENDS[settings.backend])
-        factory = _BACKENDS.get(settings.backend)
     if factory is None:
         known = ", ".join(backend_names())
         raise ConfigError(f"backbone {settings.name!r}: unknown backend {settings.backend!r}; known: {known}")
