@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["PALETTE", "method_styles", "render_html", "render_text"]
+__all__ = ["PALETTE", "method_styles", "metric_label", "render_html", "render_text"]
 
 DASH = "–"
 _GAP = "  "  # between text columns; two spaces so that names with single spaces stay one cell
@@ -125,7 +125,8 @@ def _metric_value(metric: str, value: float | None) -> str:
     return _pct(value) if _is_fraction(metric) else _steps(value)
 
 
-def _metric_label(metric: str) -> str:
+def metric_label(metric: str) -> str:
+    """How reports name a metric column (``step_pm5`` is "Step ±5"); an unknown name is shown as it is."""
     return _METRIC_LABELS.get(metric, metric)
 
 
@@ -754,7 +755,7 @@ def _paired_cells(row: Mapping[str, Any], joint: bool = False, family: bool = Fa
         *((_p(_num(row, "p_holm_joint")),) if joint else ()),
         *((_text(row, "family"),) if family else ()),
     )
-    return (_metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")), *extra)
+    return (metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")), *extra)
 
 
 def _family_notes(report: Mapping[str, Any]) -> list[str]:
@@ -954,7 +955,7 @@ def _complementarity_section(report: Mapping[str, Any]) -> _Section:
         _row(
             _text(row, "backbone"),
             f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}",
-            _metric_label(_text(row, "metric") or "step_acc"),
+            metric_label(_text(row, "metric") or "step_acc"),
             *(_count(_num(row, k)) for k in ("a_only", "b_only", "both", "neither")),
         )
         for row in rows_in
@@ -991,7 +992,7 @@ def _repeatability_section(report: Mapping[str, Any]) -> _Section:
                 _row(
                     backbone,
                     method,
-                    _metric_label(metric),
+                    metric_label(metric),
                     _count(_num(stats, "n")),
                     f"{fmt(mean)} ± {fmt(sd)}",
                     f"{fmt(lo)}–{fmt(hi)}",
@@ -1423,7 +1424,7 @@ def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
             _row(
                 _text(row, "backbone"),
                 _text(row, "method"),
-                _metric_label(_text(row, "metric")),
+                metric_label(_text(row, "metric")),
                 _pct(_num(row, "full")),
                 *((_pct(_num(row, "mini_cached")), _pp(_num(row, "abs_dev_cached"))) if cached else ()),
                 _pct(_num(row, "mini")),
@@ -1453,7 +1454,7 @@ def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
             entry = entry if isinstance(entry, Mapping) else {}
             values.append(f"{_pct(_num(entry, 'full'))}/{_pct(_num(entry, key))}")
         per_source_rows.append(
-            _row(_text(row, "backbone"), _text(row, "method"), _metric_label(_text(row, "metric")), *values)
+            _row(_text(row, "backbone"), _text(row, "method"), metric_label(_text(row, "metric")), *values)
         )
     per_source_table = _Table(
         columns=("Backbone", "Method", "Metric", *sources),
@@ -1494,7 +1495,7 @@ def _pair_name(pair: object) -> str:
     """``method metric`` of a calibration pair."""
     if not isinstance(pair, Mapping):
         return DASH
-    return f"{_text(pair, 'method')} {_metric_label(_text(pair, 'metric'))}"
+    return f"{_text(pair, 'method')} {metric_label(_text(pair, 'metric'))}"
 
 
 def _calibration_section(report: Mapping[str, Any]) -> _Section | None:
@@ -1586,7 +1587,7 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         _row(
             _text(row, "backbone"),
             _text(row, "method"),
-            _metric_label(_text(row, "metric")),
+            metric_label(_text(row, "metric")),
             cell(row),
             _pct(_num(row, "rank1")),
         )
@@ -1596,7 +1597,7 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         _row(
             _text(row, "backbone"),
             f"gap: {_text(row, 'method')} − strongest other",
-            _metric_label(_text(row, "metric")),
+            metric_label(_text(row, "metric")),
             cell(row) + " pp",
             "",
         )
@@ -1606,7 +1607,7 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         _row(
             _text(row, "backbone"),
             f"full ordering retained: {_tiers(row.get('order'))}",
-            _metric_label(_text(row, "metric")),
+            metric_label(_text(row, "metric")),
             _pct(_num(row, "retained")),
             "",
         )
@@ -1880,13 +1881,13 @@ def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
             )
             if bars <= 16:
                 ax.bar_label(drawn, fmt="%.1f", fontsize=7, padding=2)
-        ax.set_ylabel(f"{_metric_label(metric)} (%)")
+        ax.set_ylabel(f"{metric_label(metric)} (%)")
         ax.set_ylim(0, 100)  # zero-based and the full scale: bar heights compare across backbones and pages
         ax.set_yticks(range(0, 101, 20))
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
         ax.set_title(
-            f"{_metric_label(metric)} ({_aggregate(report)}), {_confidence(report):.0%} intervals",
+            f"{metric_label(metric)} ({_aggregate(report)}), {_confidence(report):.0%} intervals",
             fontsize=10,
         )
     labels = [_wrap(b) for b in backbones]
@@ -2342,7 +2343,7 @@ def _paired_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
         columns=("Backbone", "A vs B", *(["Δ (pp) [95% CI]", "W/L", "p (Holm)"] * len(metrics))),
         rows=tuple(rows),
         label_columns=2,
-        groups=tuple((_metric_label(m), 3) for m in metrics),
+        groups=tuple((metric_label(m), 3) for m in metrics),
         caption=f"Paired differences A − B between methods{f' against {reference}' if reference else ''}, first "
         "realization; McNemar p, families and any other comparison below the fold.",
     )

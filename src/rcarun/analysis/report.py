@@ -106,6 +106,7 @@ from .protocol import (
     resolve_protocol,
     uses_manifest,
 )
+from .render import metric_label
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
     ItemScore,
@@ -605,9 +606,6 @@ def _adjust(*groups: Paired) -> tuple[Paired, ...]:
     return tuple(split)
 
 
-_METRIC_WORDS = {"agent_acc": "Agent Acc", "step_acc": "Step Acc", "step_pm5": "Step ±5"}
-
-
 def _method_family(
     protocol: Protocol,
     kinds: Mapping[str, MethodKind],
@@ -635,7 +633,7 @@ def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[di
     found = []
     for family, tests in counts.items():
         kind, _, rest = family.partition("/")
-        metric = _METRIC_WORDS.get(rest.rpartition("/")[2], rest)
+        metric = metric_label(rest.rpartition("/")[2])
         description = {
             "app-b": f"App. B: full RCTA against the paper's baselines, {metric}, on {backbones}",
             "other": f"comparisons outside App. B's family, {metric} (exploratory)",
