@@ -37,6 +37,7 @@ from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, stored_bytes
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, live_holder
 from rcarun.store.migrations import open_connection, open_read_only
+from rcarun.store.reader import WorkKey
 
 __all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]
 
@@ -64,8 +65,6 @@ _CALL_IDENTITY: Final = (
     "status",
 )
 _RUN_ORDER: Final = {"failed": 0, "stopped": 1, "running": 2, "finished": 3}
-
-_WorkKey = tuple[str, str, str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +110,11 @@ def _rows(connection: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) 
         yield from batch
 
 
-def _work_key(row: sqlite3.Row) -> _WorkKey:
+def _work_key(row: sqlite3.Row) -> WorkKey:
     return (str(row["backbone"]), str(row["method"]), str(row["qid"]), int(row["realization"]))
 
 
-def _shown(key: _WorkKey) -> str:
+def _shown(key: WorkKey) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}/r{key[3]}"
 
 
@@ -247,7 +246,7 @@ class _Merger:
         }
         copied: set[str] = set()
         skipped: set[str] = set()
-        predicted: set[_WorkKey] = set()
+        predicted: set[WorkKey] = set()
         for row in _rows(source, "SELECT * FROM predictions WHERE run_id = ?", (source_run,)):
             key = _work_key(row)
             predicted.add(key)
