@@ -9,6 +9,7 @@ data. Messages never contain secrets: they name the backbone, the call or the fi
     ├── DataError                a trajectory file or record is unusable (file, record and field named)
     ├── StoreError               results.db cannot be opened or migrated
     ├── BudgetExhausted          a run's USD or token budget would be exceeded; admission stops
+    ├── StopRequested            admission stopped (Ctrl-C, a drain deadline, a stopped backbone): left for resume
     └── CallError                one attempt at one chat call failed
         ├── RetryableError       worth another attempt after a backoff
         │   ├── RateLimited      429 or a provider's equivalent: pause the backbone and shrink concurrency
@@ -61,6 +62,7 @@ __all__ = [
     "RetryableError",
     "ServerError",
     "SilenceTimeout",
+    "StopRequested",
     "StoreError",
     "StreamRefused",
     "TransportError",
@@ -109,6 +111,10 @@ class StoreError(RcarunError):
 
 class BudgetExhausted(RcarunError):
     """Admitting another call would exceed a configured USD or token budget."""
+
+
+class StopRequested(RcarunError):
+    """Admission has stopped (Ctrl-C, a drain deadline, or this backbone stopped); the item is left for resume."""
 
 
 class CallError(RcarunError):

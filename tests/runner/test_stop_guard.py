@@ -9,7 +9,8 @@ import pytest
 from helpers.sweeps import make_config
 from rcarun.backends import BackendSettings, create_backend
 from rcarun.budgets import BackboneGate, BackboneLimits
-from rcarun.runner.runtime import BackboneRuntime, StopRequested
+from rcarun.errors import StopRequested
+from rcarun.runner.runtime import BackboneRuntime
 
 
 def _runtime() -> BackboneRuntime:

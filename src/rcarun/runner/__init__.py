@@ -1,5 +1,6 @@
 """The sweep engine: config, work items, the per-item `LLM` session, call cache, scheduler, progress, resume."""
 
+from rcarun.errors import StopRequested  # exported here too: the runner raises it
 from rcarun.runner.answers import parse_json_answer
 from rcarun.runner.cache import call_cache_key
 from rcarun.runner.config import (
@@ -17,7 +18,7 @@ from rcarun.runner.config import (
 )
 from rcarun.runner.runtime import BackboneCounters, StopController, WorkItem
 from rcarun.runner.scheduler import SweepOutcome, build_prices, run_sweep
-from rcarun.runner.session import ItemSession, StopRequested
+from rcarun.runner.session import ItemSession
 
 __all__ = [
     "BackboneConfig",

@@ -37,10 +37,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rcarun.errors import ConfigError, RcarunError
+from rcarun.errors import ConfigError, RcarunError, StopRequested
 from rcarun.methods.forward import SegmentStates
 from rcarun.runner.config import BackboneConfig, tiny_seed
-from rcarun.runner.runtime import BackboneRuntime, RunContext, StopRequested, WorkItem
+from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
 from rcarun.store import CallRow, utc_timestamp
 
 if TYPE_CHECKING:

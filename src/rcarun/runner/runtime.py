@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from rcarun.backends import Backend, CallProgress, ChatResult
 from rcarun.budgets import BackboneGate
-from rcarun.errors import CallError, RateLimited, RcarunError
+from rcarun.errors import CallError, RateLimited, StopRequested
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.store import Store, StoreWriter
 from rcarun.text import terminal_safe
@@ -35,7 +35,6 @@ __all__ = [
     "SharedCalls",
     "StopController",
     "StopGuard",
-    "StopRequested",
     "WorkItem",
     "WritePause",
     "announce_line",
@@ -50,10 +49,6 @@ def announce_line(line: str) -> None:
     """
     with contextlib.suppress(OSError, ValueError):
         tqdm.write(terminal_safe(f"rcarun: {line}"), file=sys.stderr)
-
-
-class StopRequested(RcarunError):
-    """Admission has stopped (Ctrl-C, a drain deadline, or this backbone stopped); the item is left for resume."""
 
 
 class RowKeys(TypedDict):

@@ -60,7 +60,15 @@ from rcarun.data import (
     load_manifest,
     task_key,
 )
-from rcarun.errors import BudgetExhausted, ConfigError, DataError, FatalCallError, RcarunError, StoreError
+from rcarun.errors import (
+    BudgetExhausted,
+    ConfigError,
+    DataError,
+    FatalCallError,
+    RcarunError,
+    StopRequested,
+    StoreError,
+)
 from rcarun.methods import Attribution, Method, create_method, home_backbone
 from rcarun.methods.base import ModelReadingMethod, Preparation, TrajectorySet
 from rcarun.runner.config import BackboneConfig, SweepConfig
@@ -79,7 +87,6 @@ from rcarun.runner.runtime import (
     BackboneRuntime,
     RunContext,
     StopController,
-    StopRequested,
     WorkItem,
     WritePause,
     announce_line,

@@ -58,17 +58,18 @@ from rcarun.errors import (
     ModelNotFound,
     QuotaExhausted,
     RateLimited,
+    StopRequested,
     StreamRefused,
     TransportError,
 )
 from rcarun.methods import Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.runner.answers import parse_json_answer
 from rcarun.runner.cache import call_cache_key
-from rcarun.runner.runtime import BackboneRuntime, RunContext, StopRequested, WorkItem
+from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
 from rcarun.store import CallRow, EventRow, UsageSource, blob_sha256, utc_timestamp
 from rcarun.text import repair_surrogates
 
-__all__ = ["ItemSession", "StopRequested"]
+__all__ = ["ItemSession"]
 
 # A pause at least this long is recorded as an event, and one this long said on the terminal too (the sweep
 # would look stuck otherwise).
