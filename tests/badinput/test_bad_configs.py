@@ -89,6 +89,11 @@ CASES = {
     "unknown key in a backbone": Case(
         "{config}: backbones.sim.max_token: Extra inputs are not permitted", backbone_extra="max_token = 10"
     ),
+    "unknown provider": Case(
+        "{config}: backbones.glm.provider: unknown provider 'glm' (known: deepseek, kimi, local, openai, "
+        "openai-compatible, simulated, vllm)",
+        top='[backbones.glm]\nprovider = "glm"\nmodel = "glm-5"\n',
+    ),
     "unknown key in a shared backbone": Case(
         "{dir}/backbones.toml: sim.rmp: Extra inputs are not permitted",
         top='backbones_file = "backbones.toml"\nuse = ["sim"]\n',

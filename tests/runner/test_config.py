@@ -137,4 +137,6 @@ transport = "httptools"
     )
     with pytest.raises(ConfigError) as caught:
         load_sweep_config(path)
-    assert str(caught.value) == f"{path}: backbones.sim.transport: Input should be 'aiohttp' or 'openai-sdk'"
+    assert str(caught.value) == (
+        f"{path}: backbones.sim.transport: unknown transport 'httptools' (known: aiohttp, openai-sdk)"
+    )

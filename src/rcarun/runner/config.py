@@ -34,6 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from rcarun.backends.presets import PRESETS
+from rcarun.backends.transports import transport_names
 from rcarun.data import LONGRCA_MINI
 from rcarun.errors import ConfigError
 from rcarun.methods import create_method
@@ -55,6 +57,13 @@ __all__ = [
     "load_sweep_config",
     "narrow_sweep",
 ]
+
+
+def _one_of(value: str, what: str, known: Sequence[str]) -> str:
+    """`value` when it names one of `known`; a one-line refusal listing them otherwise."""
+    if value not in known:
+        raise _Problem(f"unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+    return value
 
 
 class _Strict(BaseModel):
@@ -346,12 +355,14 @@ def tiny_seed(model: str) -> int | None:
 
 
 class BackboneConfig(_Strict):
-    provider: Literal["openai", "deepseek", "kimi", "vllm", "simulated", "openai-compatible", "local"]
+    provider: str = Field(
+        description="a provider preset (rcarun.backends.presets), or 'local' for a model in-process"
+    )
     model: str
     base_url: _HttpUrl | None = None
     base_urls: tuple[_HttpUrl, ...] = ()
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
-    transport: Literal["aiohttp", "openai-sdk"] = "aiohttp"
+    transport: str = Field("aiohttp", description="a registered transport (rcarun.backends.transports)")
     stream: bool | None = Field(
         None,
         description="ask for answers as server-sent events (the provider preset's default: true); a server that "
@@ -433,6 +444,17 @@ class BackboneConfig(_Strict):
         if self.base_url and self.base_urls:
             raise ValueError("set either base_url or base_urls, not both")
         return self
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        # "local" runs a model in-process (`is_local`), through no preset.
+        return _one_of(value, "provider", (*PRESETS, "local"))
+
+    @field_validator("transport")
+    @classmethod
+    def _known_transport(cls, value: str) -> str:
+        return _one_of(value, "transport", transport_names())
 
     @field_validator("api_key_env")
     @classmethod
