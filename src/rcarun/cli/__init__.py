@@ -43,7 +43,6 @@ from rcarun.runner import (
     narrow_sweep,
     run_sweep,
 )
-from rcarun.runner.loop import run as run_on_sweep_loop
 from rcarun.store import BackboneSummary, RunBusy, Store, open_store
 from rcarun.text import terminal_safe
 
@@ -317,7 +316,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.config is None:
         run = _setting(args.run, "RCARUN_RUN", "demo")
         try:
-            outcome = run_on_sweep_loop(_demo(db, run, args))
+            outcome = asyncio.run(_demo(db, run, args))
         except RunBusy:
             raise
         except StoreError as exc:
@@ -332,7 +331,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         config = load_sweep_config(Path(args.config))
         run = _setting(args.run, "RCARUN_RUN", Path(args.config).stem)
         try:
-            outcome = run_on_sweep_loop(_run_with_signals(config, db, run, args))
+            outcome = asyncio.run(_run_with_signals(config, db, run, args))
         except ConfigError as exc:  # found by the runner (dataset path, key variable): name the file too
             raise ConfigError(f"{args.config}: {exc}") from None
         except RunBusy:
@@ -401,8 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a sweep (no --config: the embedded simulated demo)",
         description="Run (or resume) a sweep: every method x backbone x trajectory x realization of the config, "
         "into results.db. Exit 0: every item has a prediction; 3: stopped early, resumable; 4: items failed "
-        "(--retry-failed); 5: no answer of some backbone could be read; 130: cancelled; 2: config, data or results.db unusable. Env RCARUN_EVENT_LOOP=uvloop "
-        "runs the sweep on uvloop (pip install 'rcarun[uvloop]').",
+        "(--retry-failed); 5: no answer of some backbone could be read; 130: cancelled; 2: config, data or results.db unusable.",
     )
     sweep.add_argument("--config", help="sweep TOML file")
     sweep.add_argument("--db", help=f"results database (env RCARUN_DB, default {_DEFAULT_DB})")
