@@ -3,10 +3,10 @@
 ``python -m rcarun.bench.client SCENARIO_JSON CLIENT --base-url URL --dataset DIR --workdir DIR`` runs the
 client once and prints one JSON line (`rcarun.bench.metrics.ClientRun`) on stdout. CPU time is
 ``time.process_time`` (every thread of the process, so rcarun's store-writer thread counts) from just before the
-run to just after (rcarun's: to the end of its sweep, before its calls are read back for the figures). A peer's optional package (`rcarun.bench.clients.OPTIONAL_PACKAGES`: litellm takes seconds
-to import) is imported before that span; the modules a client imports inside its run function (openai for
-naive-gather, rcarun's runner for rcarun) are inside it. rcarun runs on the event loop `rcarun sweep` runs on
-(`rcarun.runner.loop`: asyncio's, or uvloop with ``RCARUN_EVENT_LOOP=uvloop``), each peer on asyncio's. Peak RSS
+run to just after (rcarun's: to the end of its sweep, before its calls are read back for the figures). A peer's
+optional package (`rcarun.bench.clients.OPTIONAL_PACKAGES`: litellm takes seconds to import) is imported before
+that span; the modules a client imports inside its run function (openai for naive-gather, rcarun's runner for
+rcarun) are inside it. Every client runs on asyncio's loop (`asyncio.run`), as `rcarun sweep` does. Peak RSS
 is the process's high-water mark (``VmHWM``), imports included, read when the client's own work ends (rcarun's
 before its calls are read back from results.db for the figures). Event-loop lag is measured in the same loop as
 the client's work: a task sleeps `_LAG_PERIOD_S` at a time and records how much later than asked it woke up,
@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .clients import CLIENTS, RCARUN_CLIENTS, import_optional_packages
+from .clients import CLIENTS, import_optional_packages
 from .metrics import (
     ClientRun,
     allowance,
@@ -67,14 +67,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
     started = time.perf_counter()
     lateness: list[float] = []
     work = _with_lag_probe(runner(scenario, dataset, base_url, workdir), lateness)
-    if client in RCARUN_CLIENTS:
-        # On the loop `rcarun sweep` runs on, as its users run it. Imported inside the measured span, as the rest
-        # of rcarun's runner is.
-        from rcarun.runner.loop import run as run_on_sweep_loop
-
-        outcome = run_on_sweep_loop(work)
-    else:
-        outcome = asyncio.run(work)
+    outcome = asyncio.run(work)
     wall_s = time.perf_counter() - started
     cpu_s = (outcome.cpu_done_s if outcome.cpu_done_s is not None else time.process_time()) - cpu_started
     completions = outcome.completions

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import json
-import sys
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import time
@@ -122,10 +120,6 @@ __all__ = [
 BackendFactory = Callable[[BackendSettings], Backend]
 
 _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-# Seconds a thread may hold the GIL before the interpreter asks it to hand over, during a sweep (`_responsive_loop`).
-_SWITCH_INTERVAL_S = 0.0005
-# The collector's first-generation threshold during a sweep (`_collector_tuned_for_sweeps`); Python's is 700.
-_YOUNG_GC_THRESHOLD = 10_000
 # `json.dumps(output, ensure_ascii=False, default=str)` for every prediction, without an encoder built per call.
 _OUTPUT_JSON = json.JSONEncoder(ensure_ascii=False, default=str)
 # SQLite's INTEGER range: a step beyond it is no step of any trajectory.
@@ -309,73 +303,17 @@ async def run_sweep(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {limit}")
-    with _responsive_loop(), _collector_tuned_for_sweeps():
-        return await _run_sweep(
-            config,
-            db_path=Path(db_path),
-            run_name=run_name,
-            stop=stop or StopController(),
-            show_progress=show_progress,
-            retry_failed=retry_failed,
-            backend_factory=backend_factory,
-            limit=limit,
-            accept_config_change=accept_config_change,
-        )
-
-
-@contextlib.contextmanager
-def _responsive_loop(switch_interval_s: float = _SWITCH_INTERVAL_S) -> Iterator[None]:
-    """Hand the GIL over more often while a sweep runs, so the event loop sends a freed slot's next call sooner.
-
-    The store writer's thread (and aiohttp's resolver, zlib) run Python code that holds the GIL for up to the
-    interpreter's switch interval, 5 ms by default, while the loop waits with an answer to read or a call to
-    send. At 0.5 ms the loop gets it back within a tenth of that: on the 32-slot, 100-ms concurrency-cap
-    benchmark rcarun's ratio went from 0.947-0.957 to 0.970-0.972 and on latency-bound from 0.956 to 0.971
-    (docs/performance.md). The previous interval is restored afterwards, unless someone changed it meanwhile.
-    """
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, switch_interval_s))
-    chosen = sys.getswitchinterval()  # as the interpreter keeps it (whole microseconds), to compare exactly
-    try:
-        yield
-    finally:
-        if sys.getswitchinterval() == chosen:
-            sys.setswitchinterval(previous)
-
-
-@contextlib.contextmanager
-def _collector_tuned_for_sweeps(young_threshold: int = _YOUNG_GC_THRESHOLD) -> Iterator[None]:
-    """Make the cyclic garbage collector cheap while a sweep runs, and put it back as it was after.
-
-    With the interpreter's defaults the collector took 40-50 us of CPU a call on the latency-bound bench
-    (5-7 % of it, `gc.callbacks` timing): a sweep holds tens of thousands of young objects in flight (every
-    call's coroutines, frames and rows), and a young collection, due every 700 net allocations, walked them
-    all, 1.5-5 ms each. Two changes, each undone at the end:
-
-    - the first generation's threshold goes up to ``young_threshold`` (10,000): the collector then ran 72 times
-      in a 6,400-call run instead of about 190, 3-4 us a call. A sweep makes little cyclic garbage (its memory
-      is flat, see docs/performance.md), and what it makes waits at most that many allocations to be collected;
-    - the objects alive at the start (modules, the config, the libraries' own) are frozen out of every pass
-      (`gc.freeze`), so an old-generation pass does not walk what the imports left behind.
-
-    A caller's own choice is kept: a higher threshold (or a disabled collector), objects it froze itself (say
-    before forking workers), a sweep inside another; and a threshold someone changed meanwhile is not undone.
-    """
-    previous = gc.get_threshold()
-    raised = previous[0] != 0 and previous[0] < young_threshold
-    if raised:
-        gc.set_threshold(young_threshold, *previous[1:])
-    ours = gc.get_threshold()
-    freezing = gc.get_freeze_count() == 0
-    if freezing:
-        gc.freeze()
-    try:
-        yield
-    finally:
-        if freezing:
-            gc.unfreeze()
-        if raised and gc.get_threshold() == ours:
-            gc.set_threshold(*previous)
+    return await _run_sweep(
+        config,
+        db_path=Path(db_path),
+        run_name=run_name,
+        stop=stop or StopController(),
+        show_progress=show_progress,
+        retry_failed=retry_failed,
+        backend_factory=backend_factory,
+        limit=limit,
+        accept_config_change=accept_config_change,
+    )
 
 
 async def _run_sweep(

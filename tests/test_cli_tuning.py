@@ -1,48 +1,36 @@
-"""A sweep hands the GIL over every 0.5 ms and keeps the objects alive at its start out of the garbage
-collector's passes while it runs, and leaves the interpreter as it found it."""
+"""`rcarun sweep --tune-interpreter`: a short switch interval and a rare collector while the sweep runs, off
+unless asked, and the interpreter left as it was found, with what someone else chose kept."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import sys
 import weakref
-from pathlib import Path
 
 import pytest
 
-from helpers.sweeps import make_config
-from rcarun.backends import BackendSettings, create_backend
-from rcarun.mock import MockConfig, MockServer
-from rcarun.runner import run_sweep
-from rcarun.runner.scheduler import _collector_tuned_for_sweeps, _responsive_loop
+from rcarun.cli import _run_sweep_loop
+from rcarun.cli.tuning import _collector_tuned_for_sweeps, _responsive_loop
 
 
-async def test_the_switch_interval_is_short_during_the_sweep_and_restored_after(tmp_path: Path) -> None:
-    seen: list[float] = []
-    frozen: list[int] = []
-    thresholds: list[tuple[int, int, int]] = []
+async def _settings() -> tuple[float, tuple[int, int, int], int]:
+    return sys.getswitchinterval(), gc.get_threshold(), gc.get_freeze_count()
 
-    def factory(settings: BackendSettings):  # type: ignore[no-untyped-def]
-        seen.append(sys.getswitchinterval())
-        frozen.append(gc.get_freeze_count())
-        thresholds.append(gc.get_threshold())
-        return create_backend(settings)
 
-    before = sys.getswitchinterval()
-    collector_before = gc.get_threshold()
-    async with MockServer(MockConfig(latency_s=0.001)) as server:
-        config = make_config({"sim": {"base_url": server.base_url}})
-        await run_sweep(
-            config, db_path=tmp_path / "r.db", run_name="x", show_progress=False, backend_factory=factory
-        )
-    assert seen == [pytest.approx(0.0005, rel=0.02)]
-    assert sys.getswitchinterval() == before
-    # The objects of the interpreter, pytest and rcarun's imports were frozen during the sweep, and are not now.
-    assert frozen[0] > 10_000
-    assert gc.get_freeze_count() == 0
-    # The young generation is collected every 10,000 net allocations during the sweep, as before after it.
-    assert thresholds == [(10_000, *collector_before[1:])]
-    assert gc.get_threshold() == collector_before
+def test_the_flag_tunes_the_interpreter_for_the_sweep_only() -> None:
+    before = (sys.getswitchinterval(), gc.get_threshold(), gc.get_freeze_count())
+    assert before[2] == 0  # nothing frozen by pytest or rcarun's imports
+
+    untuned = _run_sweep_loop(_settings(), argparse.Namespace(tune_interpreter=False))
+    tuned = _run_sweep_loop(_settings(), argparse.Namespace(tune_interpreter=True))
+
+    assert untuned == before
+    switch_interval, threshold, frozen = tuned
+    assert switch_interval == pytest.approx(0.0005, rel=0.02)
+    assert threshold == (10_000, *before[1][1:])
+    assert frozen > 10_000  # the interpreter's, pytest's and rcarun's objects, out of every pass
+    assert (sys.getswitchinterval(), gc.get_threshold(), gc.get_freeze_count()) == before
 
 
 def test_a_shorter_interval_someone_set_is_kept_and_a_change_meanwhile_is_not_undone() -> None:
