@@ -30,8 +30,8 @@ from typing import Any
 import httpx2
 import openai
 
+from rcarun.backends.exchange import WholeResponse, describe_failure, note_lost_send, silence_message
 from rcarun.backends.settings import BackendSettings, Secret
-from rcarun.backends.transports import WholeResponse, describe_failure, note_lost_send, silence_message
 from rcarun.errors import ConnectionFailed, ResponseTooLarge, SilenceTimeout, TransportError
 
 __all__ = ["OpenAISDKTransport"]
