@@ -217,30 +217,17 @@ def stratified_paired_bootstrap(
         ValueError: On empty or unequal-length inputs, non-finite outcomes, an unknown aggregate,
             ``resamples < 1`` or confidence outside (0, 1).
     """
-    a_arr, b_arr = _validated_pair(a, b, strata)
-    _check_settings(aggregate, resamples, confidence)
-
-    order, starts, counts = _grouping(strata)
-    diff = (a_arr - b_arr)[order]
-    delta = _aggregate(a_arr[order], starts, counts, aggregate) - _aggregate(
-        b_arr[order], starts, counts, aggregate
+    # Every trajectory a cluster of its own: the cluster bootstrap draws exactly these resamples.
+    return cluster_paired_bootstrap(
+        a,
+        b,
+        strata,
+        range(len(a)),
+        aggregate=aggregate,
+        resamples=resamples,
+        seed=seed,
+        confidence=confidence,
     )
-
-    rng = np.random.default_rng(seed)
-    n = diff.size
-    offset = np.repeat(starts, counts)  # column j draws from its own stratum: offset[j] + U{0, size[j] - 1}
-    size = np.repeat(counts, counts)
-    rows = max(1, _BLOCK_ELEMENTS // n)
-    replicates = np.empty(resamples, dtype=np.float64)
-    for first in range(0, resamples, rows):
-        m = min(rows, resamples - first)
-        picks = offset + rng.integers(0, size, size=(m, n))
-        sums = np.add.reduceat(diff[picks], starts, axis=1)  # (m, strata): per-stratum sums of differences
-        if aggregate == "pooled":
-            replicates[first : first + m] = sums.sum(axis=1) / n
-        else:
-            replicates[first : first + m] = (sums / counts).mean(axis=1)
-    return _interval(float(delta), replicates, seed, confidence, aggregate)
 
 
 def _interval(
