@@ -9,6 +9,6 @@ select 'predictions that differ', count(*) from (
   from b.predictions);
 select 'calls before, after', (select count(*) from main.calls), (select count(*) from b.calls);
 select 'calls whose request or answer differ', count(*) from (
-  select backbone, method, qid, realization, stage, attempt, status, request_sha256, response_sha256 from main.calls
+  select backbone, method, qid, realization, stage, attempt, status, request_sha256, response_text_sha256 from main.calls
   except
-  select backbone, method, qid, realization, stage, attempt, status, request_sha256, response_sha256 from b.calls);
+  select backbone, method, qid, realization, stage, attempt, status, request_sha256, response_text_sha256 from b.calls);
