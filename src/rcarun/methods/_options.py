@@ -11,7 +11,7 @@ that names the method.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
@@ -47,6 +47,14 @@ class MethodOptions(BaseModel):
     """Base of every method's options: strict types, no unknown key, no infinity or NaN, immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    method_name: ClassVar[str] = ""
+    """The registered method the table belongs to, named in every error."""
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> Self:
+        """Parse and check a sweep config's table (`parse_options` under ``method_name``)."""
+        return parse_options(cls.method_name, cls, options)
 
 
 def parse_options(method_name: str, model: type[_OptionsT], options: Mapping[str, Any]) -> _OptionsT:

@@ -1,89 +1,10 @@
 """Continual Search and Passive Continuation: one judge, several turns of the same conversation.
 
-"Root-Cause Attribution Is a Search Problem" (``../shared/papers/003_*.txt``, Sec. 3.1 and App. B.2) shows that on
-long logs a judge pushed, turn after turn, to search evidence it has not examined beats a one-shot judge and a
-judge merely asked to reconsider. Both conditions start from the same turn 1 and differ only in what later turns
-say:
-
-- **Turn 1** is a base method, unchanged (``base``: All-at-once by default, or RCTA, whose last call sends the
-  final attribution package). The base method runs against a wrapper that keeps its calls; the conversation of its
-  last ``turn1_stage`` call (default ``"attribution"``; a retried call: the retry) with the answer it got is the
-  session the later turns continue, and the base method's own verdict is the turn-1 prediction.
-- **Continual Search** (``continual-search``): turns 2..``turns`` (default 4) each append one user prompt built by
-  the paper's decision tree (`continuation_prompt`) from the fixed sentences in
-  ``prompts/continual_search_sentences.txt``:
-  1. the opening line and 2. the trust line are chosen by the turn (turn 2; a middle turn; the last turn);
-  3. the search action by two questions: does the evidence come as separate pieces the judge can leave unopened
-     (``layout="pieces"``: turn 2 derives the answer again from the start, later turns open the unopened pieces,
-     listed), and, when it does not, is the answer one item or a list (``answer_kind``: a list gets another sweep
-     of the least-covered parts; a single item gets "test each candidate and keep the earliest one that was never
-     fixed and still leads to the failure");
-  4. the change rule, at turns 3 and later for a single-item answer: the one sentence of 003 App. B.2.2 ("The
-     answer may then move only to an earlier cause that the judge supports with an exact quote."), addressed to
-     the judge: "Your answer may move only to an earlier cause that you support with an exact quote.";
-  5. the answer format (the benchmark's: ``responsible_role`` and ``root_step``; see ``quote_field``).
-- **Passive Continuation** (``passive-continuation``): one fixed sentence ("Reconsider your answer and verify it
-  again.") and the benchmark's answer format, every turn.
-
-Every turn's answer is taken as the model gives it, and the last turn's answer is the prediction: the change rule
-is a sentence of the prompt, as in the paper, never a check that keeps an earlier answer in place of a later one.
-Whether an answer followed the rule is recorded for analysis only (each rule turn's ``change_rule``, and the
-output's ``change_rule`` listing the turns where the answer changed and where it broke the rule). An answer that
-keeps the previous turn's role and step follows it; one that changes either follows it when its ``root_step`` is a
-step of the log earlier than the previous turn's (any step of the log when the previous answer had none, so a
-role-only change is not earlier) and its quote is found in the record. "Found" is `normalize_quote_text` equality
-as a substring (whitespace runs collapsed, lowercased; punctuation kept) of a quote of at least 15 characters;
-both places are checked and recorded, in the chosen step's content and anywhere in the log, and ``quote_scope``
-(``"step"``, default, or ``"log"``) says which one counts for ``followed``. An unreadable answer at a rule turn is
-recorded as not following it.
-
-Reading (``reading``): ``"agentic"`` (default) is the paper's judge (003 Sec. 3.2, App. B.1: tool-enabled judges
-with read-only access to the record that gather evidence through tool calls): every turn gets the trajectory tools
-of `rcarun.methods.reading` (read a step range, search by regex, list roles; at most ``max_tool_calls`` per turn)
-and, with All-at-once as the base, turn 1 reads that way too (unless ``base_options`` says otherwise). Every tool
-call and its result are recorded per turn (``tool_log``). ``"inline"`` continues a conversation whose turn 1
-showed the log, with no tools.
-
-The task instruction: every continuation request resends turn 1's conversation whole, so every call shows the
-task as the base method's turn-1 prompt shows it (under the base's own ``include_task``); the continuation
-prompts add only the new instruction, as the paper's later turns do.
-
-Choices where the paper is silent (each an option):
-- ``layout="whole"``: the tree's first question is how the evidence is stored, and a trajectory record is one
-  history. The paper puts its single-trajectory benchmarks (Who&When, TRAIL, AgentRx) on that branch although its
-  judges read them with tools, so reading with tools does not by itself make pieces. ``"pieces"`` treats blocks of
-  ``piece_steps`` consecutive steps as pieces (a piece is unopened while none of its steps has been read);
-  ``"auto"`` picks "pieces" when the judge reads with tools, else "whole".
-- The opening and trust lines have three forms: turn 2, middle turns, and the last turn (with ``turns=4``:
-  turns 2, 3 and 4, as in the paper).
-- ``answer_kind="list"`` asks, from turn 2, for every failure earliest first; the prediction is the listed
-  failure with the earliest valid step (the root cause is the earliest decisive error). No change rule applies.
-- Every turn keeps the benchmark's answer schema (003 App. B.2.2: "All turns retain the benchmark's original
-  output schema"); the change rule's record looks for the quote in ``reason``, among spans in double quotes.
-  ``quote_field=True`` (rcarun's option, off by default) adds a ``quote`` field to the schema of the turns whose
-  prompt carries the change rule, with one sentence saying what goes in it (``format.quote``), so the quote the
-  rule asks for can be checked directly.
-- Continuation turns use the turn-1 call's output budget, temperature and reasoning setting unless
-  ``max_tokens`` is given. Their stage is ``stage`` (default ``"continuation"``).
-- Turn 1 is declared shareable (``shareable_stages``), so Continual Search and Passive Continuation over the same
-  base and backbone pay for one turn 1 between them, as the paper branches one session.
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``) follow the prediction, the last turn's
-answer:
-- ``error``: the last turn's answer could not be read (not a JSON object, the tool-call cap spent,
-  ``responsible_role`` / ``root_step`` missing or mistyped, no listed failure with a valid step; a digit-string
-  ``root_step`` is read as the step, by `rcarun.data.parse_step`, as All-at-once reads turn 1). An earlier
-  answer never stands in for an unreadable last one. With no continuation turn (``turns=1``, or a base method
-  that made no ``turn1_stage`` call), the base method's own ``error``.
-- ``fallback``: no rule of this method decides a prediction, so it is the base method's own fallback when turn
-  1's answer is the prediction (no continuation turn), and None otherwise.
-
-Evidence read per turn: deduplicated tokens (`EvidenceLedger`: whitespace tokens not inside a 13-gram seen before,
-as the paper dedupes observation tokens). With an inlined log, the judge has read at turn 1 everything its
-prompt showed (the turn-1 user messages, instructions included) and reads nothing new later; with tools, it is the
-text the tools returned each turn (turn 1's executed calls are replayed from the base method's ``tool_log`` to
-rebuild what it read). Every turn's prediction, ``changed_from_prev``, ``changed_from_turn1`` (the paper's
-records) and evidence are in the output (``turns``), which `rcarun report` turns into per-turn accuracy.
+Paper 003 ("Root-Cause Attribution Is a Search Problem") shows that a judge pushed turn after turn to search
+evidence it has not read beats a one-shot judge and one merely asked to reconsider. Both methods continue the
+base method's turn-1 conversation; they differ only in the later turns' prompts. The decision tree, the change
+rule's record, the reading modes and the choices where the paper is silent are in
+``docs/methods/continual-search.md``.
 """
 
 from __future__ import annotations
@@ -94,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PositiveInt
 
@@ -262,7 +183,7 @@ class ContinualSearchOptions(MethodOptions):
     max_tool_calls: PositiveInt = 24
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any], *, name: str) -> ContinualSearchOptions:
+    def from_mapping(cls, options: Mapping[str, Any], *, name: str = "continual-search") -> Self:
         """Parse and check an options table; ``name`` is the registered method name used in error messages."""
         parsed = parse_options(name, cls, options)
         if name == "passive-continuation":

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, Discriminator, Field, PositiveInt, Tag, model_validator
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption, TupleOf, as_tuple, parse_options
+from rcarun.methods._options import MethodOptions, ReasoningOption, TupleOf, as_tuple
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import task_text
 from rcarun.methods.echo.answers import AnswerReading, Evaluation, answer_schema, is_unit, read_answer
@@ -95,6 +95,8 @@ class EchoOptions(MethodOptions):
         include_ground_truth: show the correct final answer of the task.
     """
 
+    method_name = "echo"
+
     analysts: PositiveInt = 3
     personas: TupleOf[_Persona] | None = None
     temperatures: TupleOf[_Temperature] | None = None
@@ -134,10 +136,6 @@ class EchoOptions(MethodOptions):
         if self.context != "per-target" and "neighbour_targets" in given:
             raise ValueError("neighbour_targets applies only to context='per-target'")
         return self
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> EchoOptions:
-        return parse_options("echo", cls, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from rcarun.data import Trajectory, parse_step
-from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
+from rcarun.methods._options import MethodOptions, ReasoningOption
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     Truncation,
@@ -83,6 +83,8 @@ class FalatOptions(MethodOptions):
         verify_stage: the stage name the verify calls are recorded under.
     """
 
+    method_name = _METHOD
+
     max_tokens: PositiveInt = 8000
     temperature: float | None = 0.0
     reasoning: ReasoningOption = None
@@ -100,10 +102,6 @@ class FalatOptions(MethodOptions):
     reinstate_carriers: bool = False
     locate_stage: Annotated[str, Field(min_length=1)] = "locate"
     verify_stage: Annotated[str, Field(min_length=1)] = "verify"
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> FalatOptions:
-        return parse_options(_METHOD, cls, options)
 
 
 class Falat(Method):

@@ -32,7 +32,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods._options import MethodOptions, TupleOf, parse_options
+from rcarun.methods._options import MethodOptions, TupleOf
 from rcarun.methods.base import Attribution, Method, ModelFor, Preparation, TrajectorySet
 from rcarun.methods.forward import ForwardModel
 from rcarun.methods.llm import LLM
@@ -92,6 +92,8 @@ class SoapOptions(MethodOptions):
         top_k: steps kept in a prediction's ranked list.
     """
 
+    method_name = "soap"
+
     seed: int = 0
     train_fraction: Fraction = 0.3
     validation_fraction: Fraction = 0.2
@@ -129,10 +131,6 @@ class SoapOptions(MethodOptions):
         if self.layers is not None and not self.layers:
             raise ValueError("layers must name at least one layer")
         return self
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> SoapOptions:
-        return parse_options("soap", cls, options)
 
 
 @dataclass(frozen=True, slots=True)
