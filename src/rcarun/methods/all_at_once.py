@@ -145,7 +145,7 @@ class AllAtOnce(Method):
         return self._messages(user)
 
     def result_chars(self, messages: list[Message], llm: TokenCounter) -> int:
-        """The per-result character cap of the agentic mode for ``llm``'s context (see the module docstring)."""
+        """The per-result character cap of the agentic mode for ``llm``'s context (docs/methods/all-at-once.md)."""
         window = llm.context_window
         if window is None:
             return _MAX_RESULT_CHARS

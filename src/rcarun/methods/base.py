@@ -53,7 +53,7 @@ class Attribution:
         fallback: set when a rule of the method's published design, not the model, decided (part of) the
             prediction: a short text naming the rule and how often it fired, e.g. ``"binary search: unclear
             verdict at 3 of 4 halvings, half chosen at random (published rule)"``; None when the model
-            decided. Stored as ``predictions.fallback``; each method's module docstring says what counts.
+            decided. Stored as ``predictions.fallback``; docs/methods/<method>.md says what counts.
     """
 
     pred_role: str | None

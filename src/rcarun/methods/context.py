@@ -107,7 +107,7 @@ def fit_prompt(
     system: str,
     policy: str,
 ) -> FittedPrompt:
-    """Apply the context policy (module docstring) to one prompt.
+    """Apply the context policy (docs/methods/common.md) to one prompt.
 
     Args:
         render: ``render(None)`` gives the full user prompt; ``render(cap)`` the prompt with every shown step

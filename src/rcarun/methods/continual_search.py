@@ -97,7 +97,7 @@ def continuation_prompt(
     unread_block: str = "",
     quote_field: bool = False,
 ) -> ContinuationPrompt:
-    """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (module docstring)."""
+    """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (docs/methods/continual-search.md)."""
     if not 2 <= turn <= turns:
         raise ValueError(f"continuation turns run from 2 to {turns}, got {turn}")
     form = _turn_form(turn, turns)
@@ -138,7 +138,7 @@ def passive_prompt(*, schema_text: str) -> ContinuationPrompt:
 
 
 def quote_found(quote: object, text: str) -> bool:
-    """Whether a quote of at least 15 characters occurs in ``text`` (the change rule's record; module docstring)."""
+    """Whether a quote of at least 15 characters occurs in ``text`` (the change rule's record; docs/methods/continual-search.md)."""
     if not isinstance(quote, str):
         return False
     wanted = normalize_quote_text(quote)
@@ -146,7 +146,7 @@ def quote_found(quote: object, text: str) -> bool:
 
 
 class ContinualSearchOptions(MethodOptions):
-    """The options table of Continual Search and Passive Continuation (module docstring).
+    """The options table of Continual Search and Passive Continuation (docs/methods/continual-search.md).
 
     Attributes:
         base: the one-shot method that makes turn 1 (All-at-once by default, or RCTA).
@@ -260,7 +260,7 @@ def _list_schema(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def _quote_schema(trajectory: Trajectory) -> dict[str, Any]:
-    """The benchmark's answer schema with the change rule's ``quote`` (``quote_field``; module docstring)."""
+    """The benchmark's answer schema with the change rule's ``quote`` (``quote_field``; docs/methods/continual-search.md)."""
     schema = answer_schema(trajectory)
     properties = {**schema["properties"], "quote": {"type": "string"}}
     return {**schema, "properties": properties, "required": [*schema["required"], "quote"]}
@@ -283,7 +283,7 @@ class ContinualSearch(Method):
         self.options = options
         self.mode = mode
         self._base = create_method(options.base, options=options.turn1_options())
-        # Turn 1 is the same request under both conditions: paid once (module docstring).
+        # Turn 1 is the same request under both conditions: paid once (docs/methods/continual-search.md).
         self.shareable_stages = self._base.shareable_stages | {options.turn1_stage}
 
     def _layout(self) -> Layout:
@@ -389,7 +389,7 @@ class ContinualSearch(Method):
         invalid: str | None,
         trajectory: Trajectory,
     ) -> dict[str, Any]:
-        """Whether the turn's answer followed the change rule, for analysis only (module docstring)."""
+        """Whether the turn's answer followed the change rule, for analysis only (docs/methods/continual-search.md)."""
         changed = not answer.same_as(previous)
         if invalid is not None:
             return {
@@ -536,12 +536,12 @@ class ContinualSearch(Method):
             )
         if self._rule_applies(options.turns):
             output["change_rule"] = rule_turns
-        # Fallback: only turn 1's, and only when turn 1's answer is the prediction (module docstring).
+        # Fallback: only turn 1's, and only when turn 1's answer is the prediction (docs/methods/continual-search.md).
         fallback = first.fallback if options.turns == 1 else None
         return _final(first, answer, output, error=error, fallback=fallback)
 
     def _turn_error(self, reply: Reply, invalid: str | None, record: Mapping[str, Any]) -> str | None:
-        """Why a turn's answer could not be read, or None (module docstring)."""
+        """Why a turn's answer could not be read, or None (docs/methods/continual-search.md)."""
         if record.get("capped"):
             return f"tool-call cap reached: {invalid}"
         if invalid is not None:

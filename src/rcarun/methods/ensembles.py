@@ -26,7 +26,7 @@ __all__ = ["JudgePanel", "JudgePanelOptions", "SelfConsistency", "SelfConsistenc
 
 
 class SelfConsistencyOptions(MethodOptions):
-    """Self-consistency's options table (module docstring).
+    """Self-consistency's options table (docs/methods/ensembles.md).
 
     Attributes:
         base: the single-judge method each draw runs (All-at-once by default).
@@ -51,7 +51,7 @@ class SelfConsistencyOptions(MethodOptions):
 
 
 class JudgePanelOptions(MethodOptions):
-    """The judge panel's options table (module docstring).
+    """The judge panel's options table (docs/methods/ensembles.md).
 
     Attributes:
         judges: the sweep's backbones that each run the base method once, in vote order (at least two, all

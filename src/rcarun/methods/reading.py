@@ -345,7 +345,7 @@ async def converse_with_tools(
 
     Every tool call is answered by a ``tool`` message; at most ``max_tool_calls`` are executed, the rest are
     answered "budget exhausted", and once the budget is spent the model is asked for its final answer with
-    ``tool_choice="none"`` (see the module docstring).
+    ``tool_choice="none"`` (docs/methods/common.md).
 
     Raises:
         ValueError: ``max_tool_calls`` is below 1.

@@ -1,10 +1,7 @@
 """FALAT's options and the method that runs its six stages in order: 1 + at most k model calls per trajectory.
 
-The stages are tested on their own in their modules; this module wires them (typing, linking, locate, walk,
-pruning, verify, decision), keeps the compact output record, says which recorded fallback shaped a prediction
-(``Attribution.fallback``) or whether it rests on no answer of the model (``Attribution.error``), and
-registers the method as ``"falat"``. What each option does is in the package docstring
-(`rcarun.methods.falat`).
+Wires the stages, keeps the compact output record, says which recorded fallback shaped a prediction and
+registers ``"falat"``. What each option does: ``docs/methods/falat.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ _METHOD = "falat"
 
 
 class FalatOptions(MethodOptions):
-    """FALAT's options table (a sweep's ``options`` for the method); the package docstring says what each
+    """FALAT's options table (a sweep's ``options`` for the method); docs/methods/falat.md says what each
     rule does with them.
 
     Attributes:
@@ -239,7 +236,7 @@ def _locate_unreadable(failure: FailurePoint) -> bool:
 
 
 def _unusable(failure: FailurePoint, verdicts: Sequence[Verdict]) -> str | None:
-    """Why the prediction rests on no answer of the model (package docstring), or None."""
+    """Why the prediction rests on no answer of the model (docs/methods/falat.md), or None."""
     if not _locate_unreadable(failure) or any(verdict.valid for verdict in verdicts):
         return None
     reason = f"locate answer unreadable: {failure.error}"

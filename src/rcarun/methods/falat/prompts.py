@@ -1,12 +1,8 @@
 """The prompts of FALAT's two LLM stages: locate (stage 3) over the typed log, verify (stage 6) per candidate.
 
-Both show steps as ``[step k] (type) agent: content``, so that the model sees the types of stage 1 and the
-step numbers it must answer with. The locate prompt holds the whole log, fitted to the context window by the
-shared cap-steps policy (`rcarun.methods.context`). A verify prompt holds only the candidate, its nearest
-dependencies with the kinds and shared tokens of each link, the dependency path and the failure step, within
-a character budget in which the candidate may take twice the share of each other step (`weighted_caps`). The
-texts live in ``rcarun/methods/prompts/falat_*.txt``; the rules are in the package docstring
-(`rcarun.methods.falat`, stages 3 and 6).
+Steps show as ``[step k] (type) agent: content``; the locate prompt is fitted by the shared cap-steps policy,
+a verify prompt by `weighted_caps` (the candidate may take twice each other step's share). Texts:
+``prompts/falat_*.txt``; rules: ``docs/methods/falat.md``, stages 3 and 6.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """SOAP as a method of a sweep (``[[methods]] name = "soap"``): splits, reference and selection owned by the run.
 
-SOAP answers from a frozen model's internals (`rcarun.methods.forward.ForwardModel`), so it runs on a local
-backbone (``provider = "local"``) and declares ``reads_model``. Before a realization's items, the runner calls
-`SoapMethod.prepare` once with the sweep's trajectory ids; per source (the paper splits each benchmark subset,
-§4.1), it:
-
-1. splits the source's ids with seed ``seed + realization`` (`rcarun.methods.soap.selection.split_trajectories`:
-   so repeated realizations are repeated split seeds, and their spread is SOAP's repeatability);
-2. runs the model over the reference trajectories (labels unused) and the validation trajectories, keeping
-   only the layers the selection grid needs (stages ``forward/reference`` and ``forward/validation``);
-3. chooses the hyperparameters on the validation split (two stages, App. A.3), or takes the fixed ones the
-   options give (every fixed value narrows its dimension of the grid to that value; when nothing is left to
-   choose, no validation is needed), and fits the reference at the chosen layer;
-4. returns the source's test ids as the items to answer: reference and validation trajectories are never
-   predicted, so nothing a split learnt from is scored.
-
-A source whose preparation fails (no labelled validation trajectory, no band that fits its reference) does not
-stop the others: its test items fail with the reason. What was chosen (splits, configuration, both stages'
-tables, the reference's size) is returned as the preparation's detail, which the runner stores with the run.
-Called with a chat `LLM` (`attribute`), SOAP refuses: it has nothing to read.
+It reads a frozen model (``reads_model``), so it runs on a ``provider = "local"`` backbone; `SoapMethod.prepare`
+splits each source, fits and selects, and returns only the test ids as items. The steps:
+``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -147,7 +131,7 @@ class _SourcePlan:
 class SoapMethod(Method):
     """SOAP: spectral scoring with attention-guided propagation over a frozen local model's internals (paper 004).
 
-    Runs on a local backbone only; see the module docstring for what a realization's preparation does.
+    Runs on a local backbone only; see docs/methods/soap.md for what a realization's preparation does.
     """
 
     reads_model = True
@@ -164,7 +148,7 @@ class SoapMethod(Method):
     async def prepare(
         self, trajectories: TrajectorySet, model_for: ModelFor, realization: int
     ) -> Preparation:
-        """Split, read, select and fit per source (module docstring); the items are the test splits."""
+        """Split, read, select and fit per source (docs/methods/soap.md); the items are the test splits."""
         options = self.options
         by_source: dict[str, list[str]] = defaultdict(list)
         for qid, source in zip(trajectories.ids, trajectories.sources, strict=True):
