@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib import resources
-from string import Template
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PositiveInt
@@ -24,9 +21,25 @@ from rcarun.errors import ConfigError
 from rcarun.methods._options import MethodOptions, check_base_method, parse_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
+from rcarun.methods.continuation import (
+    SENTENCES,
+    UNREAD,
+    AnswerKind,
+    ContinuationPrompt,
+    Layout,
+    Mode,
+    TurnAnswer,
+    change_rule_applies,
+    continuation_prompt,
+    list_schema,
+    passive_prompt,
+    pieces,
+    quote_found,
+    quote_schema,
+    rule_record,
+)
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
-from rcarun.methods.proxies import TranscriptLLM
-from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
+from rcarun.methods.proxies import Exchange, TranscriptLLM
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import create_method, method
 
@@ -40,109 +53,6 @@ __all__ = [
     "passive_prompt",
     "quote_found",
 ]
-
-Mode = Literal["search", "passive"]
-Layout = Literal["whole", "pieces"]
-AnswerKind = Literal["single", "list"]
-
-
-def _load_sentences() -> dict[str, str]:
-    text = resources.files("rcarun.methods").joinpath("prompts", "continual_search_sentences.txt")
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.read_text(encoding="utf-8").splitlines():
-        if line.startswith("## "):
-            current = sections.setdefault(line[3:].strip(), [])
-        elif line.startswith("#"):
-            continue
-        elif current is not None:
-            current.append(line)
-    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
-
-
-SENTENCES = _load_sentences()
-"""The fixed sentence set by name (``opening.2``, ``trust.3``, ``search.single``, ``change.single``, ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ContinuationPrompt:
-    """A turn's prompt as the tree assembled it: (part, sentence) in order, and the text sent."""
-
-    parts: tuple[tuple[str, str], ...]
-
-    @property
-    def text(self) -> str:
-        return "\n\n".join(sentence for _, sentence in self.parts)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.parts)
-
-
-def _turn_form(turn: int, turns: int) -> int:
-    """Which opening/trust line a turn gets: 2 (turn 2), 4 (the last turn), else 3 (a middle turn)."""
-    if turn == 2:
-        return 2
-    return 4 if turn == turns else 3
-
-
-def continuation_prompt(
-    turn: int,
-    *,
-    turns: int,
-    layout: Layout,
-    answer_kind: AnswerKind,
-    schema_text: str,
-    pieces: str = "parts of the log",
-    unread_block: str = "",
-    quote_field: bool = False,
-) -> ContinuationPrompt:
-    """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (docs/methods/continual-search.md)."""
-    if not 2 <= turn <= turns:
-        raise ValueError(f"continuation turns run from 2 to {turns}, got {turn}")
-    form = _turn_form(turn, turns)
-    parts: list[tuple[str, str]] = [
-        (f"opening.{form}", SENTENCES[f"opening.{form}"]),
-        (f"trust.{form}", SENTENCES[f"trust.{form}"]),
-    ]
-    if layout == "pieces":
-        key = "search.pieces.first" if turn == 2 else "search.pieces.later"
-        sentence = Template(SENTENCES[key]).substitute(pieces=pieces, unread_block=unread_block or "(none)")
-        parts.append((key, sentence))
-    elif answer_kind == "list":
-        parts.append(("search.list", SENTENCES["search.list"]))
-    else:
-        parts.append(("search.single", SENTENCES["search.single"]))
-    if change_rule_applies(turn, answer_kind):
-        parts.append(("change.single", SENTENCES["change.single"]))
-        if quote_field:
-            parts.append(("format.quote", SENTENCES["format.quote"]))
-    key = f"format.{answer_kind}"
-    parts.append((key, Template(SENTENCES[key]).substitute(schema=schema_text)))
-    return ContinuationPrompt(tuple(parts))
-
-
-def change_rule_applies(turn: int, answer_kind: AnswerKind) -> bool:
-    """The tree adds the change rule at turns 3 and later, for a single-item answer (003 App. B.2.2)."""
-    return answer_kind == "single" and turn >= 3
-
-
-def passive_prompt(*, schema_text: str) -> ContinuationPrompt:
-    """Passive Continuation's prompt: the same fixed sentence every turn, then the answer format."""
-    return ContinuationPrompt(
-        (
-            ("passive", SENTENCES["passive"]),
-            ("format.single", Template(SENTENCES["format.single"]).substitute(schema=schema_text)),
-        )
-    )
-
-
-def quote_found(quote: object, text: str) -> bool:
-    """Whether a quote of at least 15 characters occurs in ``text`` (the change rule's record; docs/methods/continual-search.md)."""
-    if not isinstance(quote, str):
-        return False
-    wanted = normalize_quote_text(quote)
-    return len(wanted) >= MIN_QUOTE_CHARS and wanted in normalize_quote_text(text)
 
 
 class ContinualSearchOptions(MethodOptions):
@@ -214,62 +124,6 @@ _SEARCH_ONLY = frozenset({"layout", "answer_kind", "quote_field", "quote_scope",
 _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "judge-panel")
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """One turn's prediction, as the model gave it."""
-
-    role: str | None
-    step: int | None
-    role_valid: bool
-    step_valid: bool
-
-    @classmethod
-    def of(cls, attribution: Attribution) -> _Answer:
-        return cls(
-            attribution.pred_role, attribution.pred_step, attribution.role_valid, attribution.step_valid
-        )
-
-    def same_as(self, other: _Answer) -> bool:
-        return (self.role, self.step) == (other.role, other.step)
-
-
-_UNREAD = _Answer(None, None, False, False)
-
-
-def _list_schema(trajectory: Trajectory) -> dict[str, Any]:
-    single = answer_schema(trajectory)["properties"]
-    failure = {
-        "type": "object",
-        "properties": {
-            "responsible_role": single["responsible_role"],
-            "root_step": single["root_step"],
-            "quote": {"type": "string"},
-        },
-        "required": ["responsible_role", "root_step", "quote"],
-        "additionalProperties": False,
-    }
-    return {
-        "type": "object",
-        "properties": {
-            "reason": {"type": "string"},
-            "failures": {"type": "array", "items": failure, "minItems": 1},
-        },
-        "required": ["reason", "failures"],
-        "additionalProperties": False,
-    }
-
-
-def _quote_schema(trajectory: Trajectory) -> dict[str, Any]:
-    """The benchmark's answer schema with the change rule's ``quote`` (``quote_field``; docs/methods/continual-search.md)."""
-    schema = answer_schema(trajectory)
-    properties = {**schema["properties"], "quote": {"type": "string"}}
-    return {**schema, "properties": properties, "required": [*schema["required"], "quote"]}
-
-
-def _pieces(n_steps: int, size: int) -> list[tuple[int, int]]:
-    return [(start, min(start + size, n_steps) - 1) for start in range(0, n_steps, size)]
-
-
 _STEP_IDS = re.compile(r"\[step (\d+)\]")
 # Quoted spans in a ``reason``, where the rule's quote is looked for when the schema has no ``quote`` field.
 _QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
@@ -305,9 +159,9 @@ class ContinualSearch(Method):
 
     def _schema(self, trajectory: Trajectory, turn: int) -> dict[str, Any]:
         if self._answer_kind() == "list":
-            return _list_schema(trajectory)
+            return list_schema(trajectory)
         if self._rule_applies(turn) and self.options.quote_field:
-            return _quote_schema(trajectory)
+            return quote_schema(trajectory)
         return answer_schema(trajectory)
 
     def _prompt(
@@ -318,7 +172,7 @@ class ContinualSearch(Method):
             return passive_prompt(schema_text=schema_text)
         unread = [
             f"- steps {start}-{end}"
-            for start, end in _pieces(trajectory.n_steps, self.options.piece_steps)
+            for start, end in pieces(trajectory.n_steps, self.options.piece_steps)
             if not read.intersection(range(start, end + 1))
         ]
         return continuation_prompt(
@@ -334,23 +188,23 @@ class ContinualSearch(Method):
 
     def _parse(
         self, reply: Reply, trajectory: Trajectory, *, rule: bool
-    ) -> tuple[_Answer, list[str], str | None]:
+    ) -> tuple[TurnAnswer, list[str], str | None]:
         """The turn's answer as given, its quotes, and why it is invalid (None when it is a JSON object)."""
         answer = reply.parsed if isinstance(reply.parsed, dict) else None
         if answer is None:
-            return _UNREAD, [], reply.parse_error or "the answer is not a JSON object"
+            return UNREAD, [], reply.parse_error or "the answer is not a JSON object"
         if self._answer_kind() == "list":
             failures = answer.get("failures")
             entries = [f for f in failures if isinstance(f, dict)] if isinstance(failures, list) else []
             steps = [(parse_step(f.get("root_step")), f) for f in entries]
             valid = [(step, f) for step, f in steps if step is not None and step_is_valid(step, trajectory)]
             if not valid:
-                return _UNREAD, [], "no listed failure has a valid root_step"
+                return UNREAD, [], "no listed failure has a valid root_step"
             first_step, earliest = min(valid, key=lambda pair: pair[0])
             role = earliest.get("responsible_role")
             quote = earliest.get("quote")
             return (
-                _Answer(
+                TurnAnswer(
                     role if isinstance(role, str) else None,
                     first_step,
                     role_is_valid(role, trajectory),
@@ -362,7 +216,7 @@ class ContinualSearch(Method):
         role = answer.get("responsible_role")
         step = parse_step(answer.get("root_step"))  # a digit string is the step, as All-at-once reads it
         return (
-            _Answer(
+            TurnAnswer(
                 role if isinstance(role, str) else None,
                 step,
                 role_is_valid(role, trajectory),
@@ -381,56 +235,11 @@ class ContinualSearch(Method):
         quote = answer.get("quote")
         return [quote] if isinstance(quote, str) and quote else []
 
-    def _rule_record(
-        self,
-        previous: _Answer,
-        answer: _Answer,
-        quotes: list[str],
-        invalid: str | None,
-        trajectory: Trajectory,
-    ) -> dict[str, Any]:
-        """Whether the turn's answer followed the change rule, for analysis only (docs/methods/continual-search.md)."""
-        changed = not answer.same_as(previous)
-        if invalid is not None:
-            return {
-                "changed": changed,
-                "followed": False,
-                "broken": [f"the answer could not be read: {invalid}"],
-            }
-        if not changed:
-            return {"changed": False, "followed": True}
-        broken: list[str] = []
-        step = answer.step if answer.step_valid else None
-        if step is None:
-            earlier = False
-            broken.append("the new root_step is not a step of the log")
-        else:
-            earlier = not previous.step_valid or previous.step is None or step < previous.step
-            if not earlier:
-                relation = "the same step as" if step == previous.step else "later than"
-                broken.append(f"step {step} is {relation} the previous step {previous.step}, not earlier")
-        in_step = step is not None and any(quote_found(q, trajectory.steps[step].content) for q in quotes)
-        log = "\n".join(s.content for s in trajectory.steps)
-        in_log = any(quote_found(q, log) for q in quotes)
-        if not (in_step if self.options.quote_scope == "step" else in_log):
-            where = "the chosen step" if self.options.quote_scope == "step" else "the log"
-            broken.append(f"no quote of at least {MIN_QUOTE_CHARS} characters is found in {where}")
-        record: dict[str, Any] = {
-            "changed": True,
-            "followed": not broken,
-            "earlier": earlier,
-            "quote_in_step": in_step,
-            "quote_in_log": in_log,
-        }
-        if broken:
-            record["broken"] = broken
-        return record
-
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
         options = self.options
         transcript = TranscriptLLM(llm)
         first = await self._base.attribute(trajectory, transcript)
-        turn1 = _Answer.of(first)
+        turn1 = TurnAnswer.of(first)
         exchange = transcript.last(options.turn1_stage)
         output: dict[str, Any] = {
             "mode": self.mode,
@@ -468,57 +277,10 @@ class ContinualSearch(Method):
             prompt = self._prompt(turn, trajectory, schema, read)
             conversation.append(Message("user", prompt.text))
             record: dict[str, Any] = {"prompt_parts": list(prompt.keys)}
-            max_tokens = options.max_tokens or exchange.max_tokens
-            if reader is not None:
-                tool_turn = await converse_with_tools(
-                    llm,
-                    conversation,
-                    reader=reader,
-                    ledger=evidence,
-                    stage=options.stage,
-                    max_tokens=max_tokens,
-                    schema=schema,
-                    temperature=exchange.temperature,
-                    reasoning=exchange.reasoning,
-                    max_tool_calls=options.max_tool_calls,
-                )
-                reply, conversation, calls = tool_turn.reply, tool_turn.messages, tool_turn.calls
-                evidence_new = tool_turn.evidence_tokens
-                record.update(
-                    tool_calls=tool_turn.tool_calls, capped=tool_turn.capped, tool_log=tool_turn.tool_log
-                )
-            else:
-                reply = await llm.chat(
-                    conversation,
-                    stage=options.stage,
-                    max_tokens=max_tokens,
-                    schema=schema,
-                    temperature=exchange.temperature,
-                    reasoning=exchange.reasoning,
-                )
-                conversation.append(Message("assistant", reply.text))
-                calls, evidence_new = 1, 0
-            record["finish_reason"] = reply.finish_reason
-            rule_turn = self._rule_applies(turn)
-            given, quotes, invalid = self._parse(reply, trajectory, rule=rule_turn)
-            if record.get("capped"):
-                invalid = (
-                    f"the model still called tools after its {options.max_tool_calls} tool calls were spent"
-                )
-                given, quotes = _UNREAD, []
-            if invalid is not None:
-                record["invalid_answer"] = invalid
-                record["raw_text"] = reply.text[:2000]
-            if quotes:
-                record["quote"] = quotes[0][:500]
-            if rule_turn:
-                rule = self._rule_record(answer, given, quotes, invalid, trajectory)
-                record["change_rule"] = rule
-                rule_turns["applies_at"].append(turn)
-                if rule["changed"]:
-                    rule_turns["changed_at"].append(turn)
-                if not rule["followed"]:
-                    rule_turns["broken_at"].append(turn)
+            reply, conversation, calls, evidence_new = await self._ask(
+                llm, conversation, exchange, schema, reader, evidence, record
+            )
+            given, invalid = self._judge(turn, reply, trajectory, answer, record, rule_turns)
             changed = not given.same_as(answer)
             answer, error = given, self._turn_error(reply, invalid, record)
             turns.append(
@@ -536,9 +298,86 @@ class ContinualSearch(Method):
             )
         if self._rule_applies(options.turns):
             output["change_rule"] = rule_turns
-        # Fallback: only turn 1's, and only when turn 1's answer is the prediction (docs/methods/continual-search.md).
+        # Fallback: only turn 1's, and only when turn 1's answer is the prediction.
         fallback = first.fallback if options.turns == 1 else None
         return _final(first, answer, output, error=error, fallback=fallback)
+
+    async def _ask(
+        self,
+        llm: LLM,
+        conversation: list[Message],
+        exchange: Exchange,
+        schema: dict[str, Any],
+        reader: TrajectoryReader | None,
+        evidence: EvidenceLedger,
+        record: dict[str, Any],
+    ) -> tuple[Reply, list[Message], int, int]:
+        """One continuation turn's calls, with turn 1's settings: the reply, the conversation after it, the
+        calls made and the new evidence tokens; the tool record goes into ``record``."""
+        options = self.options
+        max_tokens = options.max_tokens or exchange.max_tokens
+        if reader is None:
+            reply = await llm.chat(
+                conversation,
+                stage=options.stage,
+                max_tokens=max_tokens,
+                schema=schema,
+                temperature=exchange.temperature,
+                reasoning=exchange.reasoning,
+            )
+            conversation.append(Message("assistant", reply.text))
+            record["finish_reason"] = reply.finish_reason
+            return reply, conversation, 1, 0
+        tool_turn = await converse_with_tools(
+            llm,
+            conversation,
+            reader=reader,
+            ledger=evidence,
+            stage=options.stage,
+            max_tokens=max_tokens,
+            schema=schema,
+            temperature=exchange.temperature,
+            reasoning=exchange.reasoning,
+            max_tool_calls=options.max_tool_calls,
+        )
+        record.update(tool_calls=tool_turn.tool_calls, capped=tool_turn.capped, tool_log=tool_turn.tool_log)
+        record["finish_reason"] = tool_turn.reply.finish_reason
+        return tool_turn.reply, tool_turn.messages, tool_turn.calls, tool_turn.evidence_tokens
+
+    def _judge(
+        self,
+        turn: int,
+        reply: Reply,
+        trajectory: Trajectory,
+        previous: TurnAnswer,
+        record: dict[str, Any],
+        rule_turns: dict[str, list[int]],
+    ) -> tuple[TurnAnswer, str | None]:
+        """The turn's answer as given and why it is unreadable; the reading and, at a rule turn, the change
+        rule's record go into ``record`` and ``rule_turns``."""
+        rule_turn = self._rule_applies(turn)
+        given, quotes, invalid = self._parse(reply, trajectory, rule=rule_turn)
+        if record.get("capped"):
+            invalid = (
+                f"the model still called tools after its {self.options.max_tool_calls} tool calls were spent"
+            )
+            given, quotes = UNREAD, []
+        if invalid is not None:
+            record["invalid_answer"] = invalid
+            record["raw_text"] = reply.text[:2000]
+        if quotes:
+            record["quote"] = quotes[0][:500]
+        if rule_turn:
+            rule = rule_record(
+                previous, given, quotes, invalid, trajectory, quote_scope=self.options.quote_scope
+            )
+            record["change_rule"] = rule
+            rule_turns["applies_at"].append(turn)
+            if rule["changed"]:
+                rule_turns["changed_at"].append(turn)
+            if not rule["followed"]:
+                rule_turns["broken_at"].append(turn)
+        return given, invalid
 
     def _turn_error(self, reply: Reply, invalid: str | None, record: Mapping[str, Any]) -> str | None:
         """Why a turn's answer could not be read, or None (docs/methods/continual-search.md)."""
@@ -583,9 +422,9 @@ class ContinualSearch(Method):
 
 def _turn_record(
     turn: int,
-    answer: _Answer,
+    answer: TurnAnswer,
     *,
-    turn1: _Answer,
+    turn1: TurnAnswer,
     changed: bool,
     evidence_new: int,
     evidence: EvidenceLedger,
@@ -606,14 +445,14 @@ def _turn_record(
 
 
 def _final(
-    first: Attribution, answer: _Answer, output: dict[str, Any], *, error: str | None, fallback: str | None
+    first: Attribution, answer: TurnAnswer, output: dict[str, Any], *, error: str | None, fallback: str | None
 ) -> Attribution:
     return Attribution(
         pred_role=answer.role,
         pred_step=answer.step,
         role_valid=answer.role_valid,
         step_valid=answer.step_valid,
-        abstained=first.abstained and answer.same_as(_Answer.of(first)),
+        abstained=first.abstained and answer.same_as(TurnAnswer.of(first)),
         output=output,
         error=error,
         fallback=fallback,
