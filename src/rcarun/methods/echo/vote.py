@@ -140,20 +140,7 @@ def consensus_vote(
     # A tie between the types goes to single_agent: CONCLUSION_TYPES lists it first and max keeps the first.
     winning_type = max(CONCLUSION_TYPES, key=lambda kind: score_key(type_sums[kind]))
     group = [vote for vote in kept if vote.conclusion.type == winning_type]
-    agent_totals: dict[str, list[float]] = {}
-    step_totals: dict[int, list[float]] = {}
-    for vote in group:
-        for agent in dict.fromkeys(vote.conclusion.attribution):
-            agent_totals.setdefault(agent, []).append(vote.conclusion.confidence)
-        step_totals.setdefault(vote.conclusion.mistake_step, []).append(vote.conclusion.confidence)
-    agent_scores = sorted(
-        ((agent, math.fsum(values)) for agent, values in agent_totals.items()),
-        key=lambda item: (-score_key(item[1]), rank.get(item[0], len(rank)), item[0]),
-    )
-    step_scores = sorted(
-        ((step, math.fsum(values)) for step, values in step_totals.items()),
-        key=lambda item: (-score_key(item[1]), item[0]),
-    )
+    agent_scores, step_scores = _group_scores(group, rank)
     if winning_type == "single_agent":
         attribution: tuple[str, ...] = (agent_scores[0][0],)
     else:
@@ -176,6 +163,27 @@ def consensus_vote(
         confidence_spread=spread,
         review_reasons=review,
     )
+
+
+def _group_scores(
+    group: Sequence[Vote], rank: Mapping[str, int]
+) -> tuple[list[tuple[str, float]], list[tuple[int, float]]]:
+    """Summed confidence per agent (named once per vote) and per step, ranked with the tie rules."""
+    agent_totals: dict[str, list[float]] = {}
+    step_totals: dict[int, list[float]] = {}
+    for vote in group:
+        for agent in dict.fromkeys(vote.conclusion.attribution):
+            agent_totals.setdefault(agent, []).append(vote.conclusion.confidence)
+        step_totals.setdefault(vote.conclusion.mistake_step, []).append(vote.conclusion.confidence)
+    agent_scores = sorted(
+        ((agent, math.fsum(values)) for agent, values in agent_totals.items()),
+        key=lambda item: (-score_key(item[1]), rank.get(item[0], len(rank)), item[0]),
+    )
+    step_scores = sorted(
+        ((step, math.fsum(values)) for step, values in step_totals.items()),
+        key=lambda item: (-score_key(item[1]), item[0]),
+    )
+    return agent_scores, step_scores
 
 
 def _spread_of(votes: Sequence[Vote]) -> float | None:

@@ -181,29 +181,19 @@ def verify_messages(
     allocated = weighted_caps([len(steps[s].content) for s in shown], weights, max_chars)
     alloc = dict(zip(shown, allocated, strict=True))
 
-    def link_note(edge: Edge) -> str:
-        note = f"-- step {step} depends on it by: {', '.join(edge.kinds)}"
-        if edge.shared:
-            note += f" (shared: {', '.join(edge.shared[:SHOWN_TOKENS])})"
-        return note
-
     def render(cap: int | None) -> str:
         def line(index: int) -> str:
             return render_step(steps[index], types[index].type, _min_cap(alloc[index], cap))
 
-        parents = "\n".join(f"{link_note(edge)}\n{line(edge.depends_on)}" for edge in parent_edges)
+        parents = "\n".join(f"{_link_note(edge, step)}\n{line(edge.depends_on)}" for edge in parent_edges)
         cut = cap is not None or any(a is not None and len(steps[s].content) > a for s, a in alloc.items())
         note = "\nSome long steps were cut in the middle; their step numbers are kept.\n" if cut else ""
-        if failure_point.fallback:
-            failure_note = f"The failure is taken to be visible at the last step, step {failure}."
-        else:
-            failure_note = f"The failure first becomes visible at step {failure}: {failure_point.reason}"
         path = " -> ".join(str(s) for s in path_to_failure(candidates, step))
         return templates.verify.substitute(
             task=task,
             ground_truth=ground_truth,
             n_steps=trajectory.n_steps,
-            failure_note=failure_note,
+            failure_note=_failure_note(failure_point),
             candidate=step,
             candidate_type=types[step].type,
             candidate_agent=_speaker(steps[step]),
@@ -224,3 +214,18 @@ def verify_messages(
         policy=policy,
     )
     return [Message("system", templates.system), Message("user", fitted.text)], fitted.truncation
+
+
+def _link_note(edge: Edge, step: int) -> str:
+    """How the candidate ``step`` depends on a parent shown above it: the link kinds and shared tokens."""
+    note = f"-- step {step} depends on it by: {', '.join(edge.kinds)}"
+    if edge.shared:
+        note += f" (shared: {', '.join(edge.shared[:SHOWN_TOKENS])})"
+    return note
+
+
+def _failure_note(failure_point: FailurePoint) -> str:
+    """Where the failure is visible, as the locate stage found it or as its fallback took it."""
+    if failure_point.fallback:
+        return f"The failure is taken to be visible at the last step, step {failure_point.step}."
+    return f"The failure first becomes visible at step {failure_point.step}: {failure_point.reason}"

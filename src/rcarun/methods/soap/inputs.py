@@ -128,20 +128,7 @@ def prepare_segments(
         return Segments((task, *steps), (task_tokens, *step_tokens))
 
     if oversize == "error":
-        if task_tokens >= room:
-            raise DataError(
-                f"the task takes {task_tokens} tokens, {template_tokens} more go to the chat template and "
-                f"the model's limit is {context_tokens}: no step fits beside it (oversize='error')",
-                record=trajectory.qid,
-                field="task",
-            )
-        worst = step_tokens.index(longest)
-        raise DataError(
-            f"step {worst} takes {longest} tokens; with the task ({task_tokens}) and the chat template "
-            f"({template_tokens}) its pass exceeds the model's limit of {context_tokens} (oversize='error')",
-            record=trajectory.qid,
-            field=f"history[{worst}]",
-        )
+        raise _oversize_error(trajectory.qid, task_tokens, step_tokens, template_tokens, context_tokens)
 
     task_cut = False
     task_limit = max(room // 2, room - longest)
@@ -178,6 +165,27 @@ def prepare_segments(
         step_tokens[index] = count_tokens(steps[index])
         steps_cut.append(index)
     return Segments((task, *steps), (task_tokens, *step_tokens), task_cut, tuple(steps_cut))
+
+
+def _oversize_error(
+    qid: str, task_tokens: int, step_tokens: Sequence[int], template_tokens: int, context_tokens: int
+) -> DataError:
+    """``oversize="error"``: the task, or else the longest step beside it, that does not fit in a pass."""
+    if task_tokens >= context_tokens - template_tokens:
+        return DataError(
+            f"the task takes {task_tokens} tokens, {template_tokens} more go to the chat template and "
+            f"the model's limit is {context_tokens}: no step fits beside it (oversize='error')",
+            record=qid,
+            field="task",
+        )
+    longest = max(step_tokens)
+    worst = step_tokens.index(longest)
+    return DataError(
+        f"step {worst} takes {longest} tokens; with the task ({task_tokens}) and the chat template "
+        f"({template_tokens}) its pass exceeds the model's limit of {context_tokens} (oversize='error')",
+        record=qid,
+        field=f"history[{worst}]",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,6 +193,33 @@ class SoapMethod(Method):
             else:
                 assert record.reference is not None and record.reference.step is not None
                 validation[plan.source].append(LabelledFeatures(features, record.reference.step))
+        scorers, details = self._fit_sources(plans, reference, validation, unlabelled, problems)
+
+        async def attribute(trajectory: Trajectory, model: ForwardModel) -> Attribution:
+            scorer = scorers.get(trajectory.source)
+            if not isinstance(scorer, SoapScorer):
+                # The options cannot work on this source's trajectories (too few to split, nothing to choose with).
+                raise ConfigError(
+                    scorer or f"{trajectory.qid}: source {trajectory.source!r} was not prepared"
+                )
+            return await scorer.attribute(trajectory, model)
+
+        items = tuple(qid for qid in trajectories.ids if role.get(qid) is None and qid not in _unused(plans))
+        return Preparation(
+            items=items,
+            detail={"model": probe.name, "seed": options.seed + realization, "sources": details},
+            attribute=attribute,
+        )
+
+    def _fit_sources(
+        self,
+        plans: Mapping[str, _SourcePlan],
+        reference: Mapping[str, list[TrajectoryFeatures]],
+        validation: Mapping[str, list[LabelledFeatures]],
+        unlabelled: Mapping[str, int],
+        problems: Mapping[str, str],
+    ) -> tuple[dict[str, SoapScorer | str], dict[str, Any]]:
+        """Each source's scorer, or why it could not be prepared, and the detail stored with the run."""
         scorers: dict[str, SoapScorer | str] = {}
         details: dict[str, Any] = {}
         for source, plan in plans.items():
@@ -210,22 +237,7 @@ class SoapMethod(Method):
                 scorers[source] = reason
                 detail["failed"] = reason
             details[source] = detail
-
-        async def attribute(trajectory: Trajectory, model: ForwardModel) -> Attribution:
-            scorer = scorers.get(trajectory.source)
-            if not isinstance(scorer, SoapScorer):
-                # The options cannot work on this source's trajectories (too few to split, nothing to choose with).
-                raise ConfigError(
-                    scorer or f"{trajectory.qid}: source {trajectory.source!r} was not prepared"
-                )
-            return await scorer.attribute(trajectory, model)
-
-        items = tuple(qid for qid in trajectories.ids if role.get(qid) is None and qid not in _unused(plans))
-        return Preparation(
-            items=items,
-            detail={"model": probe.name, "seed": options.seed + realization, "sources": details},
-            attribute=attribute,
-        )
+        return scorers, details
 
     def _plan(self, source: str, ids: Sequence[str], realization: int, n_layers: int) -> _SourcePlan:
         options = self.options
