@@ -1,14 +1,8 @@
 """ECHO: hierarchical context per target, a panel of independent analysts, a confidence-weighted vote.
 
-ECHO (Banerjee et al., 2025) as the baseline notes describe it (``baselines.md``, "ECHO"), under the LongRCA
-protocol (JSON answers, an explicit role and a 0-based step scored independently, no ground truth by default).
-The parts are modules tested on their own: `context` and `targets` (what the analysts read, no LLM), `answers`
-(the answer schema and its strict reading) and `vote` (the published vote and fallback). This module draws the
-panel, sends the calls and writes the output. The specification, every choice where the paper is open, the
-options and the output are in ``docs/methods/echo.md``.
-
-Cost: ``analysts`` calls per trajectory (``2 × analysts`` when decoupled) whatever the log's length and the
-``context`` mode; no per-step or per-view calls.
+ECHO (Banerjee et al., 2025) as ``baselines.md`` describes it, under the LongRCA protocol. This module holds the
+options, draws the panel, builds the view and sends ``analysts`` calls per trajectory (twice that when
+decoupled), whatever the log's length. The specification: ``docs/methods/echo.md``.
 """
 
 from __future__ import annotations

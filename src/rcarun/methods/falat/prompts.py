@@ -94,18 +94,8 @@ def locate_messages(
     max_tokens: int,
     policy: TruncationPolicy,
 ) -> tuple[list[Message], Truncation]:
-    """The locate prompt over the whole typed log, fitted to ``llm``'s context window.
-
-    Args:
-        trajectory: the run.
-        types: `type_steps` of the run.
-        llm: whose context window the prompt is fitted to.
-        templates: the prompt texts.
-        task: the task as shown (`rcarun.methods.context.task_text`).
-        ground_truth: the ground-truth line, or "" (`rcarun.methods.context.ground_truth_line`).
-        max_tokens: the output budget the prompt leaves room for.
-        policy: the truncation policy (`rcarun.methods.context.TRUNCATION_POLICIES`).
-    """
+    """The locate prompt over the whole typed log, fitted to ``llm``'s context window under ``policy``, with room
+    for ``max_tokens``; ``task`` and ``ground_truth`` as `task_text` and `ground_truth_line` give them."""
     schema_text = json.dumps(locate_schema(trajectory.n_steps), ensure_ascii=False)
 
     def render(cap: int | None) -> str:
@@ -156,21 +146,9 @@ def verify_messages(
 ) -> tuple[list[Message], Truncation]:
     """The verify prompt for candidate ``step``: its nearest dependencies, itself and the failure step.
 
-    Args:
-        trajectory: the run.
-        types: `type_steps` of the run.
-        graph: `link_steps` of the run.
-        failure_point: the located failure.
-        candidates: the walk's candidates by step (the dependency path to the failure is read from them).
-        step: the candidate to verify.
-        llm: whose context window the prompt is fitted to.
-        templates: the prompt texts.
-        task: the task as shown (`rcarun.methods.context.task_text`).
-        ground_truth: the ground-truth line, or "" (`rcarun.methods.context.ground_truth_line`).
-        max_parents: the most direct dependencies shown, nearest first (``max_context_parents``).
-        max_chars: the characters of step text shown in all (``verify_context_chars``).
-        max_tokens: the output budget the prompt leaves room for.
-        policy: the truncation policy (`rcarun.methods.context.TRUNCATION_POLICIES`).
+    ``candidates`` are the walk's, by step (the dependency path to the failure is read from them);
+    ``max_parents`` (``max_context_parents``) dependencies are shown, nearest first, within ``max_chars``
+    (``verify_context_chars``) characters of step text. The rest as in `locate_messages`.
     """
     steps = trajectory.steps
     parent_edges = graph.parents(step)[:max_parents]
