@@ -2,7 +2,8 @@
 
 Around a target step i, L1 = i±1 in full, L2 = i±2..3 as a key decision, L3 = i±4..6 as an outcome, L4 the rest
 as milestones, reduced by regex cues as the paper does. Cue sets, sentence rules and the fitting order:
-``docs/methods/echo.md``. `rcarun.methods.echo.targets` puts the per-target contexts together.
+``docs/methods/echo.md``. Single views (``whole-log``, ``focal``) are rendered here; the per-target document
+is `rcarun.methods.echo.targets`.
 """
 
 from __future__ import annotations
