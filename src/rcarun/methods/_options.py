@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, ValidationError
 
 from rcarun.errors import ConfigError
 from rcarun.methods.registry import create_method
 
 __all__ = [
+    "JudgeOptions",
     "MethodOptions",
     "ReasoningOption",
     "TupleOf",
@@ -55,6 +56,16 @@ class MethodOptions(BaseModel):
     def from_mapping(cls, options: Mapping[str, Any]) -> Self:
         """Parse and check a sweep config's table (`parse_options` under ``method_name``)."""
         return parse_options(cls.method_name, cls, options)
+
+
+class JudgeOptions(MethodOptions):
+    """The options every method that prompts a judge with the log shares; each subclass documents them."""
+
+    max_tokens: PositiveInt = 1024
+    temperature: float | None = 0.0
+    reasoning: ReasoningOption = None
+    include_task: bool = True
+    include_ground_truth: bool = False
 
 
 def parse_options(method_name: str, model: type[_OptionsT], options: Mapping[str, Any]) -> _OptionsT:

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
@@ -66,7 +66,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``bisect`` call: reason first, so the model explains before it commits."""
 
 
-class BinarySearchOptions(MethodOptions):
+class BinarySearchOptions(JudgeOptions):
     """Binary search's options table (a sweep's ``options`` for the method).
 
     Attributes:
@@ -84,11 +84,6 @@ class BinarySearchOptions(MethodOptions):
 
     method_name = _NAME
 
-    max_tokens: PositiveInt = 1024
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
     step_numbers: bool = True
     truncation: TruncationPolicy = "cap-steps"
     unclear: Literal["random", "earlier"] = "random"

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveInt
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, CostBound, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
@@ -63,7 +63,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``step_check`` call: reason first, so the model explains before it commits."""
 
 
-class StepByStepOptions(MethodOptions):
+class StepByStepOptions(JudgeOptions):
     """Step-by-step's options table (a sweep's ``options`` for the method).
 
     Attributes:
@@ -79,11 +79,6 @@ class StepByStepOptions(MethodOptions):
 
     method_name = _NAME
 
-    max_tokens: PositiveInt = 1024
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
     truncation: TruncationPolicy = "cap-steps"
     max_steps: PositiveInt | None = None
     stage: Annotated[str, Field(min_length=1)] = "step_check"

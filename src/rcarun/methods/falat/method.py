@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from rcarun.data import Trajectory, parse_step
-from rcarun.methods._options import MethodOptions, ReasoningOption
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     Truncation,
@@ -52,7 +52,7 @@ __all__ = ["Falat", "FalatOptions"]
 _METHOD = "falat"
 
 
-class FalatOptions(MethodOptions):
+class FalatOptions(JudgeOptions):
     """FALAT's options table (a sweep's ``options`` for the method); docs/methods/falat.md says what each
     rule does with them.
 
@@ -83,10 +83,6 @@ class FalatOptions(MethodOptions):
     method_name = _METHOD
 
     max_tokens: PositiveInt = 8000
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
     truncation: TruncationPolicy = "cap-steps"
     max_candidates: PositiveInt = 8
     max_verify_calls: NonNegativeInt = 8
