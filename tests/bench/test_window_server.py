@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rcarun.bench.metrics import Arrival, window_figures
-from rcarun.bench.window_server import (
+from rcarun_bench.metrics import Arrival, window_figures
+from rcarun_bench.window_server import (
     SlidingWindow,
     WindowConfig,
     WindowServer,

@@ -6,7 +6,7 @@
   so that its own cost accounting can be checked against the server's), into a fresh results.db. Against the
   window server its burst is rcarun's default, as a user leaves it. Nothing is bypassed: dataset loading, the
   session, the gate, the aiohttp backend, the store writer. The method is all-at-once wrapped only to note
-  when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
+  when it asks for its call (`rcarun_bench.timed`), for the queueing delay.
 - ``naive-gather``: the plain AsyncOpenAI + semaphore loop (issue 17's "plain SDK") — `asyncio.gather` over
   every call, an `asyncio.Semaphore` around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a
   429 (or a 503 overload, Kimi's way of saying the same) a sleep of Retry-After (or 1 s) and a retry. No
@@ -30,9 +30,9 @@
   cooldowns, and an `asyncio.Semaphore` of the scenario's concurrency around ``Router.acompletion``. Each
   answered attempt's send and answer times, and every failed attempt, come from LiteLLM's own callbacks.
 
-The peers send the very bodies rcarun sends (`rcarun.bench.workload.request_bodies`, with the scenario's
+The peers send the very bodies rcarun sends (`rcarun_bench.workload.request_bodies`, with the scenario's
 preset), built before the clock starts for the peers' requests but inside the measured run, as rcarun reads
-its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`)
+its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun_bench.client`)
 times the run and measures the process. Every client prices its tokens with the same `PRICES`, so its own cost
 can be compared with the server's accounting. The peers that need a package outside rcarun's own
 dependencies (the ``bench`` extra: aiolimiter, litellm) name it in `OPTIONAL_PACKAGES`; where it is
@@ -102,7 +102,7 @@ def unavailable_reason(client: str) -> str | None:
     module = OPTIONAL_PACKAGES.get(client)
     if module is None or importlib.util.find_spec(module) is not None:
         return None
-    return f"{client}: {module} is not installed (pip install -e '.[bench]')"
+    return f"{client}: {module} is not installed (pip install -e './benchmarks[peers]')"
 
 
 def import_optional_packages(client: str) -> None:
@@ -181,9 +181,9 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 
 def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool | None = None) -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
-    from rcarun.bench.timed import TIMED_METHOD
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
     from rcarun.runner.config import PricesConfig, StageConfig
+    from rcarun_bench.timed import TIMED_METHOD
 
     # Against the window server rcarun is configured as a user would for that provider: its preset, the default
     # burst (the simulator's scenarios declare the simulator's own 1-s burst), and the window the provider counts
@@ -200,7 +200,7 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool
                 provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
-                # The window server answers unstreamed requests only (`rcarun.bench.window_server`).
+                # The window server answers unstreamed requests only (`rcarun_bench.window_server`).
                 stream=False if scenario.server == "window" else stream,
                 limits=LimitsConfig(
                     concurrency=scenario.concurrency,
@@ -257,8 +257,8 @@ async def run_rcarun(
 
     ``stream`` None streams (the preset's default); False asks for whole bodies (``rcarun-unstreamed``).
     """
-    from rcarun.bench.timed import asked_at, register_timed_method
     from rcarun.runner import run_sweep
+    from rcarun_bench.timed import asked_at, register_timed_method
 
     register_timed_method()
     asked_at.clear()

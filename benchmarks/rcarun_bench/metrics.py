@@ -366,7 +366,7 @@ def storm_figures(attempts: Sequence[Attempt], settle_after_s: float) -> StormFi
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One chat request as the window server counted it (`rcarun.bench.window_server`).
+    """One chat request as the window server counted it (`rcarun_bench.window_server`).
 
     Attributes:
         at: seconds since the first arrival after the server's reset.
@@ -552,7 +552,7 @@ def peak_rss_mb_now() -> float:
 
 @dataclass(frozen=True, slots=True)
 class ClientRun:
-    """What a client's own process reports about one run (one JSON line from ``rcarun.bench.client``).
+    """What a client's own process reports about one run (one JSON line from ``rcarun_bench.client``).
 
     Attributes:
         calls: successful calls (the workload's size when nothing failed).

@@ -5,7 +5,7 @@ A scenario fixes everything the clients must agree on: what the simulator enforc
 and how large their prompts are. Every client runs the same scenario against the same simulator process, so a
 difference in the results is a difference between clients.
 
-The ceiling is always what the *server* allows (`rcarun.bench.metrics.nominal_ceiling_rps`): the server's
+The ceiling is always what the *server* allows (`rcarun_bench.metrics.nominal_ceiling_rps`): the server's
 concurrency (the clients' when the server has no cap) / latency, capped by the server's request and token
 rates. Ceilings stay within what this 2-core machine serves with client and server together (about 1,000
 req/s):
@@ -31,7 +31,7 @@ req/s):
       memory and loop lag are those of a long sweep, not of a starved CPU); its headline is peak RSS and
       event-loop lag.
 
-The window scenarios run against the bench's own strict sliding-window server (`rcarun.bench.window_server`)
+The window scenarios run against the bench's own strict sliding-window server (`rcarun_bench.window_server`)
 instead of the simulator: a provider's 60-s window, where the outside measurement of issue 17 saw one 429
 stop rcarun for about a minute. Each client is configured as its user would configure it for that provider:
 rcarun's backbone uses the provider's preset (``provider``: "openai" where the server speaks OpenAI's headers
@@ -41,7 +41,7 @@ as a concurrency limit and learns no rate from it)
 and rcarun's default burst; every peer sends the very bodies that preset builds. Concurrency 32, 0.5 s per
 answer (64 req/s, many times every limit: the limit binds). The headline is the goodput as a share of the
 server's *real* limit over the window [W/3, 4W/3) from the first arrival ([20, 80) s at W = 60 s), with the
-server's refusals and the time from the first refusal back to 0.95 of the limit (`rcarun.bench.metrics.
+server's refusals and the time from the first refusal back to 0.95 of the limit (`rcarun_bench.metrics.
 window_figures`). ``--quick`` keeps every rate and shrinks the window to 10 s (every span scales with it:
 [3.3, 13.3) s): a smoke test of the plumbing, not the measurement, because LiteLLM counts its rpm/tpm per wall-clock
 minute whatever the provider's window (rcarun is told the window, `LimitsConfig.window_s`, as a user of a
@@ -64,13 +64,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rcarun.mock import MockConfig
-
-if TYPE_CHECKING:
-    from .window_server import WindowConfig
 
 __all__ = [
     "SCENARIO_NAMES",
@@ -79,15 +77,16 @@ __all__ = [
     "PromptSizes",
     "Scenario",
     "Signal",
+    "WindowConfig",
     "get_scenario",
     "scenarios",
 ]
 
 Signal = Literal["openai-headers", "retry-after", "both", "bare", "overload-503"]
-"""How the window server signals a refusal (`rcarun.bench.window_server`)."""
+"""How the window server signals a refusal (`rcarun_bench.window_server`)."""
 SIGNALS: tuple[Signal, ...] = ("openai-headers", "retry-after", "both", "bare", "overload-503")
 Metering = Literal["usage", "max_tokens"]
-"""How the window server charges a request's tokens at arrival (`rcarun.bench.window_server`)."""
+"""How the window server charges a request's tokens at arrival (`rcarun_bench.window_server`)."""
 
 SCENARIO_NAMES = (
     "latency-bound",
@@ -150,6 +149,56 @@ class PromptSizes:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowConfig:
+    """How the window server behaves.
+
+    Attributes:
+        rpm / tpm: requests and tokens per minute (None: no such limit).
+        window_s: the sliding window's length; it admits ``rpm × window_s / 60`` requests.
+        latency_s: the answer time of every accepted request.
+        metering: how a request's tokens are charged at arrival ("usage" or "max_tokens").
+        chars_per_token: characters per token, prompt and answer alike, as this server counts them.
+        signal: how a refusal is signalled (`rcarun_bench.window_server`'s docstring).
+        model: the model name answers report.
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    window_s: float = 60.0
+    latency_s: float = 0.05
+    metering: Metering = "usage"
+    chars_per_token: float = 4.0
+    signal: Signal = "openai-headers"
+    model: str = "window-bench"
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.latency_s < 0 or self.chars_per_token <= 0:
+            raise ValueError("window_s and chars_per_token must be positive and latency_s not negative")
+        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and value * self.window_s / 60 < 1:
+                raise ValueError(f"{name}={value} admits less than one per {self.window_s:g}-s window")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"unknown signal {self.signal!r}; known: {', '.join(SIGNALS)}")
+        if self.metering not in ("usage", "max_tokens"):
+            raise ValueError(f"unknown metering {self.metering!r}; known: usage, max_tokens")
+
+    @property
+    def requests_per_window(self) -> int | None:
+        return None if self.rpm is None else math.floor(self.rpm * self.window_s / 60)
+
+    @property
+    def tokens_per_window(self) -> int | None:
+        return None if self.tpm is None else math.floor(self.tpm * self.window_s / 60)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> WindowConfig:
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """One benchmark scenario.
 
@@ -177,7 +226,7 @@ class Scenario:
         skip_clients: clients that sit this scenario out (each with its reason where the scenario is defined);
             ``rcarun-unstreamed`` sits out every scenario but those that name the clients they skip (what
             streaming costs is measured where answers are long, not repeated everywhere).
-        server: "simulator" (`rcarun.mock`) or "window" (`rcarun.bench.window_server`).
+        server: "simulator" (`rcarun.mock`) or "window" (`rcarun_bench.window_server`).
         provider: rcarun's backbone preset, and the preset every client's request bodies are built with.
         window_s / signal / metering / server_chars_per_token: the window server's window length, how it
             signals a refusal, how it charges tokens at arrival and its characters per prompt token.
@@ -287,9 +336,6 @@ class Scenario:
 
     def window_config(self) -> WindowConfig:
         """The window server for this scenario: its limits, window, latency, metering and signalling."""
-        # Imported here: the window server imports this module's vocabulary.
-        from .window_server import WindowConfig
-
         return WindowConfig(
             rpm=self.server_rpm if self.server_rpm is not None else self.rpm,
             tpm=self.server_tpm if self.server_tpm is not None else self.tpm,

@@ -3,7 +3,7 @@
 Timing claims belong here, not in timed tests (STYLE.md): the benchmark runs rcarun's real runner beside its
 peers (two plain-asyncio loops and, where the ``bench`` extra is installed, LiteLLM's Router) on the same
 workload against the same server process — rcarun's simulator, or the bench's own strict sliding-window server
-(`rcarun.bench.window_server`) that behaves like a provider's per-minute limits — and reports what the *server*
+(`rcarun_bench.window_server`) that behaves like a provider's per-minute limits — and reports what the *server*
 counted (429s, limit overshoot, goodput in its window) beside what each client achieved, so that "as fast as the
 limits allow" is a measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md; the
 last measured table is in docs/performance.md.
