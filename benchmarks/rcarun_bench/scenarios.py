@@ -359,14 +359,28 @@ _HEAVIER_TAILED_PROMPTS = PromptSizes(kind="lognormal", low=200, high=60_000, me
 def scenarios(quick: bool) -> tuple[Scenario, ...]:
     """Every scenario: about 10 s of work per client at the ceiling (the storm 25 s, large-scale about 100 s),
     or about a second with ``quick``."""
+    return (*_simulator_scenarios(quick), *_window_scenarios(quick))
+
+
+def _simulator_scenarios(quick: bool) -> tuple[Scenario, ...]:
+    """The scenarios against the simulator (module docstring)."""
+    # 64 in flight at 100 ms (latency-bound and its kin), 32 at 50 ms (where a limit binds).
+    unlimited: dict[str, Any] = {
+        "concurrency": _LATENCY_BOUND_CONCURRENCY,
+        "latency_s": _LATENCY_BOUND_LATENCY_S,
+        "sizes": _SMALL_PROMPTS,
+    }
+    limited: dict[str, Any] = {"concurrency": _CONCURRENCY, "latency_s": _LATENCY_S}
+    slots: dict[str, Any] = {
+        "binding": "slots",
+        "calls": 160 if quick else 3_200,
+        "latency_s": _LATENCY_BOUND_LATENCY_S,
+        "sizes": _SMALL_PROMPTS,
+        "max_concurrency": _SLOTS,
+        "headers": "none",
+    }
     latency_bound = Scenario(
-        name="latency-bound",
-        binding="latency",
-        calls=320 if quick else 6_400,
-        concurrency=_LATENCY_BOUND_CONCURRENCY,
-        latency_s=_LATENCY_BOUND_LATENCY_S,
-        sizes=_SMALL_PROMPTS,
-        seed=101,
+        name="latency-bound", binding="latency", calls=320 if quick else 6_400, seed=101, **unlimited
     )
     return (
         latency_bound,
@@ -388,104 +402,76 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
         # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
         # runner, another job) leaves a client. A client's CPU per call is what decides it.
         dataclasses.replace(latency_bound, name="latency-bound-contended", cpu_burners=1),
+        # The first ~600 calls ride on the 1-s burst and fall outside the steady window; add them.
         Scenario(
             name="requests-bound",
             binding="requests",
-            # The first ~600 calls ride on the 1-s burst and fall outside the steady window; add them.
             calls=300 if quick else 3_600,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             rpm=18_000,
             sizes=_SMALL_PROMPTS,
             seed=102,
+            **limited,
         ),
         Scenario(
             name="tokens-bound",
             binding="tokens",
             calls=120 if quick else 1_450,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             tpm=12_000_000,
             sizes=_HEAVY_TAILED_PROMPTS,
             seed=103,
+            **limited,
         ),
+        # 25 s at the server's 210 req/s (2 s with quick): 15 s after the first 10 to measure the tail in.
         Scenario(
             name="429-storm",
             binding="requests",
-            # 25 s at the server's 210 req/s (2 s with quick): 15 s after the first 10 to measure the tail in.
             calls=420 if quick else 5_250,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             rpm=18_000,
             sizes=_SMALL_PROMPTS,
             seed=104,
             server_rpm=round(18_000 * _STORM_SERVER_FRACTION),
             settle_after_s=1.0 if quick else 10.0,
             headline="storm",
+            **limited,
         ),
+        # Enough length retries that a call cut four times running (1 in 625) still gets its answer.
         Scenario(
             name="length-retries",
             binding="latency",
             calls=320 if quick else 3_200,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
             seed=105,
             length_rate=0.2,
-            # Enough that a call cut four times running (1 in 625) still gets its answer.
             length_retries=4,
             headline="length",
+            **unlimited,
         ),
+        Scenario(name="concurrency-cap", concurrency=_SLOTS, seed=106, **slots),
         Scenario(
-            name="concurrency-cap",
-            binding="slots",
-            calls=160 if quick else 3_200,
-            concurrency=_SLOTS,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=106,
-            max_concurrency=_SLOTS,
-            headers="none",
-        ),
-        Scenario(
-            name="vllm-queue",
-            binding="slots",
-            calls=160 if quick else 3_200,
-            concurrency=2 * _SLOTS,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=107,
-            max_concurrency=_SLOTS,
-            keepalive_s=_SILENT_KEEPALIVE_S,
-            headers="none",
+            name="vllm-queue", concurrency=2 * _SLOTS, seed=107, keepalive_s=_SILENT_KEEPALIVE_S, **slots
         ),
         Scenario(
             name="fairness",
             binding="tokens",
             calls=120 if quick else 1_500,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             tpm=12_000_000,
             sizes=_HEAVIER_TAILED_PROMPTS,
             seed=108,
             headline="fairness",
+            **limited,
         ),
+        # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five minutes
+        # on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends several times
+        # that per call.
         Scenario(
             name="large-scale",
             binding="latency",
             calls=500 if quick else 100_000,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
             seed=109,
             realizations=100,
             headline="scale",
-            # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five
-            # minutes on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends
-            # several times that per call.
             skip_clients=("rcarun-unstreamed", "naive-gather", "litellm-router"),
+            **unlimited,
         ),
-        *_window_scenarios(quick),
     )
 
 
