@@ -1,62 +1,10 @@
 """Every benchmark scenario, each named by what binds it, with ceilings two cores can serve.
 
-A scenario fixes everything the clients must agree on: what the simulator enforces, what the clients are told
-(usually the same limits, declared), the concurrency every client may use, how many calls make up the workload
-and how large their prompts are. Every client runs the same scenario against the same simulator process, so a
-difference in the results is a difference between clients.
-
-The ceiling is always what the *server* allows (`rcarun_bench.metrics.nominal_ceiling_rps`): the server's
-concurrency (the clients' when the server has no cap) / latency, capped by the server's request and token
-rates. Ceilings stay within what this 2-core machine serves with client and server together (about 1,000
-req/s):
-    - latency-bound: no limits; 64 / 0.1 s = 640 req/s. The 100-ms latency (the limited scenarios use 50 ms)
-      keeps the fixed cost of a loopback round trip on two shared cores (the simulator's request handling,
-      TCP, timer granularity: about 2.5 ms per call, whatever the client) from dominating a ratio that is
-      meant to measure the client. Real provider latencies are seconds.
-    - requests-bound: 18,000 requests/min (300 req/s), declared; concurrency alone would allow 640 req/s.
-    - tokens-bound: 12,000,000 tokens/min (200,000 tokens/s), declared, over heavy-tailed (lognormal) prompts;
-      the token rate divided by the mean tokens per call as the server charges them, about 130 req/s.
-    - 429-storm: the clients are told 18,000 requests/min but the server enforces 12,600 (30 % less): the
-      ceiling is the server's 210 req/s, and what matters is how fast a client stops provoking 429s.
-    - length-retries: no limits; 20 % of accepted requests are cut with finish_reason "length"
-      (`MockConfig.length_rate`); the ceiling counts attempts (a truncated answer is work the server did).
-    - concurrency-cap: a DeepSeek-style cap of 32 generating requests, the rest queued FIFO with keep-alive
-      blank lines, no rate limits, no rate-limit headers; the clients are told the cap. 32 / 0.1 s = 320 req/s.
-    - vllm-queue: a vLLM-style server with 32 generation slots and a queue, no 429s at all; the clients are
-      told only that they may keep 64 requests open, not the slot count. 32 / 0.1 s = 320 req/s.
-    - fairness: tokens-bound with a heavier tail (sigma 1.3), where a limiter that lets light calls overtake
-      heavy ones would starve the longest prompts; its headline is the queueing-delay ratio.
-    - large-scale: 1,000 trajectories x 100 realizations = 100,000 queued items (500 with --quick), no
-      limits, 64 / 0.1 s = 640 req/s as latency-bound (a rate two cores sustain with the simulator, so that
-      memory and loop lag are those of a long sweep, not of a starved CPU); its headline is peak RSS and
-      event-loop lag.
-
-The window scenarios run against the bench's own strict sliding-window server (`rcarun_bench.window_server`)
-instead of the simulator: a provider's 60-s window, where the outside measurement of issue 17 saw one 429
-stop rcarun for about a minute. Each client is configured as its user would configure it for that provider:
-rcarun's backbone uses the provider's preset (``provider``: "openai" where the server speaks OpenAI's headers
-and meters like OpenAI, "kimi" for a 503 overload, "openai-compatible" otherwise — a bare 429 included: a
-per-minute limit told by a bare 429 is what this scenario is about, while DeepSeek's preset reads its bare 429
-as a concurrency limit and learns no rate from it)
-and rcarun's default burst; every peer sends the very bodies that preset builds. Concurrency 32, 0.5 s per
-answer (64 req/s, many times every limit: the limit binds). The headline is the goodput as a share of the
-server's *real* limit over the window [W/3, 4W/3) from the first arrival ([20, 80) s at W = 60 s), with the
-server's refusals and the time from the first refusal back to 0.95 of the limit (`rcarun_bench.metrics.
-window_figures`). ``--quick`` keeps every rate and shrinks the window to 10 s (every span scales with it:
-[3.3, 13.3) s): a smoke test of the plumbing, not the measurement, because LiteLLM counts its rpm/tpm per wall-clock
-minute whatever the provider's window (rcarun is told the window, `LimitsConfig.window_s`, as a user of a
-provider with another window would tell it). Each run holds 2.1 windows of the server's limit, so that no client, however early it
-spends its allowance, runs out of work before the measured window ends (a client at the limit takes about
-2.1 windows; one that stalls takes longer):
-    - window-requests: 300 requests/min enforced and declared, OpenAI headers; 630 calls (105 with --quick).
-    - window-undeclared: the server enforces 200 requests/min, the clients are told 400 (twice the real limit),
-      OpenAI headers; one scenario per way of signalling a refusal (``window-undeclared-retry-after``,
-      ``-both``, ``-bare``, ``-503``), so that each is its own row; 420 calls (70).
-    - window-tokens: 1,200,000 tokens/min enforced and declared, metered as prompt + the whole max_tokens
-      (8,000) at arrival, as OpenAI meters them: about 8,650 tokens a call, 139 calls/min; 292 calls (49).
-    - window-tokens-ratio: 280,000 tokens/min enforced and declared, metered from usage but with prompts
-      counted at 3 characters a token while the clients estimate 4: about 940 tokens a call as the server
-      counts them (300 calls/min), 710 as the clients do; 630 calls (105).
+A scenario fixes everything the clients must agree on: what the server enforces, what the clients are told, the
+concurrency they may use, the workload's size and prompt sizes. Every client runs it against the same server
+process, so a difference in the results is a difference between clients. The ceiling is what the *server*
+allows (`rcarun_bench.metrics.nominal_ceiling_rps`). The scenarios and their ceilings are tabled in
+benchmarks/README.md; the window scenarios (against `rcarun_bench.window_server`) in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -158,7 +106,7 @@ class WindowConfig:
         latency_s: the answer time of every accepted request.
         metering: how a request's tokens are charged at arrival ("usage" or "max_tokens").
         chars_per_token: characters per token, prompt and answer alike, as this server counts them.
-        signal: how a refusal is signalled (`rcarun_bench.window_server`'s docstring).
+        signal: how a refusal is signalled (benchmarks/README.md, "The window server").
         model: the model name answers report.
     """
 

@@ -1,55 +1,15 @@
-"""A strict sliding-window rate-limit server of the bench's own: the outside measurement's server, in loopback.
+"""A strict sliding-window rate-limit server of the bench's own: a provider's per-minute limits, in loopback.
 
-rcarun's simulator (`rcarun.mock`) enforces limits as token buckets with a 1-s burst, so the resets its
-``x-ratelimit-reset-*`` headers state are under a second. OpenAI counts requests and tokens per minute and
-states as the reset the time until the limit is back to its initial state: tens of seconds. An outside
-measurement against such a server found that one 429 stopped rcarun for about a minute (issue 17), which the
-simulator never showed. This server is written independently of the simulator (it shares only its stats
-record, `rcarun.mock.MockStats`, so that the bench reads both alike) and enforces exactly this:
-
-    an arrival is refused when the requests — or the tokens — accepted in the last ``window_s`` seconds,
-    this one included, would exceed the limit.
-
-Refused arrivals count against nothing. Limits are given per minute (``rpm``, ``tpm``), as clients are told them;
-the window admits ``rpm × window_s / 60`` requests (and the same share of ``tpm``), so a ``window_s`` below 60
-(the bench's ``--quick``) is the same rate in a shorter window, and the headers still state the per-minute
-limit while ``remaining`` and ``reset`` describe the shorter window.
-
-Tokens: a prompt costs ⌈characters / ``chars_per_token``⌉ per message + 4 per message (the simulator's and the
-aiolimiter peer's count at the default 4.0; another ratio, e.g. 3.0, is a provider whose tokenizer counts more
-than the client estimates). The charge at arrival (``metering``):
-    - "usage": prompt + the completion tokens the answer will have (what ``usage`` then reports);
-    - "max_tokens": prompt + the request's whole ``max_completion_tokens`` / ``max_tokens``, used or not, as
-      OpenAI meters it ("your rate limit is calculated as the maximum of max_tokens and the estimated number
-      of tokens based on the character count of your request", https://platform.openai.com/docs/guides/rate-limits).
-
-How a refusal is signalled (``signal``):
-    - "openai-headers": a 429 with ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` on every response,
-      200 and 429 alike, and no ``Retry-After``, as OpenAI documents them
-      (https://platform.openai.com/docs/guides/rate-limits): limit per minute, remaining now, and reset as the
-      time until the limit is back to its initial state — here until everything now counted has left the
-      window, tens of seconds — in OpenAI's Go-style durations ("59.87s", "1m2s", "200ms").
-    - "retry-after": a 429 with only ``Retry-After``: whole seconds until one more request would fit (RFC 9110
-      section 10.2.3); no x-ratelimit headers on any response.
-    - "both": the OpenAI headers on every response and ``Retry-After`` on a 429 (a provider that sends both).
-    - "bare": a 429 with no header at all, as DeepSeek answers ("429 Rate Limit Reached", no rate-limit
-      headers; https://api-docs.deepseek.com/quick_start/error_codes, the ``deepseek`` preset in
-      `rcarun.backends.presets`).
-    - "overload-503": a 503 whose body is ``{"error": {"type": "engine_overloaded_error", ...}}`` and no header,
-      as Kimi / Moonshot answer an overload (https://www.kimi.com/help/kimi-api/api-rate-limits; the ``kimi``
-      preset treats 503 as a rate-limit signal, after inspect_ai PR #4572).
-
-Every arrival is counted with its time (seconds since the first arrival after a reset), its status and the
-tokens metered for it: `GET /window/stats` returns the counters in `MockStats`' shape plus that list of
-arrivals, the ground truth of the measurement (`rcarun_bench.metrics.window_figures`). Answers are
-non-streaming chat completions (rcarun and every peer of the bench send ``stream`` absent): a JSON object
-filled from the request's ``response_format`` schema, or from the last fenced JSON schema in the prompt.
+The simulator's limits are token buckets with a 1-s burst; a provider counts per minute and states resets of
+tens of seconds. This server refuses an arrival when the requests — or the tokens — accepted in the last
+``window_s`` seconds, this one included, would exceed the limit; refused arrivals count against nothing. Limits
+are per minute (the window admits ``rpm × window_s / 60``). Tokens are charged at arrival (``metering``) and a
+refusal is signalled one of five ways (``signal``), each after a provider: see "Against a provider's 60-s
+window" in docs/performance.md and benchmarks/README.md. It logs every arrival (`GET /window/stats`), the ground
+truth of `rcarun_bench.metrics.window_figures`, and shares only its stats record with the simulator.
 
     async with WindowServer(WindowConfig(rpm=300)) as server:     # in this event loop
-        ... server.base_url, server.stats(), server.arrivals(), server.reset()
-
     with WindowServerProcess(WindowConfig(rpm=300)) as server:    # in a child process
-        ... the same, over HTTP
 """
 
 from __future__ import annotations

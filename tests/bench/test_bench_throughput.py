@@ -81,7 +81,7 @@ def test_quick_latency_bound_runs_every_client_end_to_end() -> None:
     document = json.loads(json.dumps(json_document(rows, skipped_clients())))
 
     rows = document["scenarios"]
-    # A peer whose package is not installed (the bench extra) sits out, with its reason in the document;
+    # A peer whose package is not installed (the peers extra) sits out, with its reason in the document;
     # rcarun-unstreamed runs only where answers stream long (the streaming scenario).
     available = [
         client

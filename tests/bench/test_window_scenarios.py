@@ -109,7 +109,7 @@ def test_window_scenario_miniature_with_the_plain_sdk_peer(name: str) -> None:
 @pytest.mark.slow
 def test_litellm_router_miniature() -> None:
     if unavailable_reason("litellm-router") is not None:
-        pytest.skip("litellm is not installed (the bench extra)")
+        pytest.skip("litellm is not installed (the peers extra of benchmarks/)")
     scenario = _miniature("window-undeclared")
 
     [row] = run_scenarios([scenario], clients=("litellm-router",))
