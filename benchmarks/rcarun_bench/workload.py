@@ -12,6 +12,7 @@ trajectory.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
@@ -23,6 +24,7 @@ from typing import Any
 from rcarun.backends import BackendSettings, ChatMessage, ChatRequest, build_body, get_preset
 from rcarun.data import Trajectory, iter_dataset
 from rcarun.methods import LLM, Message, Method, Reply, create_method
+from rcarun.methods.registry import BUILT_IN_METHODS
 
 from .scenarios import PromptSizes, Scenario
 
@@ -37,6 +39,10 @@ _VOCABULARY = (
     "number source website link download parse code run test failed success verify final compute list"
 )
 _STREAM_CHARS = 200_000
+_METHOD = "all-at-once"
+# The method's module is imported with this one, so that a peer's measured run does not pay for it (tens of ms:
+# a quarter of a millisecond a call in a --quick scenario).
+importlib.import_module(BUILT_IN_METHODS[_METHOD])
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +175,7 @@ def _first_request(method: Method, trajectory: Trajectory) -> ChatRequest:
 def request_bodies(dataset: Path, base_url: str, provider: str = "simulated") -> Iterator[BenchRequest]:
     """The request body of every trajectory in ``dataset``, in dataset order, as rcarun's runner sends it to a
     backbone with the preset ``provider`` (the scenario's: e.g. ``max_completion_tokens`` for "openai")."""
-    method = create_method("all-at-once", label="all-at-once", options={})
+    method = create_method(_METHOD, label=_METHOD, options={})
     settings = BackendSettings(name="bench", provider=provider, model=MODEL, base_urls=(base_url,))
     preset = get_preset(provider)
     for record in iter_dataset(dataset):
