@@ -1,0 +1,248 @@
+"""What RCTA records of a run and predicts from it: the output JSON, the prediction, ``error`` and ``fallback``.
+
+The rules for ``error`` and ``fallback`` are in ``docs/methods/rcta.md`` ("Unreadable answers and fallbacks").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rcarun.data import Trajectory
+from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
+from rcarun.methods.llm import Reply
+
+from .evidence import Evidence
+from .options import Ablation
+from .schemas import LocalSummary, Outline
+from .segment import Segment
+from .validate import FinalFields, Validation
+
+__all__ = ["Answers", "StageOne", "attempt_record", "parsed", "prediction"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageOne:
+    """Stage I's summaries and outline, with what each call recorded."""
+
+    summaries: tuple[LocalSummary, ...]
+    summary_records: tuple[dict[str, Any], ...]
+    outline: Outline
+    outline_record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """Stage II's attempts: the first, the A4 retry if one was sent, the merge and what each attempt recorded."""
+
+    first: Validation
+    first_reply: Reply
+    retry: Validation | None
+    retry_reply: Reply | None
+    final: FinalFields
+    attempts: tuple[dict[str, Any], ...]
+    truncation: dict[str, Any]
+
+
+def parsed(reply: Reply) -> Any:
+    """The reply's decoded JSON, or None when it could not be decoded."""
+    return reply.parsed if reply.parse_error is None else None
+
+
+def attempt_record(name: str, validation: Validation, reply: Reply) -> dict[str, Any]:
+    """One attribution attempt as the output records it."""
+    return {
+        "attempt": name,
+        "parsed": isinstance(parsed(reply), dict),
+        "finish_reason": reply.finish_reason,
+        "valid": validation.valid,
+        "errors": list(validation.errors),
+    }
+
+
+def _unread_and_overridden(
+    attempts: Sequence[tuple[Validation, Reply]],
+    predicted: Mapping[str, object],
+    *,
+    model_abstained: bool,
+    merged: bool,
+) -> tuple[str | None, str | None]:
+    """The prediction's ``error`` and ``fallback`` (module docstring).
+
+    Args:
+        attempts: the attribution attempts that count, in order, with their replies.
+        predicted: the essential fields as predicted (``agent``, ``step``), None when missing.
+        model_abstained: the model's own kept ``abstain`` said so.
+        merged: A4 ran (the merge decides abstention); False for the A4 control.
+    """
+    missing = [name for name, value in predicted.items() if value is None]
+    if not missing or model_abstained:
+        return None, None
+    unread = [name for name in missing if all(getattr(v.answer, name) is None for v, _ in attempts)]
+    error = None
+    if unread:
+        if not any(isinstance(parsed(reply), dict) for _, reply in attempts):
+            last = attempts[-1][1]
+            reason = last.parse_error or "the answer is not a JSON object"
+            error = f"attribution answer unreadable ({len(attempts)} of {len(attempts)} attempts): {reason}"
+        else:
+            last_check = attempts[-1][0]
+            reasons = "; ".join(m for name in unread for m in last_check.check(name).errors[:1])
+            fields = " and ".join(f"root_cause.{name}" for name in unread)
+            error = f"{fields} missing or mistyped in every attempt: {reasons}"
+    fallback = None
+    if merged and len(unread) < len(predicted):
+        dropped = [name for name in missing if name not in unread]
+        what = (
+            f"{' and '.join(dropped)} invalid in every attempt"
+            if dropped
+            else f"{' and '.join(missing)} missing while the other field is valid"
+        )
+        fallback = f"rcta A4: {what}, the output abstains (published rule)"
+    return error, fallback
+
+
+def _final_json(final: FinalFields) -> dict[str, Any]:
+    trace = final.delegation_trace
+    return {
+        "agent": final.agent,
+        "step": final.step,
+        "reason": final.reason,
+        "evidence_step_ids": list(final.evidence_step_ids) if final.evidence_step_ids is not None else None,
+        "primary_category": final.primary_category,
+        "contributing_factors": (
+            list(final.contributing_factors) if final.contributing_factors is not None else None
+        ),
+        "delegation_trace": None
+        if trace is None
+        else {
+            "checked": trace.checked,
+            "faithful_implementation": trace.faithful_implementation,
+            "prescribing_step": trace.prescribing_step,
+            "quote": trace.quote,
+            "defect_in_quote": trace.defect_in_quote,
+        },
+        "failure_chain": None
+        if final.failure_chain is None
+        else [{"step": n.step, "agent": n.agent, "role": n.role} for n in final.failure_chain],
+        "counterfactual": final.counterfactual,
+        "confidence": final.confidence,
+    }
+
+
+def prediction(
+    trajectory: Trajectory,
+    *,
+    flags: Ablation,
+    segments: Sequence[Segment],
+    stage_one: StageOne,
+    evidence: Evidence,
+    answers: Answers,
+    calls: int,
+    fallbacks: list[str],
+    output: dict[str, Any],
+) -> Attribution:
+    """The prediction from the kept fields (A4) or the first answer as answered (A4 off), with ``output`` filled.
+
+    ``fallbacks`` is the run's list; a missing essential field after the merge adds ``abstain_missing_fields``.
+    """
+    first, final = answers.first, answers.final
+    if flags.validation_retry:
+        role, step, abstained = final.agent, final.step, final.abstain
+        cited = final.evidence_step_ids or ()
+    else:  # the first answer as answered: no merge, no sanitising
+        role, step = first.answer.agent, first.answer.step
+        abstained = first.answer.abstain is True
+        cited = first.answer.evidence_step_ids or ()
+    if final.agent is None or final.step is None:
+        fallbacks.append("abstain_missing_fields")
+    output.update(calls=calls, **_record(segments, stage_one, evidence, answers, flags=flags))
+    output["diagnostics"].update(
+        evidence_ids=list(cited),
+        used_handoff=step is not None and step in {link.handoff for link in evidence.links},
+        outline_phases=len(stage_one.outline.phases),
+        outline_phases_in_range=stage_one.outline.phase_count_in_range,
+        outline_fallback=stage_one.outline.fallback,
+        fallbacks=list(fallbacks),
+    )
+    if not flags.validation_retry:
+        output["raw_answer"] = {"agent": role, "step": step, "abstain": first.answer.abstain}
+    counted = [(first, answers.first_reply)]
+    if answers.retry is not None and answers.retry_reply is not None and flags.validation_retry:
+        counted.append((answers.retry, answers.retry_reply))
+    error, fallback = _unread_and_overridden(
+        counted,
+        {"agent": role, "step": step},
+        model_abstained=final.model_abstained if flags.validation_retry else first.answer.abstain is True,
+        merged=flags.validation_retry,
+    )
+    return Attribution(
+        pred_role=role,
+        pred_step=step,
+        role_valid=role_is_valid(role, trajectory),
+        step_valid=step_is_valid(step, trajectory),
+        abstained=abstained,
+        output=output,
+        error=error,
+        fallback=fallback,
+    )
+
+
+def _record(
+    segments: Sequence[Segment], stage_one: StageOne, evidence: Evidence, answers: Answers, *, flags: Ablation
+) -> dict[str, Any]:
+    """The output's record of the run, up to the diagnostics that depend on the prediction."""
+    pool, final = evidence.pool, answers.final
+    # Recall by source (Fig. 6a): none under the A1 control, whose base candidates are not proposals.
+    by_source = {s: pool.base_ids_from(s) if flags.pooled_candidates else () for s in ("summary", "outline")}
+    return {
+        "segments": [
+            {
+                "id": s.segment_id,
+                "steps": [s.step_ids[0], s.step_ids[-1]],
+                "overlap": list(s.overlap_ids),
+                "cut": s.cut_reason,
+            }
+            for s in segments
+        ],
+        "stages": {
+            "summary": list(stage_one.summary_records),
+            "outline": stage_one.outline_record,
+            "attribution": list(answers.attempts),
+        },
+        "candidates": {
+            "base_ids": list(evidence.base_ids),
+            "count": len(evidence.base_ids),
+            "pooled_ids": list(pool.base_ids),
+            "pooled": [
+                {"step": c.step_id, "source": c.source, "tags": list(c.tags), "priority": c.priority}
+                for c in pool.candidates
+            ],
+            "proposals": pool.n_proposals,
+            "outline_hints": pool.n_outline_hints,
+            "overflow": len(pool.overflow),
+            "dropped": list(pool.dropped),
+        },
+        "excerpt_ids": list(evidence.excerpt_ids),
+        "handoff_links": [[link.candidate, link.handoff, link.rule] for link in evidence.links],
+        "linkage_hints": [
+            {"executor": h.executor_step, "handoff": h.handoff_step, "kind": h.kind, "overlap": h.overlap}
+            for h in evidence.hints
+        ],
+        "truncation": answers.truncation,
+        "answer": _final_json(final),
+        "field_sources": dict(final.sources),
+        "final_errors": list(final.errors),
+        "abstain": final.abstain,
+        "model_abstained": final.model_abstained,
+        "needs_review": final.needs_review,
+        "covered": final.covered,
+        "coverage_checks": dict(final.coverage_checks),
+        "diagnostics": {
+            "base_candidate_ids": list(evidence.base_ids),
+            "summary_candidate_ids": list(by_source["summary"]),
+            "outline_candidate_ids": list(by_source["outline"]),
+            "excerpt_ids": list(evidence.excerpt_ids),
+        },
+    }
