@@ -68,7 +68,7 @@ def _unread_and_overridden(
     model_abstained: bool,
     merged: bool,
 ) -> tuple[str | None, str | None]:
-    """The prediction's ``error`` and ``fallback`` (module docstring).
+    """The prediction's ``error`` and ``fallback`` (docs/methods/rcta.md).
 
     Args:
         attempts: the attribution attempts that count, in order, with their replies.

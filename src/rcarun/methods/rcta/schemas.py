@@ -1,52 +1,8 @@
 """The answers of RCTA's three LLM stages: their JSON schemas and readers that turn an answer into values.
 
-RCTA makes m + 2 calls per trajectory (one local summary per segment, one trajectory outline, one final
-attribution; LongRCA paper Sec. 4, App. H). Each call is constrained by a schema built here from what the stage
-may legally answer (the segment's own step ids, the recorded agents, the step range), and each answer is read
-into frozen dataclasses by a ``parse_*`` function. Readers never repair: a value of the wrong type is left out
-(``None`` / skipped item) and an out-of-range value is kept as answered; either way a `FieldError` records it.
-Deciding what an invalid answer means (retry, fallback, abstain) is the caller's business (A4 lives in
-`rcarun.methods.rcta.validate`).
-
-Local summary (paper Sec. 4.1; release notes 3.4). Fields as released: ``segment_id``, ``step_range`` (first and
-last own id), ``segment_goal``, ``key_events`` (3–8, each ``{event, step_ids}``), ``verifier_findings``
-(``{step_ids, result: PASS|FAIL|UNKNOWN, note}``) and ``uncertainties``. The release's ``candidate_failures``
-(failure *types*) is replaced by the paper's tagged proposals (release notes 3.13 item 2; the paper wins):
-``proposed_steps`` is a list of ``{step_id, tags, note}`` where ``tags`` is a non-empty set drawn from
-``possible_manifestation, possible_root, terminal_context, other, recovered_noise``. Every step id in the answer
-is constrained to the segment's own ids (overlap ids are context, not answerable; release 3.2). Choices where
-the sources are silent: one proposal per step id, ``recovered_noise`` is one more tag (the paper calls it a hint
-that adds 3 to the priority), and ``note`` is the "why" the release asks for. Neither source caps how many steps
-one summary may propose, and neither do we: only the pooled base candidates are capped (80, App. H).
-
-Outline (paper Sec. 4.1; release 3.5): ``phases`` of ``{phase_id, step_range, phase_goal, involved_agents,
-sub_phases, failure_signals, supporting_step_ids (3–10)}`` and ``conflicts`` (``{description, segment_ids,
-step_ids}``). The prompt asks for 3 to 8 phases, as the release's does, but neither the schema nor the reader
-enforces the count: the release never checked it and the paper's implementation left 308 of 1,140 outlines
-outside that range (summary App. E). A readable outline of any length is used as answered and
-`Outline.phase_count_in_range` records whether it has 3–8 phases (the method stores it in its diagnostics).
-When the answer cannot be read (not a JSON object, or no list of phase objects), `fallback_outline` gives one
-phase per local summary with ``fallback=True`` — the paper's summary says the fallback is recorded, which the
-release does not do (release 3.5, 3.13 item 7; we record it).
-
-Attribution (paper Sec. 4.2, App. D–F; release 3.9), field names as the rcarun issue fixes them: ``root_cause``
-``{agent, step}``, ``reason``, ``evidence_step_ids`` (0–10), ``abstain``, ``primary_category`` (one code of the
-15-code failure taxonomy), ``contributing_factors`` (codes), ``analysis`` ``{delegation_trace {checked,
-faithful_implementation, prescribing_step, quote, defect_in_quote}, failure_chain, counterfactual, confidence}``.
-Paper vs release: the release lets ``agent`` be SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED and
-``step`` be ``"system_evaluation"`` (or a digit string); the paper allows only recorded roles (never ENVIRONMENT)
-and existing steps, and keeps the system evaluation only as an unscored terminal node of the failure chain. We
-follow the paper: ``agent`` is an enum of the recorded agents (minus any literally named ENVIRONMENT), ``step`` an
-integer in ``[0, n_steps)`` (a digit string is read as one, below), and a failure-chain node with ``step: null`` stands for the system evaluation. The failure
-chain is the release's list of nodes ``{step, agent, role, description}`` with ``role`` in ``root_cause,
-propagation, exposure, terminal``. ``prescribing_step`` is ``integer | null`` as released.
-
-Step ids are read as numbers: wherever an answer gives a step id (``root_cause.step``, evidence ids, chain nodes,
-``prescribing_step``, proposals, events, findings, phases, conflicts, step ranges), a string of decimal digits
-with an optional sign (``"12"``, ``" 7 "``) is read as that integer — the paper fails only "missing, nonnumeric, or
-out-of-range steps" (Sec. 5.1) and the release parses its step strings as integers (release 3.12), while JSON-mode
-providers answer without the schema's types. Anything else (``true``, ``12.0``, ``"12a"``, ``"step 12"``) is not a
-step id: it is left out and recorded. Counts and other ids (``segment_id``, ``phase_id``) must be JSON integers.
+Readers never repair: a value of the wrong type is left out and an out-of-range one kept, and either way a
+`FieldError` records it; what that means (retry, fallback, abstain) is A4's business (`validate`). Fields, the
+paper-vs-release choices and how step ids are read: ``docs/methods/rcta.md`` ("The stages' answers").
 """
 
 from __future__ import annotations
@@ -236,7 +192,7 @@ def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str,
 def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
     """The schema of the trajectory outline: phases over the whole trajectory, and conflicts.
 
-    The prompt asks for 3–8 phases; the schema asks for at least one and caps nothing (module docstring).
+    The prompt asks for 3–8 phases; the schema asks for at least one and caps nothing.
 
     Args:
         trajectory: gives the step bounds and the recorded agents (``involved_agents``).
@@ -571,7 +527,7 @@ class _Reader:
         return int(value)
 
     def step(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> int | None:
-        """A step id: a JSON integer, or a string of decimal digits read as one (module docstring)."""
+        """A step id: a JSON integer, or a string of decimal digits read as one."""
         value = self.get(obj, key, field, path)
         if value is _MISSING:
             return None

@@ -1,54 +1,7 @@
 """Rule-based segmentation of an enriched trajectory for RCTA's local summaries (release notes 3.2; no LLM).
 
-Why: a long trajectory does not fit one summary call, and the local-summary stage must see consecutive steps
-with their original ids. The paper (Sec. 4.1, App. E) fixes the shape: consecutive recorded steps, character and
-step limits, at most 80 non-overlap steps, up to five preceding steps as overlap context, boundaries that may
-align with completion or handoff transitions and verifier PASS/FAIL markers used only as boundary cues. It is
-silent on the concrete rules, so this module takes the released pipeline's.
-
-Constants (`SegmentationConfig`, module constants as defaults; characters are code points of step contents):
-target 24,000 (`TARGET_CHARS`); hard cap 32,000 (`MAX_CHARS`) over the segment's OWN step contents, overlap
-excluded; at most 80 own steps (`MAX_STEPS`); at least 8 steps (`MIN_STEPS`) and 10,000 characters
-(`MIN_CHARS`) before a semantic cut; 5 overlap steps (`OVERLAP_STEPS`).
-
-The pass: the first step opens the first segment. Before appending each incoming step to the open segment,
-the rules below are checked in order and the first that holds cuts (``n`` = own steps so far, ``chars`` = their
-content length, ``last`` = the segment's last step; a class "change" compares the incoming step's role class
-with ``last``'s):
-
-(a) ``finish_signal``: ``last`` is a ``finish`` action, ``n >= 8`` and ``chars >= 10,000``;
-(b) ``verifier_signal_change``: the incoming step has a verifier signal, the segment's most recent signal
-    (the last non-None one among its own steps) exists and differs (PASS↔FAIL), and ``chars >= 10,000``
-    (no step minimum, as released);
-(c) ``agent_shift``: the class changes, the incoming step is a ``delegate`` or ``finish`` action, ``n >= 8``
-    and ``chars >= 10,000``;
-(d) ``max_length``: ``chars + incoming length > 32,000``;
-(e) ``max_steps``: ``n >= 80``;
-(f) ``soft_agent_shift_at_target``: ``chars >= 24,000`` and the class changes.
-
-On a cut the open segment is closed with that reason and the incoming step opens the next one; otherwise the
-step is appended. The last segment's reason is ``"end_of_trace"`` (the release's word). Consequences: a
-segment never holds more than 80 own steps; a segment of two or more steps never exceeds the cap, because
-(d) is checked before every append; a single step longer than the cap is its own, oversized segment (the
-step after it is always cut off by (d), or by an earlier rule).
-
-Overlap: every segment after the first carries the last ``min(5, n)`` own steps of the segment before it as
-read-only context (the release's choice; the paper's "up to five preceding steps" does not say whether to
-reach further back when the previous segment is shorter, e.g. a lone oversized step, and the release does
-not). Overlap ids are not valid outputs of that segment (`Segment.valid_ids`) and do not count toward its
-characters or steps.
-
-Post-pass (`split_oversized`, the release's safety net): every segment still over the character cap with
-more than one own step is split once at ``n // 2``; the left half keeps the original overlap and is marked
-``"split_in_half_left"``, the right half takes the left half's last ``min(5, n // 2)`` steps as overlap and is
-marked ``"split_in_half_right"``; the segment after them keeps its overlap. Then segments are renumbered from 0.
-Because of rule (d) no segment the pass builds can qualify, whatever the configuration, so the post-pass never
-changes `segment`'s output; it is implemented faithfully anyway and tested on hand-built segments.
-
-Where paper and release differ, the paper wins: role classes are the paper's App. H list
-(`rcarun.methods.rcta.roles`), so rule (c) and (f) see classes such as Orchestrator=planner and
-WebSurfer=executor that the release's default profile calls ``unknown``. Step ids must be strictly increasing;
-`enrich` gives ``0..n-1``.
+A long trajectory does not fit one summary call; the paper fixes the segments' shape (Sec. 4.1, App. E) and the
+release the rules. Constants, cut rules, overlap and the post-pass: ``docs/methods/rcta.md`` ("Segmentation").
 """
 
 from __future__ import annotations
@@ -110,7 +63,7 @@ CUT_REASONS: tuple[CutReason, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class SegmentationConfig:
-    """The segmenter's limits (meanings in the module docstring; characters are code points).
+    """The segmenter's limits (characters are code points; docs/methods/rcta.md).
 
     Attributes:
         target_chars: the soft target of rule (f).
@@ -273,7 +226,7 @@ def split_oversized(
 def segment(
     enriched_steps: Sequence[EnrichedStep], *, config: SegmentationConfig = DEFAULT_CONFIG
 ) -> tuple[Segment, ...]:
-    """Cut a trajectory into segments by the rules of the module docstring.
+    """Cut a trajectory into segments by the rules in docs/methods/rcta.md.
 
     Args:
         enriched_steps: the trajectory's steps from `enrich`, in order.

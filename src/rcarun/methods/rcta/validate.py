@@ -1,66 +1,8 @@
 """A4, output and evidence validation: check the attribution field by field, retry once, keep what was valid.
 
-RCTA's final answer names the responsible role and the root step in separate fields, with an explanatory chain
-and cited handoff evidence beside them. A4 (LongRCA paper Sec. 4.2, App. H, App. L.1/L.3; summary App. E–F;
-release notes 3.10) checks each field on its own so that one bad field costs only itself: invalid fields trigger
-one retry carrying the validation feedback, valid fields are kept independently, and when the essential fields
-stay missing the output abstains and is flagged. No LLM call happens here; the method module sends the retry.
-
-Field checks (`validate_attribution`); every error names its field. Each check looks at its own field only (the
-paper keeps role and step independent: Sec. 3.1, summary App. D "the selected step's emitter does not determine
-the predicted role"), except where a rule below names the other field it reads:
-
-- ``agent``: a string that is one of the trajectory's recorded agents, and never ENVIRONMENT (compared after
-  trimming, case-insensitively, so a recorded agent literally called "environment" is not scorable either)
-  (paper: summary App. E). The release also accepts SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED;
-  the paper does not, and wins.
-- ``step``: an integer that is a step of the trajectory (paper: summary App. E). The reader reads a digit string
-  as its integer and leaves out anything else (`rcarun.methods.rcta.schemas`). The release also accepts
-  ``"system_evaluation"``; the paper allows the system evaluation only as an unscored terminal chain node.
-- ``reason``, ``counterfactual``: strings.
-- ``evidence_step_ids``: steps of the trajectory, at most 10, non-empty unless the answer abstains (release).
-- ``abstain``: a boolean.
-- ``primary_category``: one code of the failure taxonomy. ``contributing_factors``: valid codes, unique, not
-  repeating the primary (release).
-- ``delegation_trace`` (cited handoff evidence, textual provenance only): a cited ``prescribing_step`` must be a
-  step of the trajectory that is a handoff step (a key of ``handoff_texts_by_step``), and a non-empty ``quote``
-  cited from it must be grounded in that step's logged instruction text (``quote_grounded(quote, text)``). The
-  paper checks "the provenance of cited handoff evidence" (Sec. 4.2; summary App. F); the release checks the
-  quote only under a faithful claim — we check any quote that cites a handoff step. A faithful-implementation
-  claim must cite a prescribing handoff step and a non-empty quote (release).
-- ``failure_chain`` (explanatory-chain structure; the rules are the release's): at least one ``root_cause`` and
-  one ``terminal`` node, roles from the enum, node steps inside the trajectory; a node without a step (the
-  system evaluation) only in the ``terminal`` role (paper: summary App. E).
-- ``confidence``: high/medium/low, and ``low`` when abstaining (release).
-- ``consistency``: empty by default. The paper has no cross-field rule. The release's ones are available as a
-  release-only option (``release_consistency_rules=True``, method option ``release_consistency_rules``), and
-  then take part in validity (so in the retry) and in ``needs_review``, never in coverage: a
-  faithful-implementation claim puts the root at the prescribing step (``step == prescribing_step``), names as
-  agent a handoff form or the prescribing step's sender, and has primary category C1 or A2; a planner-class
-  agent (`role_class`, handoff forms by their sender) points at a step whose speaker is planner-class and has no
-  D*/E*/X* primary category (all release notes 3.10). Only fields that passed their own check take part.
-
-Merging the two attempts (`merge_fields`), field-preserving (paper: summary App. E–F, "an invalid field does not
-overwrite a valid one"): for every field the retry's value is used when it is valid, otherwise the first
-attempt's when that is valid, otherwise the field is missing. When both are valid the retry wins: the release
-replaces the first answer by the retry as a whole (release 3.10) and the paper only adds that an invalid field
-never overwrites a valid one. So an invalid step in the retry never replaces a valid first step, and a valid
-first role survives an invalid retry role. Under the release-only option the consistency rules are checked again
-on the merged values (they may come from different attempts); a violation is flagged for review but, as in the
-release's coercion ("the step is left as it is"), changes no value. If ``agent`` or ``step`` is still missing
-the output abstains and is flagged (``needs_review``). Abstention is also whatever the model answered in the
-field kept for ``abstain``; a model that abstains keeps the valid role and step it gave (release 3.12:
-"abstaining outputs still carry whatever agent and step they have"), so scoring can count them or not. The
-release's coercion (unknown agent → SYSTEM, clearing categories) is not used: the paper keeps invalid fields
-invalid (release 3.13 item 8).
-
-Coverage (paper App. L.1, L.3: "non-abstaining outputs that pass the validation checks for their condition.
-These checks cover recorded role names, root-step validity, explanatory-chain structure, and cited handoff
-evidence"): ``covered`` is exactly those four checks on the merged output — not abstaining, and ``agent``,
-``step``, ``failure_chain`` and ``delegation_trace`` each valid in the attempt it was kept from
-(`COVERAGE_CHECKS`; the method drops the ``delegation_trace`` check for the A3 control, as App. H says). The
-other fields and the release-only consistency rules do not enter it. For the A4 control (no retry) call
-``merge_fields(first)``.
+One bad field costs only itself: invalid fields trigger one retry with feedback, valid fields are kept per field,
+and missing essential fields make the output abstain. No LLM call happens here. The checks, the merge and
+coverage: ``docs/methods/rcta.md`` ("A4").
 """
 
 from __future__ import annotations
@@ -146,7 +88,7 @@ class Validation:
         answer: the answer as read.
         trajectory: the trajectory it was checked against (the merge re-checks consistency on it).
         checks: one `FieldCheck` per name in `FIELDS`, then one for ``consistency``.
-        release_consistency_rules: the release-only cross-field rules were applied (module docstring).
+        release_consistency_rules: the release-only cross-field rules were applied.
     """
 
     answer: AttributionAnswer
@@ -382,7 +324,7 @@ def validate_attribution(
     quote_grounded: QuoteGrounded,
     release_consistency_rules: bool = False,
 ) -> Validation:
-    """Check every field of one attribution answer (rules in the module docstring).
+    """Check every field of one attribution answer (docs/methods/rcta.md).
 
     Args:
         answer: the answer as read by `rcarun.methods.rcta.schemas.parse_attribution`.
@@ -445,7 +387,7 @@ def feedback_text(validation: Validation) -> str:
 
 
 def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFields:
-    """Keep each field from the attempt where it is valid, the retry first (rules in the module docstring).
+    """Keep each field from the attempt where it is valid, the retry first (docs/methods/rcta.md).
 
     Args:
         first: the validated first answer.
