@@ -32,16 +32,8 @@ from .options import (
 )
 from .output import Answers, StageOne, attempt_record, parsed, prediction
 from .prompts import RctaPrompts, stage1_feedback, with_feedback
-from .schemas import (
-    LocalSummary,
-    Outline,
-    fallback_outline,
-    local_summary_schema,
-    outline_schema,
-    parse_attribution,
-    parse_local_summary,
-    parse_outline,
-)
+from .readers import parse_attribution, parse_local_summary, parse_outline
+from .schemas import LocalSummary, Outline, fallback_outline, local_summary_schema, outline_schema
 from .segment import Segment, segment
 from .validate import FieldCheck, Validation, feedback_text, merge_fields, validate_attribution
 

@@ -327,7 +327,7 @@ def validate_attribution(
     """Check every field of one attribution answer (docs/methods/rcta.md).
 
     Args:
-        answer: the answer as read by `rcarun.methods.rcta.schemas.parse_attribution`.
+        answer: the answer as read by `rcarun.methods.rcta.readers.parse_attribution`.
         trajectory: the trajectory attributed.
         handoff_texts_by_step: the logged instruction text of every handoff step, by step id.
         quote_grounded: ``quote_grounded(quote, source)`` decides whether a quote is grounded in a text.
