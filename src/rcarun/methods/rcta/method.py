@@ -13,7 +13,7 @@ from typing import Any
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
 from rcarun.methods.base import Attribution, Method
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply
+from rcarun.methods.llm import LLM, Message, Reply
 from rcarun.methods.registry import method
 
 from .enrich import EnrichedStep, enrich
@@ -53,9 +53,8 @@ __all__ = [
 STAGES: tuple[str, ...] = ("summary", "outline", "attribution")
 SHAREABLE_STAGES: frozenset[str] = frozenset({"summary", "outline"})
 
-_SUMMARY_TEMPERATURE = 0.1
-_OUTLINE_TEMPERATURE = 0.1
-_ATTRIBUTION_TEMPERATURE = 0.0
+# The release's for Stage I (inert under reasoning), the paper's 0 for attribution.
+_TEMPERATURES: Mapping[str, float] = {"summary": 0.1, "outline": 0.1, "attribution": 0.0}
 
 
 @dataclass(slots=True)
@@ -87,26 +86,18 @@ class RCTA(Method):
         self.prompts = RctaPrompts(options, self.flags)
         self._segmentation = options.segmentation_config()
 
-    async def _chat(
-        self,
-        run: _Run,
-        llm: LLM,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any],
-        temperature: float,
-        reasoning: Reasoning,
+    async def _ask(
+        self, run: _Run, llm: LLM, stage: str, messages: Sequence[Message], schema: Mapping[str, Any]
     ) -> Reply:
+        """One call of ``stage`` at its preset's budget and reasoning, at its temperature."""
         run.calls += 1
         return await llm.chat(
             messages,
             stage=stage,
-            max_tokens=max_tokens,
+            max_tokens=self.stage_budgets[stage],
             schema=schema,
-            temperature=temperature,
-            reasoning=reasoning,
+            temperature=_TEMPERATURES[stage],
+            reasoning=getattr(self.reasoning, stage),
         )
 
     # --- Stage I -------------------------------------------------------------------------------------------
@@ -118,16 +109,7 @@ class RCTA(Method):
         messages, truncation = self.prompts.summary_messages(trajectory, seg, schema, llm)
 
         async def attempt(request: Sequence[Message]) -> tuple[LocalSummary, Reply]:
-            reply = await self._chat(
-                run,
-                llm,
-                request,
-                stage="summary",
-                max_tokens=self.budgets.summary,
-                schema=schema,
-                temperature=_SUMMARY_TEMPERATURE,
-                reasoning=self.reasoning.summary,
-            )
+            reply = await self._ask(run, llm, "summary", request, schema)
             summary = parse_local_summary(parsed(reply), segment_id=seg.segment_id, valid_ids=seg.step_ids)
             return summary, reply
 
@@ -175,16 +157,7 @@ class RCTA(Method):
         messages = self.prompts.outline_messages(trajectory, enriched, summaries, schema)
 
         async def attempt(request: Sequence[Message]) -> tuple[Outline, Reply]:
-            reply = await self._chat(
-                run,
-                llm,
-                request,
-                stage="outline",
-                max_tokens=self.budgets.outline,
-                schema=schema,
-                temperature=_OUTLINE_TEMPERATURE,
-                reasoning=self.reasoning.outline,
-            )
+            reply = await self._ask(run, llm, "outline", request, schema)
             return parse_outline(parsed(reply), trajectory=trajectory, segment_ids=segment_ids), reply
 
         outline, reply = await attempt(messages)
@@ -263,16 +236,7 @@ class RCTA(Method):
         )
 
         async def attempt(request: Sequence[Message]) -> tuple[Validation, Reply]:
-            reply = await self._chat(
-                run,
-                llm,
-                request,
-                stage="attribution",
-                max_tokens=self.budgets.attribution,
-                schema=schema,
-                temperature=_ATTRIBUTION_TEMPERATURE,
-                reasoning=self.reasoning.attribution,
-            )
+            reply = await self._ask(run, llm, "attribution", request, schema)
             return self._validate(reply, trajectory, handoffs), reply
 
         first, first_reply = await attempt(messages)

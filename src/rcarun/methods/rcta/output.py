@@ -6,7 +6,7 @@ The rules for ``error`` and ``fallback`` are in ``docs/methods/rcta.md`` ("Unrea
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rcarun.data import Trajectory
@@ -17,7 +17,7 @@ from .evidence import Evidence
 from .options import Ablation
 from .schemas import LocalSummary, Outline
 from .segment import Segment
-from .validate import FinalFields, Validation
+from .validate import FIELDS, FinalFields, Validation
 
 __all__ = ["Answers", "StageOne", "attempt_record", "parsed", "prediction"]
 
@@ -104,31 +104,17 @@ def _unread_and_overridden(
 
 
 def _final_json(final: FinalFields) -> dict[str, Any]:
-    trace = final.delegation_trace
-    return {
-        "agent": final.agent,
-        "step": final.step,
-        "reason": final.reason,
-        "evidence_step_ids": list(final.evidence_step_ids) if final.evidence_step_ids is not None else None,
-        "primary_category": final.primary_category,
-        "contributing_factors": (
-            list(final.contributing_factors) if final.contributing_factors is not None else None
-        ),
-        "delegation_trace": None
-        if trace is None
-        else {
-            "checked": trace.checked,
-            "faithful_implementation": trace.faithful_implementation,
-            "prescribing_step": trace.prescribing_step,
-            "quote": trace.quote,
-            "defect_in_quote": trace.defect_in_quote,
-        },
-        "failure_chain": None
-        if final.failure_chain is None
-        else [{"step": n.step, "agent": n.agent, "role": n.role} for n in final.failure_chain],
-        "counterfactual": final.counterfactual,
-        "confidence": final.confidence,
-    }
+    """The kept answer fields as the output records them (chain nodes without their descriptions)."""
+    answer: dict[str, Any] = {name: getattr(final, name) for name in FIELDS if name != "abstain"}
+    for name in ("evidence_step_ids", "contributing_factors"):
+        answer[name] = None if answer[name] is None else list(answer[name])
+    if final.delegation_trace is not None:
+        answer["delegation_trace"] = asdict(final.delegation_trace)
+    if final.failure_chain is not None:
+        answer["failure_chain"] = [
+            {"step": n.step, "agent": n.agent, "role": n.role} for n in final.failure_chain
+        ]
+    return answer
 
 
 def prediction(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from rcarun.data import Trajectory
@@ -81,48 +82,16 @@ def _capped(content: str, cap: int | None) -> str:
 
 
 def _summary_json(summary: LocalSummary) -> dict[str, Any]:
-    return {
-        "segment_id": summary.segment_id,
-        "step_range": list(summary.step_range) if summary.step_range else None,
-        "segment_goal": summary.segment_goal,
-        "key_events": [{"event": e.event, "step_ids": list(e.step_ids)} for e in summary.key_events],
-        "proposed_steps": [
-            {"step_id": p.step_id, "tags": list(p.tags), "note": p.note} for p in summary.proposals
-        ],
-        "verifier_findings": [
-            {"step_ids": list(f.step_ids), "result": f.result, "note": f.note}
-            for f in summary.verifier_findings
-        ],
-        "uncertainties": list(summary.uncertainties),
-    }
+    """A summary as the outline and attribution prompts show it: as answered, proposals as ``proposed_steps``."""
+    fields = asdict(summary)
+    del fields["errors"]
+    return {"proposed_steps" if key == "proposals" else key: value for key, value in fields.items()}
 
 
 def _outline_json(outline: Outline) -> dict[str, Any]:
-    def rng(value: tuple[int, int] | None) -> list[int] | None:
-        return list(value) if value else None
-
     return {
-        "phases": [
-            {
-                "phase_id": p.phase_id,
-                "step_range": rng(p.step_range),
-                "phase_goal": p.phase_goal,
-                "involved_agents": list(p.involved_agents),
-                "sub_phases": [
-                    {"step_range": rng(s.step_range), "description": s.description} for s in p.sub_phases
-                ],
-                "failure_signals": [
-                    {"description": f.description, "step_ids": list(f.step_ids), "severity": f.severity}
-                    for f in p.failure_signals
-                ],
-                "supporting_step_ids": list(p.supporting_step_ids),
-            }
-            for p in outline.phases
-        ],
-        "conflicts": [
-            {"description": c.description, "segment_ids": list(c.segment_ids), "step_ids": list(c.step_ids)}
-            for c in outline.conflicts
-        ],
+        "phases": [asdict(p) for p in outline.phases],
+        "conflicts": [asdict(c) for c in outline.conflicts],
     }
 
 
