@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from rcarun.data import Step, Trajectory
 
@@ -35,16 +35,7 @@ __all__ = [
 ]
 
 ActionType = Literal["message", "observation", "delegate", "judge", "finish", "bash", "python", "thinking"]
-ACTION_TYPES: tuple[ActionType, ...] = (
-    "message",
-    "observation",
-    "delegate",
-    "judge",
-    "finish",
-    "bash",
-    "python",
-    "thinking",
-)
+ACTION_TYPES: tuple[ActionType, ...] = get_args(ActionType)
 VerifierSignal = Literal["PASS", "FAIL"]
 
 HEAD_CHARS = 500

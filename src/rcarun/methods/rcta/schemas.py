@@ -55,19 +55,11 @@ CONFIDENCE_LEVELS: tuple[str, ...] = ("high", "medium", "low")
 
 # The release's 15-code failure taxonomy (release notes 3.9), with the group each code belongs to.
 FAILURE_CATEGORIES: Mapping[str, str] = {
-    "A1": "task understanding",
-    "A2": "task understanding",
-    "A3": "task understanding",
-    "B1": "reasoning",
-    "B2": "reasoning",
-    "C1": "planning / coordination",
-    "C2": "planning / coordination",
-    "C3": "planning / coordination",
-    "D1": "execution / tool use",
-    "D2": "execution / tool use",
-    "D3": "execution / tool use",
-    "E1": "verification / completion",
-    "E2": "verification / completion",
+    **dict.fromkeys(("A1", "A2", "A3"), "task understanding"),
+    **dict.fromkeys(("B1", "B2"), "reasoning"),
+    **dict.fromkeys(("C1", "C2", "C3"), "planning / coordination"),
+    **dict.fromkeys(("D1", "D2", "D3"), "execution / tool use"),
+    **dict.fromkeys(("E1", "E2"), "verification / completion"),
     "X1": "under-specified or contradictory input",
     "X2": "unrecoverable environment",
 }
@@ -79,12 +71,7 @@ PHASE_RANGE: tuple[int, int] = (3, 8)  # the phase count the outline prompt asks
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
-    """One problem found in an answer.
-
-    Attributes:
-        field: the answer field it belongs to (a top-level name such as ``"agent"`` or ``"phases"``).
-        message: what is wrong, naming the JSON path.
-    """
+    """One problem found in an answer: its top-level field (``"agent"``, ``"phases"``) and a message naming the path."""
 
     field: str
     message: str
@@ -101,13 +88,7 @@ class KeyEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepProposal:
-    """One step a local summary proposes as failure-relevant.
-
-    Attributes:
-        step_id: the proposed id, as answered (it may lie outside the segment; that is an error, kept).
-        tags: the tags as answered, in answer order, duplicates removed (unknown tags kept and flagged).
-        note: why the step was proposed.
-    """
+    """One step a local summary proposes as failure-relevant, as answered (tags deduplicated, unknown ones kept)."""
 
     step_id: int
     tags: tuple[str, ...]
@@ -123,12 +104,7 @@ class VerifierFinding:
 
 @dataclass(frozen=True, slots=True)
 class LocalSummary:
-    """One segment's local summary as answered.
-
-    Attributes:
-        segment_id: the segment the summary was asked for (the caller's id, not the answer's echo).
-        errors: every problem found; empty when the answer matches its schema.
-    """
+    """One segment's local summary as answered; ``segment_id`` is the one asked for, not the answer's echo."""
 
     segment_id: int
     step_range: tuple[int, int] | None
@@ -207,12 +183,8 @@ class Outline:
 class DelegationTrace:
     """The model's check of the instruction behind its root (A3), as answered.
 
-    Attributes:
-        checked: whether a preceding handoff was examined.
-        faithful_implementation: the claim that the root's recipient faithfully carried out a flawed instruction.
-        prescribing_step: the handoff step that prescribed the behaviour, or None.
-        quote: the text cited from that handoff.
-        defect_in_quote: what is wrong in the quote.
+    ``faithful_implementation`` claims that the root's recipient faithfully carried out a flawed instruction,
+    given by the handoff at ``prescribing_step``, from which ``quote`` is cited.
     """
 
     checked: bool
@@ -257,9 +229,7 @@ class AttributionAnswer:
 def fallback_outline(summaries: Sequence[LocalSummary]) -> Outline:
     """The outline used when the model's cannot be read: one phase per local summary, flagged ``fallback``.
 
-    Each phase takes the summary's segment id and step range, its goal (a placeholder when empty), one
-    sub-phase covering the range, and no failure signals or supporting ids; there are no conflicts
-    (release notes 3.5).
+    Each phase has the summary's id, range and goal, one sub-phase, no signals or supporting ids (release 3.5).
     """
     phases = tuple(
         Phase(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, get_args
 
 from .enrich import EnrichedStep, VerifierSignal
 from .roles import RoleClass
@@ -48,17 +48,7 @@ CutReason = Literal[
     "split_in_half_left",
     "split_in_half_right",
 ]
-CUT_REASONS: tuple[CutReason, ...] = (
-    "finish_signal",
-    "verifier_signal_change",
-    "agent_shift",
-    "max_length",
-    "max_steps",
-    "soft_agent_shift_at_target",
-    "end_of_trace",
-    "split_in_half_left",
-    "split_in_half_right",
-)
+CUT_REASONS: tuple[CutReason, ...] = get_args(CutReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +86,8 @@ DEFAULT_CONFIG = SegmentationConfig()
 class Segment:
     """Consecutive own steps with their original ids, plus read-only overlap context.
 
-    Attributes:
-        segment_id: the 0-based position among the trajectory's segments (after renumbering).
-        step_ids: the own steps' ids, consecutive and in order; the only ids this segment may output.
-        overlap_ids: the ids of the preceding steps carried as context (empty for the first segment).
-        char_count: the summed content length of the own steps (overlap excluded).
-        cut_reason: the rule that closed the segment, ``"end_of_trace"`` for the last one, or a
-            ``"split_in_half_*"`` mark from the post-pass.
-        role_classes: the own steps' role classes, distinct, in order of first appearance.
-        agents: the own steps' raw agent names, distinct, in order of first appearance.
-        verifier_signals: the own steps' non-None verifier signals, in order.
-        steps: the own steps.
-        overlap_steps: the overlap steps.
+    Only the own steps (``step_ids``) may be cited and count toward ``char_count``; ``role_classes`` and
+    ``agents`` are distinct, in order of first appearance; ``cut_reason`` is the rule that closed the segment.
     """
 
     segment_id: int
@@ -200,15 +180,7 @@ def _cut_reason(
 def split_oversized(
     segments: Sequence[Segment], *, config: SegmentationConfig = DEFAULT_CONFIG
 ) -> tuple[Segment, ...]:
-    """The release's post-pass: halve each multi-step segment over the cap once, then renumber from 0.
-
-    Args:
-        segments: segments in trajectory order.
-        config: supplies the character cap and the overlap length.
-
-    Returns:
-        The segments with every qualifying one replaced by its two halves, ``segment_id`` = position.
-    """
+    """The release's post-pass: halve each multi-step segment over the cap once, then renumber from 0."""
     result: list[Segment] = []
     for seg in segments:
         if seg.char_count > config.max_chars and seg.n_steps > 1:
@@ -226,14 +198,7 @@ def split_oversized(
 def segment(
     enriched_steps: Sequence[EnrichedStep], *, config: SegmentationConfig = DEFAULT_CONFIG
 ) -> tuple[Segment, ...]:
-    """Cut a trajectory into segments by the rules in docs/methods/rcta.md.
-
-    Args:
-        enriched_steps: the trajectory's steps from `enrich`, in order.
-        config: the limits; the module constants by default.
-
-    Returns:
-        The segments, numbered from 0; every step is an own step of exactly one segment. Empty for no steps.
+    """Cut a trajectory into segments numbered from 0, every step the own step of one (docs/methods/rcta.md).
 
     Raises:
         ValueError: the step ids are not strictly increasing.
