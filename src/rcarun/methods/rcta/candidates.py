@@ -47,16 +47,10 @@ HintSource = Literal["summary", "outline", "both"]
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One pooled step with its merged hints.
+    """One pooled step with its merged hints, each kind distinct in order of first appearance.
 
-    Attributes:
-        step_id: the proposed step.
-        tags: the distinct tags (the hints' roles) in order of first appearance; empty for an outline-only hint.
-        proposed_by: the distinct proposers in order of first appearance: ``"local:<segment id>"`` for a local
-            summary, ``"outline:<phase id>"`` for a phase of the outline.
-        notes: the distinct non-empty notes, in order of first appearance.
-        base_priority: from the first matching tag (rule 2 in docs/methods/rcta.md).
-        priority: ``base_priority`` plus 3 for recovered noise; lower is retrieved first.
+    ``proposed_by`` names ``"local:<segment id>"`` or ``"outline:<phase id>"``; ``priority`` is
+    ``base_priority`` (docs/methods/rcta.md, rule 2) plus 3 for recovered noise, lower retrieved first.
     """
 
     step_id: int
@@ -82,14 +76,10 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class CandidatePool:
-    """The base candidates and what was left out, for diagnostics (candidate retention, App. H).
+    """The base candidates in retrieval order and what was left out, for diagnostics (App. H).
 
-    Attributes:
-        candidates: the kept candidates in retrieval order (priority, then step id).
-        overflow: candidates ranked beyond the cap, in retrieval order.
-        dropped: ids within the cap that are not steps of the trajectory, in retrieval order.
-        n_proposals: hints read from the summaries before deduplication.
-        n_outline_hints: hints read from the outline before deduplication.
+    ``overflow``: ranked beyond the cap; ``dropped``: ids within the cap that are no step of the trajectory;
+    the counts are hints before deduplication.
     """
 
     candidates: tuple[Candidate, ...]
@@ -143,14 +133,7 @@ def pool_candidates(
     outline: Outline | None = None,
     cap: int = DEFAULT_CAP,
 ) -> CandidatePool:
-    """Pool, prioritise and cap the steps the local summaries and the outline hint at.
-
-    Args:
-        local_summaries: the read summaries, in segment order.
-        trajectory: decides which ids exist.
-        outline: the outline used for attribution (a fallback outline adds nothing); None pools summaries only.
-        cap: how many candidates are kept (80 in the paper).
-    """
+    """Pool, prioritise and cap (80 in the paper) the steps the summaries and the outline hint at."""
     if cap < 0:
         raise ValueError("cap must not be negative")
     merged: dict[int, _Merged] = {}

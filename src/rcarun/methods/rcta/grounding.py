@@ -34,16 +34,9 @@ _WORD_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class GroundingDetail:
-    """Why a quote is or is not grounded, with the numbers behind it.
+    """Why a quote is or is not grounded: the rule that grounded it (``"substring"`` tried first) and the counts.
 
-    Attributes:
-        grounded: the verdict of `quote_is_grounded`.
-        rule: the rule that grounded it (``"substring"`` tried first), or None.
-        quote_chars: the length of the normalised quote.
-        substring: whether the normalised quote occurs in the normalised source (computed even when too short).
-        quote_words: how many distinct words of 4+ characters the quote has.
-        shared_words: how many of them occur in the source's words.
-        word_share: ``shared_words / quote_words``, or None when the quote has no such word.
+    ``substring`` is computed even for a quote too short to count; ``word_share`` is None without words.
     """
 
     grounded: bool
@@ -66,15 +59,7 @@ def quote_words(text: str) -> frozenset[str]:
 
 
 def grounding_detail(quote: str, source_text: str) -> GroundingDetail:
-    """Apply the grounding rule and report which part of it matched, with the numbers.
-
-    Args:
-        quote: the text the attribution cites.
-        source_text: the logged text it claims to come from (the handoff step's content).
-
-    Returns:
-        The verdict, the rule that matched and the counts behind both rules.
-    """
+    """Apply the grounding rule to a cited ``quote`` and the handoff text it claims; report what matched."""
     quote_norm = normalize_quote_text(quote)
     substring = bool(quote_norm) and quote_norm in normalize_quote_text(source_text)
     words = quote_words(quote)

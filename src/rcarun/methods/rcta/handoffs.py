@@ -32,15 +32,9 @@ MatchRule = Literal["recipient", "any"]
 
 @dataclass(frozen=True, slots=True)
 class HandoffRecord:
-    """One logged handoff instruction.
+    """One logged handoff instruction: its step, parsed sender and recipient, the raw ``Step.agent``, the text.
 
-    Attributes:
-        step: the step id (0-based index) of the instructing step.
-        sender: the agent that hands off, as parsed (e.g. ``"DiagnostAgent"``, ``"Orchestrator"``).
-        recipient: the agent handed to, as parsed (e.g. ``"ActionAgent"``, ``"WebSurfer"``).
-        agent: the raw agent name of the step, ``Step.agent`` (LongRCA: the handoff form itself; Who&When:
-            ``"Orchestrator"``).
-        text: the full content of the step, the instruction text a quote is grounded in.
+    ``text`` is the step's full content, the instruction a quote is grounded in.
     """
 
     step: int
@@ -52,13 +46,7 @@ class HandoffRecord:
 
 @dataclass(frozen=True, slots=True)
 class HandoffLink:
-    """A candidate and the handoff retrieved for it.
-
-    Attributes:
-        candidate: the candidate's step id.
-        handoff: the retrieved handoff's step id (always ``< candidate``).
-        rule: which branch found it (``"recipient"`` for executor/verifier candidates, else ``"any"``).
-    """
+    """A candidate's step, the earlier handoff retrieved for it, and the branch (`MatchRule`) that found it."""
 
     candidate: int
     handoff: int
@@ -67,13 +55,10 @@ class HandoffLink:
 
 @dataclass(frozen=True, slots=True)
 class Augmentation:
-    """The base candidates with their handoff evidence added.
+    """The base candidates with their handoff evidence added; every id tuple is deduplicated and ascending.
 
-    Attributes:
-        base: the base candidate ids, deduplicated, ascending (ids outside the trajectory included).
-        ids: the augmented set, ``base`` plus every retrieved handoff, deduplicated, ascending, uncapped.
-        links: one link per base candidate that got a handoff, in ascending candidate order.
-        added: the ids in `ids` that are not in `base` (handoffs that were not already candidates), ascending.
+    ``ids`` is ``base`` plus every retrieved handoff, uncapped; ``added`` the handoffs not already in ``base``;
+    ``links`` one per base candidate that got a handoff.
     """
 
     base: tuple[int, ...]
@@ -146,15 +131,9 @@ def nearest_handoff_for(
     trajectory: Trajectory,
     handoffs: Sequence[HandoffRecord] | None = None,
 ) -> HandoffRecord | None:
-    """The handoff RCTA attaches to one candidate step (docs/methods/rcta.md).
+    """The nearest strictly earlier matching handoff of a candidate step, or None (docs/methods/rcta.md).
 
-    Args:
-        candidate_step_id: the candidate's step id.
-        trajectory: the trajectory the candidate belongs to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        The nearest strictly earlier matching handoff, or None when there is none or the id is not a step.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     index = _HandoffIndex(handoffs_of(trajectory) if handoffs is None else handoffs)
     found = _nearest(candidate_step_id, trajectory, index)
@@ -166,16 +145,9 @@ def augment_with_handoffs(
     trajectory: Trajectory,
     handoffs: Sequence[HandoffRecord] | None = None,
 ) -> Augmentation:
-    """Add to the base candidates the handoff each of them is compared with (A2).
+    """Add to the base candidates (any order, duplicates allowed) the handoff each is compared with (A2).
 
-    Args:
-        candidate_ids: the base candidate step ids (already prioritised and capped upstream), any order,
-            duplicates allowed.
-        trajectory: the trajectory they belong to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        The deduplicated, uncapped, ascending augmented set with its links and added ids.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     base = tuple(sorted(set(candidate_ids)))
     index = _HandoffIndex(handoffs_of(trajectory) if handoffs is None else handoffs)
@@ -187,9 +159,4 @@ def augment_with_handoffs(
             links.append(HandoffLink(candidate=candidate, handoff=record.step, rule=rule))
     base_set = set(base)
     added = tuple(sorted({link.handoff for link in links} - base_set))
-    return Augmentation(
-        base=base,
-        ids=tuple(sorted(base_set.union(added))),
-        links=tuple(links),
-        added=added,
-    )
+    return Augmentation(base=base, ids=tuple(sorted(base_set.union(added))), links=tuple(links), added=added)

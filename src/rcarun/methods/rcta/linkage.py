@@ -50,19 +50,10 @@ _IDENTIFIER_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class LinkageHint:
-    """A rule-based sign that an executor step carries out the handoff addressed to it.
+    """A rule-based sign that an executor step carries out the handoff addressed to it (docs/methods/rcta.md).
 
-    Attributes:
-        executor_step: the executor candidate's step id.
-        executor_agent: its raw agent name.
-        handoff_step: the step id of the nearest earlier handoff addressed to that exact name.
-        handoff_agent: the raw agent name of the handoff step.
-        handoff_recipient: the handoff's recipient (equal to `executor_agent`).
-        kind: ``"cites_plan"`` (a plan-citation phrase) or ``"identifier_overlap"`` (shared identifiers).
-        cites_plan: the matched phrase as written, or None.
-        overlap: shared identifiers / executor identifiers, rounded to 2 decimals (0.0 with none).
-        shared_count: how many identifiers the two texts share.
-        shared_identifiers: the first `MAX_SHARED_LISTED` shared identifiers, sorted.
+    ``overlap`` is shared / executor identifiers, rounded to 2 decimals (0.0 with none); ``shared_identifiers``
+    the first `MAX_SHARED_LISTED` shared ones, sorted; ``cites_plan`` the matched phrase as written.
     """
 
     executor_step: int
@@ -111,15 +102,9 @@ def linkage_hints(
     trajectory: Trajectory,
     handoffs: Sequence[HandoffRecord] | None = None,
 ) -> tuple[LinkageHint, ...]:
-    """The faithful-implementation hints for the executor candidates among ``candidate_ids``.
+    """At most one hint per executor among the handoff-augmented ``candidate_ids``, in ascending step order.
 
-    Args:
-        candidate_ids: the handoff-augmented candidate ids (any order, duplicates allowed).
-        trajectory: the trajectory they belong to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        At most one hint per executor candidate, in ascending executor step order.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     records = handoffs_of(trajectory) if handoffs is None else tuple(handoffs)
     hints: list[LinkageHint] = []

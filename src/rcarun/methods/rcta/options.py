@@ -40,18 +40,7 @@ _STEP_CHAR_LIMIT = 200_000
 class Ablation:
     """What a condition keeps of RCTA (paper App. H); every flag is on for full RCTA.
 
-    Attributes:
-        pooled_candidates: A1: the base candidates are the summaries' and outline's pool (off: as many uniformly
-            placed steps).
-        stage_one_cues: A1: candidate tags, notes, proposers, the summaries and the outline reach attribution.
-        handoff_evidence: A2: each base candidate's nearest earlier handoff joins the excerpts.
-        linkage_hints: A2, A3: the rule-based executor-to-handoff hints.
-        backward_rules: A3: the backward instruction-execution rules in the attribution system prompt.
-        role_classes: A3: excerpt headers name each step's role class.
-        handoff_labels: A3: added handoffs are labelled HANDOFF INSTRUCTION (off: a neutral CONTEXT label).
-        delegation_trace: A3: the answer schema asks for the instruction evidence and A4 checks it.
-        validation_retry: A4: one feedback retry, the field merge and abstention on missing fields (off: the
-            first answer as answered).
+    Each flag names what it switches; ``docs/methods/rcta.md`` ("Component controls") tabulates them per condition.
     """
 
     pooled_candidates: bool = True

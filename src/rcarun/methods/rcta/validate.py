@@ -82,14 +82,7 @@ class FieldCheck:
 
 @dataclass(frozen=True, slots=True)
 class Validation:
-    """One attempt's answer with the verdict on each field.
-
-    Attributes:
-        answer: the answer as read.
-        trajectory: the trajectory it was checked against (the merge re-checks consistency on it).
-        checks: one `FieldCheck` per name in `FIELDS`, then one for ``consistency``.
-        release_consistency_rules: the release-only cross-field rules were applied.
-    """
+    """One attempt's answer with one `FieldCheck` per name in `FIELDS`, then one for ``consistency``."""
 
     answer: AttributionAnswer
     trajectory: Trajectory
@@ -327,8 +320,6 @@ def validate_attribution(
     """Check every field of one attribution answer (docs/methods/rcta.md).
 
     Args:
-        answer: the answer as read by `rcarun.methods.rcta.readers.parse_attribution`.
-        trajectory: the trajectory attributed.
         handoff_texts_by_step: the logged instruction text of every handoff step, by step id.
         quote_grounded: ``quote_grounded(quote, source)`` decides whether a quote is grounded in a text.
         release_consistency_rules: also apply the release's cross-field rules (off: the paper has none).
@@ -387,12 +378,7 @@ def feedback_text(validation: Validation) -> str:
 
 
 def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFields:
-    """Keep each field from the attempt where it is valid, the retry first (docs/methods/rcta.md).
-
-    Args:
-        first: the validated first answer.
-        retry: the validated retry, or None when no retry was made (first valid, or the A4 control).
-    """
+    """Keep each field from the attempt where it is valid, the retry first; ``retry`` None: none was sent."""
     values: dict[str, Any] = {}
     sources: dict[str, Source | None] = {}
     missing_errors: list[str] = []
@@ -421,17 +407,9 @@ def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFie
     abstain = model_abstained or essentials_missing
     coverage_checks = {check: sources[name] is not None for check, name in COVERAGE_CHECKS.items()}
     covered = not abstain and all(coverage_checks.values())
+    del values["abstain"]  # kept as model_abstained
     return FinalFields(
-        agent=values["agent"],
-        step=values["step"],
-        reason=values["reason"],
-        evidence_step_ids=values["evidence_step_ids"],
-        primary_category=values["primary_category"],
-        contributing_factors=values["contributing_factors"],
-        delegation_trace=values["delegation_trace"],
-        failure_chain=values["failure_chain"],
-        counterfactual=values["counterfactual"],
-        confidence=values["confidence"],
+        **values,
         sources=sources,
         model_abstained=model_abstained,
         abstain=abstain,
