@@ -59,8 +59,12 @@ _TEMPERATURES: Mapping[str, float] = {"summary": 0.1, "outline": 0.1, "attributi
 
 @dataclass(slots=True)
 class _Run:
-    """What one trajectory's run accumulates for the output JSON: calls made and fallbacks taken."""
+    """One trajectory's run: what every stage reads, and the calls and fallbacks the output records."""
 
+    trajectory: Trajectory
+    llm: LLM
+    enriched: tuple[EnrichedStep, ...]
+    handoffs: tuple[HandoffRecord, ...]
     calls: int = 0
     fallbacks: list[str] = field(default_factory=list)
 
@@ -86,12 +90,41 @@ class RCTA(Method):
         self.prompts = RctaPrompts(options, self.flags)
         self._segmentation = options.segmentation_config()
 
+    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
+        output: dict[str, Any] = {"preset": self.options.resolved_preset, "ablation": self.ablation}
+        if trajectory.n_steps == 0:
+            output.update(calls=0, error="empty trajectory")
+            return Attribution(None, None, False, False, abstained=True, output=output)
+        run = _Run(trajectory, llm, enrich(trajectory), handoffs_of(trajectory))
+        segments = segment(run.enriched, config=self._segmentation)
+        stage_one = await self._stage_one(run, segments)
+        evidence = gather_evidence(
+            trajectory,
+            stage_one.summaries,
+            stage_one.outline,
+            run.handoffs,
+            flags=self.flags,
+            cap=self.options.candidate_cap,
+        )
+        answers = await self._stage_two(run, stage_one, evidence)
+        return prediction(
+            trajectory,
+            flags=self.flags,
+            segments=segments,
+            stage_one=stage_one,
+            evidence=evidence,
+            answers=answers,
+            calls=run.calls,
+            fallbacks=run.fallbacks,
+            output=output,
+        )
+
     async def _ask(
-        self, run: _Run, llm: LLM, stage: str, messages: Sequence[Message], schema: Mapping[str, Any]
+        self, run: _Run, stage: str, messages: Sequence[Message], schema: Mapping[str, Any]
     ) -> Reply:
         """One call of ``stage`` at its preset's budget and reasoning, at its temperature."""
         run.calls += 1
-        return await llm.chat(
+        return await run.llm.chat(
             messages,
             stage=stage,
             max_tokens=self.stage_budgets[stage],
@@ -102,14 +135,24 @@ class RCTA(Method):
 
     # --- Stage I -------------------------------------------------------------------------------------------
 
-    async def _summarise(
-        self, run: _Run, trajectory: Trajectory, seg: Segment, llm: LLM
-    ) -> tuple[LocalSummary, dict[str, Any]]:
+    async def _stage_one(self, run: _Run, segments: Sequence[Segment]) -> StageOne:
+        summaries: list[LocalSummary] = []
+        records: list[dict[str, Any]] = []
+        for seg in segments:  # sequential, as released: the calls of one item are not raced
+            summary, record = await self._summarise(run, seg)
+            summaries.append(summary)
+            records.append(record)
+            if record.get("failed"):
+                run.fallbacks.append(f"summary:{seg.segment_id}")
+        outline, outline_record = await self._outline(run, summaries)
+        return StageOne(tuple(summaries), tuple(records), outline, outline_record)
+
+    async def _summarise(self, run: _Run, seg: Segment) -> tuple[LocalSummary, dict[str, Any]]:
         schema = local_summary_schema(seg.segment_id, seg.step_ids)
-        messages, truncation = self.prompts.summary_messages(trajectory, seg, schema, llm)
+        messages, truncation = self.prompts.summary_messages(run.trajectory, seg, schema, run.llm)
 
         async def attempt(request: Sequence[Message]) -> tuple[LocalSummary, Reply]:
-            reply = await self._ask(run, llm, "summary", request, schema)
+            reply = await self._ask(run, "summary", request, schema)
             summary = parse_local_summary(parsed(reply), segment_id=seg.segment_id, valid_ids=seg.step_ids)
             return summary, reply
 
@@ -144,20 +187,13 @@ class RCTA(Method):
             record["truncation"] = truncation
         return used, record
 
-    async def _outline(
-        self,
-        run: _Run,
-        trajectory: Trajectory,
-        enriched: Sequence[EnrichedStep],
-        summaries: Sequence[LocalSummary],
-        llm: LLM,
-    ) -> tuple[Outline, dict[str, Any]]:
-        segment_ids = [s.segment_id for s in summaries]
+    async def _outline(self, run: _Run, summaries: Sequence[LocalSummary]) -> tuple[Outline, dict[str, Any]]:
+        trajectory, segment_ids = run.trajectory, [s.segment_id for s in summaries]
         schema = outline_schema(trajectory, segment_ids)
-        messages = self.prompts.outline_messages(trajectory, enriched, summaries, schema)
+        messages = self.prompts.outline_messages(trajectory, run.enriched, summaries, schema)
 
         async def attempt(request: Sequence[Message]) -> tuple[Outline, Reply]:
-            reply = await self._ask(run, llm, "outline", request, schema)
+            reply = await self._ask(run, "outline", request, schema)
             return parse_outline(parsed(reply), trajectory=trajectory, segment_ids=segment_ids), reply
 
         outline, reply = await attempt(messages)
@@ -185,59 +221,15 @@ class RCTA(Method):
 
     # --- Stage II ------------------------------------------------------------------------------------------
 
-    async def _stage_one(
-        self,
-        run: _Run,
-        trajectory: Trajectory,
-        enriched: Sequence[EnrichedStep],
-        segments: Sequence[Segment],
-        llm: LLM,
-    ) -> StageOne:
-        summaries: list[LocalSummary] = []
-        records: list[dict[str, Any]] = []
-        for seg in segments:  # sequential, as released: the calls of one item are not raced
-            summary, record = await self._summarise(run, trajectory, seg, llm)
-            summaries.append(summary)
-            records.append(record)
-            if record.get("failed"):
-                run.fallbacks.append(f"summary:{seg.segment_id}")
-        outline, outline_record = await self._outline(run, trajectory, enriched, summaries, llm)
-        return StageOne(tuple(summaries), tuple(records), outline, outline_record)
-
-    def _validate(
-        self, reply: Reply, trajectory: Trajectory, handoffs: Sequence[HandoffRecord]
-    ) -> Validation:
-        validation = validate_attribution(
-            parse_attribution(parsed(reply)),
-            trajectory,
-            handoff_texts_by_step={h.step: h.text for h in handoffs},
-            quote_grounded=quote_is_grounded,
-            release_consistency_rules=self.options.release_consistency_rules,
-        )
-        if self.flags.delegation_trace:
-            return validation
-        # The A3 control omits the instruction-evidence check (App. H): the trace is neither asked nor checked.
-        checks = tuple(FieldCheck(c.name) if c.name == "delegation_trace" else c for c in validation.checks)
-        return replace(validation, checks=checks)
-
-    async def _stage_two(
-        self,
-        run: _Run,
-        trajectory: Trajectory,
-        enriched: Sequence[EnrichedStep],
-        stage_one: StageOne,
-        evidence: Evidence,
-        handoffs: Sequence[HandoffRecord],
-        llm: LLM,
-    ) -> Answers:
-        schema = self.prompts.attribution_schema(trajectory)
+    async def _stage_two(self, run: _Run, stage_one: StageOne, evidence: Evidence) -> Answers:
+        schema = self.prompts.attribution_schema(run.trajectory)
         messages, truncation = self.prompts.attribution_messages(
-            trajectory, enriched, stage_one.summaries, stage_one.outline, evidence, schema, llm
+            run.trajectory, run.enriched, stage_one.summaries, stage_one.outline, evidence, schema, run.llm
         )
 
         async def attempt(request: Sequence[Message]) -> tuple[Validation, Reply]:
-            reply = await self._ask(run, llm, "attribution", request, schema)
-            return self._validate(reply, trajectory, handoffs), reply
+            reply = await self._ask(run, "attribution", request, schema)
+            return self._validate(reply, run), reply
 
         first, first_reply = await attempt(messages)
         attempts = [attempt_record("first", first, first_reply)]
@@ -249,36 +241,19 @@ class RCTA(Method):
         final = merge_fields(first, retry)
         return Answers(first, first_reply, retry, retry_reply, final, tuple(attempts), truncation)
 
-    async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
-        output: dict[str, Any] = {"preset": self.options.resolved_preset, "ablation": self.ablation}
-        if trajectory.n_steps == 0:
-            output.update(calls=0, error="empty trajectory")
-            return Attribution(None, None, False, False, abstained=True, output=output)
-        run = _Run()
-        enriched = enrich(trajectory)
-        segments = segment(enriched, config=self._segmentation)
-        handoffs = handoffs_of(trajectory)
-        stage_one = await self._stage_one(run, trajectory, enriched, segments, llm)
-        evidence = gather_evidence(
-            trajectory,
-            stage_one.summaries,
-            stage_one.outline,
-            handoffs,
-            flags=self.flags,
-            cap=self.options.candidate_cap,
+    def _validate(self, reply: Reply, run: _Run) -> Validation:
+        validation = validate_attribution(
+            parse_attribution(parsed(reply)),
+            run.trajectory,
+            handoff_texts_by_step={h.step: h.text for h in run.handoffs},
+            quote_grounded=quote_is_grounded,
+            release_consistency_rules=self.options.release_consistency_rules,
         )
-        answers = await self._stage_two(run, trajectory, enriched, stage_one, evidence, handoffs, llm)
-        return prediction(
-            trajectory,
-            flags=self.flags,
-            segments=segments,
-            stage_one=stage_one,
-            evidence=evidence,
-            answers=answers,
-            calls=run.calls,
-            fallbacks=run.fallbacks,
-            output=output,
-        )
+        if self.flags.delegation_trace:
+            return validation
+        # The A3 control omits the instruction-evidence check (App. H): the trace is neither asked nor checked.
+        checks = tuple(FieldCheck(c.name) if c.name == "delegation_trace" else c for c in validation.checks)
+        return replace(validation, checks=checks)
 
 
 def _factory(name: str, fixed: AblationName | None) -> None:
