@@ -67,23 +67,10 @@ _ERROR_TOKEN = re.compile(r"\b(?:Error|Traceback|Exception|FAIL|fatal)\b")
 
 @dataclass(frozen=True, slots=True)
 class EnrichedStep:
-    """One step with the facts RCTA's deterministic stages read (docs/methods/rcta.md).
+    """One step with the facts RCTA's deterministic stages read (each field's rule: docs/methods/rcta.md).
 
-    Attributes:
-        step_id: the step's 0-based index, the id methods predict.
-        role: the recorded chat role (`Step.role`).
-        agent_raw: the recorded agent name (`Step.agent`), possibly a handoff form.
-        role_class: the App. H class of `agent_raw`.
-        action_type: what the step does, by the nine-rule decision order.
-        content: the full text.
-        head: the first 500 characters.
-        tail: the last 500 characters, ``""`` when the content is at most 500 characters.
-        content_len: ``len(content)``.
-        step_hash: 16 hex digits fingerprinting id, name and the content's ends.
-        exit_code: the parsed exit/return code, or None.
-        success: True/False from the exit code or error tokens, None when unknown.
-        verifier_signal: ``"PASS"``/``"FAIL"`` for verifier and terminal steps that say so, else None.
-        delegate_target: the recipient of the step's explicit handoff, or None.
+    ``role`` and ``agent_raw`` are `Step.role` and `Step.agent` as recorded; ``tail`` is ``""`` for content of at
+    most 500 characters; ``success`` is None when unknown.
     """
 
     step_id: int

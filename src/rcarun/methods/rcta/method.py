@@ -30,7 +30,7 @@ from .options import (
     StageBudgets,
     StageReasoning,
 )
-from .output import Answers, StageOne, attempt_record, parsed, prediction
+from .output import Answers, StageOne, parsed, prediction
 from .prompts import RctaPrompts, stage1_feedback, with_feedback
 from .readers import parse_attribution, parse_local_summary, parse_outline
 from .schemas import LocalSummary, Outline, fallback_outline, local_summary_schema, outline_schema
@@ -80,11 +80,7 @@ class RCTA(Method):
         self.budgets = options.budgets
         self.reasoning = options.reasoning
         # The preset fixes every stage's first budget: the runner lets no stage table override it.
-        self.stage_budgets: Mapping[str, int] = {
-            "summary": self.budgets.summary,
-            "outline": self.budgets.outline,
-            "attribution": self.budgets.attribution,
-        }
+        self.stage_budgets: Mapping[str, int] = {stage: getattr(self.budgets, stage) for stage in STAGES}
         self.ablation: AblationName | None = options.ablation
         self.flags = Ablation.of(options.ablation)
         self.prompts = RctaPrompts(options, self.flags)
@@ -231,15 +227,12 @@ class RCTA(Method):
             reply = await self._ask(run, "attribution", request, schema)
             return self._validate(reply, run), reply
 
-        first, first_reply = await attempt(messages)
-        attempts = [attempt_record("first", first, first_reply)]
-        retry: Validation | None = None
-        retry_reply: Reply | None = None
+        attempts = [await attempt(messages)]
+        first = attempts[0][0]
         if not first.valid and self.flags.validation_retry:
-            retry, retry_reply = await attempt(with_feedback(messages, feedback_text(first)))
-            attempts.append(attempt_record("retry", retry, retry_reply))
-        final = merge_fields(first, retry)
-        return Answers(first, first_reply, retry, retry_reply, final, tuple(attempts), truncation)
+            attempts.append(await attempt(with_feedback(messages, feedback_text(first))))
+        retry = attempts[1][0] if len(attempts) > 1 else None
+        return Answers(tuple(attempts), merge_fields(first, retry), truncation)
 
     def _validate(self, reply: Reply, run: _Run) -> Validation:
         validation = validate_attribution(

@@ -19,7 +19,9 @@ from .schemas import LocalSummary, Outline
 from .segment import Segment
 from .validate import FIELDS, FinalFields, Validation
 
-__all__ = ["Answers", "StageOne", "attempt_record", "parsed", "prediction"]
+__all__ = ["Answers", "StageOne", "parsed", "prediction"]
+
+_ATTEMPTS = ("first", "retry")  # the names of Stage II's attempts, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +36,10 @@ class StageOne:
 
 @dataclass(frozen=True, slots=True)
 class Answers:
-    """Stage II's attempts: the first, the A4 retry if one was sent, the merge and what each attempt recorded."""
+    """Stage II: the attempts that count with their replies (the first, the A4 retry if sent), and their merge."""
 
-    first: Validation
-    first_reply: Reply
-    retry: Validation | None
-    retry_reply: Reply | None
+    attempts: tuple[tuple[Validation, Reply], ...]
     final: FinalFields
-    attempts: tuple[dict[str, Any], ...]
     truncation: dict[str, Any]
 
 
@@ -50,8 +48,7 @@ def parsed(reply: Reply) -> Any:
     return reply.parsed if reply.parse_error is None else None
 
 
-def attempt_record(name: str, validation: Validation, reply: Reply) -> dict[str, Any]:
-    """One attribution attempt as the output records it."""
+def _attempt_record(name: str, validation: Validation, reply: Reply) -> dict[str, Any]:
     return {
         "attempt": name,
         "parsed": isinstance(parsed(reply), dict),
@@ -68,13 +65,9 @@ def _unread_and_overridden(
     model_abstained: bool,
     merged: bool,
 ) -> tuple[str | None, str | None]:
-    """The prediction's ``error`` and ``fallback`` (docs/methods/rcta.md).
+    """The prediction's ``error`` and ``fallback`` (docs/methods/rcta.md) from the attempts that count.
 
-    Args:
-        attempts: the attribution attempts that count, in order, with their replies.
-        predicted: the essential fields as predicted (``agent``, ``step``), None when missing.
-        model_abstained: the model's own kept ``abstain`` said so.
-        merged: A4 ran (the merge decides abstention); False for the A4 control.
+    ``predicted`` holds ``agent`` and ``step`` as predicted; ``merged``: A4 ran (False for the A4 control).
     """
     missing = [name for name, value in predicted.items() if value is None]
     if not missing or model_abstained:
@@ -133,7 +126,7 @@ def prediction(
 
     ``fallbacks`` is the run's list; a missing essential field after the merge adds ``abstain_missing_fields``.
     """
-    first, final = answers.first, answers.final
+    first, final = answers.attempts[0][0], answers.final
     if flags.validation_retry:
         role, step, abstained = final.agent, final.step, final.abstain
         cited = final.evidence_step_ids or ()
@@ -154,11 +147,8 @@ def prediction(
     )
     if not flags.validation_retry:
         output["raw_answer"] = {"agent": role, "step": step, "abstain": first.answer.abstain}
-    counted = [(first, answers.first_reply)]
-    if answers.retry is not None and answers.retry_reply is not None and flags.validation_retry:
-        counted.append((answers.retry, answers.retry_reply))
     error, fallback = _unread_and_overridden(
-        counted,
+        answers.attempts,
         {"agent": role, "step": step},
         model_abstained=final.model_abstained if flags.validation_retry else first.answer.abstain is True,
         merged=flags.validation_retry,
@@ -195,7 +185,9 @@ def _record(
         "stages": {
             "summary": list(stage_one.summary_records),
             "outline": stage_one.outline_record,
-            "attribution": list(answers.attempts),
+            "attribution": [
+                _attempt_record(n, *a) for n, a in zip(_ATTEMPTS, answers.attempts, strict=False)
+            ],
         },
         "candidates": {
             "base_ids": list(evidence.base_ids),

@@ -179,13 +179,7 @@ class _Reader:
 
 
 def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[int]) -> LocalSummary:
-    """Read one local summary; ids outside ``valid_ids`` and unknown tags are kept and recorded as errors.
-
-    Args:
-        answer: the decoded JSON answer (anything: a non-object gives an empty, invalid summary).
-        segment_id: the segment the summary was asked for.
-        valid_ids: the segment's own step ids.
-    """
+    """Read one local summary; ids outside the segment's own ``valid_ids`` and unknown tags are kept, as errors."""
     reader = _Reader()
     if not isinstance(answer, dict):
         reader.error("summary", "the answer is not a JSON object")

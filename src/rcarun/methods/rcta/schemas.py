@@ -153,13 +153,9 @@ class Conflict:
 
 @dataclass(frozen=True, slots=True)
 class Outline:
-    """The trajectory outline.
+    """The trajectory outline; not ``readable`` (no list of phase objects) it is replaced by `fallback_outline`.
 
-    Attributes:
-        readable: the answer was a JSON object with a non-empty list of phase objects. When False the caller
-            replaces it with `fallback_outline`.
-        fallback: this outline is the one-phase-per-summary fallback, not a model answer.
-        errors: every problem found (a phase count outside 3–8 is not one: see `phase_count_in_range`).
+    A phase count outside 3–8 is no error: `phase_count_in_range` records it.
     """
 
     phases: tuple[Phase, ...]

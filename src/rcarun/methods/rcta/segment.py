@@ -53,16 +53,7 @@ CUT_REASONS: tuple[CutReason, ...] = get_args(CutReason)
 
 @dataclass(frozen=True, slots=True)
 class SegmentationConfig:
-    """The segmenter's limits (characters are code points; docs/methods/rcta.md).
-
-    Attributes:
-        target_chars: the soft target of rule (f).
-        max_chars: the hard cap of rule (d) over own step contents.
-        max_steps: the most own steps a segment holds (rule (e)).
-        min_steps: own steps needed before a semantic cut (rules (a), (c)).
-        min_chars: characters needed before a semantic cut (rules (a), (b), (c)).
-        overlap_steps: how many of the previous segment's last steps the next one carries as context.
-    """
+    """The segmenter's limits, in code points and steps; the cut rules (a)–(f) that use them: docs/methods/rcta.md."""
 
     target_chars: int = TARGET_CHARS
     max_chars: int = MAX_CHARS

@@ -113,20 +113,11 @@ Source = Literal["first", "retry"]
 
 @dataclass(frozen=True, slots=True)
 class FinalFields:
-    """The attribution after A4: the fields kept, where each came from, and the flags.
+    """The attribution after A4: the fields kept, the attempt each came from (``sources``), and the flags.
 
-    Attributes:
-        agent: the responsible role (the prediction reads the role from here, never from the step's speaker).
-        step: the root step.
-        sources: for each name in `FIELDS`, ``"first"``/``"retry"`` for the attempt it came from, or None when
-            no attempt had it valid (then the value is None).
-        model_abstained: the kept ``abstain`` field said so.
-        abstain: the model abstained or an essential field (agent, step) is missing.
-        needs_review: an essential field is missing, a field stayed invalid, or (release-only rules) the merged
-            fields are inconsistent.
-        coverage_checks: each of App. L.1's four checks (`COVERAGE_CHECKS`) by name: whether it passed.
-        covered: counts toward coverage: not abstaining and every check in ``coverage_checks`` passed.
-        errors: what is still wrong: the missing fields' last errors and the merged consistency errors.
+    A field no attempt had valid is None with source None. ``abstain``: the model abstained or agent or step is
+    missing; ``covered``: not abstaining and each of App. L.1's four ``coverage_checks`` passed; ``errors``: the
+    missing fields' last errors and the merged consistency errors.
     """
 
     agent: str | None
