@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rcarun.data import Trajectory
 
@@ -13,7 +14,17 @@ from .linkage import LinkageHint, linkage_hints
 from .options import Ablation
 from .schemas import LocalSummary, Outline
 
-__all__ = ["Evidence", "gather_evidence", "uniform_ids"]
+__all__ = ["Evidence", "StageOne", "gather_evidence", "uniform_ids"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageOne:
+    """Stage I's summaries and outline, with what each call recorded."""
+
+    summaries: tuple[LocalSummary, ...]
+    summary_records: tuple[dict[str, Any], ...]
+    outline: Outline
+    outline_record: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +46,14 @@ def uniform_ids(n_steps: int, count: int) -> tuple[int, ...]:
 
 def gather_evidence(
     trajectory: Trajectory,
-    summaries: Sequence[LocalSummary],
-    outline: Outline,
+    stage_one: StageOne,
     handoffs: Sequence[HandoffRecord],
     *,
     flags: Ablation,
     cap: int,
 ) -> Evidence:
     """Pool Stage I's proposals (A1), add each base candidate's handoff (A2) and the linkage hints."""
-    pool = pool_candidates(summaries, trajectory, outline=outline, cap=cap)
+    pool = pool_candidates(stage_one.summaries, trajectory, outline=stage_one.outline, cap=cap)
     base_ids = tuple(pool.base_ids)
     if not flags.pooled_candidates:
         base_ids = uniform_ids(trajectory.n_steps, len(pool.base_ids))

@@ -7,7 +7,7 @@ excerpts, validated field by field (A4). The procedure, its sources and every ch
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from rcarun.data import Trajectory
@@ -16,10 +16,10 @@ from rcarun.methods.base import Attribution, Method
 from rcarun.methods.llm import LLM, Message, Reply
 from rcarun.methods.registry import method
 
-from .enrich import EnrichedStep, enrich
-from .evidence import Evidence, gather_evidence, uniform_ids
+from .enrich import enrich
+from .evidence import Evidence, StageOne, gather_evidence, uniform_ids
 from .grounding import quote_is_grounded
-from .handoffs import HandoffRecord, handoffs_of
+from .handoffs import handoffs_of
 from .options import (
     ABLATIONS,
     PRESET_REASONING,
@@ -30,7 +30,7 @@ from .options import (
     StageBudgets,
     StageReasoning,
 )
-from .output import Answers, StageOne, parsed, prediction
+from .output import Answers, Run, parsed, prediction
 from .prompts import RctaPrompts, stage1_feedback, with_feedback
 from .readers import parse_attribution, parse_local_summary, parse_outline
 from .schemas import LocalSummary, Outline, fallback_outline, local_summary_schema, outline_schema
@@ -57,18 +57,6 @@ SHAREABLE_STAGES: frozenset[str] = frozenset({"summary", "outline"})
 _TEMPERATURES: Mapping[str, float] = {"summary": 0.1, "outline": 0.1, "attribution": 0.0}
 
 
-@dataclass(slots=True)
-class _Run:
-    """One trajectory's run: what every stage reads, and the calls and fallbacks the output records."""
-
-    trajectory: Trajectory
-    llm: LLM
-    enriched: tuple[EnrichedStep, ...]
-    handoffs: tuple[HandoffRecord, ...]
-    calls: int = 0
-    fallbacks: list[str] = field(default_factory=list)
-
-
 class RCTA(Method):
     """Root-Cause Trajectory Attribution: m + 2 calls per trajectory plus validation retries."""
 
@@ -91,32 +79,17 @@ class RCTA(Method):
         if trajectory.n_steps == 0:
             output.update(calls=0, error="empty trajectory")
             return Attribution(None, None, False, False, abstained=True, output=output)
-        run = _Run(trajectory, llm, enrich(trajectory), handoffs_of(trajectory))
+        run = Run(trajectory, llm, enrich(trajectory), handoffs_of(trajectory))
         segments = segment(run.enriched, config=self._segmentation)
         stage_one = await self._stage_one(run, segments)
         evidence = gather_evidence(
-            trajectory,
-            stage_one.summaries,
-            stage_one.outline,
-            run.handoffs,
-            flags=self.flags,
-            cap=self.options.candidate_cap,
+            trajectory, stage_one, run.handoffs, flags=self.flags, cap=self.options.candidate_cap
         )
         answers = await self._stage_two(run, stage_one, evidence)
-        return prediction(
-            trajectory,
-            flags=self.flags,
-            segments=segments,
-            stage_one=stage_one,
-            evidence=evidence,
-            answers=answers,
-            calls=run.calls,
-            fallbacks=run.fallbacks,
-            output=output,
-        )
+        return prediction(run, self.flags, segments, stage_one, evidence, answers, output)
 
     async def _ask(
-        self, run: _Run, stage: str, messages: Sequence[Message], schema: Mapping[str, Any]
+        self, run: Run, stage: str, messages: Sequence[Message], schema: Mapping[str, Any]
     ) -> Reply:
         """One call of ``stage`` at its preset's budget and reasoning, at its temperature."""
         run.calls += 1
@@ -131,7 +104,7 @@ class RCTA(Method):
 
     # --- Stage I -------------------------------------------------------------------------------------------
 
-    async def _stage_one(self, run: _Run, segments: Sequence[Segment]) -> StageOne:
+    async def _stage_one(self, run: Run, segments: Sequence[Segment]) -> StageOne:
         summaries: list[LocalSummary] = []
         records: list[dict[str, Any]] = []
         for seg in segments:  # sequential, as released: the calls of one item are not raced
@@ -143,7 +116,7 @@ class RCTA(Method):
         outline, outline_record = await self._outline(run, summaries)
         return StageOne(tuple(summaries), tuple(records), outline, outline_record)
 
-    async def _summarise(self, run: _Run, seg: Segment) -> tuple[LocalSummary, dict[str, Any]]:
+    async def _summarise(self, run: Run, seg: Segment) -> tuple[LocalSummary, dict[str, Any]]:
         schema = local_summary_schema(seg.segment_id, seg.step_ids)
         messages, truncation = self.prompts.summary_messages(run.trajectory, seg, schema, run.llm)
 
@@ -183,7 +156,7 @@ class RCTA(Method):
             record["truncation"] = truncation
         return used, record
 
-    async def _outline(self, run: _Run, summaries: Sequence[LocalSummary]) -> tuple[Outline, dict[str, Any]]:
+    async def _outline(self, run: Run, summaries: Sequence[LocalSummary]) -> tuple[Outline, dict[str, Any]]:
         trajectory, segment_ids = run.trajectory, [s.segment_id for s in summaries]
         schema = outline_schema(trajectory, segment_ids)
         messages = self.prompts.outline_messages(trajectory, run.enriched, summaries, schema)
@@ -217,7 +190,7 @@ class RCTA(Method):
 
     # --- Stage II ------------------------------------------------------------------------------------------
 
-    async def _stage_two(self, run: _Run, stage_one: StageOne, evidence: Evidence) -> Answers:
+    async def _stage_two(self, run: Run, stage_one: StageOne, evidence: Evidence) -> Answers:
         schema = self.prompts.attribution_schema(run.trajectory)
         messages, truncation = self.prompts.attribution_messages(
             run.trajectory, run.enriched, stage_one.summaries, stage_one.outline, evidence, schema, run.llm
@@ -234,7 +207,7 @@ class RCTA(Method):
         retry = attempts[1][0] if len(attempts) > 1 else None
         return Answers(tuple(attempts), merge_fields(first, retry), truncation)
 
-    def _validate(self, reply: Reply, run: _Run) -> Validation:
+    def _validate(self, reply: Reply, run: Run) -> Validation:
         validation = validate_attribution(
             parse_attribution(parsed(reply)),
             run.trajectory,

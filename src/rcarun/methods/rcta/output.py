@@ -6,32 +6,35 @@ The rules for ``error`` and ``fallback`` are in ``docs/methods/rcta.md`` ("Unrea
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rcarun.data import Trajectory
 from rcarun.methods.base import Attribution, role_is_valid, step_is_valid
-from rcarun.methods.llm import Reply
+from rcarun.methods.llm import LLM, Reply
 
-from .evidence import Evidence
+from .enrich import EnrichedStep
+from .evidence import Evidence, StageOne
+from .handoffs import HandoffRecord
 from .options import Ablation
-from .schemas import LocalSummary, Outline
 from .segment import Segment
 from .validate import FIELDS, FinalFields, Validation
 
-__all__ = ["Answers", "StageOne", "parsed", "prediction"]
+__all__ = ["Answers", "Run", "parsed", "prediction"]
 
 _ATTEMPTS = ("first", "retry")  # the names of Stage II's attempts, in order
 
 
-@dataclass(frozen=True, slots=True)
-class StageOne:
-    """Stage I's summaries and outline, with what each call recorded."""
+@dataclass(slots=True)
+class Run:
+    """One trajectory's run: what every stage reads, and the calls and fallbacks the output records."""
 
-    summaries: tuple[LocalSummary, ...]
-    summary_records: tuple[dict[str, Any], ...]
-    outline: Outline
-    outline_record: dict[str, Any]
+    trajectory: Trajectory
+    llm: LLM
+    enriched: tuple[EnrichedStep, ...]
+    handoffs: tuple[HandoffRecord, ...]
+    calls: int = 0
+    fallbacks: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,20 +114,17 @@ def _final_json(final: FinalFields) -> dict[str, Any]:
 
 
 def prediction(
-    trajectory: Trajectory,
-    *,
+    run: Run,
     flags: Ablation,
     segments: Sequence[Segment],
     stage_one: StageOne,
     evidence: Evidence,
     answers: Answers,
-    calls: int,
-    fallbacks: list[str],
     output: dict[str, Any],
 ) -> Attribution:
     """The prediction from the kept fields (A4) or the first answer as answered (A4 off), with ``output`` filled.
 
-    ``fallbacks`` is the run's list; a missing essential field after the merge adds ``abstain_missing_fields``.
+    A missing essential field after the merge adds ``abstain_missing_fields`` to the run's fallbacks.
     """
     first, final = answers.attempts[0][0], answers.final
     if flags.validation_retry:
@@ -135,15 +135,15 @@ def prediction(
         abstained = first.answer.abstain is True
         cited = first.answer.evidence_step_ids or ()
     if final.agent is None or final.step is None:
-        fallbacks.append("abstain_missing_fields")
-    output.update(calls=calls, **_record(segments, stage_one, evidence, answers, flags=flags))
+        run.fallbacks.append("abstain_missing_fields")
+    output.update(calls=run.calls, **_record(segments, stage_one, evidence, answers, flags=flags))
     output["diagnostics"].update(
         evidence_ids=list(cited),
         used_handoff=step is not None and step in {link.handoff for link in evidence.links},
         outline_phases=len(stage_one.outline.phases),
         outline_phases_in_range=stage_one.outline.phase_count_in_range,
         outline_fallback=stage_one.outline.fallback,
-        fallbacks=list(fallbacks),
+        fallbacks=list(run.fallbacks),
     )
     if not flags.validation_retry:
         output["raw_answer"] = {"agent": role, "step": step, "abstain": first.answer.abstain}
@@ -156,8 +156,8 @@ def prediction(
     return Attribution(
         pred_role=role,
         pred_step=step,
-        role_valid=role_is_valid(role, trajectory),
-        step_valid=step_is_valid(step, trajectory),
+        role_valid=role_is_valid(role, run.trajectory),
+        step_valid=step_is_valid(step, run.trajectory),
         abstained=abstained,
         output=output,
         error=error,

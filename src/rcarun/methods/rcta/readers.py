@@ -37,6 +37,7 @@ __all__ = ["parse_attribution", "parse_local_summary", "parse_outline"]
 
 _STEP_STRING = re.compile(r"\s*[+-]?[0-9]+\s*")
 _MISSING: Any = object()  # a key absent from an answer, as opposed to a JSON null
+_Allowed = frozenset[int] | range | None  # the ids a list may hold; None: any
 _ANALYSIS_FIELDS = ("delegation_trace", "failure_chain", "counterfactual", "confidence")
 
 
@@ -143,7 +144,9 @@ class _Reader:
             self.error(field, f"{path}: non-string items {bad[:5]!r} left out")
         return tuple(item for item in items if isinstance(item, str))
 
-    def step_ids(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, ...] | None:
+    def step_ids(
+        self, obj: Mapping[str, Any], key: str, field: str, path: str, allowed: _Allowed = None
+    ) -> tuple[int, ...] | None:
         """A list of step ids (digit strings read as integers); items that are no step id are left out."""
         items = self.array(obj, key, field, path)
         if items is None:
@@ -152,9 +155,14 @@ class _Reader:
         bad = [item for item, step in zip(items, read, strict=True) if step is None]
         if bad:
             self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
-        return tuple(step for step in read if step is not None)
+        ids = tuple(step for step in read if step is not None)
+        if allowed is not None:
+            self.id_range(ids, allowed, field, path)
+        return ids
 
-    def step_range(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, int] | None:
+    def step_range(
+        self, obj: Mapping[str, Any], key: str, field: str, path: str, allowed: frozenset[int] | range
+    ) -> tuple[int, int] | None:
         items = self.array(obj, key, field, path)
         if items is None:
             return None
@@ -165,6 +173,7 @@ class _Reader:
         first, last = read[0], read[1]
         if first > last:
             self.error(field, f"{path}: first {first} is after last {last}")
+        self.id_range((first, last), allowed, field, path)
         return (first, last)
 
     def enum(self, value: str | None, allowed: Iterable[str], field: str, path: str) -> None:
@@ -188,15 +197,12 @@ def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[
     echoed = reader.integer(answer, "segment_id", "segment_id", "segment_id")
     if echoed is not None and echoed != segment_id:
         reader.error("segment_id", f"segment_id: answered {echoed}, asked for {segment_id}")
-    step_range = reader.step_range(answer, "step_range", "step_range", "step_range")
-    if step_range is not None:
-        reader.id_range(step_range, own, "step_range", "step_range")
+    step_range = reader.step_range(answer, "step_range", "step_range", "step_range", own)
     goal = reader.string(answer, "segment_goal", "segment_goal", "segment_goal")
 
     events: list[KeyEvent] = []
     for path, item in reader.objects(answer, "key_events", "key_events", "key_events"):
-        ids = reader.step_ids(item, "step_ids", "key_events", f"{path}.step_ids") or ()
-        reader.id_range(ids, own, "key_events", f"{path}.step_ids")
+        ids = reader.step_ids(item, "step_ids", "key_events", f"{path}.step_ids", own) or ()
         events.append(KeyEvent(reader.string(item, "event", "key_events", f"{path}.event") or "", ids))
     if "key_events" in answer and not 3 <= len(events) <= 8:
         reader.error("key_events", f"key_events: expected 3–8 events, got {len(events)}")
@@ -219,8 +225,7 @@ def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[
 
     findings: list[VerifierFinding] = []
     for path, item in reader.objects(answer, "verifier_findings", "verifier_findings", "verifier_findings"):
-        ids = reader.step_ids(item, "step_ids", "verifier_findings", f"{path}.step_ids") or ()
-        reader.id_range(ids, own, "verifier_findings", f"{path}.step_ids")
+        ids = reader.step_ids(item, "step_ids", "verifier_findings", f"{path}.step_ids", own) or ()
         result = reader.string(item, "result", "verifier_findings", f"{path}.result")
         reader.enum(result, VERIFIER_RESULTS, "verifier_findings", f"{path}.result")
         note = reader.string(item, "note", "verifier_findings", f"{path}.note") or ""
@@ -248,32 +253,26 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
     agents = frozenset(trajectory.agents)
     phases: list[Phase] = []
     for path, item in reader.objects(answer, "phases", "phases", "phases"):
-        step_range = reader.step_range(item, "step_range", "phases", f"{path}.step_range")
-        if step_range is not None:
-            reader.id_range(step_range, steps, "phases", f"{path}.step_range")
+        step_range = reader.step_range(item, "step_range", "phases", f"{path}.step_range", steps)
         involved = reader.strings(item, "involved_agents", "phases", f"{path}.involved_agents") or ()
         strangers = [a for a in involved if a not in agents]
         if strangers:
             reader.error("phases", f"{path}.involved_agents: {strangers!r} are not recorded agents")
         sub_phases: list[SubPhase] = []
         for sub_path, sub in reader.objects(item, "sub_phases", "phases", f"{path}.sub_phases"):
-            sub_range = reader.step_range(sub, "step_range", "phases", f"{sub_path}.step_range")
-            if sub_range is not None:
-                reader.id_range(sub_range, steps, "phases", f"{sub_path}.step_range")
+            sub_range = reader.step_range(sub, "step_range", "phases", f"{sub_path}.step_range", steps)
             text = reader.string(sub, "description", "phases", f"{sub_path}.description") or ""
             sub_phases.append(SubPhase(sub_range, text))
         signals: list[FailureSignal] = []
         for sig_path, sig in reader.objects(item, "failure_signals", "phases", f"{path}.failure_signals"):
-            ids = reader.step_ids(sig, "step_ids", "phases", f"{sig_path}.step_ids") or ()
-            reader.id_range(ids, steps, "phases", f"{sig_path}.step_ids")
+            ids = reader.step_ids(sig, "step_ids", "phases", f"{sig_path}.step_ids", steps) or ()
             severity = reader.string(sig, "severity", "phases", f"{sig_path}.severity")
             reader.enum(severity, SEVERITIES, "phases", f"{sig_path}.severity")
             text = reader.string(sig, "description", "phases", f"{sig_path}.description") or ""
             signals.append(FailureSignal(text, ids, severity or ""))
-        supporting = (
-            reader.step_ids(item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids") or ()
+        supporting = reader.step_ids(
+            item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids", steps
         )
-        reader.id_range(supporting, steps, "phases", f"{path}.supporting_step_ids")
         phases.append(
             Phase(
                 phase_id=reader.integer(item, "phase_id", "phases", f"{path}.phase_id"),
@@ -282,7 +281,7 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
                 involved_agents=involved,
                 sub_phases=tuple(sub_phases),
                 failure_signals=tuple(signals),
-                supporting_step_ids=supporting,
+                supporting_step_ids=supporting or (),
             )
         )
     known_segments = frozenset(segment_ids)
@@ -292,8 +291,7 @@ def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequen
         unknown = sorted({s for s in segs if s not in known_segments})
         if unknown:
             reader.error("conflicts", f"{path}.segment_ids: {unknown} are not segment ids")
-        ids = reader.step_ids(item, "step_ids", "conflicts", f"{path}.step_ids") or ()
-        reader.id_range(ids, steps, "conflicts", f"{path}.step_ids")
+        ids = reader.step_ids(item, "step_ids", "conflicts", f"{path}.step_ids", steps) or ()
         text = reader.string(item, "description", "conflicts", f"{path}.description") or ""
         conflicts.append(Conflict(text, segs, ids))
     return Outline(tuple(phases), tuple(conflicts), readable=bool(phases), errors=tuple(reader.errors))
