@@ -127,9 +127,7 @@ def _nearest(
 
 
 def nearest_handoff_for(
-    candidate_step_id: int,
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_step_id: int, trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> HandoffRecord | None:
     """The nearest strictly earlier matching handoff of a candidate step, or None (docs/methods/rcta.md).
 
@@ -141,9 +139,7 @@ def nearest_handoff_for(
 
 
 def augment_with_handoffs(
-    candidate_ids: Iterable[int],
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_ids: Iterable[int], trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> Augmentation:
     """Add to the base candidates (any order, duplicates allowed) the handoff each is compared with (A2).
 

@@ -98,9 +98,7 @@ def _overlap_fires(executor: int, shared: int) -> bool:
 
 
 def linkage_hints(
-    candidate_ids: Iterable[int],
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_ids: Iterable[int], trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> tuple[LinkageHint, ...]:
     """At most one hint per executor among the handoff-augmented ``candidate_ids``, in ascending step order.
 

@@ -196,11 +196,7 @@ class RctaPrompts:
         return [Message("system", self._outline_system), Message("user", user)]
 
     def _excerpt_label(
-        self,
-        step_id: int,
-        pool: CandidatePool,
-        base: frozenset[int],
-        links: Sequence[HandoffLink],
+        self, step_id: int, pool: CandidatePool, base: frozenset[int], links: Sequence[HandoffLink]
     ) -> list[str]:
         """Annotation lines under an excerpt's header, by condition."""
         lines: list[str] = []

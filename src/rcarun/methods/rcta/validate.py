@@ -8,7 +8,7 @@ coverage: ``docs/methods/rcta.md`` ("A4").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from rcarun.data import Trajectory, parse_handoff
@@ -37,19 +37,8 @@ __all__ = [
     "validate_attribution",
 ]
 
-FIELDS: tuple[str, ...] = (
-    "agent",
-    "step",
-    "reason",
-    "evidence_step_ids",
-    "abstain",
-    "primary_category",
-    "contributing_factors",
-    "delegation_trace",
-    "failure_chain",
-    "counterfactual",
-    "confidence",
-)
+# The answer's fields in `AttributionAnswer`'s order, each checked on its own.
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AttributionAnswer) if f.name != "errors")
 CONSISTENCY = "consistency"
 ESSENTIAL_FIELDS: tuple[str, ...] = ("agent", "step")
 # App. L.1's four coverage checks, by name, and the field each reads.
