@@ -1,7 +1,7 @@
 """Step enrichment: the per-step facts RCTA's deterministic parts read (release notes 3.3; no LLM).
 
-Computed once, from the recorded name, role and text only, so that every consumer agrees and each rule is tested
-alone. The fields and their rules: ``docs/methods/rcta.md`` ("Step enrichment").
+Computed once, from the recorded name, role and text only, so that every consumer agrees and each rule is
+tested alone. The fields and their rules: ``docs/methods/rcta.md`` ("Step enrichment").
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ _ERROR_TOKEN = re.compile(r"\b(?:Error|Traceback|Exception|FAIL|fatal)\b")
 class EnrichedStep:
     """One step with the facts RCTA's deterministic stages read (each field's rule: docs/methods/rcta.md).
 
-    ``role`` and ``agent_raw`` are `Step.role` and `Step.agent` as recorded; ``tail`` is ``""`` for content of at
-    most 500 characters; ``success`` is None when unknown.
+    ``role`` and ``agent_raw`` are `Step.role` and `Step.agent` as recorded; ``tail`` is ``""`` for content of
+    at most 500 characters; ``success`` is None when unknown.
     """
 
     step_id: int

@@ -1,4 +1,4 @@
-"""What the attribution call reads: base candidates, the excerpts they and their handoffs give, linkage hints."""
+"""What the attribution call reads: base candidates, their excerpts and handoffs, and linkage hints."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Evidence:
 
 
 def uniform_ids(n_steps: int, count: int) -> tuple[int, ...]:
-    """``count`` step ids spread uniformly over ``0..n_steps-1`` (the centre of each of ``count`` equal bins)."""
+    """``count`` step ids spread over ``0..n_steps-1``: the centre of each of ``count`` equal bins."""
     count = min(count, n_steps)
     return tuple(((2 * i + 1) * n_steps) // (2 * count) for i in range(count))
 

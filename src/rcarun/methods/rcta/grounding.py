@@ -1,7 +1,7 @@
 """Quote grounding: does a quote cited from a handoff really come from that handoff's logged text?
 
-A4 checks the provenance of cited instruction text (paper Sec. 4.2, App. F) with the release's rule (notes 3.10).
-Normalisation, words and thresholds: ``docs/methods/rcta.md`` ("Quote grounding").
+A4 checks the provenance of cited instruction text (paper Sec. 4.2, App. F) with the release's rule (notes
+3.10). Normalisation, words and thresholds: ``docs/methods/rcta.md`` ("Quote grounding").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _WORD_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class GroundingDetail:
-    """Why a quote is or is not grounded: the rule that grounded it (``"substring"`` tried first) and the counts.
+    """Why a quote is or is not grounded: the rule that did (``"substring"`` tried first) and the counts.
 
     ``substring`` is computed even for a quote too short to count; ``word_share`` is None without words.
     """

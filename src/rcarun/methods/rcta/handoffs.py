@@ -1,7 +1,7 @@
 """Handoff evidence retrieval (RCTA's A2): which logged instruction each candidate step is compared with.
 
-A late, visible error often only carries out a flawed instruction given earlier, so every base candidate gets
-the nearest earlier handoff that plausibly instructed it. Rules: ``docs/methods/rcta.md`` ("Handoff evidence").
+A late, visible error often only carries out a flawed instruction given earlier, so every base candidate
+gets the nearest earlier handoff that plausibly instructed it. Rules: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MatchRule = Literal["recipient", "any"]
 
 @dataclass(frozen=True, slots=True)
 class HandoffRecord:
-    """One logged handoff instruction: its step, parsed sender and recipient, the raw ``Step.agent``, the text.
+    """One logged handoff instruction: its step, parsed sender and recipient, raw ``Step.agent``, and text.
 
     ``text`` is the step's full content, the instruction a quote is grounded in.
     """
@@ -46,7 +46,7 @@ class HandoffRecord:
 
 @dataclass(frozen=True, slots=True)
 class HandoffLink:
-    """A candidate's step, the earlier handoff retrieved for it, and the branch (`MatchRule`) that found it."""
+    """A candidate's step, the earlier handoff retrieved for it, and the `MatchRule` branch that found it."""
 
     candidate: int
     handoff: int
@@ -57,8 +57,8 @@ class HandoffLink:
 class Augmentation:
     """The base candidates with their handoff evidence added; every id tuple is deduplicated and ascending.
 
-    ``ids`` is ``base`` plus every retrieved handoff, uncapped; ``added`` the handoffs not already in ``base``;
-    ``links`` one per base candidate that got a handoff.
+    ``ids`` is ``base`` plus every retrieved handoff, uncapped; ``added`` the handoffs not already in
+    ``base``; ``links`` one per base candidate that got a handoff.
     """
 
     base: tuple[int, ...]

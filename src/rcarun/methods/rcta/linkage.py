@@ -1,7 +1,7 @@
 """Rule-based "faithful implementation" hints: executor steps that look like they carry out a handoff.
 
-The release's hints (notes 3.8) direct the attribution call's attention from an executor candidate to the handoff
-addressed to it; the A3 control sends none. Rules: ``docs/methods/rcta.md`` ("Linkage hints").
+The release's hints (notes 3.8) direct the attribution call's attention from an executor candidate to the
+handoff addressed to it; the A3 control sends none. Rules: ``docs/methods/rcta.md`` ("Linkage hints").
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ _IDENTIFIER_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class LinkageHint:
     """A rule-based sign that an executor step carries out the handoff addressed to it (docs/methods/rcta.md).
 
-    ``overlap`` is shared / executor identifiers, rounded to 2 decimals (0.0 with none); ``shared_identifiers``
-    the first `MAX_SHARED_LISTED` shared ones, sorted; ``cites_plan`` the matched phrase as written.
+    ``overlap`` is shared / executor identifiers, rounded to 2 decimals (0.0 with none);
+    ``shared_identifiers`` the first `MAX_SHARED_LISTED` shared ones, sorted; ``cites_plan`` the phrase found.
     """
 
     executor_step: int

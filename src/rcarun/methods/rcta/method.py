@@ -1,7 +1,7 @@
-"""RCTA, Root-Cause Trajectory Attribution: the method that wires RCTA's parts into m + 2 LLM calls per trajectory.
+"""RCTA, Root-Cause Trajectory Attribution: the method wiring its parts into m + 2 LLM calls per trajectory.
 
-Stage I summarises each segment and outlines the trajectory; Stage II attributes the failure from the candidate
-excerpts, validated field by field (A4). The procedure, its sources and every choice: ``docs/methods/rcta.md``.
+Stage I summarises each segment and outlines the trajectory; Stage II attributes the failure from the
+candidate excerpts, validated field by field (A4). Procedure, sources and choices: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class RCTA(Method):
         )
         if self.flags.delegation_trace:
             return validation
-        # The A3 control omits the instruction-evidence check (App. H): the trace is neither asked nor checked.
+        # The A3 control omits the instruction-evidence check (App. H): the trace is not asked, not checked.
         checks = tuple(FieldCheck(c.name) if c.name == "delegation_trace" else c for c in validation.checks)
         return replace(validation, checks=checks)
 

@@ -40,7 +40,7 @@ _STEP_CHAR_LIMIT = 200_000
 class Ablation:
     """What a condition keeps of RCTA (paper App. H); every flag is on for full RCTA.
 
-    Each flag names what it switches; ``docs/methods/rcta.md`` ("Component controls") tabulates them per condition.
+    Each flag names what it switches; ``docs/methods/rcta.md`` ("Component controls") tabulates them.
     """
 
     pooled_candidates: bool = True
@@ -92,7 +92,7 @@ class StageReasoning:
     attribution: Reasoning
 
 
-# Budgets and reasoning per preset, kept apart so that either can change alone (sources: docs/methods/rcta.md).
+# Budgets and reasoning per preset, apart so that either can change alone (sources: docs/methods/rcta.md).
 PRESETS: Mapping[str, StageBudgets] = {
     "full": StageBudgets(summary=4_000, outline=6_000, attribution=8_000),
     "ablation": StageBudgets(summary=4_000, outline=12_000, attribution=32_000),

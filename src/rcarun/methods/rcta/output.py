@@ -1,4 +1,4 @@
-"""What RCTA records of a run and predicts from it: the output JSON, the prediction, ``error`` and ``fallback``.
+"""What RCTA records of a run and predicts from it: the output JSON, the prediction, its error and fallback.
 
 The rules for ``error`` and ``fallback`` are in ``docs/methods/rcta.md`` ("Unreadable answers and fallbacks").
 """
@@ -39,7 +39,7 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Answers:
-    """Stage II: the attempts that count with their replies (the first, the A4 retry if sent), and their merge."""
+    """Stage II: the attempts that count with their replies (the first, the A4 retry if sent), merged."""
 
     attempts: tuple[tuple[Validation, Reply], ...]
     final: FinalFields
@@ -122,7 +122,7 @@ def prediction(
     answers: Answers,
     output: dict[str, Any],
 ) -> Attribution:
-    """The prediction from the kept fields (A4) or the first answer as answered (A4 off), with ``output`` filled.
+    """The prediction from the kept fields (A4) or the first answer as given (A4 off), with ``output`` filled.
 
     A missing essential field after the merge adds ``abstain_missing_fields`` to the run's fallbacks.
     """

@@ -82,7 +82,7 @@ def _capped(content: str, cap: int | None) -> str:
 
 
 def _summary_json(summary: LocalSummary) -> dict[str, Any]:
-    """A summary as the outline and attribution prompts show it: as answered, proposals as ``proposed_steps``."""
+    """A summary as the later prompts show it: as answered, its proposals as ``proposed_steps``."""
     fields = asdict(summary)
     del fields["errors"]
     return {"proposed_steps" if key == "proposals" else key: value for key, value in fields.items()}

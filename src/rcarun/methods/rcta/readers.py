@@ -1,8 +1,8 @@
 """Readers of RCTA's stage answers: decoded JSON into the typed values of `schemas`, every problem recorded.
 
-Readers never repair: a value of the wrong type is left out and an out-of-range one kept as answered, and either
-way a `FieldError` records it. A step id may be a JSON integer or a string of decimal digits (paper Sec. 5.1
-fails only "missing, nonnumeric, or out-of-range steps"); rules in ``docs/methods/rcta.md``.
+Readers never repair: a value of the wrong type is left out and an out-of-range one kept as answered, and
+either way a `FieldError` records it. A step id may be a JSON integer or a string of decimal digits (paper
+Sec. 5.1 fails only "missing, nonnumeric, or out-of-range steps"); rules in ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class _Reader:
 
 
 def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[int]) -> LocalSummary:
-    """Read one local summary; ids outside the segment's own ``valid_ids`` and unknown tags are kept, as errors."""
+    """Read one local summary; ids outside its own ``valid_ids`` and unknown tags are kept, as errors."""
     reader = _Reader()
     if not isinstance(answer, dict):
         reader.error("summary", "the answer is not a JSON object")

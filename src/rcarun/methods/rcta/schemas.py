@@ -71,7 +71,7 @@ PHASE_RANGE: tuple[int, int] = (3, 8)  # the phase count the outline prompt asks
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
-    """One problem found in an answer: its top-level field (``"agent"``, ``"phases"``) and a message naming the path."""
+    """A problem in an answer: its top-level field (``"agent"``, ``"phases"``), a message naming the path."""
 
     field: str
     message: str
@@ -88,7 +88,7 @@ class KeyEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepProposal:
-    """One step a local summary proposes as failure-relevant, as answered (tags deduplicated, unknown ones kept)."""
+    """A step a local summary proposes as failure-relevant, as answered (tags deduplicated, unknown kept)."""
 
     step_id: int
     tags: tuple[str, ...]
@@ -153,7 +153,7 @@ class Conflict:
 
 @dataclass(frozen=True, slots=True)
 class Outline:
-    """The trajectory outline; not ``readable`` (no list of phase objects) it is replaced by `fallback_outline`.
+    """The trajectory outline; unless ``readable`` (phase objects found) `fallback_outline` replaces it.
 
     A phase count outside 3–8 is no error: `phase_count_in_range` records it.
     """
@@ -225,7 +225,7 @@ class AttributionAnswer:
 def fallback_outline(summaries: Sequence[LocalSummary]) -> Outline:
     """The outline used when the model's cannot be read: one phase per local summary, flagged ``fallback``.
 
-    Each phase has the summary's id, range and goal, one sub-phase, no signals or supporting ids (release 3.5).
+    Each phase has the summary's id, range and goal, one sub-phase, no signals or supporting ids (release).
     """
     phases = tuple(
         Phase(
@@ -289,7 +289,7 @@ def _range(low: int, high: int) -> dict[str, Any]:
 
 
 def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str, Any]:
-    """The schema of one segment's local summary: ``valid_ids`` are the segment's own steps, overlap excluded."""
+    """The schema of one segment's local summary; ``valid_ids``: the segment's own steps, overlap excluded."""
     if not valid_ids:
         raise ValueError("a segment has at least one own step")
     tags = _array(_string(CANDIDATE_TAGS), 1, len(CANDIDATE_TAGS), unique=True)
@@ -311,7 +311,7 @@ def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str,
 
 
 def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
-    """The schema of the trajectory outline; it asks for at least one phase and caps nothing (the prompt: 3–8)."""
+    """The schema of the trajectory outline: at least one phase, no cap (the prompt asks for 3–8)."""
     last = trajectory.n_steps - 1
     step = _step(trajectory.n_steps)
     signal = _object({"description": _string(), "step_ids": _array(step, 1), "severity": _string(SEVERITIES)})

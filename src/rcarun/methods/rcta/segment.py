@@ -1,7 +1,7 @@
 """Rule-based segmentation of an enriched trajectory for RCTA's local summaries (release notes 3.2; no LLM).
 
-A long trajectory does not fit one summary call; the paper fixes the segments' shape (Sec. 4.1, App. E) and the
-release the rules. Constants, cut rules, overlap and the post-pass: ``docs/methods/rcta.md`` ("Segmentation").
+A long trajectory does not fit one summary call; the paper fixes the segments' shape (Sec. 4.1, App. E)
+and the release the rules. Constants, cut rules, overlap and post-pass: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ CUT_REASONS: tuple[CutReason, ...] = get_args(CutReason)
 
 @dataclass(frozen=True, slots=True)
 class SegmentationConfig:
-    """The segmenter's limits, in code points and steps; the cut rules (a)–(f) that use them: docs/methods/rcta.md."""
+    """The segmenter's limits (code points, steps); the cut rules (a)–(f) using them: docs/methods/rcta.md."""
 
     target_chars: int = TARGET_CHARS
     max_chars: int = MAX_CHARS

@@ -1,8 +1,8 @@
 """A4, output and evidence validation: check the attribution field by field, retry once, keep what was valid.
 
-One bad field costs only itself: invalid fields trigger one retry with feedback, valid fields are kept per field,
-and missing essential fields make the output abstain. No LLM call happens here. The checks, the merge and
-coverage: ``docs/methods/rcta.md`` ("A4").
+One bad field costs only itself: invalid fields trigger one retry with feedback, valid fields are kept per
+field, and missing essential fields make the output abstain. No LLM call happens here. The checks, the merge
+and coverage: ``docs/methods/rcta.md`` ("A4").
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ Source = Literal["first", "retry"]
 class FinalFields:
     """The attribution after A4: the fields kept, the attempt each came from (``sources``), and the flags.
 
-    A field no attempt had valid is None with source None. ``abstain``: the model abstained or agent or step is
-    missing; ``covered``: not abstaining and each of App. L.1's four ``coverage_checks`` passed; ``errors``: the
-    missing fields' last errors and the merged consistency errors.
+    A field no attempt had valid is None with source None. ``abstain``: the model abstained or agent or step
+    is missing; ``covered``: not abstaining and each of App. L.1's four ``coverage_checks`` passed;
+    ``errors``: the missing fields' last errors and the merged consistency errors.
     """
 
     agent: str | None
