@@ -20,6 +20,7 @@ from .linkage import LinkageHint
 from .options import Ablation, RctaOptions
 from .schemas import LocalSummary, Outline, attribution_schema, scorable_agents
 from .segment import Segment
+from .validate import retry_feedback
 
 __all__ = ["RctaPrompts", "stage1_feedback", "with_feedback"]
 
@@ -102,14 +103,8 @@ def with_feedback(messages: Sequence[Message], feedback: str) -> list[Message]:
 
 
 def stage1_feedback(errors: Sequence[str]) -> str:
-    lines = [
-        "Your previous answer did not pass validation. Answer again with the complete JSON object, "
-        "correcting these problems:"
-    ]
-    lines += [f"- {error}" for error in errors[:_STAGE1_FEEDBACK_ERRORS]]
-    if len(errors) > _STAGE1_FEEDBACK_ERRORS:
-        lines.append(f"- ... and {len(errors) - _STAGE1_FEEDBACK_ERRORS} more")
-    return "\n".join(lines)
+    """The note appended to a summary's or the outline's retry."""
+    return retry_feedback(errors, limit=_STAGE1_FEEDBACK_ERRORS)
 
 
 class RctaPrompts:

@@ -7,7 +7,7 @@ and coverage: ``docs/methods/rcta.md`` ("A4").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ __all__ = [
     "Validation",
     "feedback_text",
     "merge_fields",
+    "retry_feedback",
     "validate_attribution",
 ]
 
@@ -342,19 +343,24 @@ def validate_attribution(
     )
 
 
-def feedback_text(validation: Validation) -> str:
-    """The note appended to the single retry: what failed, field by field (first 30 errors, as released)."""
-    errors = validation.errors
-    if not errors:
-        return ""
+def retry_feedback(errors: Sequence[str], *, limit: int, note: str = "") -> str:
+    """The note appended to any stage's validation retry: the first ``limit`` errors, one a line (release)."""
     lines = [
         "Your previous answer did not pass validation. Answer again with the complete JSON object, "
-        "correcting these problems (fields not listed were valid):"
+        f"correcting these problems{note}:"
     ]
-    lines += [f"- {error}" for error in errors[:_MAX_FEEDBACK]]
-    if len(errors) > _MAX_FEEDBACK:
-        lines.append(f"- ... and {len(errors) - _MAX_FEEDBACK} more")
+    lines += [f"- {error}" for error in errors[:limit]]
+    if len(errors) > limit:
+        lines.append(f"- ... and {len(errors) - limit} more")
     return "\n".join(lines)
+
+
+def feedback_text(validation: Validation) -> str:
+    """The note appended to the attribution's single retry: what failed, field by field (first 30 errors)."""
+    errors = validation.errors
+    return (
+        retry_feedback(errors, limit=_MAX_FEEDBACK, note=" (fields not listed were valid)") if errors else ""
+    )
 
 
 def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFields:
