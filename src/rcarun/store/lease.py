@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rcarun.errors import StoreError
-from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.connect import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import utc_timestamp
 
 __all__ = [

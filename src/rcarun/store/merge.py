@@ -35,8 +35,8 @@ from typing import Any, Final
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, stored_bytes
+from rcarun.store.connect import open_connection, open_read_only
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, live_holder
-from rcarun.store.migrations import open_connection, open_read_only
 from rcarun.store.reader import WorkKey
 
 __all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]

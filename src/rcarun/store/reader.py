@@ -25,13 +25,13 @@ from typing import Any, Self, TypeVar
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import stored_bytes
-from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
-from rcarun.store.migrations import (
+from rcarun.store.connect import (
     DEFAULT_BUSY_TIMEOUT_S,
     ReadOnlyConnection,
     open_connection,
     open_read_only,
 )
+from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
 from rcarun.store.rows import (
     RUN_STATUSES,
     EventRow,

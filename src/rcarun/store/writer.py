@@ -55,7 +55,7 @@ from typing import Any, Final, Self
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, blob_sha256
-from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.connect import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import (
     CALL_STATUSES,
     ITEM_STATUSES,
