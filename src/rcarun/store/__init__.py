@@ -41,8 +41,8 @@ from rcarun.store.rows import (
     UsageSource,
     utc_timestamp,
 )
-from rcarun.store.spill import SPILL_DIR_VARIABLE, spill_dirs
-from rcarun.store.writer import StoreWriter, take_up_spill
+from rcarun.store.spill import SPILL_DIR_VARIABLE, spill_dirs, take_up_spill
+from rcarun.store.writer import StoreWriter
 
 __all__ = [
     "CALL_STATUSES",

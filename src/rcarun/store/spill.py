@@ -16,21 +16,40 @@ with the spill's own id, so a spill never replaces an earlier one that is still 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from rcarun.errors import StoreError
+from rcarun.store.batch import TABLES, BatchWriter, Blob, Row, answered_calls
+from rcarun.store.connect import DEFAULT_BUSY_TIMEOUT_S
+from rcarun.store.rows import EventRow
 
-__all__ = ["SPILL_DIR_VARIABLE", "SpillHeader", "find_spills", "read_spill", "spill_dirs", "write_spill"]
+__all__ = [
+    "SPILL_DIR_VARIABLE",
+    "SPILL_TAKEN_UP",
+    "SpillHeader",
+    "find_spills",
+    "read_spill",
+    "spill_dirs",
+    "spill_rows",
+    "take_up_spill",
+    "write_spill",
+]
 
 SPILL_DIR_VARIABLE: Final = "RCARUN_SPILL_DIR"
+SPILL_TAKEN_UP: Final = "spill_taken_up"
 _FORMAT: Final = "rcarun-spill"
 _VERSION: Final = 1
 
@@ -164,3 +183,120 @@ def read_spill(path: Path) -> tuple[SpillHeader, Iterator[dict[str, Any]]]:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise StoreError(f"{path}: cannot read this spill file ({error})") from error
     return header, iter(records)
+
+
+def _spill_record(row: Row) -> dict[str, Any]:
+    if isinstance(row, Blob):
+        return {
+            "table": "blobs",
+            "sha256": row.sha256,
+            "zlib": base64.b64encode(zlib.compress(row.data, 1)).decode(),
+        }
+    return {"table": TABLES[type(row)], "row": dataclasses.asdict(row)}
+
+
+_ROW_TYPES: Final[dict[str, type]] = {
+    table: row_type for row_type, table in TABLES.items() if row_type is not Blob
+}
+
+
+def _spilled_row(record: dict[str, Any]) -> Row:
+    if record["table"] == "blobs":
+        return Blob(str(record["sha256"]), zlib.decompress(base64.b64decode(record["zlib"])))
+    row: Row = _ROW_TYPES[record["table"]](**record["row"])
+    return row
+
+
+def _largest_call_id(connection: sqlite3.Connection, run_id: int) -> int:
+    found = connection.execute("SELECT max(call_id) FROM calls WHERE run_id = ?", (run_id,)).fetchone()
+    return int(found[0] or 0)
+
+
+def _run_of(connection: sqlite3.Connection, run_id: int) -> tuple[str, str] | None:
+    run = connection.execute("SELECT name, created_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if run is None else (str(run[0]), str(run[1]))
+
+
+def spill_rows(connection: sqlite3.Connection, db: Path, run_id: int, rows: Sequence[Row]) -> Path:
+    """Write ``rows`` to a spill file of ``db``'s run ``run_id`` (``connection`` still reads ``db``)."""
+    run = _run_of(connection, run_id)
+    if run is None:
+        raise StoreError(f"{db} has no run {run_id}")
+    header = SpillHeader(
+        db=str(db.resolve()),
+        run_id=run_id,
+        run_name=run[0],
+        run_created_at=run[1],
+        calls_before=_largest_call_id(connection, run_id),
+        spill_id=uuid.uuid4().hex,
+        rows=len(rows),
+        answered=answered_calls(rows),
+    )
+    return write_spill(header, (_spill_record(row) for row in rows))
+
+
+def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
+    """Store the rows a full disk left in this run's spill files and remove the files; return lines to tell.
+
+    Call it holding the run's lease, before reading what the run has done. Each file's rows go in one transaction
+    with a ``spill_taken_up`` event naming the spill, so a spill found again after a kill between commit and
+    removal is only removed. A spill of another results.db, or one the run has moved past, is left as is.
+
+    Raises:
+        StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
+    """
+    path = Path(path)
+    told = [_take_up_one(path, run_id, spill, busy_timeout_s) for spill in find_spills(path, run_id)]
+    return [line for line in told if line is not None]
+
+
+def _take_up_one(path: Path, run_id: int, spill: Path, busy_timeout_s: float) -> str | None:
+    header, records = read_spill(spill)
+    writer = BatchWriter(path, busy_timeout_s, run_id)
+    try:
+        connection = writer.connection
+        taken = connection.execute(
+            "SELECT 1 FROM run_events WHERE run_id = ? AND kind = ? AND json_extract(detail_json, '$.spill_id') = ?",
+            (run_id, SPILL_TAKEN_UP, header.spill_id),
+        ).fetchone()
+        if taken is None:
+            if (
+                header.db != str(path.resolve())
+                or header.run_id != run_id
+                or _run_of(connection, run_id) != (header.run_name, header.run_created_at)
+                or header.calls_before != _largest_call_id(connection, run_id)
+            ):
+                return (
+                    f"{spill} holds {header.rows} rows of run {header.run_name!r} of {header.db} that this "
+                    "results.db cannot take (another file or run, or the run went on without them); it was left "
+                    "as is"
+                )
+            detail = {
+                "spill_id": header.spill_id,
+                "file": str(spill),
+                "rows": header.rows,
+                "answered": header.answered,
+            }
+            try:
+                rows = [_spilled_row(record) for record in records]
+            except (KeyError, TypeError, ValueError, zlib.error) as error:  # binascii.Error is a ValueError
+                raise StoreError(
+                    f"{spill}: a row in it cannot be read ({error!r}); the file is kept"
+                ) from error
+            rows.append(EventRow(run_id=run_id, kind=SPILL_TAKEN_UP, detail_json=json.dumps(detail)))
+            try:
+                writer.write(rows)
+            except (sqlite3.Error, OSError) as error:
+                raise StoreError(
+                    f"storing the {header.rows} rows kept in {spill} into {path} failed "
+                    f"({type(error).__name__}: {error}); the file is kept"
+                ) from error
+    finally:
+        writer.close()
+    spill.unlink()
+    if taken is not None:
+        return None
+    return (
+        f"stored the {header.rows} rows ({header.answered} answered calls) kept in {spill} since {path} "
+        "was full; the file is removed"
+    )
