@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeSpec"]
+from rcarun.errors import RcarunError
+
+__all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeError", "ServeSpec"]
+
+
+class ServeError(RcarunError):
+    """A managed replica did not come up, or serves something other than its backbone's config says."""
+
 
 # Flags rcarun sets on every replica; an ``extra_args`` entry naming one would contradict the plan.
 RESERVED_FLAGS = (
