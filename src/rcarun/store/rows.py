@@ -17,15 +17,19 @@ __all__ = [
     "ITEM_STATUSES",
     "METHOD_PREPARED",
     "RUN_STATUSES",
+    "BackboneSummary",
+    "CachedCall",
     "CallRow",
     "CallStatus",
     "EventRow",
     "ItemRow",
     "ItemStatus",
     "PredictionRow",
+    "RunRow",
     "RunStatus",
     "TrajectoryRow",
     "UsageSource",
+    "WorkNames",
     "utc_timestamp",
 ]
 
@@ -207,3 +211,76 @@ class EventRow:
     kind: str
     detail_json: str = "{}"
     at: str = field(default_factory=utc_timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: int
+    name: str
+    created_at: str
+    updated_at: str
+    config_json: str
+    status: RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCall:
+    """Everything needed to answer a chat call again from an earlier attempt without sending it: the text where
+    it was stored as blobs of its own, else (``text`` None) the raw body for the runner to parse again with the
+    backbone's preset; and the blob keys, so a ``cached`` row points at the same blobs."""
+
+    call_id: int
+    run_id: int
+    status: str
+    text: str | None
+    reasoning_text: str
+    finish_reason: str | None
+    model: str
+    max_tokens: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    request_sha256: str | None
+    response_sha256: str | None
+    response_text_sha256: str | None
+    reasoning_text_sha256: str | None
+    raw_body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneSummary:
+    """One backbone's totals within one run: ``calls`` counts rows with ``attempt == 1``, ``attempts`` every row;
+    token and USD sums leave out ``cached`` rows (counted in ``cached_calls``); ``rate_limited``,
+    ``length_retries`` and ``errors`` count attempts of status ``rate_limited``, ``length`` and ``error``."""
+
+    backbone: str
+    items_done: int
+    items_failed: int
+    items_skipped: int
+    items_interrupted: int
+    calls: int
+    attempts: int
+    cached_calls: int
+    errors: int
+    rate_limited: int
+    length_retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost_usd: float
+    predictions: int
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens (reasoning and provider-cached tokens are already inside them)."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class WorkNames:
+    """The names a run's work items carry (items and predictions alike), each sorted: what flags may name."""
+
+    backbones: tuple[str, ...]
+    methods: tuple[str, ...]
