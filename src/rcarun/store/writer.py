@@ -75,29 +75,15 @@ def _describe(batch: Sequence[Row]) -> str:
 class StoreWriter:
     """Batches rows into results.db from one task; use as ``async with StoreWriter(path) as writer:``.
 
-    Enqueue methods (`put_blob`, `add_call`, `add_prediction`, `set_item`, `add_trajectory`, `add_event`) are
-    synchronous, return at once and keep order; call them from the event loop's thread. Await `wait_for_room`
-    where a producer can pause, so memory stays bounded, and `flush` when rows must be visible to readers.
-    Leaving the ``async with`` commits everything enqueued (also when the body raised or was cancelled), then
-    closes the connection. The run's row must exist first (see `Store.get_or_create_run`).
+    The enqueue methods are synchronous, keep order and are called from the loop's thread; await `wait_for_room`
+    where a producer can pause and `flush` when readers must see the rows. Leaving the block commits everything
+    enqueued (also on an error or a cancel). With ``run_id``, every row must belong to that existing run.
 
-    Args:
-        path: the results.db file; created and migrated if needed.
-        run_id: when given, the run must exist and every row must belong to it (a guard against mixed runs).
-        batch_size: most rows per transaction.
-        flush_interval_s: longest a row waits in the queue for a batch to fill before it is committed (s).
-        max_queued_rows: queue size at which `wait_for_room` starts to wait (4,000 rows of ~600 bytes: 2.4 MB,
-            8 batches ahead of a writer that falls behind a fast sweep as results.db grows).
-        max_queued_bytes: queued blob data (uncompressed bodies) at which `wait_for_room` starts to wait too.
-        recent_blob_capacity: recent blob hashes remembered so a repeated prompt is not queued again (~210 bytes
-            each; older repeats are still stored once, by INSERT OR IGNORE).
-        busy_timeout_s: how long a write waits for another connection's write lock, in seconds.
-        give_up_after_s: once closing, how long failing writes are still retried before the rows pending are
-            given up (s).
-        on_trouble: called on the loop's thread when a commit first fails for the file's sake (again after a
-            recovery); must not raise.
-        on_recovered: called on the loop's thread when every row pending through such trouble is committed.
-        spill_run_id: the run whose rows a give-up spills (`rcarun.store.spill`); None: they are dropped.
+    ``max_queued_rows`` (4,000 rows of ~600 bytes: 8 batches ahead) and ``max_queued_bytes`` of blob data bound
+    the queue; ``recent_blob_capacity`` hashes (~210 bytes each) spare queueing a repeated body again;
+    ``give_up_after_s``: how long a close retries failing writes. ``on_trouble`` (a commit first fails for the
+    file's sake) and ``on_recovered`` are called on the loop's thread and must not raise. ``spill_run_id``: the
+    run whose rows a give-up spills; None: they are dropped.
     """
 
     def __init__(
@@ -249,12 +235,8 @@ class StoreWriter:
         return self._unstored_answers
 
     def put_blob(self, data: bytes, sha256: str | None = None) -> str:
-        """Queue ``data`` for the blobs table (once) and return its key, the hex SHA-256 of ``data``.
-
-        The hash is computed here, synchronously, so the caller can put the key in a row at once; the same
-        bytes enqueued again while their hash is still remembered are not queued twice. A caller that already
-        hashed ``data`` passes ``sha256`` to skip hashing it again (it must be ``blob_sha256(data)``).
-        """
+        """Queue ``data`` for the blobs table (once while remembered) and return its key, ``blob_sha256(data)``
+        (which a caller that has it passes as ``sha256``)."""
         if sha256 is None:
             sha256 = blob_sha256(data)
         if sha256 in self._recent_blobs:
@@ -298,14 +280,8 @@ class StoreWriter:
         self._enqueue(row, run_id=row.run_id)
 
     async def wait_for_room(self) -> None:
-        """Return once the queue is below ``max_queued_rows`` entries and ``max_queued_bytes`` of blob data (at
-        once, usually): the backpressure point.
-
-        While writes are failing it returns at once: the caller is about to find admission stopped.
-
-        Raises:
-            StoreError: the writer failed for good.
-        """
+        """The backpressure point: return once the queue is below its bounds (at once while writes fail: admission
+        stops then); `StoreError` when the writer failed for good."""
         self._raise_if_failed()
         while self._full() and self._failure is None and self._trouble is None:
             self._room.clear()
@@ -313,11 +289,7 @@ class StoreWriter:
         self._raise_if_failed()
 
     async def flush(self) -> None:
-        """Return once everything enqueued before this call is committed.
-
-        Raises:
-            StoreError: writes are failing (the rows stay pending and are retried) or failed for good.
-        """
+        """Return once everything enqueued before is committed; `StoreError` while writes fail or for good."""
         self._raise_if_failed()
         self._raise_if_troubled()
         self._require_open()
@@ -389,12 +361,8 @@ class StoreWriter:
     async def _collect_batch(
         self, loop: asyncio.AbstractEventLoop
     ) -> tuple[bool, list[asyncio.Future[None]]]:
-        """Wait for an entry, then until the batch is due, and move it to ``_pending``.
-
-        A batch starts with the first entry queued and is taken once ``batch_size`` rows are queued, the queue is
-        full, a flush or the stop is queued, or ``flush_interval_s`` has passed since its first entry. It ends
-        before a flush request or the stop, which are returned (stopping, flushes) and not moved.
-        """
+        """Wait for an entry, then until the batch is due (full, a flush or stop queued, or ``flush_interval_s``
+        after its first entry), and move it to ``_pending``; return (stopping, flushes) met at its end."""
         while not self._entries:
             self._has_entries.clear()
             await self._has_entries.wait()
@@ -478,10 +446,7 @@ class StoreWriter:
             pass
 
     async def _commit_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Commit the pending rows: one batch when writes go through, ever smaller chunks while they fail.
-
-        Returns whether anything was committed.
-        """
+        """Commit the pending rows (ever smaller chunks while writes fail); return whether any were committed."""
         assert self._batch_writer is not None
         chunk = self._batch_size if self._trouble is None else max(1, len(self._pending) // 2)
         committed_any = recovered = False
@@ -523,29 +488,22 @@ class StoreWriter:
         cause = self._trouble.__cause__ if self._trouble is not None else None
         failing = f"writing {self._path} kept failing ({type(cause).__name__}: {cause})"
         rows = f"{len(self._pending)} rows: {_describe(self._pending)}"
-        spill_problem = ""
+        message = f"{failing}; {answered} answered calls could not be stored ({rows})"
         if self._spill_run_id is not None:
             try:
                 spilled = await loop.run_in_executor(self._executor, self._spill, list(self._pending))
             except (StoreError, sqlite3.Error, OSError) as error:
-                spill_problem = f"; keeping them in a spill file failed too ({error})"
+                message += f"; keeping them in a spill file failed too ({error})"
             else:
-                failure = StoreError(
+                message = (
                     f"{failing}; its {answered} answered calls ({rows}) are kept in {spilled}, which a resume of "
                     "the run stores first"
                 )
-                failure.__cause__ = cause
                 self._spilled_to = spilled
-                self._failure = failure
-                self._pending.clear()
-                self._room.set()
-                return
-        failure = StoreError(
-            f"{failing}; {answered} answered calls could not be stored ({rows}){spill_problem}"
-        )
-        failure.__cause__ = cause
-        self._unstored_answers = answered
-        self._failure = failure
+        if self._spilled_to is None:
+            self._unstored_answers = answered
+        self._failure = StoreError(message)
+        self._failure.__cause__ = cause
         self._pending.clear()
         self._room.set()
 
