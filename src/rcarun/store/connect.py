@@ -58,10 +58,7 @@ def _why_not_writable(target: Path) -> str | None:
 
 
 def _check_file(where: str) -> None:
-    """Refuse, before SQLite touches it, an existing empty file and a file or directory rcarun cannot write.
-
-    A path that does not exist is a new results.db: its directories are created here.
-    """
+    """Refuse, before SQLite touches it, an empty file or one rcarun cannot write; create a missing one."""
     path = Path(where)
     if path.is_dir():
         raise StoreError(f"{where} is a directory, not a results database")
@@ -146,15 +143,8 @@ def _foreign_tables(connection: sqlite3.Connection) -> list[str]:
 def open_connection(
     path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, check_same_thread: bool = True
 ) -> sqlite3.Connection:
-    """Open (creating if needed) and migrate results.db with the store's connection settings.
-
-    The connection is in autocommit mode (``isolation_level=None``): callers open their own transactions with
-    ``BEGIN IMMEDIATE`` so that a batch is exactly one transaction.
-
-    Raises:
-        StoreError: the file cannot be opened or written, is empty, is not a SQLite database, is another
-            application's database, or cannot be migrated. Nothing is written to a refused file.
-    """
+    """Open (creating if needed) and migrate results.db, in autocommit mode: callers ``BEGIN IMMEDIATE`` so
+    that a batch is one transaction. `StoreError` when it cannot be; nothing is written to a refused file."""
     where = str(path)
     if where != ":memory:":
         _check_file(where)
@@ -397,12 +387,7 @@ def open_read_only(
     writable: Callable[[Path], bool] = directory_writable,
 ) -> ReadOnlyConnection:
     """Open an existing results.db for reading only: nothing is written, migrated or created beside it where it
-    was not (`plan_read_only`); an older schema reads as the current one. ``writable`` is injected by tests.
-
-    Raises:
-        StoreError: no such file, not a results database (empty, not SQLite, no ``migrations`` table), a schema
-            newer than this code, or SQLite cannot read it.
-    """
+    was not (`plan_read_only`); an older schema reads as the current one. `StoreError` when it cannot be."""
     where = str(path)
     file = Path(path)
     if file.is_dir():

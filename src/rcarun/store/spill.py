@@ -1,17 +1,8 @@
 """Spill files: the rows a full results.db could not take, kept on another disk until a resume stores them.
 
-When results.db stops taking writes (disk full, I/O errors) the writer keeps the rows it holds and retries; if
-the file still refuses them when the sweep ends, they are written here instead of being dropped, so that no
-answered call has to be paid for again. A spill file is JSON lines: a header naming the results.db (its resolved
-path), the run (id, name, creation time) and how many calls of that run results.db held when it was written, then
-one record per row, in the order they were queued. It is written under a temporary name and renamed, so a file
-that exists is whole.
-
-Where (`spill_dirs`): ``$RCARUN_SPILL_DIR`` when set; else ``$XDG_STATE_HOME/rcarun/spill`` (by default
-``~/.local/state/rcarun/spill``) and the system's temporary directory, the one on another file system than
-results.db first, since the disk that filled is the one that holds results.db. The file's name starts with a
-hash of the results.db path and the run id, so the resume of that run finds it and no other run does, and ends
-with the spill's own id, so a spill never replaces an earlier one that is still there.
+A spill file is JSON lines (a header naming the results.db, the run and its calls so far, then one record per
+row), written whole or not at all, on another file system than results.db where one is at hand; a resume of the
+same run finds it by name. Details: docs/reliability.md ("Spill files").
 """
 
 from __future__ import annotations
@@ -56,16 +47,8 @@ _VERSION: Final = 1
 
 @dataclass(frozen=True, slots=True)
 class SpillHeader:
-    """Whose rows a spill file holds.
-
-    Attributes:
-        db: the resolved path of the results.db that refused them.
-        run_id / run_name / run_created_at: the run, as that results.db knew it.
-        calls_before: the run's largest call_id in results.db when they were spilled (0: none); a results.db
-            that has other calls since was written by a session that did not read the spill.
-        spill_id: unique per spill, recorded in the ``spill_taken_up`` event that stores it.
-        rows / answered: rows in the file, answered calls among them.
-    """
+    """Whose rows a spill file holds: the results.db and run, and ``calls_before``, the run's largest call_id
+    then (a file with other calls since went on without the spill)."""
 
     db: str
     run_id: int
@@ -121,11 +104,7 @@ def find_spills(db: Path, run_id: int) -> list[Path]:
 
 
 def write_spill(header: SpillHeader, records: Iterable[Mapping[str, Any]]) -> Path:
-    """Write a spill file in the first of `spill_dirs` that takes it whole; return its path.
-
-    Raises:
-        StoreError: no place took it (each place's error named).
-    """
+    """Write a spill file in the first of `spill_dirs` that takes it whole; `StoreError` naming each failure."""
     db = Path(header.db)
     lines = [json.dumps({"format": _FORMAT, "version": _VERSION, **_header_fields(header)})]
     lines += [json.dumps(record, ensure_ascii=True) for record in records]
@@ -148,11 +127,7 @@ def _header_fields(header: SpillHeader) -> dict[str, Any]:
 
 
 def _write_whole(path: Path, data: bytes) -> None:
-    """``data`` at ``path`` whole or not at all: written beside it, synced, renamed over it.
-
-    Readable by its owner only, as the prompts and answers it holds may be private and the place may be shared
-    (the temporary directory).
-    """
+    """``data`` at ``path`` whole or not at all, readable by its owner only (prompts may be private)."""
     partial = path.with_name(path.name + ".partial")
     try:
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -168,11 +143,7 @@ def _write_whole(path: Path, data: bytes) -> None:
 
 
 def read_spill(path: Path) -> tuple[SpillHeader, Iterator[dict[str, Any]]]:
-    """The header of the spill file at ``path`` and its records, in order.
-
-    Raises:
-        StoreError: the file cannot be read or is not a spill file this rcarun writes.
-    """
+    """The header of the spill file at ``path`` and its records, in order (`StoreError` if unreadable)."""
     try:
         lines = path.read_text(encoding="ascii").splitlines()
         first = json.loads(lines[0]) if lines else {}
@@ -238,9 +209,8 @@ def spill_rows(connection: sqlite3.Connection, db: Path, run_id: int, rows: Sequ
 def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
     """Store the rows a full disk left in this run's spill files and remove the files; return lines to tell.
 
-    Call it holding the run's lease, before reading what the run has done. Each file's rows go in one transaction
-    with a ``spill_taken_up`` event naming the spill, so a spill found again after a kill between commit and
-    removal is only removed. A spill of another results.db, or one the run has moved past, is left as is.
+    Call it holding the run's lease. A ``spill_taken_up`` event commits with the rows, so a spill found again is
+    only removed; one of another file or run, or that the run went on without, is left as is.
 
     Raises:
         StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
