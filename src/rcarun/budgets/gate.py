@@ -1,19 +1,8 @@
 """The one object the runner calls around every attempt on one backbone, so nothing else minds limits.
 
 Admission, in this order: wait out a pause, take a concurrency slot, take rate, reserve the worst-case cost in
-the shared ledger (why this order: docs/reliability.md, "The gate"). One gate per backbone, so a 429 on one never
-slows another; one ledger per run. Use::
-
-    prompt = request.prompt_size()
-    estimated = gate.estimator.estimate(prompt.utf8_bytes)
-    async with gate.admit(estimated, request.max_tokens, prompt=prompt) as ticket:
-        try:
-            result = await backend.chat(request)
-        except CallError as error:
-            decision = gate.on_error(error, attempt, ticket)
-            ...  # store the attempt; if decision.retry, sleep decision.delay_s outside this block
-        else:
-            ticket.settle(result.usage)
+the shared ledger (docs/reliability.md, "The gate"). One gate per backbone, so a 429 on one never slows another.
+Use: ``async with gate.admit(...) as ticket:`` around the call, then ``ticket.settle(usage)`` or ``on_error``.
 """
 
 from __future__ import annotations
@@ -154,14 +143,8 @@ class Ticket:
     def settle(
         self, usage: Usage, *, at: datetime | None = None, reported: bool = True, completed: bool = True
     ) -> float:
-        """Record what an exchange cost (``completed`` False: a generation cut short) and return it in USD.
-
-        Reconciles the limiter and the ledger; an answer also counts for the concurrency limit and, when
-        ``reported`` (an estimate must not calibrate itself), calibrates the estimator.
-
-        Raises:
-            RuntimeError: the ticket was already settled.
-        """
+        """Record what an exchange cost (``completed`` False: cut short) once, and return it in USD; only a
+        ``reported`` usage calibrates the estimator (an estimate must not calibrate itself)."""
         if self._settled:
             raise RuntimeError("ticket already settled")
         self._settled = True
@@ -335,19 +318,13 @@ class BackboneGate:
     def admit(
         self, estimated_prompt_tokens: int, max_tokens: int, *, prompt: PromptSize | None = None
     ) -> AbstractAsyncContextManager[Ticket]:
-        """Wait until this backbone may take one more attempt, and hold its resources for the block.
-
-        Raises:
-            BudgetExhausted: on entering the block, the ledger refused the worst-case reservation; nothing is
-                held.
-        """
+        """Wait until this backbone may take one more attempt and hold its resources for the block
+        (`BudgetExhausted` on entering when the ledger refuses; nothing is held then)."""
         return _Admission(self, estimated_prompt_tokens, max_tokens, prompt)
 
     def on_error(self, error: CallError, attempt: int, ticket: Ticket | None = None) -> RetryDecision:
-        """Decide about a failed attempt (1-based) and apply its consequences to this backbone only.
-
-        A refusal also goes through `learn_from_refusal`. With ``ticket``, a burst of 429s cuts concurrency once.
-        """
+        """Decide about a failed attempt (1-based) and apply its consequences to this backbone only (with
+        ``ticket``, a burst of 429s cuts concurrency once)."""
         asked_s = None
         if isinstance(error, RateLimited):
             self._rate_limited += 1
@@ -362,10 +339,8 @@ class BackboneGate:
         return decision
 
     def on_rate_limit_headers(self, info: RateLimitInfo | None) -> float:
-        """Follow the limits an answer's headers state; return the pause in seconds (0 for none).
-
-        A pause `RetryPolicy.too_long` finds too long is not applied: the caller stops the backbone instead.
-        """
+        """Follow the limits an answer's headers state; return the pause (0: none; one `RetryPolicy.too_long`
+        finds too long is not applied: the caller stops the backbone)."""
         if info is None:
             return 0.0
         pause = self._follower.headers_pause(info)
@@ -421,13 +396,8 @@ class BackboneGate:
     async def _reserve_when_budget_allows(
         self, estimated_prompt_tokens: int, max_tokens: int, prompt: PromptSize | None
     ) -> Reservation:
-        """Reserve the call's worst case; a refusal while others are in flight waits for them to settle (they
-        usually settle for much less), and is final only with nothing in flight.
-
-        Raises:
-            BudgetExhausted: the budget cannot take this call even with every reservation settled (nor, before the
-                backbone's first answer, at one token per UTF-8 byte).
-        """
+        """Reserve the call's worst case; a refusal waits for calls in flight to settle (usually for much less)
+        and is final (`BudgetExhausted`) only with nothing in flight."""
         while True:
             reserved_prompt = (
                 max(estimated_prompt_tokens, self.estimator.reservation(prompt))

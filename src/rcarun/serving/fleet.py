@@ -93,17 +93,8 @@ class _Card:
 
 
 class ManagedReplicas:
-    """A backbone's replicas for the length of an ``async with``.
-
-    Args:
-        spec: what to serve and how.
-        on_event: hears ``stale_replica_ended``, ``replica_died``, ``replica_restarted``, ``replica_lost`` with a
-            detail dict.
-        poll_s: interval of the start-up probes.
-
-    Attributes:
-        on_availability: told ``(index, False)`` when a replica dies and ``(index, True)`` when it is back.
-    """
+    """A backbone's replicas for the length of an ``async with``; ``on_event`` hears ``replica_died`` and the
+    like, ``on_availability`` is told ``(index, up)``; ``poll_s`` paces the start-up probes."""
 
     def __init__(self, spec: ServeSpec, *, on_event: EventSink | None = None, poll_s: float = 0.1) -> None:
         self.spec = spec
@@ -169,12 +160,8 @@ class ManagedReplicas:
         await self.stop()
 
     async def start(self) -> None:
-        """Start every replica, wait until each answers and matches the config, then supervise them.
-
-        Raises:
-            ServeError: a replica could not start, did not answer within ``startup_timeout_s``, or serves
-                another model or context length (every replica started is stopped first).
-        """
+        """Start every replica, wait until each answers and matches the config, then supervise them; on a
+        `ServeError` every replica started is stopped first."""
         spec = self.spec
         env = {name: value for name, value in os.environ.items() if name != _SERVER_KEY}
         env.update(spec.env)
@@ -231,11 +218,7 @@ class ManagedReplicas:
             raise
 
     async def stop(self) -> None:
-        """Stop every replica (SIGTERM, SIGKILL after ``grace_s``); safe to call twice and on any path.
-
-        A cancel while waiting out the grace period (a second Ctrl-C) kills every group at once instead, so no
-        replica outlives the call.
-        """
+        """Stop every replica (SIGTERM, SIGKILL after ``grace_s``; a cancel meanwhile kills at once); idempotent."""
         self._closing = True
         try:
             await asyncio.shield(self._stop())

@@ -114,12 +114,8 @@ def port_free(host: str, port: int) -> bool:
 
 
 def port_holders(host: str, port: int) -> list[PortHolder] | None:
-    """The processes holding a socket that listens on ``port`` at ``host``'s address or at a wildcard.
-
-    Returns:
-        One entry per process that this user may see; an empty list when the socket's holder cannot be seen
-        (another user's process) or nothing listens; None where ``/proc`` is missing (not Linux).
-    """
+    """The processes this user may see holding a socket listening on ``port`` at ``host`` or a wildcard ([] for
+    none seen, None without ``/proc``)."""
     inodes = _listening_inodes(host, port)
     if inodes is None:
         return None
@@ -139,11 +135,7 @@ def port_holders(host: str, port: int) -> list[PortHolder] | None:
 
 
 def end_marked(owner: str) -> list[int]:
-    """SIGKILL every process whose `MARKER` names ``owner`` (a replica's leader, its workers, its guard).
-
-    Returns:
-        The pids signalled.
-    """
+    """SIGKILL every process whose `MARKER` names ``owner``; return the pids signalled."""
     ended = []
     for pid in _pids():
         if _marker(pid) == owner:
@@ -205,13 +197,8 @@ async def _port_freed(host: str, port: int, within_s: float, poll_s: float) -> b
 async def claim_port(
     host: str, port: int, where: str, *, poll_s: float, on_ended: Callable[[str, list[int], str], None]
 ) -> None:
-    """Make ``host:port`` free: end a replica a killed rcarun left there, refuse anything else.
-
-    ``where`` starts each refusal; ``on_ended(owner, pids, command)`` hears each stale replica ended.
-
-    Raises:
-        ServeError: the port is held by a process that is not a stale replica (one line naming it).
-    """
+    """Make ``host:port`` free: end a replica a killed rcarun left there (``on_ended`` hears it), else raise a
+    `ServeError` starting with ``where`` and naming the holder."""
     if await asyncio.to_thread(port_free, host, port):
         return
     holders = await asyncio.to_thread(port_holders, host, port)
