@@ -36,50 +36,68 @@ class Loaded:
     qid_field: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """The file and record a problem is in, which every `DataError` of a record names."""
+
+    path: str
+    label: str
+
+    def problem(self, message: str, field: str = "") -> DataError:
+        return DataError(message, path=self.path, record=self.label, field=field)
+
+    def not_a_string(self, value: object, field: str) -> DataError:
+        return self.problem(f"expected a string, got {type(value).__name__}", field)
+
+    def require_identifier(self, text: str, field: str, what: str = "") -> None:
+        """Raise `DataError` if an identifier holds an unpaired surrogate; ``what`` names it if no field does."""
+        position = first_lone_surrogate(text)
+        if position is not None:
+            surrogate = f"\\u{ord(text[position]):04x}"
+            raise self.problem(
+                f"{what}contains an unpaired UTF-16 surrogate ({surrogate} at character {position}); "
+                "identifiers must be valid Unicode",
+                field,
+            )
+
+
+def require_identifier(text: str, *, path: str, label: str, field: str, what: str = "") -> None:
+    """Raise `DataError` if an identifier holds an unpaired surrogate; ``what`` names it if no field does."""
+    _Where(path, label).require_identifier(text, field, what)
+
+
 def decode_json(data: bytes, *, path: str, label: str) -> dict[str, Any]:
+    at = _Where(path, label)
     try:
         obj = jsonfast.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", path=path, record=label) from exc
+        raise at.problem(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     except json.JSONDecodeError as exc:
-        raise DataError(
-            f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", path=path, record=label
-        ) from exc
+        raise at.problem(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     if not isinstance(obj, dict):
-        raise DataError(f"expected a JSON object, got {type(obj).__name__}", path=path, record=label)
+        raise at.problem(f"expected a JSON object, got {type(obj).__name__}")
     return obj
 
 
-def _choose_qid(obj: dict[str, Any], *, path: str, fallback_qid: str | None, label: str) -> tuple[str, str]:
-    """The record's qid and the field it came from (scheme in the module docstring)."""
+def _choose_qid(obj: dict[str, Any], at: _Where, fallback_qid: str | None) -> tuple[str, str]:
+    """The record's qid and the field it came from (scheme in docs/reliability.md)."""
     explicit = obj.get("qid")
     if explicit is not None:
         if not isinstance(explicit, str) or not explicit.strip():
-            raise DataError("'qid' must be a non-empty string", path=path, record=label, field="qid")
-        require_identifier(explicit, path=path, label=label, field="qid")
+            raise at.problem("'qid' must be a non-empty string", "qid")
+        at.require_identifier(explicit, "qid")
         return explicit.strip(), "qid"
     question_id = obj.get("question_ID")
     if question_id is not None and not isinstance(question_id, str):
-        raise _not_a_string(question_id, path=path, label=label, field="question_ID")
+        raise at.not_a_string(question_id, "question_ID")
     if question_id is not None:
-        require_identifier(question_id, path=path, label=label, field="question_ID")
+        at.require_identifier(question_id, "question_ID")
     if question_id is not None and _LONGRCA_QID.match(question_id.strip()):
         return question_id.strip(), "question_ID"
     if fallback_qid is None:
-        raise DataError(
-            "no identifier: the record needs a 'qid' or a 'question_ID'",
-            path=path,
-            record=label,
-            field="question_ID",
-        )
+        raise at.problem("no identifier: the record needs a 'qid' or a 'question_ID'", "question_ID")
     # A JSONL fallback's parts are checked by now; a file's comes from its directory and file names.
-    require_identifier(
-        fallback_qid,
-        path=path,
-        label=label,
-        field="",
-        what=f"qid {fallback_qid!r} (from the file and directory names) ",
-    )
+    at.require_identifier(fallback_qid, "", what=f"qid {fallback_qid!r} (from the file and directory names) ")
     return fallback_qid, "question_ID"
 
 
@@ -93,21 +111,22 @@ def parse_record(
     raw: bytes,
 ) -> Loaded:
     first_label = f"line {line}" if line is not None else shown(fallback_qid or "")
-    qid, qid_field = _choose_qid(obj, path=path, fallback_qid=fallback_qid, label=first_label)
+    qid, qid_field = _choose_qid(obj, _Where(path, first_label), fallback_qid)
     label = qid if line is None else f"{qid} (line {line})"
+    at = _Where(path, label)
     sha256 = hashlib.sha256(raw).hexdigest()
     # UTF-8 cannot carry a surrogate, so a decoded str holds one only where the bytes spell it as an escape;
     # one pass over the bytes spares the per-string checks of almost every record.
     screen = _SURROGATE_ESCAPE.search(raw) is not None
 
-    repaired = _screen_surrogates(obj, path=path, label=label) if screen else ()
-    steps = _parse_history(obj, path=path, label=label)
+    repaired = _screen_surrogates(obj, at) if screen else ()
+    steps = _parse_history(obj, at)
     question = obj.get("question")
     if question is not None and not isinstance(question, str):
-        raise _not_a_string(question, path=path, label=label, field="question")
+        raise at.not_a_string(question, "question")
     ground_truth = obj.get("ground_truth")
     if ground_truth is not None and not isinstance(ground_truth, str):
-        raise _not_a_string(ground_truth, path=path, label=label, field="ground_truth")
+        raise at.not_a_string(ground_truth, "ground_truth")
     if question is not None and question.strip():
         task, task_source = question, "question"
     else:
@@ -122,123 +141,84 @@ def parse_record(
         ground_truth=ground_truth or "",
         task_source=task_source,
     )
-    reference = _parse_reference(obj, trajectory, path=path, label=label)
+    reference = _parse_reference(obj, trajectory, at)
     origin = path if line is None else f"{path}:{line}"
     record = Record(trajectory, reference, origin, repaired_fields=repaired)
     return Loaded(record, path=path, label=label, qid_field=qid_field)
 
 
-def _parse_history(obj: dict[str, Any], *, path: str, label: str) -> tuple[Step, ...]:
+def _parse_history(obj: dict[str, Any], at: _Where) -> tuple[Step, ...]:
     if "history" not in obj:
-        raise DataError("missing", path=path, record=label, field="history")
+        raise at.problem("missing", "history")
     history = obj["history"]
     if not isinstance(history, list):
-        raise DataError(
-            f"expected a list of steps, got {type(history).__name__}",
-            path=path,
-            record=label,
-            field="history",
-        )
+        raise at.problem(f"expected a list of steps, got {type(history).__name__}", "history")
     if not history:
-        raise DataError(
-            "empty: a trajectory needs at least one step", path=path, record=label, field="history"
-        )
+        raise at.problem("empty: a trajectory needs at least one step", "history")
     steps: list[Step] = []
     # Runs once per step of every record loaded: the field names of the errors are only spelled when one is raised.
     for index, item in enumerate(history):
         if type(item) is not dict:
-            raise DataError(
-                f"expected an object, got {type(item).__name__}",
-                path=path,
-                record=label,
-                field=f"history[{index}]",
-            )
+            raise at.problem(f"expected an object, got {type(item).__name__}", f"history[{index}]")
         content = item.get("content")
         role = item.get("role")
         if type(content) is not str or type(role) is not str:
             key, value = ("content", content) if type(content) is not str else ("role", role)
             problem = "missing" if value is None else f"expected a string, got {type(value).__name__}"
-            raise DataError(problem, path=path, record=label, field=f"history[{index}].{key}")
+            raise at.problem(problem, f"history[{index}].{key}")
         name = item.get("name")
         if name is not None and type(name) is not str:
-            raise _not_a_string(name, path=path, label=label, field=f"history[{index}].name")
+            raise at.not_a_string(name, f"history[{index}].name")
         recorded_step = item.get("step")
         if recorded_step is not None and (type(recorded_step) is not int or recorded_step != index):
-            raise DataError(
-                f"is {recorded_step!r} but the item is at 0-based position {index}",
-                path=path,
-                record=label,
-                field=f"history[{index}].step",
+            raise at.problem(
+                f"is {recorded_step!r} but the item is at 0-based position {index}", f"history[{index}].step"
             )
         agent = agent_of_step(name, role)
         if not agent:
-            raise DataError(
+            raise at.problem(
                 f"no agent: name {name!r} and role {role!r} are empty once the suffix is removed",
-                path=path,
-                record=label,
-                field=f"history[{index}].name" if name is not None else f"history[{index}].role",
+                f"history[{index}].name" if name is not None else f"history[{index}].role",
             )
         steps.append(Step(index=index, agent=agent, role=role, content=content))
     return tuple(steps)
 
 
-def _parse_reference(
-    obj: dict[str, Any], trajectory: Trajectory, *, path: str, label: str
-) -> Reference | None:
+def _parse_reference(obj: dict[str, Any], trajectory: Trajectory, at: _Where) -> Reference | None:
     has_agent, has_step = "mistake_agent" in obj, "mistake_step" in obj
     if not has_agent and not has_step:
         return None
     if not has_agent or not has_step:
         missing = "mistake_agent" if not has_agent else "mistake_step"
-        raise DataError(
-            "missing while the other label field is present", path=path, record=label, field=missing
-        )
+        raise at.problem("missing while the other label field is present", missing)
 
     agent = obj["mistake_agent"]
     if not isinstance(agent, str) or not agent.strip():
-        raise DataError(
-            f"expected a non-empty agent name, got {agent!r}", path=path, record=label, field="mistake_agent"
-        )
+        raise at.problem(f"expected a non-empty agent name, got {agent!r}", "mistake_agent")
     if normalize_role(agent) not in {normalize_role(known) for known in trajectory.agents}:
-        raise DataError(
+        raise at.problem(
             f"unknown agent {agent!r}: not among the recorded agents {list(trajectory.agents)}",
-            path=path,
-            record=label,
-            field="mistake_agent",
+            "mistake_agent",
         )
 
-    step = _parse_step_index(obj["mistake_step"], path=path, label=label)
+    value = obj["mistake_step"]
+    step = parse_step(value)
+    if step is None:
+        raise at.problem(
+            f"expected a 0-based integer step (or a string holding one), got {value!r}", "mistake_step"
+        )
     if step < 0 or step >= trajectory.n_steps:
-        raise DataError(
-            f"{step} is out of range: the history has {trajectory.n_steps} steps (0-based)",
-            path=path,
-            record=label,
-            field="mistake_step",
+        raise at.problem(
+            f"{step} is out of range: the history has {trajectory.n_steps} steps (0-based)", "mistake_step"
         )
 
     rationale = obj.get("mistake_reason")
     if rationale is not None and not isinstance(rationale, str):
-        raise _not_a_string(rationale, path=path, label=label, field="mistake_reason")
+        raise at.not_a_string(rationale, "mistake_reason")
     return Reference(role=agent, step=step, rationale=rationale or "")
 
 
-def _not_a_string(value: object, *, path: str, label: str, field: str) -> DataError:
-    return DataError(f"expected a string, got {type(value).__name__}", path=path, record=label, field=field)
-
-
-def _parse_step_index(value: object, *, path: str, label: str) -> int:
-    step = parse_step(value)
-    if step is not None:
-        return step
-    raise DataError(
-        f"expected a 0-based integer step (or a string holding one), got {value!r}",
-        path=path,
-        record=label,
-        field="mistake_step",
-    )
-
-
-def _screen_surrogates(obj: dict[str, Any], *, path: str, label: str) -> tuple[str, ...]:
+def _screen_surrogates(obj: dict[str, Any], at: _Where) -> tuple[str, ...]:
     """Reject identifiers that hold an unpaired surrogate, repair free text in ``obj`` in place, and return the
     repaired fields in file order (a field of the wrong type is left to the parser)."""
     repaired: list[str] = []
@@ -249,11 +229,11 @@ def _screen_surrogates(obj: dict[str, Any], *, path: str, label: str) -> tuple[s
         where = f"history[{index}]"
         for key in ("role", "name"):
             if isinstance(value := item.get(key), str):
-                require_identifier(value, path=path, label=label, field=f"{where}.{key}")
+                at.require_identifier(value, f"{where}.{key}")
         if isinstance(content := item.get("content"), str):
             item["content"] = _repaired(content, f"{where}.content", repaired)
     if isinstance(agent := obj.get("mistake_agent"), str):
-        require_identifier(agent, path=path, label=label, field="mistake_agent")
+        at.require_identifier(agent, "mistake_agent")
     for key in ("question", "ground_truth", "mistake_reason"):
         if isinstance(text := obj.get(key), str):
             obj[key] = _repaired(text, key, repaired)
@@ -265,20 +245,6 @@ def shown(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def require_identifier(text: str, *, path: str, label: str, field: str, what: str = "") -> None:
-    """Raise `DataError` if an identifier holds an unpaired surrogate; ``what`` names it if no field does."""
-    position = first_lone_surrogate(text)
-    if position is not None:
-        surrogate = f"\\u{ord(text[position]):04x}"
-        raise DataError(
-            f"{what}contains an unpaired UTF-16 surrogate ({surrogate} at character {position}); "
-            "identifiers must be valid Unicode",
-            path=path,
-            record=label,
-            field=field,
-        )
 
 
 def _repaired(text: str, field: str, repairs: list[str]) -> str:
