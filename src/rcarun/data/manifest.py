@@ -71,7 +71,7 @@ class Manifest:
         return {record.qid: record for record in self.records}
 
     def to_json(self) -> dict[str, Any]:
-        """rcarun's manifest format (see the module docstring)."""
+        """rcarun's manifest format (docs/reliability.md)."""
         return {
             "seed": self.seed,
             "size": self.size,

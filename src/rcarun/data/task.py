@@ -101,6 +101,6 @@ def derive_task(steps: Sequence[Step], source: str) -> TaskDerivation:
 
 
 def task_key(task: str) -> str | None:
-    """Hex SHA-256 of the task text with whitespace runs as one space (module docstring); None for no task."""
+    """Hex SHA-256 of the task text with whitespace runs as one space; None for no task."""
     text = re.sub(r"\s+", " ", task).strip()
     return hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None

@@ -29,7 +29,7 @@ __all__ = [
 # level 6, for 15 % more bytes (a ratio of 0.32 against 0.28). Any level decompresses the same way.
 BLOB_ZLIB_LEVEL: Final = 1
 BLOB_TEXT_MAX_BYTES: Final = 65_536
-"""The largest blob, in bytes, stored as readable text rather than compressed (the module docstring says why)."""
+"""The largest blob, in bytes, stored as readable text rather than compressed (why: docs/reliability.md, "Blob storage forms")."""
 
 
 def blob_sha256(data: bytes) -> str:

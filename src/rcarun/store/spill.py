@@ -76,7 +76,7 @@ def _device(path: Path) -> int | None:
 
 
 def spill_dirs(db: Path) -> list[Path]:
-    """Where spill files of ``db`` go, best first (module docstring)."""
+    """Where spill files of ``db`` go, best first (docs/reliability.md, "Spill files")."""
     chosen = os.environ.get(SPILL_DIR_VARIABLE)
     if chosen:
         return [Path(chosen)]
