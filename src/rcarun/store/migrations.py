@@ -360,14 +360,8 @@ def applied_version(connection: sqlite3.Connection) -> int:
 
 
 def apply_migrations(connection: sqlite3.Connection) -> int:
-    """Bring the schema up to date; return the version it is at.
-
-    Each migration runs in its own ``BEGIN IMMEDIATE`` transaction and re-checks the applied version inside
-    it, so two processes opening the same new file at once apply each step exactly once.
-
-    Raises:
-        StoreError: the file is newer than this code, or a migration fails (the failed step is rolled back).
-    """
+    """Bring the schema up to date and return its version; each step re-checks the version inside its own
+    ``BEGIN IMMEDIATE``, so two processes apply it once. `StoreError` (rolled back) when it cannot."""
     latest = MIGRATIONS[-1].version
     connection.execute(_MIGRATIONS_TABLE)
     current = applied_version(connection)

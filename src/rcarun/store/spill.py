@@ -207,14 +207,8 @@ def spill_rows(connection: sqlite3.Connection, db: Path, run_id: int, rows: Sequ
 
 
 def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
-    """Store the rows a full disk left in this run's spill files and remove the files; return lines to tell.
-
-    Call it holding the run's lease. A ``spill_taken_up`` event commits with the rows, so a spill found again is
-    only removed; one of another file or run, or that the run went on without, is left as is.
-
-    Raises:
-        StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
-    """
+    """Store the rows a full disk left in this run's spill files, remove the files, return lines to tell; call
+    it holding the run's lease. `StoreError` (the file kept) when a file or its rows cannot be taken."""
     path = Path(path)
     told = [_take_up_one(path, run_id, spill, busy_timeout_s) for spill in find_spills(path, run_id)]
     return [line for line in told if line is not None]

@@ -1,16 +1,9 @@
 """The single writer of results.db: call sites enqueue rows, one task commits them in batched transactions.
 
-One SQLite writer lock and disk syncs would serialise the event loop if every call site wrote its own row; here
-enqueueing is cheap and in memory, and the batches are written on one dedicated thread. Invariants (each tested):
-
-- Rows commit in enqueue order, one transaction per batch; a kill loses only uncommitted batches, never part of
-  one. One bad row costs only itself (`rcarun.store.batch`).
-- A failing disk (full, I/O error, a lock held too long) drops nothing: pending rows are retried in ever smaller
-  chunks, ``on_trouble`` fires once (the runner stops admission), and new rows queue behind. Closing retries for
-  ``give_up_after_s``, then spills what is pending (`rcarun.store.spill`), and the error names the file.
-- Memory is bounded by backpressure: enqueueing never blocks nor drops; producers ``await wait_for_room()`` at
-  their admission point, which waits while ``max_queued_rows`` rows or ``max_queued_bytes`` of blobs queue.
-- After a final failure every later call raises `StoreError` naming the cause: nothing waits forever.
+Enqueueing is cheap and in memory; batches are written on one dedicated thread, so the loop never waits on disk.
+Invariants (each tested): rows commit in enqueue order, one transaction per batch, one bad row costing only itself
+(`batch`); a failing disk drops nothing (retried in smaller chunks, ``on_trouble`` once, spilled at the end:
+`spill`); memory is bounded by `wait_for_room`; after a final failure every call raises `StoreError`.
 """
 
 from __future__ import annotations
@@ -75,15 +68,10 @@ def _describe(batch: Sequence[Row]) -> str:
 class StoreWriter:
     """Batches rows into results.db from one task; use as ``async with StoreWriter(path) as writer:``.
 
-    The enqueue methods are synchronous, keep order and are called from the loop's thread; await `wait_for_room`
-    where a producer can pause and `flush` when readers must see the rows. Leaving the block commits everything
-    enqueued (also on an error or a cancel). With ``run_id``, every row must belong to that existing run.
-
-    ``max_queued_rows`` (4,000 rows of ~600 bytes: 8 batches ahead) and ``max_queued_bytes`` of blob data bound
-    the queue; ``recent_blob_capacity`` hashes (~210 bytes each) spare queueing a repeated body again;
-    ``give_up_after_s``: how long a close retries failing writes. ``on_trouble`` (a commit first fails for the
-    file's sake) and ``on_recovered`` are called on the loop's thread and must not raise. ``spill_run_id``: the
-    run whose rows a give-up spills; None: they are dropped.
+    Enqueue methods are synchronous, keep order and run on the loop's thread; leaving the block commits all
+    (also on an error or cancel). ``max_queued_rows`` (4,000 of ~600 bytes: 8 batches) and ``max_queued_bytes``
+    bound the queue; ``on_trouble`` and ``on_recovered`` run on the loop's thread and must not raise;
+    ``spill_run_id`` None drops what a give-up holds.
     """
 
     def __init__(
