@@ -280,10 +280,9 @@ class ManagedReplicas:
         who = await asyncio.to_thread(stranger_on, self.spec.host, replica.plan.port, process.pid)
         if who is None:
             return
-        raise ServeError(
-            f"backbone {self.spec.backbone!r}: {replica.label} answers /health, but the server on port "
-            f"{replica.plan.port} is {who}, not this replica; stop it or change port_base; its log "
-            f"{replica.log_path} ends: {replica.log_tail()}"
+        raise replica.failed(
+            f"answers /health, but the server on port {replica.plan.port} is {who}, not this replica; "
+            "stop it or change port_base"
         )
 
     async def _wait_ready(self, replica: Replica) -> _Card:
@@ -295,15 +294,11 @@ class ManagedReplicas:
         while True:
             process = replica.process
             if process is not None and process.returncode is not None:
-                raise ServeError(
-                    f"backbone {spec.backbone!r}: {replica.label} exited with status {process.returncode} "
-                    f"before answering /health; its log {replica.log_path} ends: {replica.log_tail()}"
-                )
+                raise replica.failed(f"exited with status {process.returncode} before answering /health")
             if time.monotonic() > deadline:
-                raise ServeError(
-                    f"backbone {spec.backbone!r}: {replica.label} did not answer /health within "
-                    f"startup_timeout_s = {spec.startup_timeout_s:g} s (raise it for a large model); its log "
-                    f"{replica.log_path} ends: {replica.log_tail()}"
+                raise replica.failed(
+                    f"did not answer /health within startup_timeout_s = {spec.startup_timeout_s:g} s "
+                    "(raise it for a large model)"
                 )
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 async with session.get(f"{replica.root_url}/health") as response:
@@ -316,10 +311,7 @@ class ManagedReplicas:
                 status = response.status
                 body = await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ServeError(
-                f"backbone {spec.backbone!r}: {replica.label} answered /health but not /v1/models ({exc}); "
-                f"its log {replica.log_path} ends: {replica.log_tail()}"
-            ) from None
+            raise replica.failed(f"answered /health but not /v1/models ({exc})") from None
         if status != 200:
             raise ServeError(
                 f"backbone {spec.backbone!r}: {replica.label} answered /v1/models with HTTP {status} "

@@ -124,6 +124,12 @@ class Replica:
             self._log.close()
             self._log = None
 
+    def failed(self, what: str) -> ServeError:
+        """One line: which backbone's replica, ``what`` went wrong, and how its log ends."""
+        return ServeError(
+            f"backbone {self.spec.backbone!r}: {self.label} {what}; its log {self.log_path} ends: {self.log_tail()}"
+        )
+
     def log_tail(self) -> str:
         """The log's last lines on one line (`` | `` between them), for a one-line message."""
         try:
