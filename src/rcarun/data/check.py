@@ -135,67 +135,37 @@ def check_records(
 
 def _check_record(record: Record, report: CheckReport, summary: SourceSummary) -> None:
     trajectory, reference = record.trajectory, record.reference
+
+    def warn(kind: str, message: str, field: str = "", path: str = record.origin) -> None:
+        report.problems.append(Problem("warning", kind, message, path, trajectory.qid, field))
+
     repaired = record.repaired_fields
     if repaired:
         shown = ", ".join(repaired[:10]) + (f" and {len(repaired) - 10} more" if len(repaired) > 10 else "")
-        report.problems.append(
-            Problem(
-                "warning",
-                "repaired_text",
-                f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}",
-                path=record.origin,
-                record=trajectory.qid,
-            )
-        )
+        warn("repaired_text", f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}")
     if not trajectory.task:
-        report.problems.append(
-            Problem(
-                "warning",
-                "no_task",
-                "no task: no question and nothing in the opening step of the history "
-                "(every method will show 'Task: (not recorded)')",
-                path=record.origin,
-                record=trajectory.qid,
-                field="history[0].content",
-            )
+        warn(
+            "no_task",
+            "no task: no question and nothing in the opening step of the history "
+            "(every method will show 'Task: (not recorded)')",
+            "history[0].content",
         )
     empty = [step.index for step in trajectory.steps if not step.content.strip()]
     if empty:
         shown = ", ".join(str(index) for index in empty[:10]) + (" ..." if len(empty) > 10 else "")
-        report.problems.append(
-            Problem(
-                "warning",
-                "empty_content",
-                f"{len(empty)} step(s) with empty content: {shown}",
-                path=record.origin,
-                record=trajectory.qid,
-                field="history[].content",
-            )
-        )
+        warn("empty_content", f"{len(empty)} step(s) with empty content: {shown}", "history[].content")
     if reference is None:
-        report.problems.append(
-            Problem(
-                "warning",
-                "unlabelled",
-                "no mistake_agent/mistake_step: can run, cannot be scored",
-                record=trajectory.qid,
-            )
-        )
+        warn("unlabelled", "no mistake_agent/mistake_step: can run, cannot be scored", path="")
         return
     summary.labelled += 1
     summary.root_to_end.append(trajectory.n_steps - 1 - reference.step)
     speaker = trajectory.steps[reference.step].agent
     if normalize_role(speaker) != normalize_role(reference.role):
-        report.problems.append(
-            Problem(
-                "warning",
-                "noisy_label",
-                f"labelled agent {reference.role!r} but step {reference.step} is spoken by {speaker!r} "
-                "(kept as recorded)",
-                path=record.origin,
-                record=trajectory.qid,
-                field="mistake_step",
-            )
+        warn(
+            "noisy_label",
+            f"labelled agent {reference.role!r} but step {reference.step} is spoken by {speaker!r} "
+            "(kept as recorded)",
+            "mistake_step",
         )
 
 
