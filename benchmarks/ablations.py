@@ -142,20 +142,20 @@ def _apply(variant: str) -> None:
     """Change the one part ``variant`` names, in this process (a child run), before rcarun runs."""
     parts = set(variant.split("+"))
     if "no-store-writes" in parts:
-        from rcarun.store import writer
+        from rcarun.store.batch import BatchWriter
 
-        writer._BatchWriter.write = lambda self, batch: None  # type: ignore[method-assign]
+        BatchWriter.write = lambda self, batch: None  # type: ignore[method-assign]
     if "no-calls-indexes" in parts:
-        from rcarun.store import writer
+        from rcarun.store.batch import BatchWriter
 
-        opened = writer._BatchWriter.__init__
+        opened = BatchWriter.__init__
 
         def open_without_indexes(self: Any, *args: Any, **kwargs: Any) -> None:
             opened(self, *args, **kwargs)
             for index in _CALLS_INDEXES:
                 self.connection.execute(f"DROP INDEX IF EXISTS {index}")
 
-        writer._BatchWriter.__init__ = open_without_indexes  # type: ignore[method-assign]
+        BatchWriter.__init__ = open_without_indexes  # type: ignore[method-assign]
     if "no-json-screen" in parts:
         from rcarun import jsonfast
 

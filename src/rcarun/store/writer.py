@@ -35,8 +35,6 @@ from rcarun.store.spill import spill_rows
 
 __all__ = ["StoreWriter"]
 
-_BatchWriter = BatchWriter  # benchmarks/ablations.py patches the class here
-
 
 @dataclass(frozen=True, slots=True)
 class _FlushRequest:
