@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
-__all__ = ["LLM", "Message", "Reasoning", "Reply", "ToolCall", "ToolChoice"]
+__all__ = ["LLM", "ChatOptions", "Message", "Reasoning", "Reply", "ToolCall", "ToolChoice"]
 
 Reasoning = Literal["off", "low", "medium", "high"]
 # Whether the model may ("auto"), must ("required") or must not ("none") call the offered tools.
@@ -75,18 +75,36 @@ class Reply:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+class ChatOptions(TypedDict, total=False):
+    """The request options of ``llm.chat`` beyond its stage and budget; each is part of the request's identity.
+
+    Absent means: no schema, the provider's temperature and reasoning, no tools, draw 0, the provider's
+    ``tool_choice``. A new option is added here once, and every `LLM` takes it.
+
+    Attributes:
+        schema: JSON schema of the expected answer; the reply's text is decoded as JSON against it.
+        temperature: sampling temperature.
+        reasoning: the thinking switch and effort.
+        tools: OpenAI-style function specs offered to the model; its requests come back in ``Reply.tool_calls``.
+        sample: the number of an independent draw of the same request (self-consistency): draws with different
+            numbers are never served each other's answer from the call cache.
+        tool_choice: whether the model may, must or must not call the tools.
+    """
+
+    schema: Mapping[str, Any] | None
+    temperature: float | None
+    reasoning: Reasoning | None
+    tools: Sequence[Mapping[str, Any]] | None
+    sample: int
+    tool_choice: ToolChoice | None
+
+
 class LLM(Protocol):
     """What a method may ask of a model.
 
     ``stage`` names the call's role in the method ("attribution", "summary", ...): stage budgets, the call cache
     and the cost report are keyed by it. ``max_tokens`` is the first attempt's output budget; a length stop is
-    retried with the budget doubled up to the stage's cap, as configured for the run. ``tools`` offers the model
-    OpenAI-style function specs (``{"type": "function", "function": {...}}``); its requests come back in
-    ``Reply.tool_calls`` and the method answers them with ``tool`` messages in its next call. ``sample`` numbers
-    independent draws of the same request (self-consistency): draws with different numbers are never served
-    each other's answer from the call cache, while a resumed item still gets each draw's own stored answer.
-    ``tool_choice`` says whether the model may, must or must not call the tools; None leaves the provider's
-    default ("auto" when tools are offered).
+    retried with the budget doubled up to the stage's cap. A tool conversation is one ``chat`` call per round.
 
     Raises:
         rcarun.errors.FatalCallError: the call cannot succeed (bad request, context overflow, auth, quota);
@@ -95,17 +113,7 @@ class LLM(Protocol):
     """
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: Reasoning | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: ToolChoice | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply: ...
 
     @property
