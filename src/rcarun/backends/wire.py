@@ -62,6 +62,7 @@ __all__ = [
     "provider_message",
     "refuses_streaming",
     "replay_body",
+    "replay_completion",
 ]
 
 MAX_QUOTED_CHARS = 300
@@ -318,6 +319,15 @@ def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
             )
         )
     return tuple(calls)
+
+
+def replay_completion(body: bytes, preset: Preset, backbone: str) -> ChatResult:
+    """The answer a stored completion body holds, read as the backend read it when it arrived.
+
+    Raises:
+        CallError: the body no longer parses as a completion.
+    """
+    return parse_completion(200, {}, body, preset, 0.0, "", backbone=backbone)
 
 
 def replay_body(result: ChatResult, preset: Preset) -> bytes:
