@@ -1,8 +1,6 @@
-"""One paid attempt on a backbone: admitted by its gate, sent, settled, recorded, and what it teaches the run.
-
-An attempt is recorded whatever happens (answered, failed, cut, cancelled) as its own ``calls`` row, priced, its
-request and response kept as blobs. What an attempt reveals about the backbone (a pause, a stop, a refused key,
-a rate learned, a cut generation) is counted, stored as an event and, once per backbone, said to the user.
+"""One paid attempt on a backbone: admitted by its gate, sent, settled, and recorded as a ``calls`` row
+whatever happens. What it reveals about the backbone (a pause, a stop, a refused key, a learned rate, a cut
+generation) is counted, stored as an event and, once per backbone, said to the user.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rcarun.backends import (
@@ -43,8 +41,7 @@ from rcarun.text import repair_surrogates
 
 __all__ = ["Failed", "FailureCounts", "PaidAttempts"]
 
-# A pause at least this long is recorded as an event, and one this long said on the terminal too (the sweep
-# would look stuck otherwise).
+# A pause at least this long is recorded as an event, and one this long said on the terminal too.
 _RECORDED_PAUSE_S = 1.0
 _ANNOUNCED_PAUSE_S = 10.0
 # A request may meet this many times as many 429s as other failures before it gives up.
@@ -62,13 +59,16 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """An attempt on its way: its row's keys, when it left, and what has arrived."""
+    """An attempt on its way: its row's keys, request and ticket, when it left, and what has arrived."""
 
     base: dict[str, Any]
-    started_at: str
-    started: float  # time.perf_counter()
+    request: ChatRequest
+    prompt: PromptSize
+    ticket: Ticket
     pauses_before: int
-    progress: CallProgress
+    started_at: str = field(default_factory=utc_timestamp)
+    started: float = field(default_factory=time.perf_counter)
+    progress: CallProgress = field(default_factory=CallProgress)
 
     def latency_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
@@ -94,11 +94,11 @@ class PaidAttempts:
         runtime, gate, writer = self._runtime, self._runtime.gate, self._context.writer
         request = planned.request
         writer.put_blob(planned.body, planned.sha256)
+        estimated_prompt = gate.estimator.estimate(prompt.utf8_bytes)
         with runtime.stop_guard() as guard:
             # Backpressure: a call is not started while the writer is behind, so memory stays bounded by the
             # writer's queue however fast answers come back.
             await writer.wait_for_room()
-            estimated_prompt = gate.estimator.estimate(prompt.utf8_bytes)
             async with gate.admit(estimated_prompt, request.max_tokens, prompt=prompt) as ticket:
                 write_pause = self._context.write_pause
                 if write_pause is not None and write_pause.paused:
@@ -106,39 +106,31 @@ class PaidAttempts:
                 guard.disarm()  # from here on the request goes out: a stop lets it finish and be recorded
                 if runtime.stopped is not None:
                     raise StopRequested(runtime.stopped)
-                sent = _Sent(base, utc_timestamp(), time.perf_counter(), gate.pauses_started, CallProgress())
+                sent = _Sent(base, request, prompt, ticket, pauses_before=gate.pauses_started)
                 runtime.in_flight.add(sent.progress)
                 try:
-                    result = await self._chat_recording_lost_sends(
-                        request, sent.progress, base, sent.started_at
-                    )
+                    result = await self._chat_recording_lost_sends(sent)
                 except CallError as error:
-                    return self._failed(error, sent, request, prompt, failures, ticket)
+                    return self._failed(error, sent, failures)
                 except asyncio.CancelledError:
-                    self._record_cancelled(sent, request, prompt, ticket)
+                    self._record_cancelled(sent)
                     raise
                 finally:
                     runtime.in_flight.discard(sent.progress)
-                await self._answered(result, sent, request, prompt, ticket)
+                await self._answered(result, sent)
         return result
 
-    def _failed(
-        self,
-        error: CallError,
-        sent: _Sent,
-        request: ChatRequest,
-        prompt: PromptSize,
-        failures: FailureCounts,
-        ticket: Ticket,
-    ) -> Failed:
+    def _failed(self, error: CallError, sent: _Sent, failures: FailureCounts) -> Failed:
         """Charge, record and judge a failed attempt."""
         runtime, gate, progress = self._runtime, self._runtime.gate, sent.progress
-        cut = cut_usage(gate.estimator, error, progress, prompt=prompt, max_tokens=request.max_tokens)
-        cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
+        cut = cut_usage(
+            gate.estimator, error, progress, prompt=sent.prompt, max_tokens=sent.request.max_tokens
+        )
+        cost = sent.ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
         # A generation under way when cut (silence, a drop, the deadline; tokens charged) is paid again if sent
         # again: bounded. An unreadable answer or an error in a stream is retried as before.
         generating = isinstance(error, TransportError) and cut is not None and cut.completion_tokens > 0
-        decision = gate.on_error(error, failures.count(error, cut=generating), ticket)
+        decision = gate.on_error(error, failures.count(error, cut=generating), sent.ticket)
         self._note_rate_changes()
         runtime.counters.record_error(error)
         if generating and decision.retry and failures.cuts > runtime.config.retry.cut_retries:
@@ -169,15 +161,11 @@ class PaidAttempts:
             self._note_pause(decision.pause_backbone_s, error.status, decision.asked_s)
         return Failed(error, decision)
 
-    def _record_cancelled(
-        self, sent: _Sent, request: ChatRequest, prompt: PromptSize, ticket: Ticket
-    ) -> None:
+    def _record_cancelled(self, sent: _Sent) -> None:
         """Ctrl-C or a stop mid-call: what arrived is kept, and a generation under way is charged."""
-        progress = sent.progress
-        cut = cut_usage(
-            self._runtime.gate.estimator, None, progress, prompt=prompt, max_tokens=request.max_tokens
-        )
-        cost = ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
+        progress, estimator = sent.progress, self._runtime.gate.estimator
+        cut = cut_usage(estimator, None, progress, prompt=sent.prompt, max_tokens=sent.request.max_tokens)
+        cost = sent.ticket.settle(cut, reported=False, completed=False) if cut is not None else 0.0
         self._context.writer.add_call(
             CallRow(
                 **sent.base,
@@ -196,9 +184,7 @@ class PaidAttempts:
         if cut is not None:
             self._runtime.counters.cut_calls += 1
 
-    async def _answered(
-        self, result: ChatResult, sent: _Sent, request: ChatRequest, prompt: PromptSize, ticket: Ticket
-    ) -> None:
+    async def _answered(self, result: ChatResult, sent: _Sent) -> None:
         """Learn from an answer's rate-limit headers, free its slot, then settle and record it."""
         runtime, gate = self._runtime, self._runtime.gate
         runtime.consecutive_faults = 0
@@ -209,19 +195,16 @@ class PaidAttempts:
         elif gate.pauses_started > sent.pauses_before:
             self._note_pause(pause, 200, None)
         ended_at = utc_timestamp()
-        ticket.release_slot()
+        sent.ticket.release_slot()
         try:
-            # The slot is free: let the call it was handed to go out before this attempt is settled and recorded
-            # and its item goes on to parse the answer and build its next prompt. Two turns of the loop: one for
-            # the woken caller to start its request, one for aiohttp to write it (before Python 3.12 aiohttp
-            # writes a request body from a task of its own). When answers come in clumps (a provider freeing its
-            # slots together), every microsecond before the send is paid once per answer.
+            # The slot is free: let the call it was handed to go out before this one is settled and recorded. Two
+            # turns of the loop: one for the woken caller to start its request, one for aiohttp to write it.
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         finally:
             # Settled and recorded even when cancelled in between: the provider answered and charged.
-            usage, source = self._billable_usage(result, request, prompt)
-            cost = ticket.settle(usage, reported=source == "reported")
+            usage, source = self._billable_usage(result, sent.request, sent.prompt)
+            cost = sent.ticket.settle(usage, reported=source == "reported")
             self._note_rate_changes()
             self._record_answer(sent.base, result, usage, source, sent.started_at, ended_at, cost)
 
@@ -259,25 +242,22 @@ class PaidAttempts:
             )
         return usage, "estimated"
 
-    async def _chat_recording_lost_sends(
-        self, request: ChatRequest, progress: CallProgress, base: dict[str, Any], started_at: str
-    ) -> ChatResult:
-        """The backend's call; a send a stale kept-alive connection lost, which the transport sent again once
-        without counting an attempt, still gets its own row: every request that left is recorded."""
+    async def _chat_recording_lost_sends(self, sent: _Sent) -> ChatResult:
+        """The backend's call. A send lost on a stale kept-alive connection (sent again by the transport without
+        counting an attempt) still gets its own row: every request that left is recorded."""
         try:
-            return await self._runtime.backend.chat(request, progress)
+            return await self._runtime.backend.chat(sent.request, sent.progress)
         finally:
-            for seconds, why in progress.lost_sends:
+            for seconds, why in sent.progress.lost_sends:
+                error = f"{why} (a kept-alive connection the server had closed; sent again at once)"
                 self._context.writer.add_call(
                     CallRow(
-                        **base,
+                        **sent.base,
                         status="error",
-                        started_at=started_at,
+                        started_at=sent.started_at,
                         ended_at=utc_timestamp(),
                         latency_ms=seconds * 1000,
-                        error=f"{why} (a kept-alive connection the server had closed; sent again at once)"[
-                            :2000
-                        ],
+                        error=error[:2000],
                         error_kind="stale_connection",
                     )
                 )
@@ -303,13 +283,11 @@ class PaidAttempts:
     def _note_cut(
         self, error: CallError, cut: Usage, cost: float, *, retried: bool, generating: bool
     ) -> None:
-        """An attempt cut short was charged: counted; a generation cut (tokens charged) is said once per backbone
-        with what the run does next."""
+        """Count a charged attempt cut short; say the first generation cut on the backbone, and what comes next."""
         runtime = self._runtime
         runtime.counters.cut_calls += 1
-        if not generating or "cut" in runtime.announced:
+        if not generating or not self._first("cut"):
             return
-        runtime.announced.add("cut")
         retries = runtime.config.retry.cut_retries
         then = (
             f"such a call is sent again up to {retries} time{'s' if retries != 1 else ''} (retry.cut_retries), "
@@ -330,12 +308,10 @@ class PaidAttempts:
         )
 
     def _note_stream_refused(self, error: CallError) -> None:
-        runtime = self._runtime
-        if "stream_refused" in runtime.announced:
+        if not self._first("stream_refused"):
             return
-        runtime.announced.add("stream_refused")
         self._context.announce(
-            f"backbone {runtime.name!r}: the server refuses to stream; its calls are sent unstreamed from now on "
+            f"backbone {self._runtime.name!r}: the server refuses to stream; its calls are sent unstreamed from now on "
             "(set stream = false for it to skip the refused attempt next time)"
         )
         self._event("stream_refused", status=error.status, message=str(error)[:300])
@@ -380,16 +356,15 @@ class PaidAttempts:
             self._event("backbone_stopped", status=error.status, cause=error.kind, message=str(error)[:300])
 
     def note_left(self, error: CallError) -> None:
-        """An item left for a resume by an error about the backbone (a refused key, no credit, no such model)
-        before enough of them in a row stopped it: the cause is said once, stored, and closes the run's summary."""
+        """An item left for a resume by an error about the backbone (a refused key, no credit, no such model):
+        the cause is said once, stored, and closes the run's summary."""
         runtime = self._runtime
         runtime.left_because = (
             f"backbone {runtime.name!r}: items are left for a resume after {type(error).__name__}: {error}; "
             f"{self._fault_advice(error)}"
         )
-        if "left" in runtime.announced:
+        if not self._first("left"):
             return
-        runtime.announced.add("left")
         self._context.announce(runtime.left_because)
         self._event("items_left", status=error.status, cause=error.kind, message=str(error)[:300])
 
@@ -406,8 +381,8 @@ class PaidAttempts:
         return next((text for kind, text in hint.items() if isinstance(error, kind)), "")
 
     def _note_pause(self, seconds: float, status: int | None, asked_s: float | None) -> None:
-        """A new pause of the backbone: an event when it lasts a second or more (shorter ones are the pacing of
-        a spent rate-limit bucket, many a minute), a line when it is long enough to look like a hang."""
+        """A new pause of the backbone: an event from a second (shorter ones pace a spent rate-limit bucket), a line
+        when it is long enough to look like a hang."""
         if seconds < _RECORDED_PAUSE_S:
             return
         self._event("backbone_paused", seconds=round(seconds, 3), status=status, asked_s=asked_s)
@@ -423,14 +398,21 @@ class PaidAttempts:
         for change in runtime.gate.take_rate_changes():
             rpm = round(change.rpm, 1) if change.rpm is not None else None
             self._event(f"rate_{change.kind}", rpm=rpm, accepted=change.accepted, refused=change.refused)
-            if change.kind != "learned" or "rate_learned" in runtime.announced:
+            if change.kind != "learned" or not self._first("rate_learned"):
                 continue
-            runtime.announced.add("rate_learned")
             self._context.announce(
                 f"backbone {runtime.name!r}: {change.refused} of the last minute's {change.accepted + change.refused} "
                 f"requests were refused with no limit stated; holding it to {change.rpm:,.0f} requests/min, raised "
                 "by a quarter each minute without a refusal (declare limits.rpm to skip this)"
             )
+
+    def _first(self, what: str) -> bool:
+        """Whether ``what`` is new on this backbone (said once per backbone, however many items meet it)."""
+        announced = self._runtime.announced
+        if what in announced:
+            return False
+        announced.add(what)
+        return True
 
     def _event(self, kind: str, **detail: Any) -> None:
         self._context.writer.add_event(
@@ -493,12 +475,8 @@ class PaidAttempts:
 
 
 class FailureCounts:
-    """Failed attempts of one request, by kind.
-
-    Rate limits are counted apart from other failures and allowed `_RATE_LIMIT_ALLOWANCE` times as many tries:
-    a 429 says "later", not "never", and a sweep that hits its provider's limit should slow down, not fail items.
-    Cut generations are counted too: each was paid, and the backbone's ``retry.cut_retries`` bounds them.
-    """
+    """Failed attempts of one request, by kind: 429s get `_RATE_LIMIT_ALLOWANCE` times as many tries as other
+    failures (they say "later", not "never"); cut generations, each paid, are bounded by ``retry.cut_retries``."""
 
     __slots__ = ("cuts", "other", "rate_limited")
 
