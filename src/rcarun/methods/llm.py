@@ -1,9 +1,7 @@
 """The `LLM` a method receives: the only door from a method to a model.
 
-Methods are pure orchestration (build prompts, parse and validate answers). Everything else — call cache, rate
-and token limits, retries, length-triggered budget doubling, spend accounting and storage — happens behind
-``llm.chat`` in the runner's session, so a method can be tested with a scripted LLM and never thinks about
-limits. Every attempt the session makes (retries included) becomes one row in results.db's ``calls`` table.
+Methods build prompts and parse answers; the call cache, limits, retries, budgets, spend and storage happen
+behind ``llm.chat`` in the runner's session, so a method can be tested with a scripted LLM.
 """
 
 from __future__ import annotations
@@ -76,19 +74,12 @@ class Reply:
 
 
 class ChatOptions(TypedDict, total=False):
-    """The request options of ``llm.chat`` beyond its stage and budget; each is part of the request's identity.
+    """The request options of ``llm.chat`` beyond its stage and budget, each part of the request's identity.
 
-    Absent means: no schema, the provider's temperature and reasoning, no tools, draw 0, the provider's
-    ``tool_choice``. A new option is added here once, and every `LLM` takes it.
-
-    Attributes:
-        schema: JSON schema of the expected answer; the reply's text is decoded as JSON against it.
-        temperature: sampling temperature.
-        reasoning: the thinking switch and effort.
-        tools: OpenAI-style function specs offered to the model; its requests come back in ``Reply.tool_calls``.
-        sample: the number of an independent draw of the same request (self-consistency): draws with different
-            numbers are never served each other's answer from the call cache.
-        tool_choice: whether the model may, must or must not call the tools.
+    Absent means no schema, the provider's temperature, reasoning and tool choice, no tools, draw 0. ``schema``
+    is the JSON schema the reply is decoded against; ``tools`` are OpenAI-style function specs, whose calls come
+    back in ``Reply.tool_calls``; ``sample`` numbers independent draws of one request (self-consistency), which
+    never share a cached answer. A new option is declared here once, and every `LLM` takes it.
     """
 
     schema: Mapping[str, Any] | None
@@ -122,9 +113,7 @@ class LLM(Protocol):
         ...
 
     def for_backbone(self, name: str) -> LLM:
-        """The same work item's LLM on another backbone of the sweep (a judge panel asks several).
-
-        Its calls are limited, retried, priced and recorded under backbone ``name``, in the same item.
+        """The same work item's LLM on backbone ``name`` of the sweep (a judge panel asks several).
 
         Raises:
             rcarun.errors.ConfigError: the sweep defines no backbone called ``name``.

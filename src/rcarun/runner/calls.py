@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rcarun.backends import ChatMessage, ChatRequest, ChatToolCall, PromptSize, prompt_size
@@ -26,18 +26,10 @@ _UNCONFIGURED = StageConfig()  # a stage the sweep does not configure (frozen: o
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """What a plan depends on besides the call itself: the backbone, the item and the method's stage traits.
-
-    Attributes:
-        backbone: the backbone's name in the sweep.
-        config: its configuration (model, context window, output limit).
-        estimator: its prompt-token estimator (the gate's, calibrated as the sweep goes, in a session).
-        stages: the sweep's stage policies.
-        method_label: the method sending (part of the cache key unless the stage is shareable).
-        realization: the item's realization (part of the cache key).
-        shareable_stages: stages the method declares identical across its conditions.
-        budgeted_stages: stages whose first budget the method's own settings fix (the stage table yields).
-    """
+    """What a plan depends on besides the call: the backbone (by name, its config and prompt-token estimator,
+    in a session the gate's), the sweep's stage policies, the item (method label and realization, both in the
+    cache key), and the method's stage traits: stages identical across its conditions (``shareable_stages``) and
+    stages whose first budget its own settings fix (``budgeted_stages``: the stage table yields)."""
 
     backbone: str
     config: BackboneConfig
@@ -61,12 +53,11 @@ class PlannedRequest:
 
 @dataclass(frozen=True, slots=True)
 class CallPlan:
-    """One ``llm.chat`` call before it is sent: the same for every attempt but the output budget.
+    """One ``llm.chat`` call before it is sent, the same for every attempt but the output budget.
 
-    Attributes:
-        prompt_tokens: the estimator's figure (with its margin): budgets are clamped against it.
-        first_budget: the first attempt's output budget, after the stage precedence and the clamp.
-        shareable: one answer serves every method of the run (the cache key leaves the method out).
+    ``prompt_tokens`` is the estimator's figure (with its margin), which budgets are clamped against;
+    ``first_budget`` follows the stage precedence and the clamp; a ``shareable`` call's answer serves every
+    method of the run (its cache key leaves the method out).
     """
 
     caller: Caller
@@ -78,7 +69,7 @@ class CallPlan:
     prompt_tokens: int
     first_budget: int
     shareable: bool
-    options: ChatOptions = field(default_factory=lambda: ChatOptions())
+    options: ChatOptions
 
     @property
     def schema(self) -> Mapping[str, Any] | None:

@@ -55,17 +55,10 @@ class Tally:
 class EstimatingLLM:
     """The `LLM` protocol for a dry run: counts what the request would cost and answers with a synthetic value.
 
-    Args:
-        backbone: the backbone the request would go to (model, context window, output limit, chars per token).
-        name: the backbone's name in the sweep (part of the shared-request identity).
-        stages: the sweep's stage policies (first budget, length retries and cap, shareable).
-        method_label: the method sending (part of the request identity unless the stage is shareable).
-        shareable_stages / budgeted_stages: the method's stage traits, as `rcarun.runner.calls.Caller` has them.
-        shared: identities of shareable requests already counted for this backbone × trajectory × realization.
-        tally: where this item's counts go.
-        sample: the dry run's number; seeds the answers.
-        reasoning_tokens: the expected reasoning tokens per call on this backbone.
-        sibling: makes the same item's LLM on another backbone (a judge panel's judges).
+    ``name``, ``stages``, ``method_label`` and the method's stage traits are what `rcarun.runner.calls.Caller`
+    holds; ``shared`` holds the shareable requests already counted for this backbone × trajectory ×
+    realization; ``tally`` takes this item's counts; ``sample`` (the dry run's number) seeds the answers;
+    ``reasoning_tokens`` are expected per call; ``sibling`` makes the item's LLM on another backbone.
     """
 
     def __init__(
@@ -100,8 +93,7 @@ class EstimatingLLM:
         self._sample = sample
         self._reasoning_tokens = reasoning_tokens
         self._sibling = sibling
-        self.plans: list[CallPlan] = []
-        """Every call's plan, in order."""
+        self.plans: list[CallPlan] = []  # every call's plan, in order
 
     @property
     def backbone(self) -> str:

@@ -46,21 +46,8 @@ class ChanceRange:
 
 @dataclass(frozen=True, slots=True)
 class EstimateRow:
-    """One backbone × method: totals over every trajectory and realization of the sweep.
-
-    Attributes:
-        trajectories / realizations: the sizes the totals cover (items = trajectories × realizations).
-        calls_expected: mean logical calls (length retries not counted); shared calls counted once.
-        calls_max: the most calls a dry run made, or the bound a method declares (Step-by-step: no early stop).
-        shared_calls: calls another method of the sweep already pays for (not in the token or USD figures).
-        attempts_expected: calls plus the expected length retries.
-        prompt_tokens_* / output_tokens_* / usd_*: expected and worst case (``docs/estimate.md``).
-        failed_items: items whose dry run raised (e.g. a prompt larger than the context window), per sample mean.
-        chance_range: the central 95% of the totals one sweep could give (None with a single sample).
-        prompt_tokens_expected_se: the standard error of ``prompt_tokens_expected`` as a mean of ``samples`` dry
-            runs (0 where the answers do not change the prompts; None with a single sample). It shrinks with
-            more samples; the chance range does not, beyond what the samples' tails reach.
-    """
+    """One backbone × method: totals over every trajectory and realization of the sweep, expected and worst
+    case; the fields are described in ``docs/estimate.md`` ("The rows")."""
 
     backbone: str
     method: str
@@ -91,12 +78,8 @@ class EstimateRow:
 
 @dataclass(frozen=True, slots=True)
 class SweepEstimate:
-    """Every backbone × method row, and the chance ranges of groups of rows drawn jointly.
-
-    Attributes:
-        method_ranges: per method over its backbones (empty with a single sample).
-        usd_range: the whole sweep's USD (None with a single sample).
-    """
+    """Every backbone × method row, and the chance ranges of rows drawn jointly: per method over its backbones
+    (``method_ranges``) and the whole sweep's USD (``usd_range``); empty and None with a single sample."""
 
     rows: tuple[EstimateRow, ...]
     trajectories: int
@@ -137,14 +120,9 @@ def estimate_sweep(
     samples: int = DEFAULT_SAMPLES,
     reasoning_tokens: Mapping[str, int] | None = None,
 ) -> SweepEstimate:
-    """Dry-run every backbone × method × trajectory of ``config`` and total the expected and worst-case cost.
-
-    Synchronous (it runs its own event loop): call it outside a running loop.
-
-    Args:
-        config: the sweep (backbones must be resolved: ``config.backbones`` is what is estimated).
-        samples: dry runs per item with different answer seeds; expected figures are their mean.
-        reasoning_tokens: expected reasoning tokens per call, by backbone name (default 0).
+    """Dry-run every backbone × method × trajectory of ``config`` (backbones resolved) ``samples`` times with
+    different answer seeds and total the expected (mean) and worst-case cost. ``reasoning_tokens``: expected
+    reasoning tokens per call, by backbone (default 0). Runs its own event loop: call it outside one.
 
     Raises:
         ConfigError: unknown method, duplicate labels, no backbones, ``samples`` below 1.
@@ -291,11 +269,8 @@ def _fold(
         # The sampling variance of this trajectory's mean; trajectories are dry-run independently, so they add.
         sums.prompt_mean_variance += statistics.variance(t.prompt_expected for t in tallies) / samples
     worst = max(tallies, key=lambda t: t.prompt_worst + t.output_worst)
-    calls_max, prompt_worst, output_worst = (
-        max(t.calls for t in tallies),
-        worst.prompt_worst,
-        worst.output_worst,
-    )
+    calls_max = max(t.calls for t in tallies)
+    prompt_worst, output_worst = worst.prompt_worst, worst.output_worst
     bound = method.worst_case(trajectory, _Counter(backbone))
     if bound is not None:
         # Answers decide when the method stops (Step-by-step: the first flagged step); its declared bound is
