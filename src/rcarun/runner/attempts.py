@@ -206,7 +206,7 @@ class PaidAttempts:
             usage, source = self._billable_usage(result, sent.request, sent.prompt)
             cost = sent.ticket.settle(usage, reported=source == "reported")
             self._note_rate_changes()
-            self._record_answer(sent.base, result, usage, source, sent.started_at, ended_at, cost)
+            self._record_answer(sent, result, usage, source, ended_at, cost)
 
     def _billable_usage(
         self, result: ChatResult, request: ChatRequest, prompt: PromptSize
@@ -425,11 +425,10 @@ class PaidAttempts:
 
     def _record_answer(
         self,
-        base: dict[str, Any],
+        sent: _Sent,
         result: ChatResult,
         usage: Usage,
         usage_source: UsageSource,
-        started_at: str,
         ended_at: str,
         cost: float,
     ) -> None:
@@ -442,9 +441,9 @@ class PaidAttempts:
             raw_body = replay_body(result, get_preset(runtime.config.provider))
         writer.add_call(
             CallRow(
-                **base,
+                **sent.base,
                 status="length" if result.finish_reason == "length" else "ok",
-                started_at=started_at,
+                started_at=sent.started_at,
                 ended_at=ended_at,
                 finish_reason=result.finish_reason,
                 prompt_tokens=usage.prompt_tokens,
@@ -474,16 +473,14 @@ class PaidAttempts:
             runtime.counters.streamed_tokens += usage.completion_tokens
 
 
+@dataclass(slots=True)
 class FailureCounts:
     """Failed attempts of one request, by kind: 429s get `_RATE_LIMIT_ALLOWANCE` times as many tries as other
     failures (they say "later", not "never"); cut generations, each paid, are bounded by ``retry.cut_retries``."""
 
-    __slots__ = ("cuts", "other", "rate_limited")
-
-    def __init__(self) -> None:
-        self.rate_limited = 0
-        self.other = 0
-        self.cuts = 0
+    rate_limited: int = 0
+    other: int = 0
+    cuts: int = 0
 
     def count(self, error: CallError, *, cut: bool = False) -> int:
         """Record ``error`` and return the attempt number the retry policy should judge it as."""
