@@ -177,21 +177,9 @@ def _reply(
     tool_calls: tuple[ToolCall, ...] = (),
 ) -> Reply:
     if tool_calls:
-        return Reply(
-            text="",
-            parsed=None,
-            parse_error=None,
-            finish_reason="tool_calls",
-            attempts=attempts,
-            tool_calls=tool_calls,
-        )
-    parsed: Any = None
-    parse_error: str | None = None
-    if schema is not None:
-        parsed, parse_error = parse_json_answer(text)
-    return Reply(
-        text=text, parsed=parsed, parse_error=parse_error, finish_reason=finish_reason, attempts=attempts
-    )
+        text, schema, finish_reason = "", None, "tool_calls"
+    parsed, parse_error = parse_json_answer(text) if schema is not None else (None, None)
+    return Reply(text, parsed, parse_error, finish_reason, attempts=attempts, tool_calls=tool_calls)
 
 
 def _simulated_tool_calls(

@@ -90,12 +90,6 @@ class ItemSession:
     def estimate_tokens(self, text: str) -> int:
         return self._runtime.gate.estimator.estimate(utf8_length(text))
 
-    def plan(
-        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
-    ) -> CallPlan:
-        """The plan ``chat`` follows for these arguments."""
-        return plan_call(self._caller, messages, stage=stage, max_tokens=max_tokens, options=options)
-
     async def chat(
         self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
