@@ -39,7 +39,7 @@ from rcarun.runner.runtime import BackboneRuntime, RunContext
 from rcarun.store import CallRow, EventRow, UsageSource, utc_timestamp
 from rcarun.text import repair_surrogates
 
-__all__ = ["Failed", "FailureCounts", "PaidAttempts"]
+__all__ = ["Attempt", "Failed", "FailureCounts", "PaidAttempts"]
 
 # A pause at least this long is recorded as an event, and one this long said on the terminal too.
 _RECORDED_PAUSE_S = 1.0
@@ -55,6 +55,10 @@ class Failed:
 
     error: CallError
     decision: RetryDecision
+
+
+Attempt = ChatResult | Failed
+"""A paid attempt's outcome: the answer, or the failure and the gate's decision about it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,7 @@ class PaidAttempts:
 
     async def attempt(
         self, planned: PlannedRequest, base: dict[str, Any], prompt: PromptSize, failures: FailureCounts
-    ) -> ChatResult | Failed:
+    ) -> Attempt:
         """One paid attempt of ``planned``, recorded under ``base`` (its row's keys) whatever happens.
 
         Raises:
