@@ -9,11 +9,12 @@ finish_reason "stop") or a whole `Reply`, for tool calls, length stops and usage
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from rcarun.methods import Message, Reply
+from rcarun.methods.llm import ChatOptions
 
 __all__ = ["Answer", "ScriptedLLM", "numbered"]
 
@@ -31,18 +32,9 @@ class ScriptedLLM:
         return int(len(text) / self.chars_per_token) + 1
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: str | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
+        tools = options.get("tools")
         self.requests.append(
             {
                 "messages": list(messages),
@@ -50,12 +42,12 @@ class ScriptedLLM:
                 "user": messages[-1].content,
                 "stage": stage,
                 "max_tokens": max_tokens,
-                "schema": schema,
-                "temperature": temperature,
-                "reasoning": reasoning,
+                "schema": options.get("schema"),
+                "temperature": options.get("temperature"),
+                "reasoning": options.get("reasoning"),
                 "tools": list(tools) if tools is not None else None,
-                "tool_choice": tool_choice,
-                "sample": sample,
+                "tool_choice": options.get("tool_choice"),
+                "sample": options.get("sample", 0),
             }
         )
         answer = self.replies(self.requests[-1]) if callable(self.replies) else self.replies.pop(0)

@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 
+from helpers.sweeps import make_config, rows
 from rcarun.cli import main
 from rcarun.cli.estimate import Comparison, demo_estimate_config
 from rcarun.data import bundled_sample_path, iter_dataset
-from rcarun.methods import registered_methods
+from rcarun.methods import create_method, registered_methods
 from rcarun.methods.step_by_step import StepByStepOptions, estimate_calls_and_prompt_tokens
-from rcarun.runner import SweepConfig
+from rcarun.mock import MockConfig, MockServer
+from rcarun.runner import SweepConfig, run_sweep
+from rcarun.runner.dryrun import EstimatingLLM, Tally
 from rcarun.runner.estimate import EstimateRow, SweepEstimate, estimate_sweep
 
 _URL = "http://127.0.0.1:9/v1"
@@ -359,3 +362,43 @@ def test_step_by_step_prompt_tokens_match_the_demo_given_where_each_walk_stopped
     error = (estimated - measured) / measured
     print(f"step-by-step given each walk's length: prompt error {error:+.1%}")
     assert abs(error) <= 0.15
+
+
+# -- one plan for the sweep and its dry run ----------------------------------------------------------------
+
+
+async def test_the_dry_run_plans_the_request_the_sweep_sends(tmp_path: Path) -> None:
+    """The sweep's session and the estimate's dry run plan a call alike: for every trajectory the dry run's
+    request has the hash, the first budget (here the stage table's) and the cache key (here shareable: no
+    method in it) of the request the sweep sent first."""
+    db = tmp_path / "results.db"
+    stages = {"attribution": {"max_tokens": 1500, "shareable": True}}
+    async with MockServer(MockConfig(latency_s=0.0)) as server:
+        config = make_config({"sim": {"base_url": server.base_url}}, stages=stages)
+        await run_sweep(config, db_path=db, run_name="plan", show_progress=False)
+    sent = {
+        qid: (sha, key, max_tokens)
+        for qid, sha, key, max_tokens in rows(
+            db, "SELECT qid, request_sha256, cache_key, max_tokens FROM calls WHERE attempt = 1"
+        )
+    }
+    method = create_method("all-at-once", label="all-at-once", options={})
+    planned = {}
+    for record in iter_dataset(bundled_sample_path()):
+        llm = EstimatingLLM(
+            config.backbones["sim"],
+            name="sim",
+            stages=config.stages,
+            method_label=method.label,
+            shareable_stages=method.shareable_stages,
+            budgeted_stages=frozenset(method.stage_budgets),
+            shared=set(),
+            tally=Tally(),
+        )
+        await method.attribute(record.trajectory, llm)
+        (plan,) = llm.plans
+        request = plan.at(plan.first_budget)
+        planned[record.trajectory.qid] = (request.sha256, request.key, request.request.max_tokens)
+    assert len(sent) == 10
+    assert planned == sent
+    assert {max_tokens for _, _, max_tokens in sent.values()} == {1500}

@@ -1,23 +1,12 @@
-"""The one request builder and the one response parser that every transport shares.
+"""The one request builder and the one response parser every transport shares.
 
-Both transports (aiohttp and the openai SDK) send the body `build_body` makes and hand the raw status, headers
-and bytes to `parse_completion`, so that a backbone gives identical `ChatResult`s and identical errors
-whichever transport carries it. Provider differences come from the `Preset`, never from branches on names.
-
-Parsing is done by hand on the decoded JSON rather than with pydantic models: it runs once per call on the hot
-path of fast self-hosted sweeps, and it must tolerate shapes a strict model would refuse (null content,
-reasoning in either field, usage fields that some providers omit).
-
-Tool calls travel in OpenAI's function-calling shape both ways: an assistant message that called tools carries
-``tool_calls: [{id, type: "function", function: {name, arguments}}]`` and ``content: null`` when it said nothing
-else; each answer is ``{"role": "tool", "tool_call_id", "content"}``. The same parser reads a fresh answer and a
-raw body the call cache replays, so both give the same tool calls.
-
-Everything the parser returns can be stored: unpaired UTF-16 surrogates (a ``\\ud800`` escape in an answer cut
-mid-emoji) become U+FFFD in every text, token counts that are not sound integers become 0 with
-``ChatResult.usage_problem`` saying why (never an exception: the answer was paid for and must be recorded), and
-a provider's text quoted in an error is scrubbed of secrets whole, before it is shortened, so no part of a key
-survives the cut.
+Every transport sends the body `build_body` makes and hands the raw status, headers and bytes to
+`parse_completion`, so a backbone gives identical `ChatResult`s and errors whichever transport carries it;
+provider differences come from the `Preset`, never from branches on names. Parsing is by hand on the decoded
+JSON (it runs once per call on the hot path, and must tolerate shapes a strict model would refuse). Everything
+returned can be stored: lone surrogates become U+FFFD, unsound token counts become 0 with
+``ChatResult.usage_problem`` saying why, and provider text quoted in an error is scrubbed of secrets whole,
+before it is shortened.
 """
 
 from __future__ import annotations
@@ -62,6 +51,7 @@ __all__ = [
     "provider_message",
     "refuses_streaming",
     "replay_body",
+    "replay_completion",
 ]
 
 MAX_QUOTED_CHARS = 300
@@ -75,19 +65,14 @@ _MISSING: Final = object()
 
 _EFFORT_LEVELS = frozenset({"low", "medium", "high"})
 
-# Statuses whose meaning does not depend on the provider. Rate-limit statuses come from the preset first.
+# Statuses whose meaning does not depend on the provider (other 4xx: BadRequest, 5xx: ServerError). Rate-limit
+# statuses come from the preset first.
 _STATUS_ERRORS: Mapping[int, type[CallError]] = {
-    400: BadRequest,
     401: AuthError,
     402: QuotaExhausted,
     403: AuthError,
     404: ModelNotFound,
-    405: BadRequest,
     408: ServerError,
-    409: BadRequest,
-    413: BadRequest,
-    415: BadRequest,
-    422: BadRequest,
     429: RateLimited,
 }
 # Statuses on which an error body may say "out of credit" and must become fatal.
@@ -99,11 +84,9 @@ def build_body(
 ) -> dict[str, Any]:
     """The JSON body for ``POST {base_url}/chat/completions``.
 
-    Order of precedence, lowest first: standard fields from the request, the backbone's ``extra_body``, the
-    thinking switch (the request's ``reasoning`` beats the backbone default). Sampling fields are removed last
-    when the preset says the provider rejects them while thinking. ``stream`` asks for server-sent events with
-    the usage in a last chunk (``stream_options.include_usage``); it is not part of the request's identity (its
-    hash and cache key), since a streamed answer is the same answer.
+    Precedence, lowest first: the request's fields, the backbone's ``extra_body``, the thinking switch (the
+    request's ``reasoning`` beats the backbone default); sampling fields go last when the preset says the
+    provider rejects them while thinking. ``stream`` is not part of the request's identity (hash, cache key).
     """
     body: dict[str, Any] = {
         "model": settings.model,
@@ -150,13 +133,14 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
         # OpenAI's own shape for an assistant turn that only called tools is null content.
         if not message.content:
             wire["content"] = None
-        wire["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            for call in message.tool_calls
-        ]
+        wire["tool_calls"] = [_wire_tool_call(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
         wire["tool_call_id"] = message.tool_call_id
     return wire
+
+
+def _wire_tool_call(call: ChatToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _reasoning_choice(request: ChatRequest, settings: BackendSettings) -> tuple[bool | None, str | None]:
@@ -193,27 +177,16 @@ def parse_completion(
     backbone: str = "",
     redact: Redactor = redact_secrets,
 ) -> ChatResult:
-    """Translate one HTTP exchange into a `ChatResult`, or raise the matching `rcarun.errors.CallError`.
+    """Translate one HTTP exchange into a `ChatResult`, or raise the matching `rcarun.errors.CallError`
+    (RateLimited, QuotaExhausted, ServerError, BadRequest, ContextOverflow, AuthError, MalformedResponse).
 
-    Args:
-        status: HTTP status.
-        headers: response headers (any case; looked up case-insensitively).
-        body: the response body exactly as received (leading blank lines allowed: DeepSeek writes them while a
-            request is queued), or the completion a streamed answer added up to
-            (`rcarun.backends.streaming.ChunkAssembler`).
-        preset: the provider's differences.
-        latency_s: seconds from sending to having read the body.
-        endpoint: the base URL that served the call.
-        backbone: the backbone's label, named in error messages.
-        redact: scrubs secrets from any provider text an error quotes, applied to the whole text before it is
-            shortened.
-
-    Raises:
-        RateLimited, QuotaExhausted, ServerError, BadRequest, ContextOverflow, AuthError, MalformedResponse.
+    ``body`` is the response as received (leading blank lines allowed: DeepSeek writes them while a request is
+    queued) or a streamed answer's assembled completion; ``backbone`` is named in error messages; ``redact``
+    scrubs secrets from any provider text an error quotes.
     """
-    rate_limit = parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
     label = backbone or endpoint
     if not 200 <= status < 300:
+        rate_limit = parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
         raise error_for_status(status, body, preset, label, rate_limit, redact=redact)
     payload = _load_json(body)
     if not isinstance(payload, dict):
@@ -221,7 +194,9 @@ def parse_completion(
             f"{label}: HTTP {status} body is not a JSON object: {_quote(_decode(body), redact)}",
             status=status,
         )
-    return _completion_result(payload, body, status, rate_limit, preset, latency_s, endpoint, label, redact)
+    return completion_result(
+        payload, body, status, headers, preset, latency_s, endpoint, backbone=backbone, redact=redact
+    )
 
 
 def completion_result(
@@ -239,26 +214,7 @@ def completion_result(
     """`parse_completion` for a completion already decoded (a streamed answer's assembled chunks, whose rendering
     ``body`` is what the store keeps): the same reading, without parsing ``body`` again."""
     rate_limit = parse_rate_limit_headers(_lowered(headers), preset.rate_limit_headers)
-    return _completion_result(
-        payload, body, status, rate_limit, preset, latency_s, endpoint, backbone or endpoint, redact
-    )
-
-
-def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name.lower(): value for name, value in headers.items()}
-
-
-def _completion_result(
-    payload: Mapping[str, Any],
-    body: bytes,
-    status: int,
-    rate_limit: RateLimitInfo | None,
-    preset: Preset,
-    latency_s: float,
-    endpoint: str,
-    label: str,
-    redact: Redactor,
-) -> ChatResult:
+    label = backbone or endpoint
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _in_band_error(status, payload, body, preset, label, rate_limit, redact)
@@ -266,7 +222,6 @@ def _completion_result(
     message = choice.get("message")
     if not isinstance(message, dict):
         raise MalformedResponse(f"{label}: HTTP {status} choice has no message object", status=status)
-
     finish_reason = choice.get("finish_reason")
     model = payload.get("model")
     usage, usage_problem = _usage(payload.get("usage", _MISSING), preset)
@@ -285,11 +240,13 @@ def _completion_result(
     )
 
 
-def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
-    """The tool calls of a message; a call without an id gets ``call_<position>`` so it can still be answered.
+def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
-    Arguments are kept as the model's JSON text; a provider that sends them as an object gets them serialised.
-    """
+
+def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
+    """The tool calls of a message, arguments as the model's JSON text; a call without an id gets
+    ``call_<position>`` so it can still be answered."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -320,18 +277,19 @@ def _tool_calls(raw: Any, label: str, status: int) -> tuple[ChatToolCall, ...]:
     return tuple(calls)
 
 
+def replay_completion(body: bytes, preset: Preset, backbone: str) -> ChatResult:
+    """The answer in a stored completion body, read as the backend read it (CallError if it no longer is one)."""
+    return parse_completion(200, {}, body, preset, 0.0, "", backbone=backbone)
+
+
 def replay_body(result: ChatResult, preset: Preset) -> bytes:
-    """A completion body that `parse_completion` reads back into ``result``'s answer, for a result that came
-    without a raw body (an in-process engine) but carries tool calls, which no other stored column can hold.
-    """
+    """A completion body that `parse_completion` reads back into ``result``'s answer (for an in-process
+    engine's answer with tool calls, which no other stored column can hold)."""
     message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
     if result.reasoning_text and preset.reasoning_text_fields:
         message[preset.reasoning_text_fields[0]] = result.reasoning_text
     if result.tool_calls:
-        message["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            for call in result.tool_calls
-        ]
+        message["tool_calls"] = [_wire_tool_call(call) for call in result.tool_calls]
     payload = {
         "object": "chat.completion",
         "model": result.model,
@@ -434,10 +392,7 @@ def error_for_status(
     *,
     redact: Redactor = redact_secrets,
 ) -> CallError:
-    """The rcarun error for a non-2xx answer (returned, not raised, so callers choose how to raise it).
-
-    The provider's text is quoted scrubbed by ``redact`` (whole, then shortened to `MAX_QUOTED_CHARS`).
-    """
+    """The rcarun error for a non-2xx answer (returned, not raised), quoting the provider's text scrubbed."""
     payload = _load_json(body)
     full_text = _provider_text(payload, body)
     quoted = _quote(full_text, redact)
@@ -492,8 +447,7 @@ _STREAM_WORD = re.compile(r"\bstream(?:_options)?\b")
 
 
 def refuses_streaming(status: int, body: bytes) -> bool:
-    """Whether an error answer refuses the request for asking to stream: a 400 or 422 whose message or
-    ``param`` names ``stream`` (or ``stream_options``), as servers without streaming answer."""
+    """Whether a 400 or 422 refuses the request for streaming (its message or ``param`` names ``stream``)."""
     if status not in (400, 422):
         return False
     payload = _load_json(body)
@@ -506,8 +460,7 @@ def refuses_streaming(status: int, body: bytes) -> bool:
 
 
 def provider_message(payload: Any, body: bytes, *, redact: Redactor = redact_secrets) -> str:
-    """The provider's own error message, scrubbed by ``redact``, whitespace collapsed and cut to
-    `MAX_QUOTED_CHARS`."""
+    """The provider's own error message, scrubbed, whitespace collapsed and cut to `MAX_QUOTED_CHARS`."""
     return _quote(_provider_text(payload, body), redact)
 
 

@@ -1,18 +1,16 @@
 """The `LLM` a method receives: the only door from a method to a model.
 
-Methods are pure orchestration (build prompts, parse and validate answers). Everything else — call cache, rate
-and token limits, retries, length-triggered budget doubling, spend accounting and storage — happens behind
-``llm.chat`` in the runner's session, so a method can be tested with a scripted LLM and never thinks about
-limits. Every attempt the session makes (retries included) becomes one row in results.db's ``calls`` table.
+Methods build prompts and parse answers; the call cache, limits, retries, budgets, spend and storage happen
+behind ``llm.chat`` in the runner's session, so a method can be tested with a scripted LLM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
-__all__ = ["LLM", "Message", "Reasoning", "Reply", "ToolCall", "ToolChoice"]
+__all__ = ["LLM", "ChatOptions", "Message", "Reasoning", "Reply", "ToolCall", "ToolChoice"]
 
 Reasoning = Literal["off", "low", "medium", "high"]
 # Whether the model may ("auto"), must ("required") or must not ("none") call the offered tools.
@@ -75,18 +73,29 @@ class Reply:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+class ChatOptions(TypedDict, total=False):
+    """The request options of ``llm.chat`` beyond its stage and budget, each part of the request's identity.
+
+    Absent means no schema, the provider's temperature, reasoning and tool choice, no tools, draw 0. ``schema``
+    is the JSON schema the reply is decoded against; ``tools`` are OpenAI-style function specs, whose calls come
+    back in ``Reply.tool_calls``; ``sample`` numbers independent draws of one request (self-consistency), which
+    never share a cached answer. A new option is declared here once, and every `LLM` takes it.
+    """
+
+    schema: Mapping[str, Any] | None
+    temperature: float | None
+    reasoning: Reasoning | None
+    tools: Sequence[Mapping[str, Any]] | None
+    sample: int
+    tool_choice: ToolChoice | None
+
+
 class LLM(Protocol):
     """What a method may ask of a model.
 
     ``stage`` names the call's role in the method ("attribution", "summary", ...): stage budgets, the call cache
     and the cost report are keyed by it. ``max_tokens`` is the first attempt's output budget; a length stop is
-    retried with the budget doubled up to the stage's cap, as configured for the run. ``tools`` offers the model
-    OpenAI-style function specs (``{"type": "function", "function": {...}}``); its requests come back in
-    ``Reply.tool_calls`` and the method answers them with ``tool`` messages in its next call. ``sample`` numbers
-    independent draws of the same request (self-consistency): draws with different numbers are never served
-    each other's answer from the call cache, while a resumed item still gets each draw's own stored answer.
-    ``tool_choice`` says whether the model may, must or must not call the tools; None leaves the provider's
-    default ("auto" when tools are offered).
+    retried with the budget doubled up to the stage's cap. A tool conversation is one ``chat`` call per round.
 
     Raises:
         rcarun.errors.FatalCallError: the call cannot succeed (bad request, context overflow, auth, quota);
@@ -95,17 +104,7 @@ class LLM(Protocol):
     """
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: Reasoning | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: ToolChoice | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply: ...
 
     @property
@@ -114,9 +113,7 @@ class LLM(Protocol):
         ...
 
     def for_backbone(self, name: str) -> LLM:
-        """The same work item's LLM on another backbone of the sweep (a judge panel asks several).
-
-        Its calls are limited, retried, priced and recorded under backbone ``name``, in the same item.
+        """The same work item's LLM on backbone ``name`` of the sweep (a judge panel asks several).
 
         Raises:
             rcarun.errors.ConfigError: the sweep defines no backbone called ``name``.

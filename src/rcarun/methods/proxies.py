@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolChoice
+from rcarun.methods.llm import LLM, ChatOptions, Message, Reasoning, Reply, ToolChoice
 
 __all__ = ["DelegatingLLM", "Exchange", "ResampledLLM", "TranscriptLLM"]
 
@@ -41,29 +41,9 @@ class DelegatingLLM:
         return inner
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: Reasoning | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: ToolChoice | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
-        return await self._inner.chat(
-            messages,
-            stage=stage,
-            max_tokens=max_tokens,
-            schema=schema,
-            temperature=temperature,
-            reasoning=reasoning,
-            tools=tools,
-            sample=sample,
-            tool_choice=tool_choice,
-        )
+        return await self._inner.chat(messages, stage=stage, max_tokens=max_tokens, **options)
 
 
 class ResampledLLM(DelegatingLLM):
@@ -78,29 +58,11 @@ class ResampledLLM(DelegatingLLM):
         return ResampledLLM(inner, sample=self.sample, temperature=self.temperature)
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: Reasoning | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: ToolChoice | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
-        return await super().chat(
-            messages,
-            stage=stage,
-            max_tokens=max_tokens,
-            schema=schema,
-            temperature=self.temperature,
-            reasoning=reasoning,
-            tools=tools,
-            sample=self.sample,
-            tool_choice=tool_choice,
-        )
+        options["temperature"] = self.temperature
+        options["sample"] = self.sample
+        return await super().chat(messages, stage=stage, max_tokens=max_tokens, **options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,39 +91,19 @@ class TranscriptLLM(DelegatingLLM):
         return next((e for e in reversed(self.exchanges) if e.stage == stage), None)
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: Reasoning | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        sample: int = 0,
-        tool_choice: ToolChoice | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
-        reply = await super().chat(
-            messages,
-            stage=stage,
-            max_tokens=max_tokens,
-            schema=schema,
-            temperature=temperature,
-            reasoning=reasoning,
-            tools=tools,
-            sample=sample,
-            tool_choice=tool_choice,
-        )
+        reply = await super().chat(messages, stage=stage, max_tokens=max_tokens, **options)
         self.exchanges.append(
             Exchange(
                 stage=stage,
                 messages=tuple(messages),
                 reply=reply,
                 max_tokens=max_tokens,
-                temperature=temperature,
-                reasoning=reasoning,
-                tools=tuple(tools or ()),
-                tool_choice=tool_choice,
+                temperature=options.get("temperature"),
+                reasoning=options.get("reasoning"),
+                tools=tuple(options.get("tools") or ()),
+                tool_choice=options.get("tool_choice"),
             )
         )
         return reply

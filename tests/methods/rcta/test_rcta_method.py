@@ -8,13 +8,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import pytest
 
 from rcarun.data import Step, Trajectory, iter_dataset
 from rcarun.errors import ConfigError
 from rcarun.methods import Message, Reply, create_method
+from rcarun.methods.llm import ChatOptions
 from rcarun.methods.rcta.method import PRESET_REASONING, PRESETS, RCTA, RctaOptions, uniform_ids
 from rcarun.methods.rcta.options import ABLATIONS, Ablation
 
@@ -53,17 +54,10 @@ class RoutedLLM:
         return len(text) // 4 + 1
 
     async def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        stage: str,
-        max_tokens: int,
-        schema: Mapping[str, Any] | None = None,
-        temperature: float | None = None,
-        reasoning: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Unpack[ChatOptions]
     ) -> Reply:
-        request = Request(stage, tuple(messages), max_tokens, schema, temperature, reasoning)
+        schema, temperature = options.get("schema"), options.get("temperature")
+        request = Request(stage, tuple(messages), max_tokens, schema, temperature, options.get("reasoning"))
         self.requests.append(request)
         answer = self.routes[stage](request)
         text = answer if isinstance(answer, str) else json.dumps(answer)
