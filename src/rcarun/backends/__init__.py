@@ -35,7 +35,7 @@ from rcarun.backends.types import (
     prompt_size,
     utf8_length,
 )
-from rcarun.backends.wire import build_body, parse_completion, replay_body
+from rcarun.backends.wire import build_body, parse_completion, replay_body, replay_completion
 
 __all__ = [
     "PRESETS",
@@ -72,6 +72,7 @@ __all__ = [
     "prompt_size",
     "register_preset",
     "replay_body",
+    "replay_completion",
     "transport",
     "transport_names",
     "utf8_length",

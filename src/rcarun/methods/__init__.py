@@ -14,12 +14,13 @@ from rcarun.methods.base import (
     speaker_attribution,
     step_is_valid,
 )
-from rcarun.methods.llm import LLM, Message, Reasoning, Reply, ToolCall, ToolChoice
+from rcarun.methods.llm import LLM, ChatOptions, Message, Reasoning, Reply, ToolCall, ToolChoice
 from rcarun.methods.registry import create_method, method, registered_methods
 
 __all__ = [
     "LLM",
     "Attribution",
+    "ChatOptions",
     "Message",
     "Method",
     "Reasoning",
