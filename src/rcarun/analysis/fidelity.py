@@ -44,7 +44,7 @@ import numpy.typing as npt
 from rcarun.data import allocate_quotas
 from rcarun.errors import ConfigError
 
-from .scoring import Expected, ItemScore, Metrics, summarize
+from .scoring import METRICS, Expected, ItemScore, Metrics, summarize
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -55,7 +55,7 @@ __all__ = [
     "sample_size_calibration",
 ]
 
-CALIBRATION_METRICS = ("agent_acc", "step_acc", "step_pm5")
+CALIBRATION_METRICS = tuple(m.name for m in METRICS if m.calibrated)
 # App. A's candidate sizes (Table 5).
 CALIBRATION_SIZES = (75, 100, 125, 150, 175, 200, 225, 250, 300, 400, 600)
 # App. A's pass criteria, as fractions: max. median <= 2 pp and max. p95 <= 6 pp.

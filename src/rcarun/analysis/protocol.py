@@ -35,7 +35,7 @@ from typing import Any
 
 from rcarun.errors import ConfigError
 
-from .scoring import ABSTENTION_RULES, AbstentionRule
+from .scoring import ABSTENTION_RULES, METRICS, AbstentionRule
 
 __all__ = [
     "ABLATION_RESAMPLES",
@@ -69,8 +69,8 @@ SELF_HOSTED_PROVIDERS = ("vllm", "local")
 ABLATION_PRESET = "ablation"
 MAIN_RESAMPLES = 20_000  # App. B, "Paired Step Acc comparisons" (Table 12)
 ABLATION_RESAMPLES = 10_000  # App. H, "Ablation statistical protocol"
-_MAIN_METRICS = ("agent_acc", "step_acc")
-_ABLATION_METRICS = ("step_acc",)
+_MAIN_METRICS = tuple(m.name for m in METRICS if "main" in m.paired)
+_ABLATION_METRICS = tuple(m.name for m in METRICS if "ablation" in m.paired)
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
+from .scoring import METRIC_BY_NAME, METRICS, metric_label
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -61,16 +63,7 @@ DASH = "–"
 _GAP = "  "  # between text columns; two spaces so that names with single spaces stay one cell
 _TEXT_WIDTH = 100
 _DPI = 110
-_METRICS = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
-_METRIC_LABELS = {
-    "agent_acc": "Agent Acc",
-    "step_acc": "Step Acc",
-    "step_pm5": "Step ±5",
-    "joint_exact": "Joint exact",
-    "joint_pm5": "Joint ±5",
-    "root_mae": "Root MAE",
-    "coverage": "Coverage",
-}
+_METRICS = tuple(m.name for m in METRICS)
 _SIMULATED = (
     "SIMULATED BACKBONES: every backbone in this run was rcarun's mock server, or a local model with random "
     "weights (tiny). The numbers below show the engine at work (scoring, statistics, cost accounting); they are "
@@ -117,17 +110,13 @@ def _count(value: float | None) -> str:
 
 
 def _is_fraction(metric: str) -> bool:
-    """Every metric but the MAE (steps) is a fraction shown as a percentage."""
-    return "mae" not in metric
+    """A fraction is shown as a percentage, the MAE in steps; an unknown name is a fraction unless an MAE."""
+    found = METRIC_BY_NAME.get(metric)
+    return found.fraction if found else "mae" not in metric
 
 
 def _metric_value(metric: str, value: float | None) -> str:
     return _pct(value) if _is_fraction(metric) else _steps(value)
-
-
-def metric_label(metric: str) -> str:
-    """How reports name a metric column (``step_pm5`` is "Step ±5"); an unknown name is shown as it is."""
-    return _METRIC_LABELS.get(metric, metric)
 
 
 # --- the table model -----------------------------------------------------------------------------------------

@@ -106,15 +106,17 @@ from .protocol import (
     resolve_protocol,
     uses_manifest,
 )
-from .render import metric_label
 from .results import Cell, Outcome, RunScores, common_items, load_run_scores, resolve_run
 from .scoring import (
+    METRIC_BY_NAME,
+    METRICS,
     ItemScore,
     LengthGroup,
     Metrics,
     Prediction,
     Summary,
     length_groups,
+    metric_label,
     pooled,
     score_items,
     summarize,
@@ -153,10 +155,9 @@ __all__ = [
     "metrics_json",
 ]
 
-METRIC_NAMES = ("agent_acc", "step_acc", "step_pm5", "joint_exact", "joint_pm5", "root_mae", "coverage")
+METRIC_NAMES = tuple(m.name for m in METRICS)
 # Step-id lists a method may store under output["diagnostics"], in pipeline order.
 RECALL_SETS = ("base_candidate_ids", "excerpt_ids", "evidence_ids")
-_CORRECT = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
 MIN_READABLE_SHARE = 0.5
 """The share of a cell's expected trajectories that readable predictions must cover for its number to be shown,
 marked best and compared (module docstring)."""
@@ -536,8 +537,8 @@ def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> l
 
 
 def _outcomes(items: Sequence[ItemScore], metric: str) -> list[bool]:
-    attribute = _CORRECT[metric]
-    return [bool(getattr(item, attribute)) for item in items]
+    hit = METRIC_BY_NAME[metric].hit
+    return [hit(item) for item in items]
 
 
 def _compare(
@@ -960,7 +961,7 @@ def _number(value: object) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-_GROUP_METRICS = ("agent_acc", "step_acc", "step_pm5")
+_GROUP_METRICS = tuple(m.name for m in METRICS if m.by_length)
 
 
 def _length_cells(

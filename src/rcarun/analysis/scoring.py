@@ -59,7 +59,10 @@ from rcarun.data.roles import normalize_role, role_matches
 
 __all__ = [
     "ABSTENTION_RULES",
+    "FRACTION_METRICS",
     "LONGRCA_FULL_POPULATIONS",
+    "METRICS",
+    "METRIC_BY_NAME",
     "STEP_TOLERANCE",
     "AbstentionRule",
     "Expected",
@@ -67,6 +70,7 @@ __all__ = [
     "ItemScore",
     "LengthGroup",
     "LengthPartition",
+    "Metric",
     "Metrics",
     "Prediction",
     "Summary",
@@ -74,6 +78,7 @@ __all__ = [
     "by_source",
     "length_groups",
     "macro",
+    "metric_label",
     "pooled",
     "post_stratified",
     "score_items",
@@ -278,6 +283,82 @@ class LengthPartition:
         raise KeyError(qid)
 
 
+def _never(score: ItemScore) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One reported metric, declared once: its name, labels, per-item rule, and the analyses that use it.
+
+    Attributes:
+        name: the `Metrics` field and the report's JSON key.
+        label: how reports name it ("Step ±5").
+        column: `rcarun score`'s short column header.
+        hit: the per-item rule of a fraction (the share of items it holds for); unused for the MAE.
+        fraction: a share of items shown as a percentage; False: the valid-output MAE, in steps.
+        paired: the protocols whose paired tests compare it (``"main"``, ``"ablation"``).
+        calibrated: App. A's sample-size calibration and the Mini fidelity check measure it.
+        by_length: the report's length-group curves (App. F.1) show it.
+        label_sensitive: App. K.1's label sensitivity re-scores it.
+    """
+
+    name: str
+    label: str
+    column: str
+    hit: Callable[[ItemScore], bool] = _never
+    fraction: bool = True
+    paired: tuple[str, ...] = ()
+    calibrated: bool = False
+    by_length: bool = False
+    label_sensitive: bool = False
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        "agent_acc",
+        "Agent Acc",
+        "Agent",
+        lambda s: s.role_correct,
+        paired=("main",),
+        calibrated=True,
+        by_length=True,
+    ),
+    Metric(
+        "step_acc",
+        "Step Acc",
+        "Step",
+        lambda s: s.step_exact,
+        paired=("main", "ablation"),
+        calibrated=True,
+        by_length=True,
+        label_sensitive=True,
+    ),
+    Metric(
+        "step_pm5",
+        "Step ±5",
+        "Step±5",
+        lambda s: s.step_pm5,
+        calibrated=True,
+        by_length=True,
+        label_sensitive=True,
+    ),
+    Metric("joint_exact", "Joint exact", "Joint", lambda s: s.joint_exact),
+    Metric("joint_pm5", "Joint ±5", "Joint±5", lambda s: s.joint_pm5),
+    Metric("root_mae", "Root MAE", "MAE", fraction=False),
+    Metric("coverage", "Coverage", "Cov.", lambda s: s.covered),
+)
+"""Every metric in report order. A new metric is a declaration here and a field of `Metrics`."""
+METRIC_BY_NAME: Mapping[str, Metric] = {m.name: m for m in METRICS}
+FRACTION_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.fraction)
+
+
+def metric_label(metric: str) -> str:
+    """How reports name a metric column (``step_pm5`` is "Step ±5"); an unknown name is shown as it is."""
+    found = METRIC_BY_NAME.get(metric)
+    return found.label if found else metric
+
+
 class GroupMetrics(NamedTuple):
     """One length group's scores: ``for group, metrics in by_length_group(...)``."""
 
@@ -401,18 +482,8 @@ def _weighted_mae(maes: Mapping[str, float | None], weights: Mapping[str, float]
     return sum(weights[source] * mae for source, mae in present.items()) / total
 
 
-_FRACTIONS: tuple[tuple[str, Callable[[ItemScore], bool]], ...] = (
-    ("agent_acc", lambda score: score.role_correct),
-    ("step_acc", lambda score: score.step_exact),
-    ("step_pm5", lambda score: score.step_pm5),
-    ("joint_exact", lambda score: score.joint_exact),
-    ("joint_pm5", lambda score: score.joint_pm5),
-    ("coverage", lambda score: score.covered),
-)
-
-
 def _fractions(scores: Sequence[ItemScore]) -> dict[str, float]:
-    return {name: sum(1 for score in scores if hit(score)) / len(scores) for name, hit in _FRACTIONS}
+    return {m.name: sum(1 for score in scores if m.hit(score)) / len(scores) for m in FRACTION_METRICS}
 
 
 def _require_scores(scores: Sequence[ItemScore]) -> None:
@@ -421,17 +492,7 @@ def _require_scores(scores: Sequence[ItemScore]) -> None:
 
 
 def _metrics(fractions: Mapping[str, float], *, n: int, root_mae: float | None, valid_step_n: int) -> Metrics:
-    return Metrics(
-        n=n,
-        agent_acc=fractions["agent_acc"],
-        step_acc=fractions["step_acc"],
-        step_pm5=fractions["step_pm5"],
-        joint_exact=fractions["joint_exact"],
-        joint_pm5=fractions["joint_pm5"],
-        root_mae=root_mae,
-        coverage=fractions["coverage"],
-        valid_step_n=valid_step_n,
-    )
+    return Metrics(n=n, root_mae=root_mae, valid_step_n=valid_step_n, **fractions)
 
 
 def _valid_step_n(scores: Iterable[ItemScore]) -> int:
@@ -445,7 +506,7 @@ def _weighted(
     total = sum(weights.values())
     fractions = {
         name: sum(weights[source] * getattr(metrics, name) for source, metrics in per_source.items()) / total
-        for name, _ in _FRACTIONS
+        for name in (m.name for m in FRACTION_METRICS)
     }
     maes = {source: metrics.root_mae for source, metrics in per_source.items()}
     return _metrics(fractions, n=n, root_mae=_weighted_mae(maes, weights), valid_step_n=valid_step_n)

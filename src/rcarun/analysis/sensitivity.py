@@ -43,13 +43,13 @@ from rcarun.data import parse_step
 from rcarun.errors import DataError
 
 from .fidelity import require_draws_over
-from .scoring import STEP_TOLERANCE, Expected, ItemScore
+from .scoring import METRICS, STEP_TOLERANCE, Expected, ItemScore
 from .submission import table_rows
 
 __all__ = ["ANNOTATION_SEED", "label_sensitivity", "load_annotations"]
 
 ANNOTATION_SEED = 20260918  # App. K.1
-_METRICS = ("step_acc", "step_pm5")
+_METRICS = tuple(m.name for m in METRICS if m.label_sensitive)
 
 
 def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:

@@ -287,16 +287,19 @@ def _number(value: float | None, digits: int) -> str:
 
 
 def _metrics_table(rows: Mapping[str, Metrics]) -> str:
-    header = (
-        f"{'':<24} {'n':>6} {'Agent':>7} {'Step':>7} {'Step±5':>7} {'Joint':>7} {'Joint±5':>8} "
-        f"{'MAE':>7} {'Cov.':>7}"
+    from rcarun.analysis import METRICS
+
+    widths = [max(7, len(m.column) + 1) for m in METRICS]
+    header = f"{'':<24} {'n':>6} " + " ".join(
+        f"{m.column:>{w}}" for m, w in zip(METRICS, widths, strict=True)
     )
     lines = [header, "-" * len(header)]
-    for name, m in rows.items():
-        lines.append(
-            f"{name:<24} {m.n:>6} {m.agent_acc:>7.1%} {m.step_acc:>7.1%} {m.step_pm5:>7.1%} {m.joint_exact:>7.1%} "
-            f"{m.joint_pm5:>8.1%} {_number(m.root_mae, 1):>7} {m.coverage:>7.1%}"
-        )
+    for name, row in rows.items():
+        cells = []
+        for metric, width in zip(METRICS, widths, strict=True):
+            value = getattr(row, metric.name)
+            cells.append(f"{value:>{width}.1%}" if metric.fraction else f"{_number(value, 1):>{width}}")
+        lines.append(f"{name:<24} {row.n:>6} " + " ".join(cells))
     return "\n".join(lines)
 
 
