@@ -26,9 +26,8 @@ Conventions, as in the LongRCA paper's tables:
   served each self-hosted backbone), then Table 3 with an interval beside each number, paired comparisons,
   repeatability and cost as compact tables with every row folded under them; the long tail (outcomes per
   cell, full metrics, per-source tables, complementarity, the protocol's settings, ...) folded in
-  ``<details>``; a table of contents. The report dict carries bootstrap intervals for paired differences only,
-  so the per-cell interval is derived from its per-source counts (`_interval`). Keys that newer report dicts
-  add (``served_by``, cost rows' ``gpu_usd``, ``call_timing``) are shown when present.
+  ``<details>``; a table of contents. Each cell's interval is the report's (`_interval`). Keys that newer
+  report dicts add (``served_by``, cost rows' ``gpu_usd``, ``call_timing``) are shown when present.
 * The page has no external resources and no scripts: inline CSS and three matplotlib plots embedded as base64
   PNG, drawn on `matplotlib.figure.Figure` with the Agg canvas (no pyplot, so no global state and nothing to
   close). Plots run from 0 to 100%, carry intervals as error bars, size themselves by the number of bars, and
@@ -48,10 +47,10 @@ import math
 import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from .scoring import METRIC_BY_NAME, METRICS, metric_label
+from .stats import stratified_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -366,18 +365,19 @@ def _confidence(report: Mapping[str, Any]) -> float:
 
 
 def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
-    """A confidence interval (the protocol's level) for one cell's headline Agent or Step Acc.
+    """The report's interval for one cell's headline Agent or Step Acc; None when the cell has no number.
 
-    The report dict has bootstrap intervals for paired differences only, so the page derives one per cell from
-    the counts the dict does hold: the headline is a weighted mean of source accuracies (weights n_s / N
-    pooled, 1 / K macro), and its variance the weighted sum of binomial variances, each source's with
-    Agresti–Coull's two added successes and failures so that a source at 0% or 100% still has width; normal
-    approximation, clipped to [0, 1]. None when the cell has no number.
+    A report dict without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
+    its per-source counts, which is what the report computes.
     """
     headline = _headline(report, row)
     estimate = _num(headline, metric)
-    if estimate is None:
+    if estimate is None or headline is None:
         return None
+    carried = headline.get("intervals")
+    bounds = carried.get(metric) if isinstance(carried, Mapping) else None
+    if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int | float) for b in bounds):
+        return float(bounds[0]), float(bounds[1])
     strata = []
     found = row.get("per_source")
     for metrics in found.values() if isinstance(found, Mapping) else ():
@@ -389,14 +389,13 @@ def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) ->
         if not n:
             return None
         strata = [(n, estimate)]
-    total = sum(n for n, _ in strata)
-    variance = 0.0
-    for n, p in strata:
-        weight = n / total if _aggregate(report) == "pooled" else 1 / len(strata)
-        adjusted = (p * n + 2) / (n + 4)
-        variance += weight**2 * adjusted * (1 - adjusted) / (n + 4)
-    half = NormalDist().inv_cdf((1 + _confidence(report)) / 2) * math.sqrt(variance)
-    return max(0.0, estimate - half), min(1.0, estimate + half)
+    found = stratified_interval(
+        estimate,
+        strata,
+        weighting="pooled" if _aggregate(report) == "pooled" else "macro",
+        confidence=_confidence(report),
+    )
+    return found.low, found.high
 
 
 def _totals(report: Mapping[str, Any]) -> str | None:

@@ -90,7 +90,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from rcarun.errors import ConfigError, StoreError
 from rcarun.store import RunRow, Store
@@ -137,6 +137,7 @@ from .stats import (
     paired_comparison,
     pairwise_agreement,
     spread,
+    stratified_interval,
     stratified_paired_bootstrap,
     union_complementarity,
     wilson_interval,
@@ -515,7 +516,8 @@ def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> l
                 {
                     **entry,
                     **_BLANK,
-                    "macro": dict(_BLANK),
+                    "intervals": None,
+                    "macro": {**_BLANK, "intervals": None},
                     "per_source": {},
                     "post_stratified": None,
                     "coverage_rule": None,
@@ -527,13 +529,30 @@ def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> l
             {
                 **entry,
                 **metrics_json(summary.pooled),
-                "macro": metrics_json(summary.macro),
+                "intervals": _cell_intervals(summary.pooled, summary, "pooled", options.confidence),
+                "macro": {
+                    **metrics_json(summary.macro),
+                    "intervals": _cell_intervals(summary.macro, summary, "macro", options.confidence),
+                },
                 "per_source": {source: metrics_json(m) for source, m in sorted(summary.per_source.items())},
                 "post_stratified": metrics_json(summary.post_stratified) if summary.post_stratified else None,
                 "coverage_rule": _coverage_rule(items),
             }
         )
     return entries
+
+
+def _cell_intervals(
+    headline: Metrics, summary: Summary, weighting: Literal["pooled", "macro"], confidence: float
+) -> dict[str, list[float]]:
+    """The interval of each Table 3 metric of one cell's headline, from its per-source counts."""
+    found = {}
+    for metric in (m.name for m in METRICS if m.interval):
+        strata = [(float(m.n), float(getattr(m, metric))) for m in summary.per_source.values()]
+        found[metric] = _bounds(
+            stratified_interval(getattr(headline, metric), strata, weighting=weighting, confidence=confidence)
+        )
+    return found
 
 
 def _outcomes(items: Sequence[ItemScore], metric: str) -> list[bool]:

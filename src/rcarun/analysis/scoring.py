@@ -301,6 +301,7 @@ class Metric:
         calibrated: App. A's sample-size calibration and the Mini fidelity check measure it.
         by_length: the report's length-group curves (App. F.1) show it.
         label_sensitive: App. K.1's label sensitivity re-scores it.
+        interval: a headline of Table 3; the report carries each cell's interval for it.
     """
 
     name: str
@@ -312,6 +313,7 @@ class Metric:
     calibrated: bool = False
     by_length: bool = False
     label_sensitive: bool = False
+    interval: bool = False
 
 
 METRICS: tuple[Metric, ...] = (
@@ -323,6 +325,7 @@ METRICS: tuple[Metric, ...] = (
         paired=("main",),
         calibrated=True,
         by_length=True,
+        interval=True,
     ),
     Metric(
         "step_acc",
@@ -333,6 +336,7 @@ METRICS: tuple[Metric, ...] = (
         calibrated=True,
         by_length=True,
         label_sensitive=True,
+        interval=True,
     ),
     Metric(
         "step_pm5",

@@ -72,6 +72,7 @@ __all__ = [
     "paired_comparison",
     "pairwise_agreement",
     "spread",
+    "stratified_interval",
     "stratified_paired_bootstrap",
     "union_complementarity",
     "wilson_interval",
@@ -438,6 +439,38 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> Prop
         estimate=successes / n,
         low=0.0 if successes == 0 else (centre - half) / scale,
         high=1.0 if successes == n else (centre + half) / scale,
+    )
+
+
+def stratified_interval(
+    estimate: float,
+    strata: Sequence[tuple[float, float]],
+    *,
+    weighting: Literal["pooled", "macro"],
+    confidence: float = 0.95,
+) -> ProportionInterval:
+    """An interval for a weighted mean of source proportions: a report cell's headline Agent or Step Acc.
+
+    ``strata`` holds each source's ``(n, proportion)``; the weights are ``n / N`` (pooled) or ``1 / K``
+    (macro). The variance is the weighted sum of the sources' binomial variances, each with Agresti–Coull's
+    two added successes and failures so that a source at 0% or 100% still has width; normal approximation
+    around ``estimate``, clipped to [0, 1]. With one source and z = 2 the width is Agresti–Coull's.
+
+    Raises:
+        ValueError: no strata, a stratum with ``n <= 0``, or confidence outside (0, 1).
+    """
+    if not strata or any(n <= 0 for n, _ in strata):
+        raise ValueError(f"need at least one stratum, each with n > 0, got {list(strata)!r}")
+    z = _z(confidence)
+    total = sum(n for n, _ in strata)
+    variance = 0.0
+    for n, p in strata:
+        weight = n / total if weighting == "pooled" else 1 / len(strata)
+        adjusted = (p * n + 2) / (n + 4)
+        variance += weight**2 * adjusted * (1 - adjusted) / (n + 4)
+    half = z * math.sqrt(variance)
+    return ProportionInterval(
+        estimate=estimate, low=max(0.0, estimate - half), high=min(1.0, estimate + half)
     )
 
 
