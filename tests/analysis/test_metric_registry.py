@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rcarun.analysis import METRIC_NAMES, METRICS, Metrics, fidelity, protocol, render, sensitivity
+from rcarun.analysis import METRIC_NAMES, METRICS, Metrics, fidelity, protocol, sensitivity
+from rcarun.analysis.render import model
 from rcarun.analysis.scoring import metric_label
 from rcarun.cli.analysis import _metrics_table
 
@@ -18,7 +19,7 @@ def test_every_metric_is_a_metrics_field_in_report_order() -> None:
 
 
 def test_the_tables_enumerate_the_registry() -> None:
-    assert render._METRICS == METRIC_NAMES
+    assert model._METRICS == METRIC_NAMES
     assert [metric_label(m.name) for m in METRICS] == [m.label for m in METRICS]
     assert protocol._MAIN_METRICS == ("agent_acc", "step_acc")
     assert protocol._ABLATION_METRICS == ("step_acc",)
