@@ -98,6 +98,18 @@ def _wrap(label: str, width: int = 14) -> str:
     return "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
 
 
+def _percent_axis(ax: Axes, metric: str, report: Mapping[str, Any]) -> None:
+    ax.set_ylabel(f"{metric_label(metric)} (%)")
+    ax.set_ylim(0, 100)  # zero-based and the full scale: bar heights compare across backbones and pages
+    ax.set_yticks(range(0, 101, 20))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(
+        f"{metric_label(metric)} ({_aggregate(report)}), {_confidence(report):.0%} intervals",
+        fontsize=10,
+    )
+
+
 def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
     first = _first_realizations(report)
     outcomes = _outcomes(report)
@@ -147,15 +159,7 @@ def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
             )
             if bars <= 16:
                 ax.bar_label(drawn, fmt="%.1f", fontsize=7, padding=2)
-        ax.set_ylabel(f"{metric_label(metric)} (%)")
-        ax.set_ylim(0, 100)  # zero-based and the full scale: bar heights compare across backbones and pages
-        ax.set_yticks(range(0, 101, 20))
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-        ax.set_title(
-            f"{metric_label(metric)} ({_aggregate(report)}), {_confidence(report):.0%} intervals",
-            fontsize=10,
-        )
+        _percent_axis(ax, metric, report)
     labels = [_wrap(b) for b in backbones]
     rotate = len(backbones) > 6 or max(len(b) for b in backbones) * len(backbones) > 90
     axes[1].set_xticks(

@@ -338,6 +338,25 @@ def _not_compared_notes(report: Mapping[str, Any]) -> list[str]:
     return [f"Not in these comparisons: {listed}."]
 
 
+def _methods_table(report: Mapping[str, Any], paired: Sequence[Mapping[str, Any]], family: bool) -> _Table:
+    """Paired differences between methods on one backbone (against the reference method, when there is one)."""
+    reference = report.get("reference_method")
+    against = f" against {reference}" if reference else ""
+    joint = any(_num(r, "p_holm_joint") is not None for r in paired)
+    rows = tuple(
+        _row(
+            _text(r, "backbone"),
+            f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}",
+            *_paired_cells(r, joint, family),
+        )
+        for r in paired
+    )
+    caption = f"Paired differences A − B between methods{against}, first realization."
+    tail = ("Family",) if family else ()
+    heads = ("Backbone", "A vs B", *_PAIRED_STATS, *(("p (Holm, both)",) if joint else ()), *tail)
+    return _Table(heads, rows, label_columns=3, caption=caption)
+
+
 def _paired_section(report: Mapping[str, Any]) -> _Section:
     paired = _rows(report, "paired")
     across = _rows(report, "paired_backbones")  # the same method on two backbones, when the builder made them
@@ -357,22 +376,7 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
         return _Section("paired", title, notes=notes_only)
     family = any("family" in r for r in (*paired, *across, *kinds))
     tail = ("Family",) if family else ()
-    tables = []
-    if paired:
-        reference = report.get("reference_method")
-        against = f" against {reference}" if reference else ""
-        joint = any(_num(r, "p_holm_joint") is not None for r in paired)
-        rows = tuple(
-            _row(
-                _text(r, "backbone"),
-                f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}",
-                *_paired_cells(r, joint, family),
-            )
-            for r in paired
-        )
-        caption = f"Paired differences A − B between methods{against}, first realization."
-        heads = ("Backbone", "A vs B", *_PAIRED_STATS, *(("p (Holm, both)",) if joint else ()), *tail)
-        tables.append(_Table(heads, rows, label_columns=3, caption=caption))
+    tables = [_methods_table(report, paired, family)] if paired else []
     if across:
         rows = tuple(
             _row(

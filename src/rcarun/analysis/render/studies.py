@@ -382,6 +382,14 @@ def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
         groups=(("Macro over sources (Table 6)", len(macro_heads)), ("Original mixture (Table 10)", 3)),
         caption="Fidelity of the Mini run to the Full run: accuracy (%) and absolute difference (pp).",
     )
+    notes += _fidelity_notes(found, cached)
+    return _Section("fidelity", title, (macro, _fidelity_per_source(found, rows_in, cached)), tuple(notes))
+
+
+def _fidelity_per_source(
+    found: Mapping[str, Any], rows_in: Sequence[Mapping[str, Any]], cached: bool
+) -> _Table:
+    """Full/Mini accuracy per source (Table 9's layout)."""
     sources = [str(s) for s in found.get("sources", {})] if isinstance(found.get("sources"), Mapping) else []
     key = "mini_cached" if cached else "mini"
     per_source_rows = []
@@ -396,13 +404,18 @@ def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
         per_source_rows.append(
             _row(_text(row, "backbone"), _text(row, "method"), metric_label(_text(row, "metric")), *values)
         )
-    per_source_table = _Table(
+    return _Table(
         columns=("Backbone", "Method", "Metric", *sources),
         rows=tuple(per_source_rows),
         label_columns=3,
         caption=f"Per source, Full/Mini accuracy (%; Mini from {'the Full run’s predictions' if cached else 'the Mini run'}"
         "), Table 9 layout.",
     )
+
+
+def _fidelity_notes(found: Mapping[str, Any], cached: bool) -> list[str]:
+    """Each backbone's mean and max deviation, and what the comparison can and cannot say."""
+    notes = []
     for entry in _rows(found, "summary"):
         text = (
             f"{_text(entry, 'backbone')}: over {_count(_num(entry, 'pairs'))} method–metric pairs, mean |Δ| "
@@ -424,7 +437,7 @@ def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
         "Both sides of the Macro comparison weight sources equally (Sec. 5.1); the original-mixture columns "
         "compare Full pooled with Mini post-stratified to the Full run's source sizes, a separate estimand."
     )
-    return _Section("fidelity", title, (macro, per_source_table), tuple(notes))
+    return notes
 
 
 def _pp3(value: float | None) -> str:

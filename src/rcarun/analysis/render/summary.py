@@ -79,21 +79,7 @@ def _summary(report: Mapping[str, Any]) -> list[_Fact]:
     backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_rows(report, "cost")))
     methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_rows(report, "cost")))
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
-    for served in _rows(report, "served_by"):
-        replicas = _int(served, "replicas")
-        text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
-        text += _plural(replicas, "replica")
-        if _num(served, "gpus") is not None:
-            text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
-        if _num(served, "gpu_usd") is not None:
-            text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
-        commands = served.get("commands")
-        listed = (
-            tuple(str(c) for c in commands)
-            if isinstance(commands, Sequence) and not isinstance(commands, str)
-            else ()
-        )
-        facts.append(_Fact("Served by", text, listed))
+    facts += [_served_fact(served) for served in _rows(report, "served_by")]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
     if protocol.get("name"):
@@ -115,6 +101,33 @@ def _summary(report: Mapping[str, Any]) -> list[_Fact]:
                 f"{_count(_num(report, 'unlabelled') or 0)} unlabelled, left out",
             )
         )
+    facts += _outcome_facts(outcomes)
+    cost = _rows(report, "cost")
+    if cost:
+        facts.append(_spend_fact(report, cost))
+    return facts
+
+
+def _served_fact(served: Mapping[str, Any]) -> _Fact:
+    """How a self-hosted backbone was served: vLLM version, replicas, GPUs, GPU time and the commands."""
+    text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
+    text += _plural(_int(served, "replicas"), "replica")
+    if _num(served, "gpus") is not None:
+        text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
+    if _num(served, "gpu_usd") is not None:
+        text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
+    commands = served.get("commands")
+    listed = (
+        tuple(str(c) for c in commands)
+        if isinstance(commands, Sequence) and not isinstance(commands, str)
+        else ()
+    )
+    return _Fact("Served by", text, listed)
+
+
+def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
+    """Items by outcome, failures by cause, and coverage over every cell."""
+    facts: list[_Fact] = []
     if outcomes:
         total = {k: sum(_int(r, k) for r in outcomes) for k in (*_OUTCOME_KEYS, "readable")}
         facts.append(
@@ -142,20 +155,20 @@ def _summary(report: Mapping[str, Any]) -> list[_Fact]:
                 + (f", not shown: {hidden}" if hidden else ""),
             )
         )
-    cost = _rows(report, "cost")
-    if cost:
-        api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
-        money = f"{_usd(api)} USD API"
-        if _has_gpu(report):
-            money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
-        tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
-        facts.append(
-            _Fact(
-                "Spend",
-                f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
-                f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
-                f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
-                "cache hits",
-            )
-        )
     return facts
+
+
+def _spend_fact(report: Mapping[str, Any], cost: Sequence[Mapping[str, Any]]) -> _Fact:
+    """API spend (and GPU time when cost rows carry it), tokens, calls and cache hits."""
+    api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
+    money = f"{_usd(api)} USD API"
+    if _has_gpu(report):
+        money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
+    tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
+    return _Fact(
+        "Spend",
+        f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
+        f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
+        f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
+        "cache hits",
+    )
