@@ -369,33 +369,9 @@ def build_report(
         "reference_method": reference,
         "expected": len(scores.expected),
         "unlabelled": scores.unlabelled,
-        "protocol": {
-            "name": protocol.name,
-            "requested": options.protocol,
-            "reason": protocol.reason,
-            "scoring_rule": protocol.rule,
-            "abstentions": protocol.abstentions,
-            "keep_handoff": protocol.keep_handoff,
-            "aggregate_reason": protocol.aggregate_reason,
-            "resamples": protocol.resamples,
-            "resamples_reason": protocol.resamples_reason,
-            "seed": protocol.seed,
-            "confidence": options.confidence,
-            "holm_family": protocol.holm_family,
-            "holm_backbones": list(options.holm_backbones),
-            "holm_backbones_reason": holm_why,
-            "families": _families(paired + paired_backbones + paired_across, options, holm_why),
-            "paired_metrics": list(protocol.paired_metrics),
-            "not_compared": [
-                {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
-            ],
-            "compare_backbones": list(options.compare_backbones),
-            "populations": dict(options.populations) if options.populations else None,
-            "min_readable_share": MIN_READABLE_SHARE,
-            "methods": {
-                label: {"name": kind.name, "ablation": kind.ablation} for label, kind in sorted(kinds.items())
-            },
-        },
+        "protocol": _protocol_json(
+            protocol, options, holm_why, kinds, study, left_out, paired + paired_backbones + paired_across
+        ),
         "outcomes": [_outcome_json(cell, outcome) for cell, outcome in sorted(scores.outcomes.items())],
         "excluded": _excluded(scores),
         "metrics": _metrics(scores, protocol, options),
@@ -419,6 +395,45 @@ def build_report(
         "served_by": [served.to_json() for served in served_by(store, run_id)],
         # How each backbone's answers came: streamed, time to first token, decode rate, cut generations.
         "call_timing": [timing.to_json() for timing in call_timing(store, run_id)],
+    }
+
+
+def _protocol_json(
+    protocol: Protocol,
+    options: ReportOptions,
+    holm_why: str,
+    kinds: Mapping[str, MethodKind],
+    study: _Study | None,
+    left_out: Sequence[str],
+    compared: Paired,
+) -> dict[str, Any]:
+    """The report's ``protocol``: the rules in force, why, and which methods were left out of the comparison."""
+    return {
+        "name": protocol.name,
+        "requested": options.protocol,
+        "reason": protocol.reason,
+        "scoring_rule": protocol.rule,
+        "abstentions": protocol.abstentions,
+        "keep_handoff": protocol.keep_handoff,
+        "aggregate_reason": protocol.aggregate_reason,
+        "resamples": protocol.resamples,
+        "resamples_reason": protocol.resamples_reason,
+        "seed": protocol.seed,
+        "confidence": options.confidence,
+        "holm_family": protocol.holm_family,
+        "holm_backbones": list(options.holm_backbones),
+        "holm_backbones_reason": holm_why,
+        "families": _families(compared, options, holm_why),
+        "paired_metrics": list(protocol.paired_metrics),
+        "not_compared": [
+            {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
+        ],
+        "compare_backbones": list(options.compare_backbones),
+        "populations": dict(options.populations) if options.populations else None,
+        "min_readable_share": MIN_READABLE_SHARE,
+        "methods": {
+            label: {"name": kind.name, "ablation": kind.ablation} for label, kind in sorted(kinds.items())
+        },
     }
 
 
