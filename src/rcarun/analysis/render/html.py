@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..scoring import metric_label
+from .cost import _sum
 from .model import (
     _PARTIAL,
     _SIMULATED,
@@ -28,12 +29,10 @@ from .model import (
     _usd,
     _usd_per_trajectory,
 )
+from .paired import _paired_cells
 from .plots import _PLOTS, _Plot
-from .sections import _paired_cells
-from .studies import _header_lines, _sections, _sum
+from .sections import _header_lines, _sections
 from .summary import _summary
-
-# --- HTML ----------------------------------------------------------------------------------------------------------
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1320px;
@@ -147,6 +146,7 @@ _TAIL = (
     "length-groups",
     "call-timing",
 )
+
 _LEGEND = (
     "Cells: the number (%) and its {level} interval in brackets; bold: the highest number per backbone and "
     "metric among those that rest on answers; {partial}: a number that counts failed, skipped or unreadable "

@@ -242,6 +242,7 @@ def _best_flags(values: Sequence[float | None], fmt: Callable[[float | None], st
 
 # --- outcomes ------------------------------------------------------------------------------------------------
 
+
 _PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreadable items as errors
 _MAX_OUTCOME_NOTES = 16
 
@@ -436,3 +437,25 @@ def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int
             f"… and {more} more backbone × method cells: see Outcomes.",
         ]
     return sentences
+
+
+def _with_interval(value: float | None, bounds: object) -> str:
+    """``12.5 [5.1, 27.0]`` from a fraction and its [low, high] (percent); the bare number without bounds."""
+    if value is None:
+        return DASH
+    if not isinstance(bounds, list | tuple) or len(bounds) != 2:
+        return _pct(value)
+    low, high = bounds
+    return f"{value * 100:.1f} [{low * 100:.1f}, {high * 100:.1f}]"
+
+
+def _delta_interval(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Δ and its interval in percentage points."""
+    delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+    shown = DASH if delta is None else f"{delta * 100:+.1f}"
+    interval = DASH if low is None or high is None else f"[{low * 100:.1f}, {high * 100:.1f}]"
+    return shown, interval
+
+
+def _span(bounds: object) -> str:
+    return f"{bounds[0]}–{bounds[1]}" if isinstance(bounds, list | tuple) and len(bounds) == 2 else DASH

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# --- plots ---------------------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True, slots=True)
 class _Plot:
@@ -61,6 +59,7 @@ PALETTE = (
     *("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"),
     *("#17becf", "#000000", "#000075", "#f032e6", "#637939", "#fabed4", "#911eb4"),
 )
+
 _HATCHES = ("", "///", "...", "xxx", "\\\\\\", "ooo")
 _MARKERS = "osD^v<>ph*X"
 

@@ -1,4 +1,4 @@
-"""The report's sections about its studies and cost: length groups, clusters, fidelity, sensitivity, calls."""
+"""The report's sections of its studies: length groups, task clusters, leave-one-source-out, fidelity, calibration, label sensitivity."""
 
 from __future__ import annotations
 
@@ -8,37 +8,19 @@ from typing import Any
 from ..scoring import metric_label
 from .model import (
     DASH,
-    _aggregate_label,
     _confidence,
     _count,
-    _has_gpu,
+    _delta_interval,
     _num,
     _pct,
-    _protocol,
-    _Row,
     _row,
     _rows,
     _rule_note,
     _Section,
+    _span,
     _Table,
     _text,
-    _totals,
     _unique,
-    _usd,
-)
-from .sections import (
-    _accuracy_section,
-    _complementarity_section,
-    _components_section,
-    _delta_interval,
-    _full_metrics_section,
-    _outcomes_section,
-    _paired_section,
-    _per_source_section,
-    _recall_section,
-    _repeatability_section,
-    _span,
-    _turns_section,
     _with_interval,
 )
 
@@ -189,141 +171,6 @@ def _source_out_section(report: Mapping[str, Any]) -> _Section | None:
         "aggregate to source composition, not simultaneous intervals.",
     )
     return _Section("leave-one-source-out", "Leave one source out (Table 13)", (table,), notes)
-
-
-_COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
-_TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-_MONEY = ("cost_usd", "usd_per_trajectory", "budget_use")
-
-
-def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    values = [v for v in (_num(r, key) for r in rows) if v is not None]
-    return sum(values) if values else None
-
-
-def _cost_cells(row: Mapping[str, Any], gpu: bool = False) -> tuple[list[str], list[str]]:
-    usage = [_count(_num(row, k)) for k in ("items", *_COUNTS, *_TOKENS)]
-    budget = _num(row, "budget_use")
-    money = [
-        _usd(_num(row, "cost_usd")),
-        *((_usd(_num(row, "gpu_usd")),) if gpu else ()),
-        _usd(_num(row, "usd_per_trajectory")),
-        _count(_num(row, "latency_p50_ms")),
-        _count(_num(row, "latency_p95_ms")),
-        DASH if budget is None else f"{budget * 100:.1f}%",
-    ]
-    return usage, money
-
-
-def _cost_section(report: Mapping[str, Any]) -> _Section:
-    cost = _rows(report, "cost")
-    title = "Cost"
-    if not cost:
-        return _Section("cost", title, notes=("No cost rows in this report (no recorded calls).",))
-    gpu = _has_gpu(report)
-    usage_rows: list[_Row] = []
-    money_rows: list[_Row] = []
-    for backbone in _unique(_text(r, "backbone") for r in cost):
-        mine = [r for r in cost if _text(r, "backbone") == backbone]
-        for row in mine:
-            labels = (backbone, _text(row, "method"), _text(row, "stage"))
-            usage, money = _cost_cells(row, gpu)
-            usage_rows.append(_row(*labels, *usage))
-            money_rows.append(_row(*labels, *money))
-        # Stage rows of one backbone × method add up to its USD per trajectory, so the sum over methods is the
-        # cost of running every method once on one trajectory. Items and latencies do not add up.
-        totals = {k: _sum(mine, k) for k in (*_COUNTS, *_TOKENS, *_MONEY, "gpu_usd")}
-        usage, money = _cost_cells(totals, gpu)
-        usage[0] = ""
-        latency = 3 if gpu else 2
-        money[latency : latency + 2] = ["", ""]
-        usage_rows.append(_row(backbone, "total", "", *usage, total=True))
-        money_rows.append(_row(backbone, "total", "", *money, total=True))
-    labels = ("Backbone", "Method", "Stage")
-    usage_table = _Table(
-        columns=(
-            *labels,
-            *("Items", "Calls", "Attempts", "Length retries", "Rate limited"),
-            *("Prompt", "Cached", "Completion", "Reasoning"),
-        ),
-        rows=tuple(usage_rows),
-        label_columns=3,
-        groups=(("", 5), ("Tokens", 4)),
-        caption="Calls and tokens (prompt tokens include cached ones, completion tokens include reasoning).",
-    )
-    money_table = _Table(
-        columns=(
-            *labels,
-            "USD",
-            *(("GPU USD",) if gpu else ()),
-            "USD / traj.",
-            "p50 ms",
-            "p95 ms",
-            "Budget use",
-        ),
-        rows=tuple(money_rows),
-        label_columns=3,
-        caption="Money and time (budget use: share of the backbone's USD budget).",
-    )
-    notes = (
-        "A backbone's total USD / traj. is the sum over its methods: running every method once on one trajectory.",
-        *(
-            (
-                "GPU USD: the self-hosted replicas' GPU time, charged to the calls they served; USD and USD / traj. "
-                "are the API's.",
-            )
-            if gpu
-            else ()
-        ),
-    )
-    return _Section("cost", title, (usage_table, money_table), notes)
-
-
-def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
-    """Per backbone: streamed answers, time to first token, decode rate and cut generations (``call_timing``,
-    in newer report dicts only)."""
-    timing = _rows(report, "call_timing")
-    if not timing:
-        return None
-    rows = tuple(
-        _row(
-            _text(row, "backbone"),
-            _count(_num(row, "attempts")),
-            _count(_num(row, "streamed_calls")),
-            _seconds(_num(row, "ttft_p50_s")),
-            _seconds(_num(row, "ttft_p95_s")),
-            _rate(_num(row, "decode_p50_tokens_per_s")),
-            _rate(_num(row, "decode_p95_tokens_per_s")),
-            _count(_num(row, "cut_calls")),
-            _usd(_num(row, "cut_usd")),
-        )
-        for row in timing
-    )
-    table = _Table(
-        columns=(
-            *("Backbone", "Attempts", "Streamed", "TTFT p50 s", "TTFT p95 s"),
-            *("Decode p50 tok/s", "Decode p95 tok/s", "Cut", "Cut USD"),
-        ),
-        rows=rows,
-        caption="How the answers came, over attempts sent (cache hits left out).",
-    )
-    notes = (
-        "Streamed: answers that came as a server-sent-event stream. TTFT: time to first token, from sending the "
-        "request to the first chunk of answer, thinking or tool-call text; decode: completion tokens after the "
-        "first over the seconds from the first token to the last. Nearest-rank percentiles over the attempts that "
-        "have them; – where unknown (no streamed answer, or a file from before they were recorded).",
-        "Cut: generations cut short (silence timeout, disconnect, size cap, call deadline, Ctrl-C) and charged an "
-        "estimate of what they generated; their USD is in the cost above too.",
-    )
-    return _Section("call-timing", "Call timing", (table,), notes)
-
-
-def _seconds(value: float | None) -> str:
-    return DASH if value is None else f"{value:.2f}"
-
-
-def _rate(value: float | None) -> str:
-    return DASH if value is None else f"{value:.1f}"
 
 
 def _pp(value: float | None) -> str:
@@ -577,72 +424,3 @@ def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
         caption="Root-step scores under observed human labels (%; gap rows in pp), first realization.",
     )
     return _Section("label-sensitivity", title, (table,), tuple(notes))
-
-
-def _sections(report: Mapping[str, Any]) -> list[_Section]:
-    sections = [
-        _accuracy_section(report),
-        _outcomes_section(report),
-        _full_metrics_section(report),
-        _per_source_section(report),
-        _paired_section(report),
-        _task_cluster_section(report),
-        _source_out_section(report),
-        _components_section(report),
-        _complementarity_section(report),
-        _repeatability_section(report),
-        _recall_section(report),
-        _turns_section(report),
-        _length_section(report),
-        _fidelity_section(report),
-        _calibration_section(report),
-        _sensitivity_section(report),
-        _cost_section(report),
-        _call_timing_section(report),
-    ]
-    return [s for s in sections if s is not None]
-
-
-_HOLM_WORDS = {
-    "main": "App. B's: full RCTA against the paper's baselines, per metric (Holm-20) and over both metrics "
-    "(Holm-40); any other comparison in a family of its own per metric",
-    "ablation": "App. H's: the component conditions against full RCTA, per backbone",
-    "metric": "every comparison of a metric together (--holm-family metric)",
-    "all": "every comparison of the report together (--holm-family all)",
-}
-
-
-def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
-    found = report.get("run")
-    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    title = f"rcarun report: {_text(run, 'name') or 'unnamed run'}"
-    details = [
-        f"run {_text(run, 'run_id') or DASH}, status {_text(run, 'status') or DASH}, "
-        f"created {_text(run, 'created_at') or DASH}",
-        f"database: {_text(report, 'db') or DASH}",
-    ]
-    protocol = _protocol(report)
-    if protocol.get("name"):
-        reason = _text(protocol, "reason")
-        details.append(f"protocol: {_text(protocol, 'name')}{f' ({reason})' if reason else ''}")
-        details.append(f"scoring: {_text(protocol, 'scoring_rule')}")
-    aggregate_reason = _text(protocol, "aggregate_reason")
-    details.append(
-        f"aggregate: {_aggregate_label(report)}{f' ({aggregate_reason})' if aggregate_reason else ''}"
-    )
-    resamples = _num(protocol, "resamples")
-    if protocol.get("name") and resamples is not None:
-        why = _text(protocol, "resamples_reason")
-        family = _text(protocol, "holm_family")
-        details.append(
-            f"paired statistics: {_count(resamples)} bootstrap resamples{f' ({why})' if why else ''}, seed "
-            f"{_text(protocol, 'seed')}; Holm families: "
-            f"{_HOLM_WORDS.get(_text(protocol, 'name') if family == 'paper' else family, family)}"
-        )
-    totals = _totals(report)
-    if totals:
-        details.append(totals)
-    reference = report.get("reference_method")
-    if reference:
-        details.append(f"reference method for paired comparisons: {reference}")
-    return title, details

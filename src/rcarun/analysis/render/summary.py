@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .cost import _TOKENS, _sum
 from .model import (
     _OUTCOME_KEYS,
     _WHY_CHARS,
@@ -23,9 +24,6 @@ from .model import (
     _usd,
 )
 from .plots import _short
-from .studies import _TOKENS, _sum
-
-# --- the summary ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from .model import _GAP, _SIMULATED, _TEXT_WIDTH, _Table
-from .studies import _header_lines, _sections
-
-# --- text ----------------------------------------------------------------------------------------------------------
+from .sections import _header_lines, _sections
 
 
 def _text_table(table: _Table) -> list[str]:
