@@ -1,4 +1,6 @@
-"""The report's sections of its studies: length groups, task clusters, leave-one-source-out, fidelity, calibration, label sensitivity."""
+"""The report's sections of its studies: length groups, task clusters, leave-one-source-out, fidelity, calibration,
+label sensitivity.
+"""
 
 from __future__ import annotations
 
