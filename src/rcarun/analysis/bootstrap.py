@@ -149,15 +149,8 @@ def cluster_paired_bootstrap(
     Clusters nest in strata: equal labels in two strata are two clusters. Clusters are numbered in order of
     first appearance within each stratum, strata in sorted label order.
 
-    Args:
-        a: Per-trajectory outcome of method A.
-        b: Outcome of method B on the same trajectories.
-        strata: Source label of each trajectory.
-        clusters: Cluster label of each trajectory (its task); give a trajectory without one a label of its own.
-        aggregate: ``"pooled"`` or ``"macro"``.
-        resamples: Number of bootstrap resamples, >= 1.
-        seed: Seed for ``numpy.random.default_rng``.
-        confidence: Pointwise coverage in (0, 1).
+    Args as `stratified_paired_bootstrap`, and ``clusters``: each trajectory's cluster label (its task); give a
+    trajectory without one a label of its own.
 
     Raises:
         ValueError: As `stratified_paired_bootstrap`, or ``clusters`` of another length.

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from rcarun.data import allocate_quotas
 from rcarun.errors import ConfigError
 
-from .scoring import METRICS, Expected, ItemScore, Metrics, summarize
+from .scoring import METRIC_BY_NAME, METRICS, Expected, ItemScore, Metrics, Summary, summarize
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -114,42 +114,10 @@ def mini_fidelity(
         mini_summary = summarize(mini[key], populations=populations)
         subset = [item for item in full[key] if item.qid in mini_qids] if cached else []
         cached_summary = summarize(subset, populations=populations) if subset else None
-        for metric in CALIBRATION_METRICS:
-            full_value = _value(full_summary.macro, metric)
-            mini_value = _value(mini_summary.macro, metric)
-            cached_value = _value(cached_summary.macro if cached_summary else None, metric)
-            full_mixture = _value(full_summary.pooled, metric)
-            mini_mixture = _value(mini_summary.post_stratified, metric)
-            cached_mixture = _value(cached_summary.post_stratified if cached_summary else None, metric)
-            rows.append(
-                {
-                    "backbone": key[0],
-                    "method": key[1],
-                    "metric": metric,
-                    "full": full_value,
-                    "mini": mini_value,
-                    "abs_dev": _deviation(mini_value, full_value),
-                    "mini_cached": cached_value,
-                    "abs_dev_cached": _deviation(cached_value, full_value),
-                    "per_source": {
-                        source: {
-                            "full": _value(full_summary.per_source.get(source), metric),
-                            "mini": _value(mini_summary.per_source.get(source), metric),
-                            "mini_cached": _value(
-                                cached_summary.per_source.get(source) if cached_summary else None, metric
-                            ),
-                        }
-                        for source in sorted(full_sources)
-                    },
-                    "post_stratified": {
-                        "full": full_mixture,
-                        "mini": mini_mixture,
-                        "abs_dev": _deviation(mini_mixture, full_mixture),
-                        "mini_cached": cached_mixture,
-                        "abs_dev_cached": _deviation(cached_mixture, full_mixture),
-                    },
-                }
-            )
+        rows += [
+            _fidelity_row(key, metric, full_summary, mini_summary, cached_summary, sorted(full_sources))
+            for metric in CALIBRATION_METRICS
+        ]
     return {
         "sources": {
             source: {"full": full_sources[source], "mini": mini_sources[source]}
@@ -158,6 +126,50 @@ def mini_fidelity(
         "cached": cached,
         "rows": rows,
         "summary": _summary(rows),
+    }
+
+
+def _fidelity_row(
+    key: Key,
+    metric: str,
+    full_summary: Summary,
+    mini_summary: Summary,
+    cached_summary: Summary | None,
+    sources: Sequence[str],
+) -> dict[str, Any]:
+    """One backbone × method × metric: Macro, per source and original mixture, Full against Mini."""
+    full_value = _value(full_summary.macro, metric)
+    mini_value = _value(mini_summary.macro, metric)
+    cached_value = _value(cached_summary.macro if cached_summary else None, metric)
+    full_mixture = _value(full_summary.pooled, metric)
+    mini_mixture = _value(mini_summary.post_stratified, metric)
+    cached_mixture = _value(cached_summary.post_stratified if cached_summary else None, metric)
+    return {
+        "backbone": key[0],
+        "method": key[1],
+        "metric": metric,
+        "full": full_value,
+        "mini": mini_value,
+        "abs_dev": _deviation(mini_value, full_value),
+        "mini_cached": cached_value,
+        "abs_dev_cached": _deviation(cached_value, full_value),
+        "per_source": {
+            source: {
+                "full": _value(full_summary.per_source.get(source), metric),
+                "mini": _value(mini_summary.per_source.get(source), metric),
+                "mini_cached": _value(
+                    cached_summary.per_source.get(source) if cached_summary else None, metric
+                ),
+            }
+            for source in sources
+        },
+        "post_stratified": {
+            "full": full_mixture,
+            "mini": mini_mixture,
+            "abs_dev": _deviation(mini_mixture, full_mixture),
+            "mini_cached": cached_mixture,
+            "abs_dev_cached": _deviation(cached_mixture, full_mixture),
+        },
     }
 
 
@@ -215,7 +227,7 @@ def sample_size_calibration(
     keys = sorted(cells)
     pairs = [(key, metric) for key in keys for metric in CALIBRATION_METRICS]
     correct = np.array(
-        [[bool(getattr(item, _ATTRIBUTE[metric])) for item in cells[key]] for key, metric in pairs],
+        [[METRIC_BY_NAME[metric].hit(item) for item in cells[key]] for key, metric in pairs],
         dtype=np.float64,
     ).reshape(len(pairs), len(expected))
     full_scores = _macro(correct, members)
@@ -232,33 +244,10 @@ def sample_size_calibration(
         p95 = _nearest_rank_p95(errors)
         for backbone in sorted({key[0] for key in keys}):
             index = [i for i, (key, _) in enumerate(pairs) if key[0] == backbone]
-            worst_median = max(index, key=lambda i: medians[i])
-            worst_p95 = max(index, key=lambda i: p95[i])
             rows.append(
-                {
-                    "backbone": backbone,
-                    "size": size,
-                    "quotas": quotas,
-                    "max_median": float(medians[worst_median]),
-                    "max_median_pair": {
-                        "method": pairs[worst_median][0][1],
-                        "metric": pairs[worst_median][1],
-                    },
-                    "max_p95": float(p95[worst_p95]),
-                    "max_p95_pair": {"method": pairs[worst_p95][0][1], "metric": pairs[worst_p95][1]},
-                    "passes": bool(
-                        medians[worst_median] <= MEDIAN_CRITERION and p95[worst_p95] <= P95_CRITERION
-                    ),
-                    "pairs": [
-                        {
-                            "method": pairs[i][0][1],
-                            "metric": pairs[i][1],
-                            "median": float(medians[i]),
-                            "p95": float(p95[i]),
-                        }
-                        for i in index
-                    ],
-                }
+                _calibration_row(
+                    backbone, size, quotas, [pairs[i] for i in index], medians[index], p95[index]
+                )
             )
     return {
         "sizes": chosen,
@@ -270,7 +259,31 @@ def sample_size_calibration(
     }
 
 
-_ATTRIBUTE = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
+def _calibration_row(
+    backbone: str,
+    size: int,
+    quotas: Mapping[str, int],
+    pairs: Sequence[tuple[Key, str]],
+    medians: npt.NDArray[np.float64],
+    p95: npt.NDArray[np.float64],
+) -> dict[str, Any]:
+    """One backbone at one size: its worst median and p95 errors over its method-metric pairs, and every pair's."""
+    worst_median = max(range(len(pairs)), key=lambda i: medians[i])
+    worst_p95 = max(range(len(pairs)), key=lambda i: p95[i])
+    return {
+        "backbone": backbone,
+        "size": size,
+        "quotas": quotas,
+        "max_median": float(medians[worst_median]),
+        "max_median_pair": {"method": pairs[worst_median][0][1], "metric": pairs[worst_median][1]},
+        "max_p95": float(p95[worst_p95]),
+        "max_p95_pair": {"method": pairs[worst_p95][0][1], "metric": pairs[worst_p95][1]},
+        "passes": bool(medians[worst_median] <= MEDIAN_CRITERION and p95[worst_p95] <= P95_CRITERION),
+        "pairs": [
+            {"method": key[1], "metric": metric, "median": float(medians[i]), "p95": float(p95[i])}
+            for i, (key, metric) in enumerate(pairs)
+        ],
+    }
 
 
 def _macro(
