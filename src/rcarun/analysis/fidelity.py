@@ -1,34 +1,9 @@
 """LongRCA-Mini against Full (App. A): how far a method's Mini scores sit from its Full scores.
 
-Why a module of its own: Mini is only worth screening on if its scores track Full's, and App. A measures that in
-two ways this project had no code for. Both take scores already computed by `rcarun.analysis.scoring` (one
-`ItemScore` list per backbone × method, realization 0), so they follow the report's scoring rule.
-
-Fixed-manifest fidelity (`mini_fidelity`; App. A "Fixed-manifest fidelity", Tables 6, 9 and 10). For each
-backbone × method present in both a Mini run and a Full run, and each of Agent Acc, Step Acc and Step ±5:
-
-- ``full`` and ``mini``: the Macro over sources of each run (Sec. 5.1: "Both sides of Full–Mini fidelity use
-  Macro-5"), and ``abs_dev`` = |mini − full| (the paper's D without its factor 100: fractions throughout);
-- ``mini_cached``: the Full run's own predictions on the Mini run's trajectories, the paper's estimand
-  ("fidelity reuses cached Full predictions": subset selection alone, no run-to-run variance), when every Mini
-  trajectory is in the Full run; ``mini`` adds the variance of running the methods again;
-- ``per_source``: each source's Full and Mini score (Table 9);
-- ``post_stratified``: Full pooled against Mini post-stratified to the Full run's source sizes (Table 10, the
-  "original-mixture" estimand; not to be compared with the Macro rows).
-
-Per backbone, ``summary`` gives the mean and maximum ``abs_dev`` over its method–metric pairs (Table 6's 1.665
-and 3.771 pp).
-
-Sample-size calibration (`sample_size_calibration`; App. A "Sampling protocol" and "Score errors and
-calibration criteria", Table 5). On a Full run: for each candidate size, quotas by `rcarun.data.allocate_quotas`
-(equal allocation capped at each source), then ``draws`` equal-quota simple random samples without replacement
-within each source, shared by every method of every backbone (only source membership enters the draw). Each
-draw's score of a method is the Macro over sources of its sampled source means (equal source weights even
-under unequal quotas), against the Full Macro. Per method–metric pair: the median and the nearest-rank 95th
-percentile of |sample − full| over the draws; per backbone and size: the maxima over pairs and ``passes`` when
-the maximum median is at most 2 pp and the maximum p95 at most 6 pp. The draws come from
-``numpy.random.default_rng((seed, size))``; the authors' generator is not public, so the numbers reproduce the
-protocol, not the paper's draws.
+`mini_fidelity` sets a Mini run's Macro, per-source and original-mixture scores beside a Full run's (Tables 6, 9
+and 10; deviations as fractions, not pp); `sample_size_calibration` measures, per candidate size, the error of
+equal-quota samples of a Full run (Table 5). Both take `ItemScore` lists (realization 0), so they follow the
+report's scoring rule. The protocol in detail: docs/analysis.md ("Mini against Full").
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """A run of results.db as scoring inputs: expected trajectories and, per backbone × method × realization, scores.
 
-The denominator of every LongRCA metric is the set of *expected* trajectories, not the set of predictions: an
-item that failed, was skipped by a budget stop or never ran is an error, not a gap. So the expected set is
-taken from the run's ``trajectories`` table (every labelled trajectory the run read), and each cell
-(backbone, method, realization) that has any item or prediction is scored against all of it, except a cell
-of a method that learns from part of the run's trajectories (SOAP's reference and validation splits): its
-``method_prepared`` event names the ids it answers (its test split), and the cell is scored on those alone
-(``RunScores.scopes``), so a trajectory it learnt from is neither an error nor a success. Cells with
-different scopes are compared on the trajectories both answer (`common_items`). Which backbones are local
-(``provider = "local"`` in the run's stored config: a model read on this machine, for methods such as SOAP that
-no chat backbone can run) is kept too (``RunScores.local_backbones``), so the report can pair a method of a local
-backbone with the methods of the chat backbones.
-
-Beside the scores, every cell gets its `Outcome`: how many expected trajectories have a prediction, how many of
-those could not be read (``predictions.error``) or were decided by a method's fallback rule
-(``predictions.fallback``; a results.db from before that column reads as no fallback anywhere), and why the
-others have none (the item failed, was skipped for budget, was interrupted, or never ran).
-
-Unlabelled trajectories cannot be scored; they are counted (``unlabelled``) and left out of every
-denominator. A cell's predictions are re-scored from ``pred_role`` / ``pred_step`` (the stored validity flags
-are the method's own view, kept for audit): roles by the scorer's rule against the trajectory's recorded role
-set, steps as 0-based integers within range, an abstained prediction by the `AbstentionRule` the caller names.
-Coverage takes a method's own verdict where it stores one: a boolean ``covered`` in the prediction's output
-(RCTA's App. L.1 checks); elsewhere the scorer's role and step validity decide.
+Every cell is scored against every expected (labelled) trajectory, so a failed, skipped or never-run item is an
+error, not a gap; a method that learns from part of the run (SOAP) is scored on the split it answers
+(``RunScores.scopes``; cells of different scopes meet on `common_items`), and local backbones are kept apart
+(``RunScores.local_backbones``). Predictions are re-scored from ``pred_role``/``pred_step`` (the stored validity
+flags are the method's own view, kept for audit), and each cell gets its `Outcome`. The rules: docs/analysis.md
+("Scoring", "Outcomes").
 """
 
 from __future__ import annotations
