@@ -5,7 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .model import DASH, _count, _has_gpu, _num, _Row, _row, _rows, _Section, _Table, _text, _unique, _usd
+from .model import (
+    DASH,
+    _Columns,
+    _count,
+    _has_gpu,
+    _keyed_row,
+    _num,
+    _Row,
+    _row,
+    _rows,
+    _Section,
+    _Table,
+    _text,
+    _unique,
+    _usd,
+)
 
 _COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
 _TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
@@ -101,20 +116,13 @@ def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
     timing = _rows(report, "call_timing")
     if not timing:
         return None
-    rows = tuple(
-        _row(
-            _text(row, "backbone"),
-            _count(_num(row, "attempts")),
-            _count(_num(row, "streamed_calls")),
-            _seconds(_num(row, "ttft_p50_s")),
-            _seconds(_num(row, "ttft_p95_s")),
-            _rate(_num(row, "decode_p50_tokens_per_s")),
-            _rate(_num(row, "decode_p95_tokens_per_s")),
-            _count(_num(row, "cut_calls")),
-            _usd(_num(row, "cut_usd")),
-        )
-        for row in timing
+    columns: _Columns = (
+        *(("backbone", None), ("attempts", _count), ("streamed_calls", _count)),
+        *(("ttft_p50_s", _seconds), ("ttft_p95_s", _seconds)),
+        *(("decode_p50_tokens_per_s", _rate), ("decode_p95_tokens_per_s", _rate)),
+        *(("cut_calls", _count), ("cut_usd", _usd)),
     )
+    rows = tuple(_keyed_row(row, columns) for row in timing)
     table = _Table(
         columns=(
             *("Backbone", "Attempts", "Streamed", "TTFT p50 s", "TTFT p95 s"),

@@ -115,6 +115,14 @@ def _row(*texts: str, total: bool = False) -> _Row:
     return _Row(tuple(_Cell(t) for t in texts), total=total)
 
 
+_Columns = Sequence[tuple[str, Callable[[float | None], str] | None]]
+
+
+def _keyed_row(row: Mapping[str, Any], columns: _Columns) -> _Row:
+    """A row of the dict's values under each key: text (no format) or a number in its format."""
+    return _row(*(_text(row, key) if fmt is None else fmt(_num(row, key)) for key, fmt in columns))
+
+
 # --- reading the report ----------------------------------------------------------------------------------------
 
 

@@ -12,8 +12,10 @@ from .model import (
     _METRICS,
     DASH,
     _aggregate_label,
+    _Columns,
     _count,
     _is_fraction,
+    _keyed_row,
     _num,
     _pct,
     _protocol,
@@ -159,21 +161,20 @@ def _repeatability_section(report: Mapping[str, Any]) -> _Section:
     return _Section("repeatability", title, (spread, agreement), _rule_note(report))
 
 
+_RECALL_KEYS = ("base_candidate", "excerpt", "evidence")
+_TURN_COLUMNS: _Columns = (
+    *(("backbone", None), ("method", None), ("turn", _count), ("n", _count)),
+    *((key, _pct) for key in ("agent_acc", "step_acc", "step_pm5", "changed")),
+    *(("evidence_tokens", _count), ("evidence_total", _count)),
+)
+
+
 def _recall_section(report: Mapping[str, Any]) -> _Section | None:
     rows_in = _rows(report, "recall")
     if not rows_in:
         return None
-    rows = tuple(
-        _row(
-            _text(row, "backbone"),
-            _text(row, "method"),
-            _count(_num(row, "n")),
-            _pct(_num(row, "base_candidate")),
-            _pct(_num(row, "excerpt")),
-            _pct(_num(row, "evidence")),
-        )
-        for row in rows_in
-    )
+    columns = (("backbone", None), ("method", None), ("n", _count))
+    rows = tuple(_keyed_row(row, (*columns, *((k, _pct) for k in _RECALL_KEYS))) for row in rows_in)
     table = _Table(
         columns=("Backbone", "Method", "n", "Base candidates", "Excerpts", "Cited evidence"),
         rows=rows,
@@ -188,21 +189,7 @@ def _turns_section(report: Mapping[str, Any]) -> _Section | None:
     rows_in = [row for row in _rows(report, "turns") if _num(row, "realization") == 0]
     if not rows_in:
         return None
-    rows = tuple(
-        _row(
-            _text(row, "backbone"),
-            _text(row, "method"),
-            _count(_num(row, "turn")),
-            _count(_num(row, "n")),
-            _pct(_num(row, "agent_acc")),
-            _pct(_num(row, "step_acc")),
-            _pct(_num(row, "step_pm5")),
-            _pct(_num(row, "changed")),
-            _count(_num(row, "evidence_tokens")),
-            _count(_num(row, "evidence_total")),
-        )
-        for row in rows_in
-    )
+    rows = tuple(_keyed_row(row, _TURN_COLUMNS) for row in rows_in)
     table = _Table(
         columns=(
             *("Backbone", "Method", "Turn", "n"),
