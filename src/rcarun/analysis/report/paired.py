@@ -44,6 +44,13 @@ def _compare(
     )
 
 
+def _paired_entry(
+    comparison: PairedComparison, labels: Mapping[str, object]
+) -> tuple[dict[str, Any], PairedComparison]:
+    """A paired entry of the report (what was compared, then the statistics) beside its comparison."""
+    return {**labels, **_comparison_json(comparison)}, comparison
+
+
 def _comparison_json(comparison: PairedComparison) -> dict[str, Any]:
     return {
         "n": comparison.n,
@@ -172,14 +179,8 @@ def _paired_methods(
             family = _method_family(
                 protocol, kinds, reference, method, backbone, metric, options.holm_backbones
             )
-            entry = {
-                "backbone": backbone,
-                "method_a": reference,
-                "method_b": method,
-                "metric": metric,
-                "family": family,
-            }
-            entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+            labels = {"backbone": backbone, "method_a": reference, "method_b": method}
+            entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
     return entries
 
 
@@ -202,14 +203,8 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
             for metric in protocol.paired_metrics:
                 comparison = _compare(paired_base, other, metric, protocol, options.confidence)
                 family = "all" if protocol.holm_family == "all" else f"backbones/{metric}"
-                entry = {
-                    "method": method,
-                    "backbone_a": first,
-                    "backbone_b": backbone,
-                    "metric": metric,
-                    "family": family,
-                }
-                entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+                labels = {"method": method, "backbone_a": first, "backbone_b": backbone}
+                entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
     return entries
 
 
@@ -264,15 +259,14 @@ def _paired_across(
     for base_cell, cell, base, other in _across_pairs(scores, reference, compared):
         for metric in protocol.paired_metrics:
             comparison = _compare(base, other, metric, protocol, options.confidence)
-            entry = {
+            labels = {
                 "method_a": base_cell.method,
                 "backbone_a": base_cell.backbone,
                 "method_b": cell.method,
                 "backbone_b": cell.backbone,
-                "metric": metric,
-                "family": _across_family(protocol, metric),
             }
-            entries.append(({**entry, **_comparison_json(comparison)}, comparison))
+            family = _across_family(protocol, metric)
+            entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
     return entries
 
 
