@@ -112,26 +112,15 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True)
 class ItemScore:
-    """The outcome for one expected trajectory.
+    """The outcome for one expected trajectory (``qid``, ``source``, ``n_steps``).
 
     Attributes:
-        qid: the trajectory.
-        source: its sub-benchmark.
-        n_steps: its length in steps.
-        predicted: a prediction existed for it (abstained or not).
-        role_valid: the role is a valid output (non-empty; in the recorded role set when that is known).
-        role_correct: the role matches the reference.
-        step_valid: the step parsed to an int in ``[0, n_steps)`` (False when abstained or missing).
-        step_exact: the step equals the reference step.
-        step_pm5: the absolute step error is at most 5.
-        abs_err: the absolute step error, only when the step is valid.
-        joint_exact: role correct and step exact.
-        joint_pm5: role correct and step within ±5.
-        covered: a valid output: predicted, not abstained, and passing the checks (module docstring).
-        step: the predicted step when valid and scored, else None (what repeatability compares across
-            realizations).
-        abstained: the prediction abstained (whichever rule scored it).
-        covered_by_method: ``covered`` is the method's own stored verdict, not the scorer's validity rule.
+        predicted: a prediction existed (abstained or not); abstained: it abstained, whichever rule scored it.
+        role_valid: non-empty, and in the recorded role set when that is known; role_correct: the reference's.
+        step_valid: parsed to an int in ``[0, n_steps)``; step_exact, step_pm5: the reference step, within ±5;
+            abs_err: the absolute error of a valid step; step: the valid step (what repeatability compares).
+        joint_exact, joint_pm5: role correct and step exact, within ±5.
+        covered: a valid output (docs/analysis.md); covered_by_method: the method's own verdict decided it.
     """
 
     qid: str
