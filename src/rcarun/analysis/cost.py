@@ -70,7 +70,7 @@ ORDER BY backbone, method, stage, latency_ms
 
 @dataclass(frozen=True, slots=True)
 class CostRow:
-    """The cost of one backbone × method × stage within one run (definitions in the module docstring)."""
+    """The cost of one backbone × method × stage within one run (definitions in docs/analysis.md)."""
 
     backbone: str
     method: str
@@ -112,7 +112,7 @@ class ReplicaThroughput:
 
 @dataclass(frozen=True, slots=True)
 class ServedBy:
-    """What served a managed backbone in a run and what its GPU time cost (rule in the module docstring).
+    """What served a managed backbone in a run and what its GPU time cost (rule in docs/analysis.md).
 
     ``vllm_version``, ``replicas``, ``gpus`` and ``commands`` are the latest session's; ``sessions`` counts
     the sessions that started the replicas (a resume is another).
@@ -214,7 +214,7 @@ WHERE run_id = ? AND backbone = ? AND status != 'cached'
 
 def served_by(store: Store, run_id: int) -> list[ServedBy]:
     """Per managed backbone of the run (one with ``replicas_started`` events), sorted by name: what served it,
-    its GPU time's charge and each replica's tokens per second (rule in the module docstring)."""
+    its GPU time's charge and each replica's tokens per second (rule in docs/analysis.md)."""
     sessions: dict[str, list[_Session]] = defaultdict(list)
     for event in store.events(run_id):
         if event.kind not in (_STARTED, _STOPPED):
@@ -383,7 +383,7 @@ GROUP BY c.backbone, charged
 
 @dataclass(frozen=True, slots=True)
 class ChargedCost:
-    """What one backbone × method paid in a run, shared requests charged by order (module docstring).
+    """What one backbone × method paid in a run, shared requests charged by order (docs/analysis.md).
 
     ``items`` counts the method's work items (with any call row, cache hits included); ``calls`` are logical
     calls (``attempt = 1``); tokens and USD are summed over attempts sent to the provider, as in `CostRow`.

@@ -59,7 +59,7 @@ def mini_fidelity(
     full_expected: Sequence[Expected],
     full: Mapping[Key, Sequence[ItemScore]],
 ) -> dict[str, Any]:
-    """Mini and Full scores side by side (module docstring).
+    """Mini and Full scores side by side (docs/analysis.md).
 
     Args:
         mini_expected: the Mini run's expected trajectories.
@@ -177,7 +177,7 @@ def sample_size_calibration(
     draws: int,
     seed: int,
 ) -> dict[str, Any]:
-    """App. A's sample-size calibration over a Full run's scores (module docstring).
+    """App. A's sample-size calibration over a Full run's scores (docs/analysis.md).
 
     Args:
         expected: the run's expected trajectories; every list of ``cells`` is over them, in their order.

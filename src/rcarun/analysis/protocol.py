@@ -106,7 +106,7 @@ def _kind(label: str, name: str, options: Mapping[str, Any]) -> MethodKind:
 
 
 def method_kinds(config_json: str, labels: Iterable[str]) -> dict[str, MethodKind]:
-    """The kind of every label in ``labels``, read from a run's stored sweep config (module docstring).
+    """The kind of every label in ``labels``, read from a run's stored sweep config (docs/analysis.md).
 
     Args:
         config_json: ``runs.config_json`` (the sweep config as JSON); anything unreadable counts as empty.
@@ -259,7 +259,7 @@ def resolve_protocol(
         manifest: the run selected its trajectories by a manifest (`uses_manifest`).
         protocol: ``"auto"``, ``"main"`` or ``"ablation"``.
         aggregate, resamples, keep_handoff, abstentions, holm_family, paired_metrics: the flags; None takes the
-            protocol's default (module docstring).
+            protocol's default (docs/analysis.md).
         seed: the bootstrap seed.
 
     Raises:

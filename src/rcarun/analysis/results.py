@@ -98,7 +98,7 @@ class RunScores:
             prediction, ``changed_from_prev`` and evidence read), for per-turn accuracy.
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
-        outcomes: per cell, what became of its expected trajectories (module docstring).
+        outcomes: per cell, what became of its expected trajectories (docs/analysis.md).
         scopes: per cell of a method that answers only part of the run (SOAP's test split), the ids it answers;
             its scores and outcome cover the expected trajectories among them. Cells not here answer all.
         local_backbones: the run's backbones with ``provider = "local"`` (its stored config).
@@ -148,7 +148,7 @@ def resolve_run(store: Store, name: str | None) -> RunRow:
 def load_run_scores(
     store: Store, run: RunRow, *, keep_handoff: bool = False, abstentions: AbstentionRule = "fields"
 ) -> RunScores:
-    """Score every cell of ``run`` against its expected trajectories (rules in the module docstring).
+    """Score every cell of ``run`` against its expected trajectories (rules in docs/analysis.md).
 
     Args:
         store: the results database.

@@ -29,7 +29,7 @@ _METRICS = tuple(m.name for m in METRICS if m.label_sensitive)
 
 
 def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Observed root steps per qid, in file order (module docstring).
+    """Observed root steps per qid, in file order (docs/analysis.md).
 
     Raises:
         DataError: an unreadable file, an unknown extension, a missing column, a row without a ``question_ID``
@@ -121,7 +121,7 @@ def label_sensitivity(
     seed: int = ANNOTATION_SEED,
     confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """App. K.1's root-step label sensitivity for one backbone's methods (module docstring).
+    """App. K.1's root-step label sensitivity for one backbone's methods (docs/analysis.md).
 
     Args:
         expected: the run's expected trajectories; every list of ``cells`` is over them, in their order.
@@ -193,7 +193,7 @@ def _ordering(
     methods: Sequence[str], final: Mapping[str, float], draws: npt.NDArray[np.float64]
 ) -> dict[str, Any]:
     """The final labels' ordering of ``methods`` in tiers, and the share of draws (rows of ``draws``, in
-    ``methods`` order) that keep every pairwise comparison of it (module docstring)."""
+    ``methods`` order) that keep every pairwise comparison of it (docs/analysis.md)."""
     finals = np.array([final[m] for m in methods])
     expected = np.sign(finals[:, None] - finals[None, :])
     found = np.sign(draws[:, None, :] - draws[None, :, :])  # (methods × methods × draws)

@@ -45,7 +45,7 @@ from .model import (
 def _accuracy_cell(
     failure: _Failure | None, value: float | None, best: bool, *, partial: bool = False, interval: str = ""
 ) -> _Cell:
-    """A headline number, or the status word of a cell whose number is not to be read (module docstring)."""
+    """A headline number, or the status word of a cell whose number is not to be read (docs/analysis.md)."""
     if failure is not None:
         return _Cell(failure.word, muted=True, reason=failure.reason)
     if value is None:
