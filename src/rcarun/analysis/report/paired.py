@@ -145,6 +145,12 @@ def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[di
     return found
 
 
+def _shown_scores(scores: RunScores, cell: Cell) -> list[ItemScore] | None:
+    """The cell's item scores when it has some and its number is shown; None otherwise."""
+    found = scores.scores.get(cell)
+    return found if found and _shown(scores, cell) else None
+
+
 def _method_pairs(
     scores: RunScores, reference: str | None, compared: Sequence[str]
 ) -> Iterator[tuple[str, str, list[ItemScore], list[ItemScore]]]:
@@ -152,12 +158,12 @@ def _method_pairs(
     if reference is None:
         return
     for backbone in scores.backbones:
-        base = scores.scores.get(Cell(backbone, reference, 0))
-        if not base or not _shown(scores, Cell(backbone, reference, 0)):
+        base = _shown_scores(scores, Cell(backbone, reference, 0))
+        if base is None:
             continue
         for method in compared:
-            other = scores.scores.get(Cell(backbone, method, 0))
-            if method != reference and other and _shown(scores, Cell(backbone, method, 0)):
+            other = _shown_scores(scores, Cell(backbone, method, 0))
+            if method != reference and other is not None:
                 paired_base, paired_other = common_items(base, other)
                 if paired_base:
                     yield backbone, method, paired_base, paired_other
@@ -190,12 +196,12 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
     first, *others = options.compare_backbones
     entries: Paired = []
     for method in scores.methods:
-        base = scores.scores.get(Cell(first, method, 0))
-        if not base or not _shown(scores, Cell(first, method, 0)):
+        base = _shown_scores(scores, Cell(first, method, 0))
+        if base is None:
             continue
         for backbone in others:
-            other = scores.scores.get(Cell(backbone, method, 0))
-            if not other or not _shown(scores, Cell(backbone, method, 0)):
+            other = _shown_scores(scores, Cell(backbone, method, 0))
+            if other is None:
                 continue
             paired_base, other = common_items(base, other)
             if not paired_base:
@@ -222,17 +228,13 @@ def _across_pairs(
             continue
         for reference_backbone in scores.backbones:
             base_cell = Cell(reference_backbone, reference, 0)
-            base = scores.scores.get(base_cell)
-            if not base or not _shown(scores, base_cell):
+            base = _shown_scores(scores, base_cell)
+            if base is None:
                 continue
             for backbone in scores.backbones:
                 cell = Cell(backbone, method, 0)
-                other = scores.scores.get(cell)
-                if (
-                    (backbone in local) == (reference_backbone in local)
-                    or not other
-                    or not _shown(scores, cell)
-                ):
+                other = _shown_scores(scores, cell)
+                if (backbone in local) == (reference_backbone in local) or other is None:
                     continue
                 paired_base, paired_other = common_items(base, other)
                 if paired_base:
