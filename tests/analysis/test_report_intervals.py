@@ -10,9 +10,12 @@ pseudo-random table (a right answer is right on agent and step; a wrong one name
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import random
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import pytest
@@ -113,6 +116,30 @@ def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(repo
             resamples=RESAMPLES,
         )
         assert (row["ci_low"], row["ci_high"]) == pytest.approx((expected.low, expected.high))
+
+
+def test_each_cell_carries_the_interval_of_its_headlines(report: dict[str, Any]) -> None:
+    z = NormalDist().inv_cdf(0.975)
+    for row in (r for r in report["metrics"] if r["realization"] == 0):
+        hits = [
+            sum(RIGHT[row["backbone"], row["method"], t.qid] for t in TRAJS if t.source == s) for s in SOURCES
+        ]
+        # Three sources of 8: pooled and macro weigh each 1/3; Agresti-Coull's +2/+2 in each variance.
+        half = z * math.sqrt(sum((h + 2) / 12 * (10 - h) / 12 / 12 for h in hits) / 9)
+        p = sum(hits) / 24
+        expected = [max(0.0, p - half), min(1.0, p + half)]
+        for headline in (row, row["macro"]):
+            assert headline["step_acc"] == pytest.approx(p)
+            assert headline["intervals"]["agent_acc"] == pytest.approx(expected)
+            assert headline["intervals"]["step_acc"] == pytest.approx(expected)
+    # The page lays out the carried intervals; a dict without them gets the same from its per-source counts.
+    stripped = copy.deepcopy(report)
+    for row in stripped["metrics"]:
+        row["intervals"] = row["macro"]["intervals"] = None
+    assert render_html(stripped) == render_html(report)
+    moved = copy.deepcopy(report)
+    moved["metrics"][0]["macro"]["intervals"]["step_acc"] = [0.0, 1.0]
+    assert "[0.0, 100.0]" in render_html(moved)
 
 
 def test_length_groups_carry_wilson_intervals_and_newcombe_contrasts(report: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ import inspect
 import math
 import random
 from itertools import pairwise
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from rcarun.analysis.stats import (
     paired_comparison,
     pairwise_agreement,
     spread,
+    stratified_interval,
     stratified_paired_bootstrap,
     union_complementarity,
     wilson_interval,
@@ -555,3 +557,26 @@ def test_proportion_intervals_refuse_impossible_counts() -> None:
         newcombe_difference(0, 0, 1, 2)
     with pytest.raises(ValueError, match="confidence"):
         wilson_interval(1, 2, confidence=1.0)
+
+
+def test_stratified_interval_has_agresti_coulls_width_on_one_source_and_weights_sources() -> None:
+    confidence = 2 * NormalDist().cdf(2) - 1  # z = 2: Agresti–Coull adds exactly two successes and failures
+    for n in (20, 40, 161):
+        for x in range(n // 4, 3 * n // 4):
+            ours = stratified_interval(x / n, [(n, x / n)], weighting="pooled", confidence=confidence)
+            low, high = proportion_confint(x, n, alpha=1 - confidence, method="agresti_coull")
+            assert ours.high - ours.low == pytest.approx(high - low, abs=1e-12)
+            assert ours.estimate == x / n and ours.low < x / n < ours.high
+    # Two sources: pooled weighs them 30/40 and 10/40, macro 1/2 each; each variance is a(1 - a)/(n + 4).
+    strata = [(30.0, 0.5), (10.0, 0.0)]
+    var = {
+        "pooled": (0.75**2) * (17 / 34) * (17 / 34) / 34 + (0.25**2) * (2 / 14) * (12 / 14) / 14,
+        "macro": 0.25 * (17 / 34) * (17 / 34) / 34 + 0.25 * (2 / 14) * (12 / 14) / 14,
+    }
+    for weighting in ("pooled", "macro"):
+        found = stratified_interval(0.3, strata, weighting=weighting, confidence=0.9)
+        half = NormalDist().inv_cdf(0.95) * math.sqrt(var[weighting])
+        assert (found.low, found.high) == pytest.approx((max(0.0, 0.3 - half), 0.3 + half))
+    assert stratified_interval(0.0, [(5.0, 0.0)], weighting="macro").low == 0.0
+    with pytest.raises(ValueError, match="stratum"):
+        stratified_interval(0.5, [], weighting="pooled")

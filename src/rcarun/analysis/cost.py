@@ -1,47 +1,10 @@
 """Tokens, money and time per backbone × method × stage, read straight from the ``calls`` table.
 
-A cost figure is only worth publishing if anyone can recompute it from the raw rows, so every number here is a
-plain aggregate of ``calls`` (no second tally kept by the runner): the sums reconcile exactly with ``SELECT
-sum(...) FROM calls``.
-
-Definitions (one row per run × backbone × method × stage):
-    - ``items``: distinct work items (qid × realization) with at least one attempt in this stage.
-    - ``calls``: logical calls (``attempt = 1``); ``attempts``: every row, retries and cache hits included.
-    - ``length_retries``: attempts cut off by ``max_tokens`` (status ``length``); ``rate_limited``: 429s.
-    - ``cached_calls``: attempts served from rcarun's call cache; they were not sent, cost nothing and are
-      excluded from every token and USD sum (as in `rcarun.store.BackboneSummary`).
-    - tokens: prompt (cached prompt tokens included), cached prompt, completion (reasoning included),
-      reasoning — summed over attempts sent to the provider, failed ones included when the provider reported
-      usage.
-    - ``cost_usd``: the sum of ``cost_usd`` over those attempts.
-    - ``estimated_calls``: attempts among those whose usage is rcarun's conservative estimate
-      (``usage_source = 'estimated'``: the provider sent no usage, or usage no bill can be); their tokens and USD
-      are in the sums above, and are an estimate, not the provider's bill.
-    - ``usd_per_trajectory``: ``cost_usd`` / the number of work items of the backbone × method (over all
-      stages), so the stage rows of one backbone × method add up to its cost per trajectory.
-    - latency p50 / p95: nearest-rank percentiles of ``latency_ms`` over attempts that were sent.
-    - ``budget_use``: ``cost_usd`` as a fraction of the backbone's ``budget.max_usd`` in the run's config
-      (None when the backbone had no USD budget).
-
-GPU time of managed replicas (a backbone with ``[serve]`` and ``prices.gpu_hour_usd``), from ``run_events``:
-    - each session of the run that started the backbone's replicas (a ``replicas_started`` event) charges
-      ``held_s`` × ``gpus`` × ``gpu_hour_usd`` / 3600, where ``held_s`` runs from the first replica's launch
-      (loading included: the GPUs are held) to the end of their stop, and ``gpus`` = replicas × tensor_parallel,
-      both from the session's ``replicas_stopped`` event (paired with its start by the ``session`` id both
-      carry); the price is the one the session ran with. A session
-      with no ``replicas_stopped`` (the process was killed) is charged from its start event to the last call of
-      the backbone it sent, plus the slowest replica's start-up, and counted in ``unclosed_sessions``.
-    - ``gpu_usd`` of a row: the backbone's sessions' charge split over its rows in proportion to tokens
-      processed (prompt + completion over attempts sent, the row's ``prompt_tokens + completion_tokens``), so
-      the rows of a backbone add up to its charge; with no token sent, the charge stays on `ServedBy` alone.
-      ``total_usd`` = ``cost_usd`` + ``gpu_usd``. No price (or no managed replicas): ``gpu_usd`` is 0.
-    - tokens per second per replica (`ServedBy`): tokens processed by the attempts a replica served (by their
-      ``endpoint``) / the seconds it could serve (``up_s``: all replicas ready to stopped), over sessions.
-
-
-`charged_costs` totals the same sums per backbone × method with one difference: a request several methods
-shared (one cache key, e.g. RCTA's Stage I across its ablations) is charged to the first of them in an order
-the caller gives — the rule `rcarun estimate` uses — instead of to whichever sent it first, which is timing.
+Every number is a plain aggregate of ``calls`` (no second tally kept by the runner), so it reconciles exactly with
+``SELECT sum(...) FROM calls`` and anyone can recompute it. GPU time of managed replicas is charged from
+``run_events`` and split over a backbone's rows by tokens processed; `charged_costs` charges a request several
+methods shared to the first of them in a given order, as `rcarun estimate` does. Definitions: docs/analysis.md
+("Cost").
 """
 
 from __future__ import annotations
@@ -107,7 +70,7 @@ ORDER BY backbone, method, stage, latency_ms
 
 @dataclass(frozen=True, slots=True)
 class CostRow:
-    """The cost of one backbone × method × stage within one run (definitions in the module docstring)."""
+    """The cost of one backbone × method × stage within one run (definitions in docs/analysis.md)."""
 
     backbone: str
     method: str
@@ -149,7 +112,7 @@ class ReplicaThroughput:
 
 @dataclass(frozen=True, slots=True)
 class ServedBy:
-    """What served a managed backbone in a run and what its GPU time cost (rule in the module docstring).
+    """What served a managed backbone in a run and what its GPU time cost (rule in docs/analysis.md).
 
     ``vllm_version``, ``replicas``, ``gpus`` and ``commands`` are the latest session's; ``sessions`` counts
     the sessions that started the replicas (a resume is another).
@@ -251,7 +214,7 @@ WHERE run_id = ? AND backbone = ? AND status != 'cached'
 
 def served_by(store: Store, run_id: int) -> list[ServedBy]:
     """Per managed backbone of the run (one with ``replicas_started`` events), sorted by name: what served it,
-    its GPU time's charge and each replica's tokens per second (rule in the module docstring)."""
+    its GPU time's charge and each replica's tokens per second (rule in docs/analysis.md)."""
     sessions: dict[str, list[_Session]] = defaultdict(list)
     for event in store.events(run_id):
         if event.kind not in (_STARTED, _STOPPED):
@@ -420,7 +383,7 @@ GROUP BY c.backbone, charged
 
 @dataclass(frozen=True, slots=True)
 class ChargedCost:
-    """What one backbone × method paid in a run, shared requests charged by order (module docstring).
+    """What one backbone × method paid in a run, shared requests charged by order (docs/analysis.md).
 
     ``items`` counts the method's work items (with any call row, cache hits included); ``calls`` are logical
     calls (``attempt = 1``); tokens and USD are summed over attempts sent to the provider, as in `CostRow`.

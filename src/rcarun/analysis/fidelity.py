@@ -1,34 +1,9 @@
 """LongRCA-Mini against Full (App. A): how far a method's Mini scores sit from its Full scores.
 
-Why a module of its own: Mini is only worth screening on if its scores track Full's, and App. A measures that in
-two ways this project had no code for. Both take scores already computed by `rcarun.analysis.scoring` (one
-`ItemScore` list per backbone × method, realization 0), so they follow the report's scoring rule.
-
-Fixed-manifest fidelity (`mini_fidelity`; App. A "Fixed-manifest fidelity", Tables 6, 9 and 10). For each
-backbone × method present in both a Mini run and a Full run, and each of Agent Acc, Step Acc and Step ±5:
-
-- ``full`` and ``mini``: the Macro over sources of each run (Sec. 5.1: "Both sides of Full–Mini fidelity use
-  Macro-5"), and ``abs_dev`` = |mini − full| (the paper's D without its factor 100: fractions throughout);
-- ``mini_cached``: the Full run's own predictions on the Mini run's trajectories, the paper's estimand
-  ("fidelity reuses cached Full predictions": subset selection alone, no run-to-run variance), when every Mini
-  trajectory is in the Full run; ``mini`` adds the variance of running the methods again;
-- ``per_source``: each source's Full and Mini score (Table 9);
-- ``post_stratified``: Full pooled against Mini post-stratified to the Full run's source sizes (Table 10, the
-  "original-mixture" estimand; not to be compared with the Macro rows).
-
-Per backbone, ``summary`` gives the mean and maximum ``abs_dev`` over its method–metric pairs (Table 6's 1.665
-and 3.771 pp).
-
-Sample-size calibration (`sample_size_calibration`; App. A "Sampling protocol" and "Score errors and
-calibration criteria", Table 5). On a Full run: for each candidate size, quotas by `rcarun.data.allocate_quotas`
-(equal allocation capped at each source), then ``draws`` equal-quota simple random samples without replacement
-within each source, shared by every method of every backbone (only source membership enters the draw). Each
-draw's score of a method is the Macro over sources of its sampled source means (equal source weights even
-under unequal quotas), against the Full Macro. Per method–metric pair: the median and the nearest-rank 95th
-percentile of |sample − full| over the draws; per backbone and size: the maxima over pairs and ``passes`` when
-the maximum median is at most 2 pp and the maximum p95 at most 6 pp. The draws come from
-``numpy.random.default_rng((seed, size))``; the authors' generator is not public, so the numbers reproduce the
-protocol, not the paper's draws.
+`mini_fidelity` sets a Mini run's Macro, per-source and original-mixture scores beside a Full run's (Tables 6, 9
+and 10; deviations as fractions, not pp); `sample_size_calibration` measures, per candidate size, the error of
+equal-quota samples of a Full run (Table 5). Both take `ItemScore` lists (realization 0), so they follow the
+report's scoring rule. The protocol in detail: docs/analysis.md ("Mini against Full").
 """
 
 from __future__ import annotations
@@ -44,7 +19,7 @@ import numpy.typing as npt
 from rcarun.data import allocate_quotas
 from rcarun.errors import ConfigError
 
-from .scoring import Expected, ItemScore, Metrics, summarize
+from .scoring import METRIC_BY_NAME, METRICS, Expected, ItemScore, Metrics, Summary, summarize
 
 __all__ = [
     "CALIBRATION_METRICS",
@@ -55,7 +30,7 @@ __all__ = [
     "sample_size_calibration",
 ]
 
-CALIBRATION_METRICS = ("agent_acc", "step_acc", "step_pm5")
+CALIBRATION_METRICS = tuple(m.name for m in METRICS if m.calibrated)
 # App. A's candidate sizes (Table 5).
 CALIBRATION_SIZES = (75, 100, 125, 150, 175, 200, 225, 250, 300, 400, 600)
 # App. A's pass criteria, as fractions: max. median <= 2 pp and max. p95 <= 6 pp.
@@ -84,7 +59,7 @@ def mini_fidelity(
     full_expected: Sequence[Expected],
     full: Mapping[Key, Sequence[ItemScore]],
 ) -> dict[str, Any]:
-    """Mini and Full scores side by side (module docstring).
+    """Mini and Full scores side by side (docs/analysis.md).
 
     Args:
         mini_expected: the Mini run's expected trajectories.
@@ -114,42 +89,10 @@ def mini_fidelity(
         mini_summary = summarize(mini[key], populations=populations)
         subset = [item for item in full[key] if item.qid in mini_qids] if cached else []
         cached_summary = summarize(subset, populations=populations) if subset else None
-        for metric in CALIBRATION_METRICS:
-            full_value = _value(full_summary.macro, metric)
-            mini_value = _value(mini_summary.macro, metric)
-            cached_value = _value(cached_summary.macro if cached_summary else None, metric)
-            full_mixture = _value(full_summary.pooled, metric)
-            mini_mixture = _value(mini_summary.post_stratified, metric)
-            cached_mixture = _value(cached_summary.post_stratified if cached_summary else None, metric)
-            rows.append(
-                {
-                    "backbone": key[0],
-                    "method": key[1],
-                    "metric": metric,
-                    "full": full_value,
-                    "mini": mini_value,
-                    "abs_dev": _deviation(mini_value, full_value),
-                    "mini_cached": cached_value,
-                    "abs_dev_cached": _deviation(cached_value, full_value),
-                    "per_source": {
-                        source: {
-                            "full": _value(full_summary.per_source.get(source), metric),
-                            "mini": _value(mini_summary.per_source.get(source), metric),
-                            "mini_cached": _value(
-                                cached_summary.per_source.get(source) if cached_summary else None, metric
-                            ),
-                        }
-                        for source in sorted(full_sources)
-                    },
-                    "post_stratified": {
-                        "full": full_mixture,
-                        "mini": mini_mixture,
-                        "abs_dev": _deviation(mini_mixture, full_mixture),
-                        "mini_cached": cached_mixture,
-                        "abs_dev_cached": _deviation(cached_mixture, full_mixture),
-                    },
-                }
-            )
+        rows += [
+            _fidelity_row(key, metric, full_summary, mini_summary, cached_summary, sorted(full_sources))
+            for metric in CALIBRATION_METRICS
+        ]
     return {
         "sources": {
             source: {"full": full_sources[source], "mini": mini_sources[source]}
@@ -158,6 +101,50 @@ def mini_fidelity(
         "cached": cached,
         "rows": rows,
         "summary": _summary(rows),
+    }
+
+
+def _fidelity_row(
+    key: Key,
+    metric: str,
+    full_summary: Summary,
+    mini_summary: Summary,
+    cached_summary: Summary | None,
+    sources: Sequence[str],
+) -> dict[str, Any]:
+    """One backbone × method × metric: Macro, per source and original mixture, Full against Mini."""
+    full_value = _value(full_summary.macro, metric)
+    mini_value = _value(mini_summary.macro, metric)
+    cached_value = _value(cached_summary.macro if cached_summary else None, metric)
+    full_mixture = _value(full_summary.pooled, metric)
+    mini_mixture = _value(mini_summary.post_stratified, metric)
+    cached_mixture = _value(cached_summary.post_stratified if cached_summary else None, metric)
+    return {
+        "backbone": key[0],
+        "method": key[1],
+        "metric": metric,
+        "full": full_value,
+        "mini": mini_value,
+        "abs_dev": _deviation(mini_value, full_value),
+        "mini_cached": cached_value,
+        "abs_dev_cached": _deviation(cached_value, full_value),
+        "per_source": {
+            source: {
+                "full": _value(full_summary.per_source.get(source), metric),
+                "mini": _value(mini_summary.per_source.get(source), metric),
+                "mini_cached": _value(
+                    cached_summary.per_source.get(source) if cached_summary else None, metric
+                ),
+            }
+            for source in sources
+        },
+        "post_stratified": {
+            "full": full_mixture,
+            "mini": mini_mixture,
+            "abs_dev": _deviation(mini_mixture, full_mixture),
+            "mini_cached": cached_mixture,
+            "abs_dev_cached": _deviation(cached_mixture, full_mixture),
+        },
     }
 
 
@@ -190,7 +177,7 @@ def sample_size_calibration(
     draws: int,
     seed: int,
 ) -> dict[str, Any]:
-    """App. A's sample-size calibration over a Full run's scores (module docstring).
+    """App. A's sample-size calibration over a Full run's scores (docs/analysis.md).
 
     Args:
         expected: the run's expected trajectories; every list of ``cells`` is over them, in their order.
@@ -215,7 +202,7 @@ def sample_size_calibration(
     keys = sorted(cells)
     pairs = [(key, metric) for key in keys for metric in CALIBRATION_METRICS]
     correct = np.array(
-        [[bool(getattr(item, _ATTRIBUTE[metric])) for item in cells[key]] for key, metric in pairs],
+        [[METRIC_BY_NAME[metric].hit(item) for item in cells[key]] for key, metric in pairs],
         dtype=np.float64,
     ).reshape(len(pairs), len(expected))
     full_scores = _macro(correct, members)
@@ -232,33 +219,10 @@ def sample_size_calibration(
         p95 = _nearest_rank_p95(errors)
         for backbone in sorted({key[0] for key in keys}):
             index = [i for i, (key, _) in enumerate(pairs) if key[0] == backbone]
-            worst_median = max(index, key=lambda i: medians[i])
-            worst_p95 = max(index, key=lambda i: p95[i])
             rows.append(
-                {
-                    "backbone": backbone,
-                    "size": size,
-                    "quotas": quotas,
-                    "max_median": float(medians[worst_median]),
-                    "max_median_pair": {
-                        "method": pairs[worst_median][0][1],
-                        "metric": pairs[worst_median][1],
-                    },
-                    "max_p95": float(p95[worst_p95]),
-                    "max_p95_pair": {"method": pairs[worst_p95][0][1], "metric": pairs[worst_p95][1]},
-                    "passes": bool(
-                        medians[worst_median] <= MEDIAN_CRITERION and p95[worst_p95] <= P95_CRITERION
-                    ),
-                    "pairs": [
-                        {
-                            "method": pairs[i][0][1],
-                            "metric": pairs[i][1],
-                            "median": float(medians[i]),
-                            "p95": float(p95[i]),
-                        }
-                        for i in index
-                    ],
-                }
+                _calibration_row(
+                    backbone, size, quotas, [pairs[i] for i in index], medians[index], p95[index]
+                )
             )
     return {
         "sizes": chosen,
@@ -270,7 +234,31 @@ def sample_size_calibration(
     }
 
 
-_ATTRIBUTE = {"agent_acc": "role_correct", "step_acc": "step_exact", "step_pm5": "step_pm5"}
+def _calibration_row(
+    backbone: str,
+    size: int,
+    quotas: Mapping[str, int],
+    pairs: Sequence[tuple[Key, str]],
+    medians: npt.NDArray[np.float64],
+    p95: npt.NDArray[np.float64],
+) -> dict[str, Any]:
+    """One backbone at one size: its worst median and p95 errors over its method-metric pairs, and every pair's."""
+    worst_median = max(range(len(pairs)), key=lambda i: medians[i])
+    worst_p95 = max(range(len(pairs)), key=lambda i: p95[i])
+    return {
+        "backbone": backbone,
+        "size": size,
+        "quotas": quotas,
+        "max_median": float(medians[worst_median]),
+        "max_median_pair": {"method": pairs[worst_median][0][1], "metric": pairs[worst_median][1]},
+        "max_p95": float(p95[worst_p95]),
+        "max_p95_pair": {"method": pairs[worst_p95][0][1], "metric": pairs[worst_p95][1]},
+        "passes": bool(medians[worst_median] <= MEDIAN_CRITERION and p95[worst_p95] <= P95_CRITERION),
+        "pairs": [
+            {"method": key[1], "metric": metric, "median": float(medians[i]), "p95": float(p95[i])}
+            for i, (key, metric) in enumerate(pairs)
+        ],
+    }
 
 
 def _macro(

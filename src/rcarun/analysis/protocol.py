@@ -1,29 +1,9 @@
-"""Which of the LongRCA paper's two evaluation protocols a report follows, and what each one fixes.
+"""Which of the LongRCA paper's two evaluation protocols (``main``, ``ablation``) a report follows.
 
-Why a module of its own: the paper scores and tests its main comparisons and its component ablations by
-different rules, and a report that applied one set everywhere (as rcarun's did) could reproduce neither Table 3
-nor Table 25. Every rule that differs is decided here, once, from the run's methods and the user's flags, with
-the paper section that fixes it, so the report can state what it did.
-
-The two protocols:
-
-| rule | ``main`` (Tables 2, 3, 12) | ``ablation`` (Tables 4, 25) |
-| --- | --- | --- |
-| abstained output | scored on the role and step it gives; a field it lacks is an error for its own target (Sec. 5.1, App. L.1 "invalid fields count as errors for their respective targets") | an error for every target (App. L.1 "abstentions count as errors", App. H) |
-| role matching | handoff suffixes dropped (App. L.1) | handoff suffixes kept (App. L.1) |
-| headline aggregate | pooled on a run of natural source proportions (Full, Sec. 5.1); Macro over sources on a sample with equal quotas or drawn from a manifest (Mini, Sec. 5.1, App. A) | source-macro (App. H) |
-| paired metrics | Agent Acc and Step Acc (App. B) | Step Acc (App. H: four pre-specified tests) |
-| bootstrap resamples | 20,000 (App. B, Table 12) | 10,000 (App. H) |
-| Holm family | RCTA against the paper's five baselines on the run's API backbones (`app_b_backbones`), per metric (App. B "Holm-20"), and over both metrics (``p_holm_joint``, "Holm-40") | the four component conditions against full RCTA, per backbone (App. H) |
-
-Both use seed 20260820 (App. H; App. B states none) and score every expected trajectory. ``auto`` picks
-``ablation`` when the run holds full RCTA, at least one component condition (``rcta/no-a*``, or ``rcta`` with
-an ``ablation`` option) and nothing else, and ``main`` otherwise; a main report of a run that also holds the
-component study adds the component table under the ablation rules (`rcarun.analysis.report`).
-
-Methods are matched by the registry name behind each label (the run's stored config), so a sweep that labels
-``all-at-once`` as ``aao`` still counts it among the paper's baselines; a label the config does not know is
-taken as its own name.
+The paper scores and tests its main comparisons and its component ablations by different rules; every rule that
+differs is decided here, once, from the run's methods and the user's flags, so the report can say what it did
+and why. The rules and how ``auto`` chooses: docs/analysis.md ("Protocols"). Methods are matched by the
+registry name behind each label in the run's stored config; a label the config does not know is its own name.
 """
 
 from __future__ import annotations
@@ -35,7 +15,7 @@ from typing import Any
 
 from rcarun.errors import ConfigError
 
-from .scoring import ABSTENTION_RULES, AbstentionRule
+from .scoring import ABSTENTION_RULES, METRICS, AbstentionRule
 
 __all__ = [
     "ABLATION_RESAMPLES",
@@ -69,8 +49,8 @@ SELF_HOSTED_PROVIDERS = ("vllm", "local")
 ABLATION_PRESET = "ablation"
 MAIN_RESAMPLES = 20_000  # App. B, "Paired Step Acc comparisons" (Table 12)
 ABLATION_RESAMPLES = 10_000  # App. H, "Ablation statistical protocol"
-_MAIN_METRICS = ("agent_acc", "step_acc")
-_ABLATION_METRICS = ("step_acc",)
+_MAIN_METRICS = tuple(m.name for m in METRICS if "main" in m.paired)
+_ABLATION_METRICS = tuple(m.name for m in METRICS if "ablation" in m.paired)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -126,7 +106,7 @@ def _kind(label: str, name: str, options: Mapping[str, Any]) -> MethodKind:
 
 
 def method_kinds(config_json: str, labels: Iterable[str]) -> dict[str, MethodKind]:
-    """The kind of every label in ``labels``, read from a run's stored sweep config (module docstring).
+    """The kind of every label in ``labels``, read from a run's stored sweep config (docs/analysis.md).
 
     Args:
         config_json: ``runs.config_json`` (the sweep config as JSON); anything unreadable counts as empty.
@@ -279,7 +259,7 @@ def resolve_protocol(
         manifest: the run selected its trajectories by a manifest (`uses_manifest`).
         protocol: ``"auto"``, ``"main"`` or ``"ablation"``.
         aggregate, resamples, keep_handoff, abstentions, holm_family, paired_metrics: the flags; None takes the
-            protocol's default (module docstring).
+            protocol's default (docs/analysis.md).
         seed: the bootstrap seed.
 
     Raises:

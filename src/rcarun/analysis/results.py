@@ -1,28 +1,11 @@
 """A run of results.db as scoring inputs: expected trajectories and, per backbone × method × realization, scores.
 
-The denominator of every LongRCA metric is the set of *expected* trajectories, not the set of predictions: an
-item that failed, was skipped by a budget stop or never ran is an error, not a gap. So the expected set is
-taken from the run's ``trajectories`` table (every labelled trajectory the run read), and each cell
-(backbone, method, realization) that has any item or prediction is scored against all of it, except a cell
-of a method that learns from part of the run's trajectories (SOAP's reference and validation splits): its
-``method_prepared`` event names the ids it answers (its test split), and the cell is scored on those alone
-(``RunScores.scopes``), so a trajectory it learnt from is neither an error nor a success. Cells with
-different scopes are compared on the trajectories both answer (`common_items`). Which backbones are local
-(``provider = "local"`` in the run's stored config: a model read on this machine, for methods such as SOAP that
-no chat backbone can run) is kept too (``RunScores.local_backbones``), so the report can pair a method of a local
-backbone with the methods of the chat backbones.
-
-Beside the scores, every cell gets its `Outcome`: how many expected trajectories have a prediction, how many of
-those could not be read (``predictions.error``) or were decided by a method's fallback rule
-(``predictions.fallback``; a results.db from before that column reads as no fallback anywhere), and why the
-others have none (the item failed, was skipped for budget, was interrupted, or never ran).
-
-Unlabelled trajectories cannot be scored; they are counted (``unlabelled``) and left out of every
-denominator. A cell's predictions are re-scored from ``pred_role`` / ``pred_step`` (the stored validity flags
-are the method's own view, kept for audit): roles by the scorer's rule against the trajectory's recorded role
-set, steps as 0-based integers within range, an abstained prediction by the `AbstentionRule` the caller names.
-Coverage takes a method's own verdict where it stores one: a boolean ``covered`` in the prediction's output
-(RCTA's App. L.1 checks); elsewhere the scorer's role and step validity decide.
+Every cell is scored against every expected (labelled) trajectory, so a failed, skipped or never-run item is an
+error, not a gap; a method that learns from part of the run (SOAP) is scored on the split it answers
+(``RunScores.scopes``; cells of different scopes meet on `common_items`), and local backbones are kept apart
+(``RunScores.local_backbones``). Predictions are re-scored from ``pred_role``/``pred_step`` (the stored validity
+flags are the method's own view, kept for audit), and each cell gets its `Outcome`. The rules: docs/analysis.md
+("Scoring", "Outcomes").
 """
 
 from __future__ import annotations
@@ -115,7 +98,7 @@ class RunScores:
             prediction, ``changed_from_prev`` and evidence read), for per-turn accuracy.
         simulated: True when the run's config says ``sweep.simulated`` (the demo) or every backbone has
             provider ``simulated``: the numbers then show the engine, not any model.
-        outcomes: per cell, what became of its expected trajectories (module docstring).
+        outcomes: per cell, what became of its expected trajectories (docs/analysis.md).
         scopes: per cell of a method that answers only part of the run (SOAP's test split), the ids it answers;
             its scores and outcome cover the expected trajectories among them. Cells not here answer all.
         local_backbones: the run's backbones with ``provider = "local"`` (its stored config).
@@ -165,7 +148,7 @@ def resolve_run(store: Store, name: str | None) -> RunRow:
 def load_run_scores(
     store: Store, run: RunRow, *, keep_handoff: bool = False, abstentions: AbstentionRule = "fields"
 ) -> RunScores:
-    """Score every cell of ``run`` against its expected trajectories (rules in the module docstring).
+    """Score every cell of ``run`` against its expected trajectories (rules in docs/analysis.md).
 
     Args:
         store: the results database.

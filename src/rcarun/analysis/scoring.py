@@ -1,51 +1,9 @@
-"""LongRCA Bench scoring: per-trajectory outcomes and the aggregates the paper reports.
+"""LongRCA Bench scoring: per-trajectory outcomes, the aggregates the paper reports, and the metric registry.
 
-Why a module of its own: every number rcarun prints (reports, leaderboard entries, Mini fidelity checks,
-length-group curves) must follow one set of rules, and those rules are subtle enough (denominators, invalid
-fields, source weighting) that two implementations would drift. The rules are LongRCA Sec. 5.1 and App. L.1.
-
-Per expected trajectory (`score_items`):
-
-- Every expected trajectory stays in every denominator. A missing prediction is an error for every target.
-- An abstained prediction is scored by one of two rules (`AbstentionRule`, chosen per protocol by the report):
-  ``"fields"``, the main comparisons' rule (Sec. 5.1 and App. L.1, "invalid fields count as errors for their
-  respective targets"): the role and step the output gives are scored like any others (an abstaining RCTA
-  output still carries them), and a field it does not give is an error for its own target; ``"error"``, the
-  component conditions' rule (App. L.1, "abstentions count as errors"): role and step are wrong, the step is
-  not a valid output (so it adds nothing to the MAE). Under both rules an abstained prediction is not covered.
-- Role and step are scored independently; an invalid field is an error for its own target only.
-- Role: `rcarun.data.roles.role_matches` (trim, drop one trailing ``(-> X)``/``(→ X)`` handoff suffix, NFKC,
-  casefold, collapse whitespace; the normalised prediction must be non-empty and equal the reference's).
-  ``keep_handoff=True`` is the component-ablation rule that keeps handoff suffixes.
-- Step (`parse_step`): a Python ``int`` (never a ``bool``) or a string holding an optionally signed decimal
-  integer of ASCII digits, surrounding whitespace stripped. Anything else (a float, even ``3.0``; ``"3.5"``;
-  ``"abc"``; ``""``; ``None``; ``True``) is invalid. A parsed step is valid when ``0 <= step < n_steps``.
-  A valid step is exact when it equals the 0-based reference step and within ±5 when ``|error| <= 5``;
-  invalid steps fail both.
-- Coverage (App. L.1 "Cov."): a prediction is covered when it exists, does not abstain and passes the
-  validation checks of its condition. A method that stores its own verdict (RCTA's ``covered``: recorded role,
-  root-step validity, explanatory-chain structure, cited handoff evidence) is taken at its word
-  (`Prediction.covered`); for any other prediction the checks are the two this module can make: a valid step
-  and a valid role. A role is valid when its normal form is non-empty and, if the recorded role set of the
-  trajectory is known, equals the normal form of one recorded role (same ``keep_handoff`` rule as scoring). As in the
-  paper, fields a method's published fallback filled in (binary search's random half on an unclear verdict) are
-  scored and covered like any others; the report's Outcomes section counts how many predictions an unreadable
-  answer or a fallback decided, beside the metrics.
-
-Aggregates (fractions in [0, 1]; ``n`` and ``valid_step_n`` are always plain totals):
-
-- `pooled`: trajectories weighted equally (the paper's "Full"/"Overall"). Its ``root_mae`` is the
-  source-weighted valid-output MAE of App. L.1, ``Σ_b (N_b/N) · mean_{i ∈ V_b} |r̂_i − r*_i|``, where ``N_b``
-  counts source b's expected trajectories and ``V_b`` its valid-step outputs. A source with empty ``V_b`` has
-  no mean; it is left out and the weights are renormalised over the sources that have one (``N`` becomes the
-  sum of their ``N_b``). ``None`` when no source has a valid step.
-- `macro`: the unweighted mean of per-source scores (the paper's Macro-5 when five sources are present); the
-  MAE is the mean of the per-source MAEs over the sources that have one.
-- `post_stratified`: ``Σ_b (N_b / Σ N) · S_b`` with given population sizes (Table 10); the MAE uses the same
-  weights, renormalised over sources that have an MAE. `pooled`'s MAE is this with the scored counts as
-  populations.
-
-Length groups (`length_groups`, App. K "Shared length partition"): see that function.
+Every number rcarun prints (reports, leaderboard entries, fidelity checks, length-group curves) follows these
+rules, which are subtle enough (denominators, invalid fields, abstentions, source weighting) that a second
+implementation would drift: LongRCA Sec. 5.1 and App. L.1, spelt out in docs/analysis.md ("Scoring"). Each
+metric is declared once, in `METRICS`.
 """
 
 from __future__ import annotations
@@ -57,9 +15,14 @@ from typing import Literal, NamedTuple
 from rcarun.data import parse_step
 from rcarun.data.roles import normalize_role, role_matches
 
+from .lengths import LengthGroup, LengthPartition, length_groups
+
 __all__ = [
     "ABSTENTION_RULES",
+    "FRACTION_METRICS",
     "LONGRCA_FULL_POPULATIONS",
+    "METRICS",
+    "METRIC_BY_NAME",
     "STEP_TOLERANCE",
     "AbstentionRule",
     "Expected",
@@ -67,6 +30,7 @@ __all__ = [
     "ItemScore",
     "LengthGroup",
     "LengthPartition",
+    "Metric",
     "Metrics",
     "Prediction",
     "Summary",
@@ -74,6 +38,7 @@ __all__ = [
     "by_source",
     "length_groups",
     "macro",
+    "metric_label",
     "pooled",
     "post_stratified",
     "score_items",
@@ -147,26 +112,15 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True)
 class ItemScore:
-    """The outcome for one expected trajectory.
+    """The outcome for one expected trajectory (``qid``, ``source``, ``n_steps``).
 
     Attributes:
-        qid: the trajectory.
-        source: its sub-benchmark.
-        n_steps: its length in steps.
-        predicted: a prediction existed for it (abstained or not).
-        role_valid: the role is a valid output (non-empty; in the recorded role set when that is known).
-        role_correct: the role matches the reference.
-        step_valid: the step parsed to an int in ``[0, n_steps)`` (False when abstained or missing).
-        step_exact: the step equals the reference step.
-        step_pm5: the absolute step error is at most 5.
-        abs_err: the absolute step error, only when the step is valid.
-        joint_exact: role correct and step exact.
-        joint_pm5: role correct and step within ±5.
-        covered: a valid output: predicted, not abstained, and passing the checks (module docstring).
-        step: the predicted step when valid and scored, else None (what repeatability compares across
-            realizations).
-        abstained: the prediction abstained (whichever rule scored it).
-        covered_by_method: ``covered`` is the method's own stored verdict, not the scorer's validity rule.
+        predicted: a prediction existed (abstained or not); abstained: it abstained, whichever rule scored it.
+        role_valid: non-empty, and in the recorded role set when that is known; role_correct: the reference's.
+        step_valid: parsed to an int in ``[0, n_steps)``; step_exact, step_pm5: the reference step, within ±5;
+            abs_err: the absolute error of a valid step; step: the valid step (what repeatability compares).
+        joint_exact, joint_pm5: role correct and step exact, within ±5.
+        covered: a valid output (docs/analysis.md); covered_by_method: the method's own verdict decided it.
     """
 
     qid: str
@@ -189,20 +143,9 @@ class ItemScore:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Aggregate scores; fractions lie in [0, 1].
-
-    Attributes:
-        n: the number of expected trajectories behind the scores.
-        agent_acc: Agent Acc, role correct.
-        step_acc: Step Acc, exact step.
-        step_pm5: Step ±5.
-        joint_exact: role correct and exact step.
-        joint_pm5: role correct and step within ±5.
-        root_mae: mean absolute step error over valid steps (weighting depends on the aggregate), None when
-            there is no valid step.
-        coverage: share of valid outputs.
-        valid_step_n: the number of valid steps (a total, whatever the aggregate).
-    """
+    """Aggregate scores: one field per metric of `METRICS` (fractions in [0, 1]; ``root_mae`` in steps over the
+    valid steps, weighted by the aggregate, None without one), and the totals ``n`` (expected trajectories) and
+    ``valid_step_n``, whatever the aggregate."""
 
     n: int
     agent_acc: float
@@ -232,50 +175,84 @@ class Summary:
     post_stratified: Metrics | None
 
 
-@dataclass(frozen=True, slots=True)
-class LengthGroup:
-    """One group of a length partition: every trajectory with ``low <= n_steps <= high``.
-
-    Attributes:
-        low: the smallest length in the group (inclusive).
-        high: the largest length in the group (inclusive).
-        qids: the group's trajectories, sorted.
-    """
-
-    low: int
-    high: int
-    qids: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        """The number of trajectories in the group."""
-        return len(self.qids)
+def _never(score: ItemScore) -> bool:
+    return False
 
 
 @dataclass(frozen=True, slots=True)
-class LengthPartition:
-    """Trajectories split into contiguous length groups (`length_groups`).
+class Metric:
+    """One reported metric, declared once: its name, labels, per-item rule, and the analyses that use it.
 
     Attributes:
-        groups: the groups in increasing length order.
-        boundaries: the inclusive upper length of every group but the last (the paper's "63, 129, 172, 220").
-        k: the number of groups asked for (``len(groups)`` is smaller when there are fewer distinct lengths).
+        name: the `Metrics` field and the report's JSON key.
+        label: how reports name it ("Step ±5").
+        column: `rcarun score`'s short column header.
+        hit: the per-item rule of a fraction (the share of items it holds for); unused for the MAE.
+        fraction: a share of items shown as a percentage; False: the valid-output MAE, in steps.
+        paired: the protocols whose paired tests compare it (``"main"``, ``"ablation"``).
+        calibrated: App. A's sample-size calibration and the Mini fidelity check measure it.
+        by_length: the report's length-group curves (App. F.1) show it.
+        label_sensitive: App. K.1's label sensitivity re-scores it.
+        interval: a headline of Table 3; the report carries each cell's interval for it.
     """
 
-    groups: tuple[LengthGroup, ...]
-    boundaries: tuple[int, ...]
-    k: int
+    name: str
+    label: str
+    column: str
+    hit: Callable[[ItemScore], bool] = _never
+    fraction: bool = True
+    paired: tuple[str, ...] = ()
+    calibrated: bool = False
+    by_length: bool = False
+    label_sensitive: bool = False
+    interval: bool = False
 
-    def group_index(self, qid: str) -> int:
-        """The index of the group holding ``qid``.
 
-        Raises:
-            KeyError: ``qid`` is not in the partition.
-        """
-        for index, group in enumerate(self.groups):
-            if qid in group.qids:
-                return index
-        raise KeyError(qid)
+METRICS: tuple[Metric, ...] = (
+    Metric(
+        "agent_acc",
+        "Agent Acc",
+        "Agent",
+        lambda s: s.role_correct,
+        paired=("main",),
+        calibrated=True,
+        by_length=True,
+        interval=True,
+    ),
+    Metric(
+        "step_acc",
+        "Step Acc",
+        "Step",
+        lambda s: s.step_exact,
+        paired=("main", "ablation"),
+        calibrated=True,
+        by_length=True,
+        label_sensitive=True,
+        interval=True,
+    ),
+    Metric(
+        "step_pm5",
+        "Step ±5",
+        "Step±5",
+        lambda s: s.step_pm5,
+        calibrated=True,
+        by_length=True,
+        label_sensitive=True,
+    ),
+    Metric("joint_exact", "Joint exact", "Joint", lambda s: s.joint_exact),
+    Metric("joint_pm5", "Joint ±5", "Joint±5", lambda s: s.joint_pm5),
+    Metric("root_mae", "Root MAE", "MAE", fraction=False),
+    Metric("coverage", "Coverage", "Cov.", lambda s: s.covered),
+)
+"""Every metric in report order. A new metric is a declaration here and a field of `Metrics`."""
+METRIC_BY_NAME: Mapping[str, Metric] = {m.name: m for m in METRICS}
+FRACTION_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.fraction)
+
+
+def metric_label(metric: str) -> str:
+    """How reports name a metric column (``step_pm5`` is "Step ±5"); an unknown name is shown as it is."""
+    found = METRIC_BY_NAME.get(metric)
+    return found.label if found else metric
 
 
 class GroupMetrics(NamedTuple):
@@ -401,18 +378,8 @@ def _weighted_mae(maes: Mapping[str, float | None], weights: Mapping[str, float]
     return sum(weights[source] * mae for source, mae in present.items()) / total
 
 
-_FRACTIONS: tuple[tuple[str, Callable[[ItemScore], bool]], ...] = (
-    ("agent_acc", lambda score: score.role_correct),
-    ("step_acc", lambda score: score.step_exact),
-    ("step_pm5", lambda score: score.step_pm5),
-    ("joint_exact", lambda score: score.joint_exact),
-    ("joint_pm5", lambda score: score.joint_pm5),
-    ("coverage", lambda score: score.covered),
-)
-
-
 def _fractions(scores: Sequence[ItemScore]) -> dict[str, float]:
-    return {name: sum(1 for score in scores if hit(score)) / len(scores) for name, hit in _FRACTIONS}
+    return {m.name: sum(1 for score in scores if m.hit(score)) / len(scores) for m in FRACTION_METRICS}
 
 
 def _require_scores(scores: Sequence[ItemScore]) -> None:
@@ -421,17 +388,7 @@ def _require_scores(scores: Sequence[ItemScore]) -> None:
 
 
 def _metrics(fractions: Mapping[str, float], *, n: int, root_mae: float | None, valid_step_n: int) -> Metrics:
-    return Metrics(
-        n=n,
-        agent_acc=fractions["agent_acc"],
-        step_acc=fractions["step_acc"],
-        step_pm5=fractions["step_pm5"],
-        joint_exact=fractions["joint_exact"],
-        joint_pm5=fractions["joint_pm5"],
-        root_mae=root_mae,
-        coverage=fractions["coverage"],
-        valid_step_n=valid_step_n,
-    )
+    return Metrics(n=n, root_mae=root_mae, valid_step_n=valid_step_n, **fractions)
 
 
 def _valid_step_n(scores: Iterable[ItemScore]) -> int:
@@ -445,7 +402,7 @@ def _weighted(
     total = sum(weights.values())
     fractions = {
         name: sum(weights[source] * getattr(metrics, name) for source, metrics in per_source.items()) / total
-        for name, _ in _FRACTIONS
+        for name in (m.name for m in FRACTION_METRICS)
     }
     maes = {source: metrics.root_mae for source, metrics in per_source.items()}
     return _metrics(fractions, n=n, root_mae=_weighted_mae(maes, weights), valid_step_n=valid_step_n)
@@ -536,87 +493,6 @@ def summarize(scores: Sequence[ItemScore], populations: Mapping[str, int] | None
         per_source=by_source(scores),
         post_stratified=None if populations is None else post_stratified(scores, populations),
     )
-
-
-def length_groups(lengths: Mapping[str, int], k: int = 5) -> LengthPartition:
-    """Split trajectories into ``k`` contiguous length groups of sizes as equal as equal lengths allow.
-
-    The paper's shared length partition (App. K): dynamic programming over the distinct observed lengths
-    chooses ``k − 1`` cuts, each between two consecutive distinct lengths, minimising ``Σ_g (size_g − N/k)²``.
-    Trajectories of equal length always share a group. The objective is computed exactly in integers as
-    ``Σ_g (k·size_g − N)²`` (the same minimiser), so ties are real ties; among optimal partitions the one with
-    the lexicographically smallest boundary tuple wins (cuts as early as possible, first cut first).
-
-    Boundaries are the inclusive upper lengths of every group but the last: group g holds the lengths in
-    ``(boundary_{g−1}, boundary_g]``. That reading matches the paper: its boundary 63 closes a group holding
-    the 145 trajectories of exactly 63 steps, and its 4-group partition starts with 290 = 145 + 145 trajectories
-    while its 6-group one starts with the 145 below 63.
-
-    With fewer than ``k`` distinct lengths, each distinct length is a group of its own (fewer than ``k`` groups).
-
-    Args:
-        lengths: one length per unique trajectory, keyed by qid; no prediction outcome may enter here.
-        k: the number of groups.
-
-    Raises:
-        ValueError: ``k < 1``, ``lengths`` is empty, or a length is not an integer.
-    """
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    if not lengths:
-        raise ValueError("no lengths to partition")
-    by_length: dict[int, list[str]] = {}
-    for qid, length in lengths.items():
-        if isinstance(length, bool) or not isinstance(length, int):
-            raise ValueError(f"length of {qid!r} must be an integer, got {length!r}")
-        by_length.setdefault(length, []).append(qid)
-    distinct = sorted(by_length)
-    counts = [len(by_length[length]) for length in distinct]
-    ends = _optimal_group_ends(counts, k, total=len(lengths))
-    groups: list[LengthGroup] = []
-    start = 0
-    for end in ends:  # each group spans distinct[start:end]
-        qids = sorted(qid for length in distinct[start:end] for qid in by_length[length])
-        groups.append(LengthGroup(low=distinct[start], high=distinct[end - 1], qids=tuple(qids)))
-        start = end
-    return LengthPartition(groups=tuple(groups), boundaries=tuple(group.high for group in groups[:-1]), k=k)
-
-
-def _optimal_group_ends(counts: Sequence[int], k: int, *, total: int) -> list[int]:
-    """Exclusive end indices (into ``counts``) of the optimal groups, the last being ``len(counts)``."""
-    m = len(counts)
-    groups = min(k, m)
-    prefix = [0]
-    for count in counts:
-        prefix.append(prefix[-1] + count)
-
-    def cost(start: int, end: int) -> int:
-        return (k * (prefix[end] - prefix[start]) - total) ** 2
-
-    # best[j][i]: least cost of splitting counts[i:] into exactly j non-empty groups (None: impossible).
-    # A suffix table lets the forward walk take the earliest optimal cut at each step, which yields the
-    # lexicographically smallest boundary tuple among all optimal partitions.
-    best: list[list[int | None]] = [[None] * (m + 1) for _ in range(groups + 1)]
-    best[0][m] = 0
-    for j in range(1, groups + 1):
-        for i in range(m - j, -1, -1):
-            options = [
-                cost(i, end) + rest
-                for end in range(i + 1, m - j + 2)
-                if (rest := best[j - 1][end]) is not None
-            ]
-            best[j][i] = min(options) if options else None
-    ends: list[int] = []
-    start = 0
-    for j in range(groups, 0, -1):
-        target = best[j][start]
-        for end in range(start + 1, m - j + 2):
-            rest = best[j - 1][end]
-            if rest is not None and cost(start, end) + rest == target:
-                ends.append(end)
-                start = end
-                break
-    return ends
 
 
 def by_length_group(scores: Iterable[ItemScore], partition: LengthPartition) -> list[GroupMetrics]:

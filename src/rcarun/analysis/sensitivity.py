@@ -1,33 +1,9 @@
 """Sensitivity of root-step scores to which human label is the reference (LongRCA App. K.1, Table 22).
 
-Why a module of its own: annotators disagree on the root step (40.3% exact agreement in the paper), so a lead in
-Step Acc could depend on which annotation became the final label. App. K.1 checks that by re-scoring fixed
-predictions against observed human annotations drawn at random, and this project had no code for it.
-
-The protocol ("Sensitivity to observed root-step labels"), per backbone:
-
-- The subset: the run's expected trajectories with at least two observed annotations (the paper's 294
-  multiply annotated full-scale trajectories). Predictions stay fixed (realization 0 of each method; a missing
-  or invalid step is an error, as everywhere), and scores weight trajectories equally.
-- ``final``: Step Acc and Step ±5 against the run's final reference roots on the subset.
-- ``draws`` draws (10,000; seed 20260918): each draw picks, per trajectory and uniformly, one observed
-  annotation and uses its root step as the reference for every method. Per method and metric: the mean over
-  draws and the ``(1 − confidence)/2`` and ``(1 + confidence)/2`` quantiles (``numpy.quantile``, linear: the
-  2.5th and 97.5th percentiles at 95%); ``rank1``: the share of draws in which the method strictly leads every
-  other method (ties are not wins).
-- Gap rows: the reference method minus the strongest other method *in each draw*, with the same summaries.
-- Ordering rows (Table 22's "Full ordering retained"): per metric, the share of draws in which the full ordering
-  of the methods is the final labels' one: every pair of methods compares the same way in the draw as under the
-  final labels. As for rank 1, an order needs a strict lead: a draw that ties two methods the final labels set
-  apart does not retain the ordering (and a tie under the final labels is retained only by a draw that ties
-  them too).
-
-Only root steps are resampled: roles, and so Agent Acc, do not enter. The intervals describe label
-sensitivity on fixed samples, not population confidence intervals.
-
-Annotations file (`load_annotations`): ``.csv`` or ``.jsonl`` with one row per observed annotation and at least
-the columns ``question_ID`` and ``step`` (0-based; an integer or a string holding one); other columns (an
-annotator id, a role) are ignored. Rows of one qid are its observed annotations, repeats included.
+Annotators disagree on the root step, so a lead in Step Acc could depend on which annotation became the final
+label. `label_sensitivity` re-scores fixed predictions against observed annotations drawn at random;
+`load_annotations` reads them. Only root steps are resampled (Agent Acc does not enter), and the intervals
+describe label sensitivity on fixed samples, not population confidence. Protocol: docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -43,17 +19,17 @@ from rcarun.data import parse_step
 from rcarun.errors import DataError
 
 from .fidelity import require_draws_over
-from .scoring import STEP_TOLERANCE, Expected, ItemScore
+from .scoring import METRICS, STEP_TOLERANCE, Expected, ItemScore
 from .submission import table_rows
 
 __all__ = ["ANNOTATION_SEED", "label_sensitivity", "load_annotations"]
 
 ANNOTATION_SEED = 20260918  # App. K.1
-_METRICS = ("step_acc", "step_pm5")
+_METRICS = tuple(m.name for m in METRICS if m.label_sensitive)
 
 
 def load_annotations(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Observed root steps per qid, in file order (module docstring).
+    """Observed root steps per qid, in file order (docs/analysis.md).
 
     Raises:
         DataError: an unreadable file, an unknown extension, a missing column, a row without a ``question_ID``
@@ -145,7 +121,7 @@ def label_sensitivity(
     seed: int = ANNOTATION_SEED,
     confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """App. K.1's root-step label sensitivity for one backbone's methods (module docstring).
+    """App. K.1's root-step label sensitivity for one backbone's methods (docs/analysis.md).
 
     Args:
         expected: the run's expected trajectories; every list of ``cells`` is over them, in their order.
@@ -217,7 +193,7 @@ def _ordering(
     methods: Sequence[str], final: Mapping[str, float], draws: npt.NDArray[np.float64]
 ) -> dict[str, Any]:
     """The final labels' ordering of ``methods`` in tiers, and the share of draws (rows of ``draws``, in
-    ``methods`` order) that keep every pairwise comparison of it (module docstring)."""
+    ``methods`` order) that keep every pairwise comparison of it (docs/analysis.md)."""
     finals = np.array([final[m] for m in methods])
     expected = np.sign(finals[:, None] - finals[None, :])
     found = np.sign(draws[:, None, :] - draws[None, :, :])  # (methods × methods × draws)

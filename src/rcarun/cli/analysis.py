@@ -41,6 +41,13 @@ __all__ = [
 
 def add_analysis_commands(commands: Any, default_db: str) -> None:
     """Register score, export, cost and report on the top-level subparsers."""
+    _add_score(commands)
+    _add_export(commands, default_db)
+    _add_cost(commands, default_db)
+    _add_studies(_add_report(commands, default_db))
+
+
+def _add_score(commands: Any) -> None:
     score = commands.add_parser("score", help="score a predictions.jsonl submission against references")
     score.add_argument(
         "predictions", help="predictions.jsonl: {question_ID, predicted_role, predicted_step} per line"
@@ -56,6 +63,8 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     )
     score.add_argument("--keep-handoff", action="store_true", help="ablation role rule: keep (-> X) suffixes")
 
+
+def _add_export(commands: Any, default_db: str) -> None:
     export = commands.add_parser("export", help="write one backbone x method as a leaderboard submission")
     _db_and_run(export, default_db)
     export.add_argument("--backbone", required=True)
@@ -63,6 +72,8 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     export.add_argument("--realization", type=int, default=0, help="0-based (default 0)")
     export.add_argument("--out", required=True, help="directory for predictions.jsonl and leaderboard.json")
 
+
+def _add_cost(commands: Any, default_db: str) -> None:
     cost = commands.add_parser(
         "cost",
         help="tokens, USD and latency per backbone x method x stage; per backbone, streamed answers, time to "
@@ -71,7 +82,10 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
     _db_and_run(cost, default_db)
     cost.add_argument("--json", action="store_true", help="print the rows as JSON")
 
-    report = commands.add_parser(
+
+def _add_report(commands: Any, default_db: str) -> argparse.ArgumentParser:
+    """`rcarun report` and its protocol flags; `_add_studies` adds those of the optional studies."""
+    report: argparse.ArgumentParser = commands.add_parser(
         "report", help="accuracy, paired comparisons, repeatability and cost of a run"
     )
     _db_and_run(report, default_db)
@@ -136,6 +150,11 @@ def add_analysis_commands(commands: Any, default_db: str) -> None:
         choices=["fields", "error"],
         help="score an abstaining output on its fields (main protocol) or as an error (ablation protocol)",
     )
+    return report
+
+
+def _add_studies(report: argparse.ArgumentParser) -> None:
+    """`rcarun report`'s flags of App. A's calibration and App. K.1's label sensitivity."""
     report.add_argument(
         "--calibrate-against",
         metavar="FULL_RUN",
@@ -287,16 +306,19 @@ def _number(value: float | None, digits: int) -> str:
 
 
 def _metrics_table(rows: Mapping[str, Metrics]) -> str:
-    header = (
-        f"{'':<24} {'n':>6} {'Agent':>7} {'Step':>7} {'Step±5':>7} {'Joint':>7} {'Joint±5':>8} "
-        f"{'MAE':>7} {'Cov.':>7}"
+    from rcarun.analysis import METRICS
+
+    widths = [max(7, len(m.column) + 1) for m in METRICS]
+    header = f"{'':<24} {'n':>6} " + " ".join(
+        f"{m.column:>{w}}" for m, w in zip(METRICS, widths, strict=True)
     )
     lines = [header, "-" * len(header)]
-    for name, m in rows.items():
-        lines.append(
-            f"{name:<24} {m.n:>6} {m.agent_acc:>7.1%} {m.step_acc:>7.1%} {m.step_pm5:>7.1%} {m.joint_exact:>7.1%} "
-            f"{m.joint_pm5:>8.1%} {_number(m.root_mae, 1):>7} {m.coverage:>7.1%}"
-        )
+    for name, row in rows.items():
+        cells = []
+        for metric, width in zip(METRICS, widths, strict=True):
+            value = getattr(row, metric.name)
+            cells.append(f"{value:>{width}.1%}" if metric.fraction else f"{_number(value, 1):>{width}}")
+        lines.append(f"{name:<24} {row.n:>6} " + " ".join(cells))
     return "\n".join(lines)
 
 

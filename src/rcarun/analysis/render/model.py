@@ -1,0 +1,469 @@
+"""The renderers' shared ground: number formats, the table model, and reading the report dict."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..scoring import METRIC_BY_NAME, METRICS
+from ..stats import stratified_interval
+
+DASH = "–"
+_GAP = "  "  # between text columns; two spaces so that names with single spaces stay one cell
+_TEXT_WIDTH = 100
+_DPI = 110
+_METRICS = tuple(m.name for m in METRICS)
+_SIMULATED = (
+    "SIMULATED BACKBONES: every backbone in this run was rcarun's mock server, or a local model with random "
+    "weights (tiny). The numbers below show the engine at work (scoring, statistics, cost accounting); they are "
+    "not any model's accuracy."
+)
+
+
+# --- number formatting ---------------------------------------------------------------------------------------
+
+
+def _num(row: Mapping[str, Any] | None, key: str) -> float | None:
+    """A finite number from the dict, or None (missing, null or NaN)."""
+    if row is None:
+        return None
+    value = row.get(key)
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(row: Mapping[str, Any], key: str) -> str:
+    value = row.get(key)
+    return "" if value is None else str(value)
+
+
+def _pct(value: float | None) -> str:
+    return DASH if value is None else f"{value * 100:.1f}"
+
+
+def _steps(value: float | None) -> str:
+    return DASH if value is None else f"{value:.1f}"
+
+
+def _usd(value: float | None) -> str:
+    return DASH if value is None else f"{value:.4f}"
+
+
+def _p(value: float | None) -> str:
+    return DASH if value is None else f"{value:#.3g}"
+
+
+def _count(value: float | None) -> str:
+    return DASH if value is None else f"{round(value):,}"
+
+
+def _is_fraction(metric: str) -> bool:
+    """A fraction is shown as a percentage, the MAE in steps; an unknown name is a fraction unless an MAE."""
+    found = METRIC_BY_NAME.get(metric)
+    return found.fraction if found else "mae" not in metric
+
+
+def _metric_value(metric: str, value: float | None) -> str:
+    return _pct(value) if _is_fraction(metric) else _steps(value)
+
+
+# --- the table model -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    text: str
+    best: bool = False
+    muted: bool = False  # a status word where a number would be (HTML: italic, dark red)
+    interval: str = ""  # HTML only: the number's confidence interval, beside it
+    reason: str = ""  # HTML only: why a muted cell has no number
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    cells: tuple[_Cell, ...]
+    total: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A table of plain-text cells.
+
+    ``label_columns`` leading columns hold names (left-aligned); the rest hold numbers (right-aligned).
+    ``groups`` are spanning headers (label, number of columns) over the number columns, as in Table 3.
+    """
+
+    columns: tuple[str, ...]
+    rows: tuple[_Row, ...]
+    label_columns: int = 1
+    groups: tuple[tuple[str, int], ...] = ()
+    caption: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    key: str
+    title: str
+    tables: tuple[_Table, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _row(*texts: str, total: bool = False) -> _Row:
+    return _Row(tuple(_Cell(t) for t in texts), total=total)
+
+
+_Columns = Sequence[tuple[str, Callable[[float | None], str] | None]]
+
+
+def _keyed_row(row: Mapping[str, Any], columns: _Columns) -> _Row:
+    """A row of the dict's values under each key: text (no format) or a number in its format."""
+    return _row(*(_text(row, key) if fmt is None else fmt(_num(row, key)) for key, fmt in columns))
+
+
+# --- reading the report ----------------------------------------------------------------------------------------
+
+
+def _rows(report: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = report.get(key)
+    return [row for row in value if isinstance(row, Mapping)] if isinstance(value, Sequence) else []
+
+
+def _presets(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    value = cell.get("presets")
+    return value if isinstance(value, Mapping) else {}
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _aggregate(report: Mapping[str, Any]) -> str:
+    return "pooled" if report.get("aggregate") == "pooled" else "macro"
+
+
+def _first_realizations(report: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """(backbone, method) -> its metrics row with the lowest realization, in the report's order."""
+    chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in _rows(report, "metrics"):
+        key = (_text(row, "backbone"), _text(row, "method"))
+        realization = _num(row, "realization") or 0.0
+        if key not in chosen or realization < (_num(chosen[key], "realization") or 0.0):
+            chosen[key] = row
+    return chosen
+
+
+def _headline(report: Mapping[str, Any], row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The metric dict of the report's aggregate: the ``macro`` sub-dict or the top-level (pooled) keys."""
+    if _aggregate(report) == "pooled":
+        return row
+    macro = row.get("macro")
+    return macro if isinstance(macro, Mapping) else None
+
+
+def _sources(report: Mapping[str, Any]) -> list[str]:
+    names: list[str] = []
+    for row in _rows(report, "metrics"):
+        per_source = row.get("per_source")
+        if isinstance(per_source, Mapping):
+            names.extend(str(s) for s in per_source)
+    return _unique(names)
+
+
+def _per_source(row: Mapping[str, Any], source: str) -> Mapping[str, Any] | None:
+    per_source = row.get("per_source")
+    if not isinstance(per_source, Mapping):
+        return None
+    metrics = per_source.get(source)
+    return metrics if isinstance(metrics, Mapping) else None
+
+
+def _aggregate_label(report: Mapping[str, Any]) -> str:
+    if _aggregate(report) == "pooled":
+        return "pooled: every trajectory weighs the same"
+    k = len(_sources(report))
+    name = f"Macro-{k}" if k else "macro"
+    return f"{name}: each source's mean, then the unweighted mean over sources"
+
+
+def _protocol(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = report.get("protocol")
+    return found if isinstance(found, Mapping) else {}
+
+
+def _rule_note(report: Mapping[str, Any], *, full: bool = False) -> tuple[str, ...]:
+    """The scoring rule a table used, as a footnote: in full, or in short (none for a dict from before
+    protocols)."""
+    protocol = _protocol(report)
+    rule = _text(protocol, "scoring_rule")
+    if not rule:
+        return ()
+    name = _text(protocol, "name")
+    if full:
+        return (f"Scoring rule{f' ({name} protocol)' if name else ''}: {rule}.",)
+    abstentions = (
+        "abstentions scored on their fields"
+        if protocol.get("abstentions") == "fields"
+        else "abstentions as errors"
+    )
+    suffixes = "handoff suffixes kept" if protocol.get("keep_handoff") is True else "handoff suffixes dropped"
+    return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
+
+
+def _has_gpu(report: Mapping[str, Any]) -> bool:
+    """Whether any cost row charges self-hosted GPU time (``gpu_usd``, present in newer reports only)."""
+    return any(_num(row, "gpu_usd") for row in _rows(report, "cost"))
+
+
+def _usd_per_trajectory(report: Mapping[str, Any], *, with_gpu: bool = False) -> dict[tuple[str, str], float]:
+    """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped); with
+    ``with_gpu``, plus the cell's GPU charge over its work items (the most items any of its stages saw)."""
+    totals: dict[tuple[str, str], float] = {}
+    gpu: dict[tuple[str, str], float] = {}
+    items: dict[tuple[str, str], float] = {}
+    for row in _rows(report, "cost"):
+        key = (_text(row, "backbone"), _text(row, "method"))
+        value = _num(row, "usd_per_trajectory")
+        if value is not None:
+            totals[key] = totals.get(key, 0.0) + value
+        gpu[key] = gpu.get(key, 0.0) + (_num(row, "gpu_usd") or 0.0)
+        items[key] = max(items.get(key, 0.0), _num(row, "items") or 0.0)
+    if with_gpu:
+        for key, charge in gpu.items():
+            if charge and items[key]:
+                totals[key] = totals.get(key, 0.0) + charge / items[key]
+    return totals
+
+
+def _best_flags(values: Sequence[float | None], fmt: Callable[[float | None], str]) -> list[bool]:
+    """Mark the highest value as displayed (so that visible ties are all marked); nothing with < 2 values, and
+    nothing when the highest is 0 (no method is best at getting nothing right). None does not compete."""
+    shown = [float(fmt(v)) if v is not None else None for v in values]
+    present = [v for v in shown if v is not None]
+    if len(present) < 2 or max(present) <= 0:
+        return [False] * len(values)
+    top = max(present)
+    return [v is not None and v == top for v in shown]
+
+
+# --- outcomes ------------------------------------------------------------------------------------------------
+
+
+_PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreadable items as errors
+_MAX_OUTCOME_NOTES = 16
+
+
+def _outcomes(report: Mapping[str, Any]) -> dict[tuple[str, str, int], Mapping[str, Any]]:
+    """(backbone, method, realization) -> its outcome row."""
+    return {
+        (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0)): row
+        for row in _rows(report, "outcomes")
+    }
+
+
+def _int(row: Mapping[str, Any] | None, key: str) -> int:
+    return round(_num(row, key) or 0)
+
+
+def _clean(row: Mapping[str, Any]) -> bool:
+    """Every expected trajectory has a readable prediction that the model decided."""
+    return _int(row, "readable") == _int(row, "expected") and _int(row, "fallback") == 0
+
+
+def _min_share(report: Mapping[str, Any]) -> float:
+    found = report.get("protocol")
+    share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
+    return 0.5 if share is None else share
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Why a cell's number must not be read as a score: its status word and, for the page, the reason."""
+
+    word: str
+    reason: str
+
+
+def _failure(
+    report: Mapping[str, Any],
+    row: Mapping[str, Any],
+    outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
+) -> _Failure | None:
+    """The failure of a backbone × method × realization cell, or None when its number rests on answers.
+
+    A cell fails when the report does not show its number (``shown`` false in its metrics or outcome row), when
+    it has no scored prediction (``n`` 0), or when its readable answers cover less of its expected trajectories
+    than the report's threshold (``min_readable_share``): the last is checked here too, so a number is never
+    marked best on the word of a flag alone.
+    """
+    key = (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0))
+    outcome = (_outcomes(report) if outcomes is None else outcomes).get(key)
+    expected, readable = _int(outcome, "expected"), _int(outcome, "readable")
+    low = outcome is not None and (expected == 0 or readable < _min_share(report) * expected)
+    hidden = row.get("shown") is False or (outcome is not None and outcome.get("shown") is False)
+    if not (low or hidden or _num(row, "n") == 0):
+        return None
+    status = _text(row, "status") or _text(outcome or {}, "status")
+    word = status if status and status not in ("complete", "partial") else "too few readable"
+    found = outcome.get("messages") if outcome is not None else None
+    messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    entry = messages.get("invalid" if word == "unreadable" else "failed")
+    message = _text(entry, "message") if isinstance(entry, Mapping) else ""
+    if len(message) > _WHY_CHARS:
+        message = message[: _WHY_CHARS - 1] + "…"
+    counts = f"{readable} of {expected} answers readable" if outcome is not None else "no answers scored"
+    return _Failure(word, f"{message} ({counts})" if message else counts)
+
+
+_WHY_CHARS = 72
+
+
+def _confidence(report: Mapping[str, Any]) -> float:
+    level = _num(_protocol(report), "confidence")
+    return 0.95 if level is None or not 0 < level < 1 else level
+
+
+def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+    """The report's interval for one cell's headline Agent or Step Acc; None when the cell has no number.
+
+    A report dict without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
+    its per-source counts, which is what the report computes.
+    """
+    headline = _headline(report, row)
+    estimate = _num(headline, metric)
+    if estimate is None or headline is None:
+        return None
+    carried = headline.get("intervals")
+    bounds = carried.get(metric) if isinstance(carried, Mapping) else None
+    if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int | float) for b in bounds):
+        return float(bounds[0]), float(bounds[1])
+    strata = []
+    found = row.get("per_source")
+    for metrics in found.values() if isinstance(found, Mapping) else ():
+        n, p = _num(metrics, "n"), _num(metrics, metric)
+        if isinstance(metrics, Mapping) and n and p is not None:
+            strata.append((n, p))
+    if not strata:  # a dict without sources: the headline as one binomial
+        n = _num(headline, "n") or _num(row, "n")
+        if not n:
+            return None
+        strata = [(n, estimate)]
+    found = stratified_interval(
+        estimate,
+        strata,
+        weighting="pooled" if _aggregate(report) == "pooled" else "macro",
+        confidence=_confidence(report),
+    )
+    return found.low, found.high
+
+
+def _totals(report: Mapping[str, Any]) -> str | None:
+    """One line over every cell: expected items, predictions, unreadable, fallback, failed, skipped, unrun."""
+    rows = _rows(report, "outcomes")
+    if not rows:
+        return None
+    total = {k: sum(_int(r, k) for r in rows) for k in _OUTCOME_KEYS}
+    unrun = total["interrupted"] + total["not_run"]
+    return (
+        f"items: {total['expected']:,} expected over {len(rows):,} backbone × method × realization cells; "
+        f"{total['predictions']:,} predictions ({total['invalid']:,} unreadable, {total['fallback']:,} decided by "
+        f"a fallback); {total['failed']:,} failed, {total['skipped_budget']:,} skipped for budget, {unrun:,} "
+        "interrupted or not run"
+    )
+
+
+_OUTCOME_KEYS = (
+    "expected",
+    "predictions",
+    "invalid",
+    "fallback",
+    "failed",
+    "skipped_budget",
+    "interrupted",
+    "not_run",
+)
+
+
+def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
+    """What one cell's number rests on, in words."""
+    expected, predictions = _int(row, "expected"), _int(row, "predictions")
+    invalid, fallback = _int(row, "invalid"), _int(row, "fallback")
+    failed, skipped = _int(row, "failed"), _int(row, "skipped_budget")
+    unrun = _int(row, "interrupted") + _int(row, "not_run")
+    parts = [f"{predictions} of {expected} have a prediction"]
+    if invalid:
+        parts.append(f"{invalid} unreadable")
+    if fallback:
+        parts.append(f"{fallback} decided by a fallback")
+    missing = [
+        f"{count} {word}"
+        for count, word in (
+            (failed, "failed"),
+            (skipped, "skipped for budget"),
+            (unrun, "interrupted or not run"),
+        )
+        if count
+    ]
+    text = f"{label}: {', '.join(parts)}"
+    if missing:
+        text += f"; {', '.join(missing)}"
+    if row.get("shown") is False:
+        if predictions == 0:
+            return f"{text}. Not scored ({_text(row, 'status')}): no answer to rest a number on."
+        return (
+            f"{text}. Not shown ({_text(row, 'status')}): only {_int(row, 'readable')} readable answers; "
+            "not compared."
+        )
+    errors = failed + skipped + unrun
+    if errors or invalid:
+        text += (
+            f". Its numbers count {errors} failed, skipped or unrun item{'s' if errors != 1 else ''} "
+            f"and {invalid} unreadable answer{'s' if invalid != 1 else ''} as errors"
+        )
+    return text + "."
+
+
+def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int]]) -> list[str]:
+    """The sentences of the cells among ``keys`` whose numbers count errors (or are not shown), capped, then a
+    pointer to Outcomes. A cell whose every answer was read, some decided by a published fallback, has no note
+    under the accuracy table (its number counts no error); the Outcomes section lists it."""
+    outcomes = _outcomes(report)
+    single = len({b for b, _, _ in outcomes}) == 1
+    sentences = []
+    for backbone, method, realization in keys:
+        row = outcomes.get((backbone, method, realization))
+        if row is None or _int(row, "readable") == _int(row, "expected"):
+            continue
+        label = method if single else f"{backbone} · {method}"
+        sentences.append(_outcome_sentence(label, row))
+    if len(sentences) > _MAX_OUTCOME_NOTES:
+        more = len(sentences) - _MAX_OUTCOME_NOTES
+        sentences = [
+            *sentences[:_MAX_OUTCOME_NOTES],
+            f"… and {more} more backbone × method cells: see Outcomes.",
+        ]
+    return sentences
+
+
+def _with_interval(value: float | None, bounds: object) -> str:
+    """``12.5 [5.1, 27.0]`` from a fraction and its [low, high] (percent); the bare number without bounds."""
+    if value is None:
+        return DASH
+    if not isinstance(bounds, list | tuple) or len(bounds) != 2:
+        return _pct(value)
+    low, high = bounds
+    return f"{value * 100:.1f} [{low * 100:.1f}, {high * 100:.1f}]"
+
+
+def _delta_interval(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Δ and its interval in percentage points."""
+    delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+    shown = DASH if delta is None else f"{delta * 100:+.1f}"
+    interval = DASH if low is None or high is None else f"[{low * 100:.1f}, {high * 100:.1f}]"
+    return shown, interval
+
+
+def _span(bounds: object) -> str:
+    return f"{bounds[0]}–{bounds[1]}" if isinstance(bounds, list | tuple) and len(bounds) == 2 else DASH

@@ -1,0 +1,172 @@
+"""The HTML page's opening facts: run, items and failures by cause, coverage, spend, serving."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .cost import _TOKENS, _sum
+from .model import (
+    _OUTCOME_KEYS,
+    _WHY_CHARS,
+    DASH,
+    _aggregate_label,
+    _count,
+    _has_gpu,
+    _int,
+    _num,
+    _pct,
+    _protocol,
+    _rows,
+    _text,
+    _unique,
+    _usd,
+)
+from .plots import _short
+
+
+@dataclass(frozen=True, slots=True)
+class _Fact:
+    label: str
+    text: str
+    more: tuple[str, ...] = ()  # folded lines under it (serve commands)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _failure_causes(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The failed items by their most frequent message per cell, largest first; the rest as "other"."""
+    causes: dict[str, int] = {}
+    for row in rows:
+        found = row.get("messages")
+        entry = found.get("failed") if isinstance(found, Mapping) else None
+        if isinstance(entry, Mapping):
+            message = _short(_text(entry, "message"), _WHY_CHARS)
+            causes[message] = causes.get(message, 0) + _int(entry, "count")
+    failed = sum(_int(r, "failed") for r in rows)
+    listed = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    parts = [f"{message} ×{count:,}" for message, count in listed]
+    other = failed - sum(count for _, count in listed)
+    if other > 0:
+        parts.append(f"other ×{other:,}")
+    return "; ".join(parts)
+
+
+def _summary(report: Mapping[str, Any]) -> list[_Fact]:
+    """The page's first section: what ran, what became of it and what it cost, in numbers from the dict."""
+    found = report.get("run")
+    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    facts = [
+        _Fact(
+            "Run",
+            f"{_text(run, 'name') or 'unnamed run'} (id {_text(run, 'run_id') or DASH}, "
+            f"{_text(run, 'status') or DASH}, created {_text(run, 'created_at') or DASH})",
+        ),
+        _Fact(
+            "Simulated",
+            "yes: every backbone was rcarun's mock server or a random-weight local model; the numbers exercise "
+            "the engine, not any model"
+            if report.get("simulated")
+            else "no",
+        ),
+    ]
+    metrics, outcomes = _rows(report, "metrics"), _rows(report, "outcomes")
+    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
+    facts += [_served_fact(served) for served in _rows(report, "served_by")]
+    facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
+    protocol = _protocol(report)
+    if protocol.get("name"):
+        resamples = _num(protocol, "resamples")
+        facts.append(
+            _Fact(
+                "Protocol",
+                f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
+                f"{_count(resamples)} bootstrap resamples; reference method "
+                f"{_text(report, 'reference_method') or DASH} (every rule under Protocol and settings)",
+            )
+        )
+    expected = _num(report, "expected")
+    if expected is not None:
+        facts.append(
+            _Fact(
+                "Trajectories",
+                f"{_count(expected)} labelled, each expected in every cell; "
+                f"{_count(_num(report, 'unlabelled') or 0)} unlabelled, left out",
+            )
+        )
+    facts += _outcome_facts(outcomes)
+    cost = _rows(report, "cost")
+    if cost:
+        facts.append(_spend_fact(report, cost))
+    return facts
+
+
+def _served_fact(served: Mapping[str, Any]) -> _Fact:
+    """How a self-hosted backbone was served: vLLM version, replicas, GPUs, GPU time and the commands."""
+    text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
+    text += _plural(_int(served, "replicas"), "replica")
+    if _num(served, "gpus") is not None:
+        text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
+    if _num(served, "gpu_usd") is not None:
+        text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
+    commands = served.get("commands")
+    listed = (
+        tuple(str(c) for c in commands)
+        if isinstance(commands, Sequence) and not isinstance(commands, str)
+        else ()
+    )
+    return _Fact("Served by", text, listed)
+
+
+def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
+    """Items by outcome, failures by cause, and coverage over every cell."""
+    facts: list[_Fact] = []
+    if outcomes:
+        total = {k: sum(_int(r, k) for r in outcomes) for k in (*_OUTCOME_KEYS, "readable")}
+        facts.append(
+            _Fact(
+                "Items",
+                f"{total['expected']:,} expected over {_plural(len(outcomes), 'cell')} (backbone × method × "
+                f"realization): {total['predictions']:,} done, {total['failed']:,} failed, "
+                f"{total['skipped_budget']:,} skipped for budget, {total['interrupted']:,} interrupted, "
+                f"{total['not_run']:,} not run",
+            )
+        )
+        if total["failed"]:
+            facts.append(_Fact("Failed, by cause", _failure_causes(outcomes)))
+        statuses: dict[str, int] = {}
+        for row in outcomes:
+            statuses[_text(row, "status")] = statuses.get(_text(row, "status"), 0) + 1
+        hidden = ", ".join(f"{n} {w}" for w, n in statuses.items() if w not in ("complete", "partial"))
+        share = total["readable"] / total["expected"] if total["expected"] else None
+        facts.append(
+            _Fact(
+                "Coverage",
+                f"{total['readable']:,} of {total['expected']:,} expected answers readable ({_pct(share)}%; "
+                f"{total['invalid']:,} unreadable, {total['fallback']:,} decided by a fallback); cells: "
+                f"{statuses.get('complete', 0)} complete, {statuses.get('partial', 0)} partial"
+                + (f", not shown: {hidden}" if hidden else ""),
+            )
+        )
+    return facts
+
+
+def _spend_fact(report: Mapping[str, Any], cost: Sequence[Mapping[str, Any]]) -> _Fact:
+    """API spend (and GPU time when cost rows carry it), tokens, calls and cache hits."""
+    api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
+    money = f"{_usd(api)} USD API"
+    if _has_gpu(report):
+        money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
+    tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
+    return _Fact(
+        "Spend",
+        f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
+        f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
+        f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
+        "cache hits",
+    )
