@@ -17,8 +17,9 @@ from rcarun.runner.config import (
     narrow_sweep,
 )
 from rcarun.runner.runtime import BackboneCounters, StopController, WorkItem
-from rcarun.runner.scheduler import SweepOutcome, build_prices, run_sweep
+from rcarun.runner.scheduler import SweepOutcome, run_sweep
 from rcarun.runner.session import ItemSession
+from rcarun.runner.wiring import build_prices
 
 __all__ = [
     "BackboneConfig",

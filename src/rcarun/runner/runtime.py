@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from tqdm import tqdm
 
@@ -21,11 +21,9 @@ from rcarun.backends import Backend, CallProgress, ChatResult
 from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited, StopRequested
 from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.runner.local_model import ForwardCache, LocalModel
 from rcarun.store import Store, StoreWriter
 from rcarun.text import terminal_safe
-
-if TYPE_CHECKING:
-    from rcarun.runner.forward_session import ForwardCache, LocalModel
 
 __all__ = [
     "BackboneCounters",
@@ -341,7 +339,7 @@ class RunContext:
     limit: int | None = None
     # How the runner says something the user must read now (a backbone stopped, writes failing): one line.
     announce: Callable[[str], None] = announce_line
-    # Where local backbones keep their forward passes (`rcarun.runner.forward_session`); None: no local backbone.
+    # Where local backbones keep their forward passes (`rcarun.runner.local_model`); None: no local backbone.
     forward_cache: ForwardCache | None = None
     # Admission waits here while results.db refuses writes; None: never (a caller without a writer's trouble).
     write_pause: WritePause | None = None
