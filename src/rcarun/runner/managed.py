@@ -101,44 +101,15 @@ async def managed_backbones(
     # Pairs a start with its stop even where sessions interleave (a run merged from several machines).
     sessions = {name: uuid.uuid4().hex[:16] for name in fleets}
 
-    async def stop(name: str, fleet: ManagedReplicas) -> None:
-        try:
-            await fleet.stop()
-        finally:
-            # Only replicas that came up served the run; a start that failed stopped the sweep before any call.
-            if fleet.started:
-                on_event(
-                    REPLICAS_STOPPED,
-                    {
-                        "backbone": name,
-                        "session": sessions[name],
-                        "replicas": fleet.spec.replicas,
-                        "gpus": fleet.spec.gpu_count,
-                        "held_s": round(fleet.held_s, 3),
-                        "up_s": round(fleet.up_s, 3),
-                        "restarts": sum(fleet.restarts_used),
-                        "gpu_hour_usd": prices[name],
-                    },
-                )
-
     async with contextlib.AsyncExitStack() as stack:
         for name, fleet in fleets.items():
             on_exit(fleet.kill_now)
-            stack.push_async_callback(stop, name, fleet)
+            stack.push_async_callback(_stop, name, fleet, sessions[name], prices[name], on_event)
             announce(
                 f"backbone {name!r}: starting {fleet.spec.replicas} vLLM replicas on GPUs {list(fleet.spec.gpus)} "
                 f"(logs in {log_dir})"
             )
-        if fleets:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for fleet in fleets.values():
-                        group.create_task(fleet.start())
-            except BaseExceptionGroup as errors:
-                found = _first_rcarun_error(errors)
-                if found is None:
-                    raise
-                raise found from None
+        await _start_all(fleets)
         for name, fleet in fleets.items():
             record = fleet.record
             slowest = max(replica.startup_s for replica in record.replicas)
@@ -156,6 +127,44 @@ async def managed_backbones(
                 },
             )
         yield fleets
+
+
+async def _start_all(fleets: Mapping[str, ManagedReplicas]) -> None:
+    """Start every fleet at once; the first failure (its own one line) cancels the other starts."""
+    if not fleets:
+        return
+    try:
+        async with asyncio.TaskGroup() as group:
+            for fleet in fleets.values():
+                group.create_task(fleet.start())
+    except BaseExceptionGroup as errors:
+        found = _first_rcarun_error(errors)
+        if found is None:
+            raise
+        raise found from None
+
+
+async def _stop(
+    name: str, fleet: ManagedReplicas, session: str, gpu_hour_usd: float, on_event: EventSink
+) -> None:
+    try:
+        await fleet.stop()
+    finally:
+        # Only replicas that came up served the run; a start that failed stopped the sweep before any call.
+        if fleet.started:
+            on_event(
+                REPLICAS_STOPPED,
+                {
+                    "backbone": name,
+                    "session": session,
+                    "replicas": fleet.spec.replicas,
+                    "gpus": fleet.spec.gpu_count,
+                    "held_s": round(fleet.held_s, 3),
+                    "up_s": round(fleet.up_s, 3),
+                    "restarts": sum(fleet.restarts_used),
+                    "gpu_hour_usd": gpu_hour_usd,
+                },
+            )
 
 
 @contextlib.asynccontextmanager

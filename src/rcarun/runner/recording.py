@@ -147,13 +147,10 @@ async def settle_item(
         counters.items_interrupted += 1
         set_item("interrupted", "cancelled")
         raise
-    except RcarunError as exc:
+    except Exception as exc:  # a call's error, or a method's bug: the item's failure, never the sweep's
         counters.items_failed += 1
-        set_item("failed", f"{type(exc).__name__}: {exc}"[:2000])
-        return
-    except Exception as exc:  # a method bug must not stop the sweep; it is stored as the item's failure
-        counters.items_failed += 1
-        set_item("failed", f"unexpected {type(exc).__name__}: {exc}"[:2000])
+        kind = type(exc).__name__ if isinstance(exc, RcarunError) else f"unexpected {type(exc).__name__}"
+        set_item("failed", f"{kind}: {exc}"[:2000])
         return
     _record_prediction(context, item, attribution)
     set_item("done")

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from rcarun.runner.wiring import check_method_backbones as check_method_backbone
 from rcarun.serving import ManagedReplicas, replica_log_dir
 from rcarun.store import (
     EventRow,
+    LeaseHolder,
     LeaseKeeper,
     RunStatus,
     Store,
@@ -123,7 +124,7 @@ async def run_sweep(
     manifest, entries = _count_entries(config, limit)
     check_backbones_ready(config)
     sweep = _Sweep(
-        config,
+        config=config,
         db_path=Path(db_path),
         run_name=run_name,
         stop=stop or StopController(),
@@ -149,41 +150,30 @@ def _count_entries(config: SweepConfig, limit: int | None) -> tuple[Manifest | N
     return manifest, entries if limit is None else min(entries, limit)
 
 
+@dataclass(slots=True)
 class _Sweep:
     """One session of a run, as a sequence of steps; it holds what the steps and the callbacks of the writer,
     the lease and the managed replicas share."""
 
-    def __init__(
-        self,
-        config: SweepConfig,
-        *,
-        db_path: Path,
-        run_name: str,
-        stop: StopController,
-        methods: list[Method],
-        manifest: Manifest | None,
-        entries: int,
-        limit: int | None,
-        retry_failed: bool,
-        show_progress: bool,
-        backend_factory: BackendFactory,
-    ) -> None:
-        self.config = config
-        self.db_path = db_path
-        self.run_name = run_name
-        self.stop = stop
-        self.methods = methods
-        self.manifest = manifest
-        self.entries = entries
-        self.limit = limit
-        self.retry_failed = retry_failed
-        self.show_progress = show_progress
-        self.backend_factory = backend_factory
-        self.me = this_process()
-        self.run_id = 0
-        self.writer: StoreWriter | None = None
-        # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
-        self.write_pause = WritePause(stop, announce_line, config.sweep.write_wait_s)
+    config: SweepConfig
+    db_path: Path
+    run_name: str
+    stop: StopController
+    methods: list[Method]
+    manifest: Manifest | None
+    entries: int
+    limit: int | None
+    retry_failed: bool
+    show_progress: bool
+    backend_factory: BackendFactory
+    me: LeaseHolder = field(default_factory=this_process)
+    run_id: int = 0
+    writer: StoreWriter | None = None
+    # Nothing new is sent while answers cannot be kept; what is in flight still lands in the writer.
+    write_pause: WritePause = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.write_pause = WritePause(self.stop, announce_line, self.config.sweep.write_wait_s)
 
     async def run(self, accept_config_change: bool) -> SweepOutcome:
         store = open_store(self.db_path)
