@@ -48,17 +48,8 @@ def _states(forward: ForwardPass) -> SegmentStates:
 
 
 class ForwardSession:
-    """Implements `rcarun.methods.forward.ForwardModel` for one trajectory of one item (module docstring).
-
-    Args:
-        context: the run.
-        runtime: the local backbone.
-        model: its loaded model.
-        fingerprint: what identifies the model's numbers (`LocalModel.fingerprint`).
-        cache: where passes are kept.
-        item: the work item the passes are recorded under (a preparation's trajectory: its would-be item).
-        stage: ``forward``, or ``forward/<part>`` while preparing.
-    """
+    """`rcarun.methods.forward.ForwardModel` for one trajectory, its passes recorded under ``item`` (for a
+    preparation's trajectory, its would-be item) and ``stage``; ``fingerprint`` names the model's numbers."""
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rcarun.data import Manifest, Record
@@ -64,33 +65,42 @@ async def drive_local_backbone(
             context, runtime, model, fingerprint=local.fingerprint, cache=cache, item=item, stage=stage
         )
 
-    ids = trajectories.ids
     for method in readers:
         for realization in range(context.config.sweep.realizations):
             if context.stop.admission_stopped or runtime.stopped is not None:
                 return
-            finished = _finished_qids(context, runtime.name, method.label, realization, ids, retry_failed)
-            prepared = _prepared_items(context, runtime.name, method.label, realization)
+            cell = _Cell(context, runtime, method, realization, session)
+            finished = _finished_qids(cell, trajectories.ids, retry_failed)
+            prepared = _prepared_items(cell)
             if prepared is not None and prepared <= finished:
                 continue  # every item of this realization is finished: nothing to prepare for
-
-            def model_for(
-                qid: str, stage: str, label: str = method.label, r: int = realization
-            ) -> ForwardSession:
-                return session(WorkItem(runtime.name, label, qid, r), stage)
-
             try:
-                preparation = await method.prepare(trajectories, model_for, realization)
+                preparation = await method.prepare(trajectories, cell.session_for, realization)
             except StopRequested:
                 return
             except Exception as error:  # one line for every item of the realization; the sweep goes on
-                _preparation_failed(context, runtime, method, realization, ids, finished, error)
+                _preparation_failed(cell, trajectories.ids, finished, error)
                 continue
-            _record_preparation(context, runtime, method, realization, preparation, len(ids))
+            _record_preparation(cell, preparation, len(trajectories.ids))
             pending = [qid for qid in preparation.items if qid not in finished]
-            await _answer_local_items(
-                context, runtime, method, realization, preparation, pending, trajectories.load, session
-            )
+            await _answer_local_items(cell, preparation, pending, trajectories.load)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cell:
+    """One model-reading method's realization on a local backbone: what its preparation and items share."""
+
+    context: RunContext
+    runtime: BackboneRuntime
+    method: ModelReadingMethod
+    realization: int
+    session: Callable[[WorkItem, str], ForwardSession]
+
+    def item(self, qid: str) -> WorkItem:
+        return WorkItem(self.runtime.name, self.method.label, qid, self.realization)
+
+    def session_for(self, qid: str, stage: str) -> ForwardSession:
+        return self.session(self.item(qid), stage)
 
 
 async def _walk_ids(
@@ -117,17 +127,14 @@ async def _walk_ids(
 
 
 async def _answer_local_items(
-    context: RunContext,
-    runtime: BackboneRuntime,
-    method: ModelReadingMethod,
-    realization: int,
+    cell: _Cell,
     preparation: Preparation,
     pending: Sequence[str],
     load: Callable[[Collection[str]], Iterator[Record]],
-    session: Callable[[WorkItem, str], ForwardSession],
 ) -> None:
     if not pending:
         return
+    context, runtime = cell.context, cell.runtime
     queue: asyncio.Queue[Record | None] = asyncio.Queue(maxsize=_LOCAL_ITEMS_IN_FLIGHT)
     workers = context.config.sweep.items_in_flight or _LOCAL_ITEMS_IN_FLIGHT
 
@@ -140,8 +147,8 @@ async def _answer_local_items(
             await queue.put(None)
 
     async def answer(record: Record) -> None:
-        item = WorkItem(runtime.name, method.label, record.trajectory.qid, realization)
-        forward = session(item, FORWARD_STAGE)
+        item = cell.item(record.trajectory.qid)
+        forward = cell.session(item, FORWARD_STAGE)
         await settle_item(
             context,
             runtime,
@@ -163,90 +170,67 @@ async def _answer_local_items(
             group.create_task(work())
 
 
-def _finished_qids(
-    context: RunContext, backbone: str, method: str, realization: int, ids: Sequence[str], retry_failed: bool
-) -> frozenset[str]:
-    if context.store.count_finished_items(context.run_id, backbone, include_failed=not retry_failed) == 0:
+def _finished_qids(cell: _Cell, ids: Sequence[str], retry_failed: bool) -> frozenset[str]:
+    store, run_id, backbone = cell.context.store, cell.context.run_id, cell.runtime.name
+    if store.count_finished_items(run_id, backbone, include_failed=not retry_failed) == 0:
         return frozenset()
     return frozenset(
         qid
         for qid in ids
-        if realization
-        in context.store.finished_realizations(
-            context.run_id, backbone, method, qid, include_failed=not retry_failed
+        if cell.realization
+        in store.finished_realizations(
+            run_id, backbone, cell.method.label, qid, include_failed=not retry_failed
         )
     )
 
 
-def _prepared_items(
-    context: RunContext, backbone: str, method: str, realization: int
-) -> frozenset[str] | None:
+def _prepared_items(cell: _Cell) -> frozenset[str] | None:
     """The items an earlier session's preparation of this realization returned, None when there was none."""
     found: frozenset[str] | None = None
-    for event in context.store.events(context.run_id):
+    wanted = (cell.runtime.name, cell.method.label, cell.realization)
+    for event in cell.context.store.events(cell.context.run_id):
         if event.kind != METHOD_PREPARED:
             continue
         detail = json.loads(event.detail_json)
-        if (detail.get("backbone"), detail.get("method"), detail.get("realization")) == (
-            backbone,
-            method,
-            realization,
-        ):
+        if (detail.get("backbone"), detail.get("method"), detail.get("realization")) == wanted:
             found = frozenset(str(qid) for qid in detail.get("items", ()))
     return found
 
 
-def _record_preparation(
-    context: RunContext,
-    runtime: BackboneRuntime,
-    method: ModelReadingMethod,
-    realization: int,
-    preparation: Preparation,
-    n_ids: int,
-) -> None:
+def _record_preparation(cell: _Cell, preparation: Preparation, n_ids: int) -> None:
     """The preparation as a ``method_prepared`` event (its items: what the report scores this cell on), and the
     progress total less the trajectories that are not items."""
     add_event(
-        context,
+        cell.context,
         METHOD_PREPARED,
-        backbone=runtime.name,
-        method=method.label,
-        realization=realization,
+        backbone=cell.runtime.name,
+        method=cell.method.label,
+        realization=cell.realization,
         items=list(preparation.items),
         **preparation.detail,
     )
-    runtime.counters.items_total -= n_ids - len(preparation.items)
+    cell.runtime.counters.items_total -= n_ids - len(preparation.items)
 
 
-def _preparation_failed(
-    context: RunContext,
-    runtime: BackboneRuntime,
-    method: ModelReadingMethod,
-    realization: int,
-    ids: Sequence[str],
-    finished: Collection[str],
-    error: Exception,
-) -> None:
+def _preparation_failed(cell: _Cell, ids: Sequence[str], finished: Collection[str], error: Exception) -> None:
     """Every unfinished item of the realization fails with the reason, in one line (its split is unknown, so
     every trajectory is one of its items); ``--retry-failed`` prepares it again."""
+    context, label = cell.context, cell.method.label
     kind = type(error).__name__ if isinstance(error, RcarunError) else f"unexpected {type(error).__name__}"
     message = (
-        f"{method.label} could not prepare realization {realization}: {kind}: {' '.join(str(error).split())}"
+        f"{label} could not prepare realization {cell.realization}: {kind}: {' '.join(str(error).split())}"
     )
     context.announce(message[:600])
     add_event(
         context,
         "method_prepare_failed",
-        backbone=runtime.name,
-        method=method.label,
-        realization=realization,
+        backbone=cell.runtime.name,
+        method=label,
+        realization=cell.realization,
         message=message[:2000],
     )
     for qid in ids:
-        if qid in finished:
-            continue
-        item = WorkItem(runtime.name, method.label, qid, realization)
-        runtime.counters.items_failed += 1
-        context.writer.set_item(
-            ItemRow(**item.row_keys(context.run_id), status="failed", error=message[:2000], attempts=0)
-        )
+        if qid not in finished:
+            cell.runtime.counters.items_failed += 1
+            row_keys = cell.item(qid).row_keys(context.run_id)
+            context.writer.set_item(ItemRow(**row_keys, status="failed", error=message[:2000], attempts=0))

@@ -37,12 +37,8 @@ def forward_cache_dir(db_path: Path | str) -> Path:
 
 
 class LocalModel:
-    """One local backbone's model: loaded on first use (off the event loop), once, and closed with the sweep.
-
-    Args:
-        backbone: the backbone's name (for messages).
-        config: its configuration (``model`` and the ``local`` table).
-    """
+    """One local backbone's model: loaded on first use (off the event loop, once; a 9B model takes tens of
+    seconds), passes run one at a time on its thread, closed with the sweep."""
 
     def __init__(self, backbone: str, config: BackboneConfig) -> None:
         self.backbone = backbone
@@ -52,12 +48,8 @@ class LocalModel:
         self.fingerprint = ""
 
     async def get(self) -> LocalForwardModel:
-        """The loaded model.
-
-        Raises:
-            ConfigError: it cannot be loaded (the ``local`` extra missing, no such directory or hub name, a
-                format transformers cannot read); one line naming the backbone and the model.
-        """
+        """The loaded model, or a one-line ConfigError naming the backbone and model (the extra missing, no
+        such model, a format transformers cannot read)."""
         async with self._lock:
             if self._model is None:
                 self._model = await asyncio.to_thread(self._load)

@@ -1,12 +1,8 @@
 """The runner's side of self-hosted backbones: managed replicas for the length of a sweep, and their balancing.
 
-`rcarun.serving` owns processes and knows nothing of configs or runs; `rcarun.backends.replicas` balances URLs
-and knows nothing of processes. This module joins them for the scheduler and ``rcarun serve``: it turns a
-``[backbones.X.serve]`` table into a `ServeSpec`, starts every managed backbone's replicas together (a failure
-stops them all, with the failing replica's one line), registers a synchronous kill for a process made to exit
-at once, and for the sweep's length runs one `MetricsPoller` per vLLM backbone with several replicas and
-``balance = "metrics"``, telling the balancer when a managed replica dies or comes back (and turning prefix
-affinity on for ``balance = "affinity"``).
+Joins `rcarun.serving` (processes, no configs) and `rcarun.backends.replicas` (URLs, no processes) for the
+scheduler and ``rcarun serve``: a ``[serve]`` table becomes a `ServeSpec`, replicas start together and stop
+together, and each balancer hears of deaths and restarts (with a `MetricsPoller` for ``balance = "metrics"``).
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ __all__ = [
     "serve_spec",
 ]
 
-# The run_events kind that records what served a managed backbone (version, command lines, GPUs, ports, the
-# GPU-hour price in force).
+# The run_events kinds that record what served a managed backbone and, at the session's end, how long its
+# replicas held their GPUs (``held_s``) and could serve (``up_s``): the report charges GPU time from them.
 REPLICAS_STARTED = "replicas_started"
-# Its pair at the end of the session: how long the replicas held their GPUs (``held_s``, launch to stop) and
-# could serve (``up_s``). The report charges GPU time from these two events (`rcarun.analysis.cost`).
 REPLICAS_STOPPED = "replicas_stopped"
 # How often each replica's /metrics is read: a few hundred milliseconds, so a burst is seen within a call or two.
 METRICS_INTERVAL_S = 0.25

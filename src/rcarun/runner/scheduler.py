@@ -1,19 +1,10 @@
 """The sweep: expand method × backbone × trajectory × realization lazily and run each item once.
 
-Each backbone gets its own producer and pool of workers, so a slow or rate-limited backbone never holds back the
-others. Items are made on demand and pushed through a small bounded queue, so memory grows with the work in
-flight, not with the sweep. Items with a prediction (or failed for good) in results.db are skipped: that is all
-resume needs, since calls finished inside an interrupted item are served from the call cache.
-
-Graceful stop: `StopController.stop_admission` stops producers and new calls; calls in flight finish and are
-recorded; unfinished items are marked ``interrupted`` and run again on resume. A backbone can stop on its own (a
-provider asking to wait longer than ``max_pause_s``), and the whole run when results.db stops taking writes: the
-same path, so nothing answered is dropped on the way out.
-
-The process always ends: workers hear there is no more work only on the producer's normal way out (never from a
-``finally`` that could wait on a queue nobody reads), an error in one backbone's loop cancels the others through
-their task group, and a sweep holds its run's lease (`rcarun.store.LeaseKeeper`) so that a second process on
-the same run is refused instead of paying for everything twice.
+Each backbone has its own producer and workers, so a slow one never holds back the others, and a bounded queue,
+so memory grows with the work in flight, not with the sweep. Finished items are skipped: that is all resume
+needs (calls inside an interrupted item are served from the call cache). A stop (Ctrl-C, a backbone's own, or
+results.db refusing writes) ends admission; calls in flight finish and are recorded, unfinished items are marked
+``interrupted``. The run's lease (`rcarun.store.LeaseKeeper`) refuses a second process on the same run.
 """
 
 from __future__ import annotations
@@ -104,11 +95,9 @@ async def run_sweep(
 ) -> SweepOutcome:
     """Run (or resume) the sweep named ``run_name`` into ``db_path``.
 
-    Resume skips items with a prediction and items that failed for good; ``retry_failed`` runs the failed
-    ones again (after a key, a quota or a config was fixed). ``limit`` runs only the first N usable
-    trajectories of the dataset (its order), for a smoke run that a later full run resumes. A resume whose
-    answer-deciding settings differ from the run's is refused (`rcarun.runner.drift`) unless
-    ``accept_config_change``.
+    ``retry_failed`` runs failed items again; ``limit`` runs only the first N usable trajectories (a smoke run
+    that a later full run resumes). A resume whose answer-deciding settings differ from the run's is refused
+    (`rcarun.runner.drift`) unless ``accept_config_change``.
 
     Raises:
         ConfigError: the config cannot be run (unknown method, duplicate labels, missing key variable, settings
@@ -152,8 +141,8 @@ def _count_entries(config: SweepConfig, limit: int | None) -> tuple[Manifest | N
 
 @dataclass(slots=True)
 class _Sweep:
-    """One session of a run, as a sequence of steps; it holds what the steps and the callbacks of the writer,
-    the lease and the managed replicas share."""
+    """One session of a run as a sequence of steps, holding what they and the writer's, the lease's and the
+    replicas' callbacks share."""
 
     config: SweepConfig
     db_path: Path

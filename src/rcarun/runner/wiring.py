@@ -1,8 +1,5 @@
-"""Config → runtime: the methods, prices, budgets, backend settings and gates a sweep's configuration asks for.
-
-Everything here is checked or built before the first call, so that a config that cannot run is refused in one
-line before the run row exists.
-"""
+"""Config → runtime: the methods, prices, budgets, backends and gates a sweep's configuration asks for, checked
+and built before the first call (a config that cannot run is refused before the run row exists)."""
 
 from __future__ import annotations
 
@@ -58,11 +55,7 @@ _NOT_SERVED_YET = ("http://127.0.0.1/v1",)
 
 
 def create_methods(config: SweepConfig) -> list[Method]:
-    """The sweep's methods, each checked against the backbones it may run on.
-
-    Raises:
-        ConfigError: an unknown method or bad options, duplicate labels, or methods and backbones that do not pair.
-    """
+    """The sweep's methods, checked against its backbones (`check_method_backbones`) and for unique labels."""
     methods = [create_method(m.name, label=m.resolved_label, options=m.options) for m in config.methods]
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
@@ -135,11 +128,7 @@ def methods_run_by(runtime: BackboneRuntime, methods: Sequence[Method]) -> list[
 
 
 def check_backbones_ready(config: SweepConfig) -> None:
-    """Every key variable is set and the ``local`` extra is installed where needed, before the run row exists.
-
-    Raises:
-        ConfigError: one line naming the variable or the extra.
-    """
+    """Every key variable is set and the ``local`` extra installed where needed (else one ConfigError line)."""
     for name, backbone in config.backbones.items():
         if not backbone.is_local:
             backend_settings(name, backbone, pool_size=backbone.limits.concurrency).read_api_key()
