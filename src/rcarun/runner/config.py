@@ -1,10 +1,8 @@
-"""Sweep and backbone configuration: TOML files parsed into typed models, unknown keys rejected.
+"""Sweep and backbone configuration as typed models, unknown keys rejected (files are read by `loading`).
 
-Backbones are defined inline (``[backbones.NAME]``) or taken by name from a shared file (``backbones_file`` +
-``use``); relative paths are resolved against the config file's directory. A config that cannot work is refused
-here, before any run exists: URLs must be http(s) with a host, numbers finite, price windows ``HH:MM``, and no
-header or body field may carry a literal credential (results.db echoes the config; keys come only from the
-environment variables named by ``api_key_env``).
+A config that cannot work is refused before any run exists: URLs must be http(s) with a host, numbers finite,
+price windows ``HH:MM``, and no header or body field may carry a literal credential (results.db echoes the
+config; keys come only from the environment variables named by ``api_key_env``).
 """
 
 from __future__ import annotations
@@ -12,10 +10,8 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import tomllib
 import unicodedata
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -24,7 +20,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -32,12 +27,11 @@ from pydantic import (
 from rcarun.backends.presets import PRESETS
 from rcarun.backends.transports import transport_names
 from rcarun.data import LONGRCA_MINI
-from rcarun.errors import ConfigError
-from rcarun.methods import create_method
 from rcarun.serving import RESERVED_FLAGS as _SERVE_RESERVED_FLAGS
 
 __all__ = [
     "BackboneConfig",
+    "FieldProblem",
     "LimitsConfig",
     "LocalModelConfig",
     "MethodConfig",
@@ -49,16 +43,13 @@ __all__ = [
     "StageConfig",
     "SweepConfig",
     "SweepSection",
-    "load_backbones_file",
-    "load_sweep_config",
-    "narrow_sweep",
 ]
 
 
 def _one_of(value: str, what: str, known: Sequence[str]) -> str:
     """`value` when it names one of `known`; a one-line refusal listing them otherwise."""
     if value not in known:
-        raise _Problem(f"unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+        raise FieldProblem(f"unknown {what} {value!r} (known: {', '.join(sorted(known))})")
     return value
 
 
@@ -67,9 +58,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class _Problem(ValueError):
-    """A validator's finding, reported at ``where`` below the field (a header, a nested body key) without
-    pydantic's "Value error, " prefix; `_explain` unpacks it."""
+class FieldProblem(ValueError):
+    """A validator's finding at ``where`` below the field (a header, a body key), reported without pydantic's
+    "Value error, " prefix (`rcarun.runner.loading`)."""
 
     def __init__(self, problem: str, where: tuple[str | int, ...] = ()) -> None:
         super().__init__(problem)
@@ -79,14 +70,14 @@ class _Problem(ValueError):
 def _http_url(value: str) -> str:
     """Refuse anything an HTTP client cannot POST to: other schemes, no host, stray whitespace or controls."""
     if any(char.isspace() or unicodedata.category(char) == "Cc" for char in value):
-        raise _Problem(f"{value!r} contains whitespace or control characters")
+        raise FieldProblem(f"{value!r} contains whitespace or control characters")
     parts = urlsplit(value)
     try:
         _ = parts.port  # parsing it is the check: "http://h:abc" raises
     except ValueError:
-        raise _Problem(f"{value!r} has an invalid port") from None
+        raise FieldProblem(f"{value!r} has an invalid port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _Problem(
+        raise FieldProblem(
             f"{value!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)"
         )
     return value
@@ -108,10 +99,12 @@ def _check_extra_value(value: Any, where: tuple[str | int, ...]) -> None:
     never quoted) and non-finite numbers (the JSON body could not carry them)."""
     if isinstance(value, str):
         if _SECRET_VALUE.search(value):
-            raise _Problem(f"looks like a secret (Bearer token or sk- key); {_USE_THE_ENVIRONMENT}", where)
+            raise FieldProblem(
+                f"looks like a secret (Bearer token or sk- key); {_USE_THE_ENVIRONMENT}", where
+            )
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise _Problem("Input should be a finite number", where)
+            raise FieldProblem("Input should be a finite number", where)
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _check_extra_value(item, (*where, str(key)))
@@ -173,13 +166,13 @@ class PriceWindowConfig(_Strict):
     @classmethod
     def _hh_mm(cls, value: str) -> str:
         if not _HH_MM.fullmatch(value):
-            raise _Problem(f"{value!r} is not a UTC time of day HH:MM (00:00 .. 23:59)")
+            raise FieldProblem(f"{value!r} is not a UTC time of day HH:MM (00:00 .. 23:59)")
         return value
 
     @model_validator(mode="after")
     def _not_empty(self) -> PriceWindowConfig:
         if self.start == self.end:
-            raise _Problem(f"start and end are both {self.start}: the window is empty", ("end",))
+            raise FieldProblem(f"start and end are both {self.start}: the window is empty", ("end",))
         return self
 
 
@@ -255,25 +248,27 @@ class ServeConfig(_Strict):
     def _coherent(self) -> ServeConfig:
         for name, value in self.env.items():
             if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
-                raise _Problem(
+                raise FieldProblem(
                     f"a credential in the serve environment; {_USE_THE_ENVIRONMENT}", ("env", name)
                 )
             _check_extra_value(value, ("env", name))
         if len(set(self.gpus)) != len(self.gpus) or any(gpu < 0 for gpu in self.gpus):
-            raise _Problem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
+            raise FieldProblem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
         if len(self.gpus) % self.tensor_parallel:
-            raise _Problem(
+            raise FieldProblem(
                 f"{len(self.gpus)} GPUs do not split into replicas of tensor_parallel = {self.tensor_parallel}",
                 ("gpus",),
             )
         if self.port_base is not None and self.port_base + self.replicas - 1 > 65535:
-            raise _Problem(f"port_base {self.port_base} leaves no port for every replica", ("port_base",))
+            raise FieldProblem(f"port_base {self.port_base} leaves no port for every replica", ("port_base",))
         for index, arg in enumerate(self.extra_args):
             if arg.split("=", 1)[0] in _SERVE_RESERVED_FLAGS:
                 where = ("extra_args", index)
-                raise _Problem(f"{arg} is set by rcarun for each replica; use the serve table's keys", where)
+                raise FieldProblem(
+                    f"{arg} is set by rcarun for each replica; use the serve table's keys", where
+                )
         if not self.command_argv:
-            raise _Problem("command is empty", ("command",))
+            raise FieldProblem("command is empty", ("command",))
         return self
 
     @property
@@ -387,7 +382,7 @@ class BackboneConfig(_Strict):
     def _no_credential_headers(cls, headers: dict[str, str]) -> dict[str, str]:
         for name, value in headers.items():
             if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
-                raise _Problem(f"a literal credential header; {_USE_THE_ENVIRONMENT}", (name,))
+                raise FieldProblem(f"a literal credential header; {_USE_THE_ENVIRONMENT}", (name,))
             _check_extra_value(value, (name,))
         return headers
 
@@ -501,128 +496,3 @@ class SweepConfig(_Strict):
 
     def stage(self, name: str) -> StageConfig:
         return self.stages.get(name) or _DEFAULT_STAGE
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _explain(path: Path, exc: ValidationError, table: str = "") -> ConfigError:
-    problems = []
-    for error in exc.errors():
-        loc = ((table,) if table else ()) + tuple(error["loc"])
-        message = error["msg"]
-        found = error.get("ctx", {}).get("error")
-        if isinstance(found, _Problem):
-            loc, message = loc + found.where, str(found)
-        problems.append(f"{'.'.join(str(part) for part in loc) or '(top)'}: {message}")
-    return ConfigError(f"{path}: {'; '.join(problems)}")
-
-
-def load_backbones_file(path: Path) -> dict[str, BackboneConfig]:
-    """Every ``[NAME]`` table of a backbones file, validated."""
-    raw = _read_toml(path)
-    backbones: dict[str, BackboneConfig] = {}
-    for name, table in raw.items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: {name!r} must be a table")
-        try:
-            backbones[name] = BackboneConfig.model_validate(table)
-        except ValidationError as exc:
-            raise _explain(path, exc, table=name) from None
-    return backbones
-
-
-def load_sweep_config(path: Path) -> SweepConfig:
-    """Parse a sweep TOML, pull the named backbones from ``backbones_file`` and resolve relative paths."""
-    raw = _read_toml(path)
-    try:
-        config = SweepConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise _explain(path, exc) from None
-    for index, method in enumerate(config.methods):
-        try:  # an unknown name or a bad option is a config error, found before any run exists
-            create_method(method.name, label=method.resolved_label, options=method.options)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: methods[{index}]: {exc}") from None
-    base = path.parent
-    backbones = dict(config.backbones)
-    if config.backbones_file:
-        shared = load_backbones_file((base / config.backbones_file).resolve())
-        wanted = config.use or tuple(shared)
-        missing = [name for name in wanted if name not in shared]
-        if missing:
-            raise ConfigError(f"{path}: use names backbones not in {config.backbones_file}: {missing}")
-        for name in wanted:
-            if name in backbones:
-                raise ConfigError(f"{path}: backbone {name!r} defined inline and in {config.backbones_file}")
-            backbones[name] = shared[name]
-    elif config.use:
-        raise ConfigError(f"{path}: 'use' needs a backbones_file")
-    if not backbones:
-        raise ConfigError(f"{path}: no backbones (define [backbones.NAME] or backbones_file + use)")
-    sweep_update = {"dataset": str((base / config.sweep.dataset).resolve())}
-    if config.sweep.manifest is not None and config.sweep.manifest != LONGRCA_MINI:
-        sweep_update["manifest"] = str((base / config.sweep.manifest).resolve())
-    return config.model_copy(
-        update={"backbones": backbones, "sweep": config.sweep.model_copy(update=sweep_update)}
-    )
-
-
-def narrow_sweep(
-    config: SweepConfig, *, backbones: Sequence[str] = (), methods: Sequence[str] = ()
-) -> SweepConfig:
-    """``config`` restricted to the named backbones and methods (by label, or by name for every label of it), for
-    a slice of a sweep; an empty selection keeps all.
-
-    A slice by one side only also drops what it leaves with nothing to do on the other (chat methods only: no
-    local backbones, and the other way round), which `rcarun.runner.wiring.check_method_backbones` would
-    refuse. A slice by both is taken as given.
-
-    Raises:
-        ConfigError: a name the config does not define (the known ones are listed).
-    """
-    updates: dict[str, Any] = {}
-    if backbones:
-        unknown = [name for name in backbones if name not in config.backbones]
-        if unknown:
-            raise ConfigError(
-                f"--backbone {', '.join(unknown)}: not in the sweep (backbones: {', '.join(config.backbones)})"
-            )
-        updates["backbones"] = {
-            name: config.backbones[name] for name in config.backbones if name in backbones
-        }
-    if methods:
-        known = {method.resolved_label for method in config.methods} | {
-            method.name for method in config.methods
-        }
-        unknown = [name for name in methods if name not in known]
-        if unknown:
-            labels = ", ".join(method.resolved_label for method in config.methods)
-            raise ConfigError(f"--method {', '.join(unknown)}: not in the sweep (methods: {labels})")
-        updates["methods"] = tuple(
-            method for method in config.methods if method.resolved_label in methods or method.name in methods
-        )
-    if bool(backbones) != bool(methods):
-        kept_methods: tuple[MethodConfig, ...] = updates.get("methods", config.methods)
-        kept_backbones: dict[str, BackboneConfig] = updates.get("backbones", config.backbones)
-        if methods:
-            kinds = {_reads_model(method) for method in kept_methods}
-            updates["backbones"] = {
-                name: backbone for name, backbone in kept_backbones.items() if backbone.is_local in kinds
-            }
-        else:
-            kinds = {backbone.is_local for backbone in kept_backbones.values()}
-            updates["methods"] = tuple(method for method in kept_methods if _reads_model(method) in kinds)
-    return config.model_copy(update=updates) if updates else config
-
-
-def _reads_model(method: MethodConfig) -> bool:
-    """Whether the method reads a model's internals (runs on local backbones), as its class declares."""
-    return bool(create_method(method.name, label=method.resolved_label, options=method.options).reads_model)
