@@ -23,7 +23,7 @@ from rcarun.runner.runtime import BackboneRuntime, RunContext, WorkItem
 from rcarun.store import CallRow, utc_timestamp
 
 if TYPE_CHECKING:
-    from rcarun.backends.local import ForwardPass, LocalForwardModel
+    from rcarun.backends.local import LocalForwardModel
 
 __all__ = ["FORWARD_STAGE", "ForwardPassFailed", "ForwardSession"]
 
@@ -39,12 +39,6 @@ def _pass_key(fingerprint: str, segments: Sequence[str]) -> str:
     """The pass's cache key: a rerun, a resume or another realization of the same model reads its file."""
     document = json.dumps({"model": fingerprint, "segments": list(segments)}, ensure_ascii=False)
     return hashlib.sha256(document.encode()).hexdigest()
-
-
-def _states(forward: ForwardPass) -> SegmentStates:
-    return SegmentStates(
-        n_tokens=forward.n_tokens, pooled=forward.pooled, attention=forward.attention, nll=forward.nll
-    )
 
 
 class ForwardSession:
@@ -80,12 +74,8 @@ class ForwardSession:
         return self._model.count_tokens(text)
 
     async def encode(self, segments: Sequence[str]) -> SegmentStates:
-        """One pass over ``segments``: from the cache, or run and kept (module docstring).
-
-        Raises:
-            StopRequested: the backbone or the run stopped before the pass started.
-            ForwardPassFailed: the pass raised.
-        """
+        """One pass over ``segments``, from the cache or run and kept; `StopRequested` when the backbone or the
+        run stopped before it started, `ForwardPassFailed` when it raised."""
         runtime = self._runtime
         if runtime.stopped is not None or self._context.stop.admission_stopped:
             raise StopRequested(runtime.stopped or self._context.stop.reason or "stopped")
@@ -132,24 +122,18 @@ class ForwardSession:
         import numpy as np
 
         latency = (time.perf_counter() - started) * 1000
-        states = _states(forward)
-        pooled = self._cache.stored_pooled(states.pooled)
+        pooled = self._cache.stored_pooled(forward.pooled)
         # Every pass is handed on as the cache keeps it, so a rerun served from the cache reads the same.
         states = SegmentStates(
-            n_tokens=states.n_tokens,
+            n_tokens=forward.n_tokens,
             pooled=np.asarray(pooled, dtype=np.float32),
-            attention=states.attention,
-            nll=states.nll,
+            attention=forward.attention,
+            nll=forward.nll,
         )
         await asyncio.to_thread(self._cache.keep, key, states, pooled)
+        ended = utc_timestamp()
         self._record(
-            key,
-            request_sha,
-            states,
-            status="ok",
-            started=started_at,
-            ended=utc_timestamp(),
-            latency_ms=latency,
+            key, request_sha, states, status="ok", started=started_at, ended=ended, latency_ms=latency
         )
         return states
 

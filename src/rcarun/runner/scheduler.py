@@ -374,11 +374,9 @@ def _stop_reasons(stop: StopController, runtimes: dict[str, BackboneRuntime]) ->
 
 
 def _final_status(stop: StopController, runtimes: dict[str, BackboneRuntime]) -> RunStatus:
-    if stop.admission_stopped or any(runtime.stopped is not None for runtime in runtimes.values()):
-        return "stopped"
-    if any(r.counters.items_skipped_budget or r.counters.items_interrupted for r in runtimes.values()):
-        return "stopped"
-    return "finished"
+    stopped = stop.admission_stopped or any(r.stopped is not None for r in runtimes.values())
+    left = any(r.counters.items_skipped_budget or r.counters.items_interrupted for r in runtimes.values())
+    return "stopped" if stopped or left else "finished"
 
 
 def _default_items_in_flight(concurrency: int) -> int:
