@@ -29,7 +29,7 @@ import pytest
 from helpers.sweeps import make_config, rows
 from rcarun.backends import Backend, BackendSettings, CallProgress, ChatRequest, ChatResult, create_backend
 from rcarun.mock import MockConfig, MockServer
-from rcarun.runner import SweepConfig, run_sweep, scheduler
+from rcarun.runner import SweepConfig, records, run_sweep
 from rcarun.store import StoreWriter
 
 _TRAJECTORIES = 80
@@ -52,7 +52,7 @@ _GROWS_BY_DESIGN = {
     # rcarun.data.loaders: a duplicate qid can come at any point of the walk, and its message names the first.
     "_deliver:first_seen": "the qids the dataset walk has met (a qid per trajectory read)",
 }
-# A producer loads a batch of records before it queues their items (`scheduler._READ_AHEAD_RECORDS`, 256). Here
+# A producer loads a batch of records before it queues their items (`records._READ_AHEAD_RECORDS`, 256). Here
 # the batch is set below `_MOST_ENTRIES` and the dataset's size, so that a read-ahead overrunning its bound shows
 # as unexplained, and midway the dataset walk is still going and its own structures are seen.
 _READ_AHEAD = 16
@@ -62,8 +62,8 @@ _NOT_THE_SWEEPS = ("rcarun/store/writer.py",)
 
 @pytest.fixture(autouse=True)
 def _small_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert scheduler._READ_AHEAD_RECORDS > _READ_AHEAD
-    monkeypatch.setattr(scheduler, "_READ_AHEAD_RECORDS", _READ_AHEAD)
+    assert records._READ_AHEAD_RECORDS > _READ_AHEAD
+    monkeypatch.setattr(records, "_READ_AHEAD_RECORDS", _READ_AHEAD)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""A producer reads the dataset a batch ahead (`rcarun.runner.scheduler._read_ahead`): the same events in the
+"""A producer reads the dataset a batch ahead (`rcarun.runner.records.read_ahead`): the same events in the
 same order as one record at a time, never more than a batch (by records or by characters) loaded before its
 items are queued, and a strict dataset's error only after the records met before it."""
 
@@ -13,7 +13,7 @@ import pytest
 from helpers.sweeps import make_config
 from rcarun.data import Record
 from rcarun.errors import DataError
-from rcarun.runner import SweepConfig, scheduler
+from rcarun.runner import SweepConfig, records
 
 _BAD = frozenset({3, 9, 10, 22})
 
@@ -46,8 +46,8 @@ def _described(event: Record | DataError) -> str:
 def _one_at_a_time(config: SweepConfig, limit: int | None) -> list[str]:
     """The events as a producer met them before the read-ahead: each problem reported as the walk meets it."""
     met: list[str] = []
-    records = scheduler._iter_records(config, None, lambda problem: met.append(_described(problem)))
-    for count, record in enumerate(records, start=1):
+    walk = records.iter_records(config, None, lambda problem: met.append(_described(problem)))
+    for count, record in enumerate(walk, start=1):
         met.append(_described(record))
         if count == limit:
             break
@@ -59,10 +59,10 @@ def _one_at_a_time(config: SweepConfig, limit: int | None) -> list[str]:
 def test_the_events_and_their_order_are_those_of_a_walk_one_record_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int, limit: int | None
 ) -> None:
-    monkeypatch.setattr(scheduler, "_READ_AHEAD_RECORDS", batch)
+    monkeypatch.setattr(records, "_READ_AHEAD_RECORDS", batch)
     config = _config(_write_dataset(tmp_path, 30))
 
-    read_ahead = [_described(event) for event in scheduler._read_ahead(config, None, limit)]
+    read_ahead = [_described(event) for event in records.read_ahead(config, None, limit)]
 
     assert read_ahead == _one_at_a_time(config, limit)
     assert sum(1 for event in read_ahead if not event.startswith("problem")) == (limit or 30 - len(_BAD))
@@ -71,11 +71,11 @@ def test_the_events_and_their_order_are_those_of_a_walk_one_record_at_a_time(
 
 
 class _CountingWalk:
-    """`_iter_records`, counting the records it has loaded."""
+    """`iter_records`, counting the records it has loaded."""
 
     def __init__(self) -> None:
         self.loaded = 0
-        self._iter_records = scheduler._iter_records
+        self._iter_records = records.iter_records
 
     def __call__(self, *args: object) -> Iterator[Record]:
         for record in self._iter_records(*args):  # type: ignore[arg-type]
@@ -87,10 +87,10 @@ def _loaded_when_taken(monkeypatch: pytest.MonkeyPatch, dataset: Path, **bounds:
     """For each record the producer takes, how many records the walk had loaded by then (bounds: the module's
     `_READ_AHEAD_*` constants to set, by name)."""
     for name, value in bounds.items():
-        monkeypatch.setattr(scheduler, name, value)
+        monkeypatch.setattr(records, name, value)
     walk = _CountingWalk()
-    monkeypatch.setattr(scheduler, "_iter_records", walk)
-    events = scheduler._read_ahead(_config(dataset), None, None)
+    monkeypatch.setattr(records, "iter_records", walk)
+    events = records.read_ahead(_config(dataset), None, None)
     return [walk.loaded for event in events if not isinstance(event, DataError)]
 
 
@@ -121,10 +121,10 @@ def test_a_batch_ends_once_its_records_hold_the_character_bound(
 def test_a_strict_datasets_error_comes_after_every_record_met_before_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler, "_READ_AHEAD_RECORDS", 64)
+    monkeypatch.setattr(records, "_READ_AHEAD_RECORDS", 64)
     delivered: list[str] = []
     with pytest.raises(DataError, match="not valid JSON") as raised:
-        for event in scheduler._read_ahead(_config(_write_dataset(tmp_path, 30), strict=True), None, None):
+        for event in records.read_ahead(_config(_write_dataset(tmp_path, 30), strict=True), None, None):
             delivered.append(_described(event))
 
     assert delivered == ["synthetic/0", "synthetic/1", "synthetic/2"]

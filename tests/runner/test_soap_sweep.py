@@ -27,8 +27,8 @@ from rcarun.methods.base import Method, ModelFor, Preparation, TrajectorySet
 from rcarun.methods.forward import ForwardModel
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import SweepConfig, run_sweep
-from rcarun.runner.forward_session import forward_cache_dir
-from rcarun.runner.scheduler import check_method_backbones
+from rcarun.runner.local_model import forward_cache_dir
+from rcarun.runner.wiring import check_method_backbones
 
 torch = pytest.importorskip("torch")
 

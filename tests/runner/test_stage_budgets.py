@@ -11,7 +11,7 @@ from helpers.sweeps import make_config, rows
 from rcarun.mock import MockConfig, MockServer
 from rcarun.runner import run_sweep
 from rcarun.runner.config import StageConfig
-from rcarun.runner.scheduler import stage_budget_notes
+from rcarun.runner.wiring import stage_budget_notes
 
 
 @dataclass

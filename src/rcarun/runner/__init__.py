@@ -12,13 +12,12 @@ from rcarun.runner.config import (
     StageConfig,
     SweepConfig,
     SweepSection,
-    load_backbones_file,
-    load_sweep_config,
-    narrow_sweep,
 )
+from rcarun.runner.loading import load_backbones_file, load_sweep_config, narrow_sweep
 from rcarun.runner.runtime import BackboneCounters, StopController, WorkItem
-from rcarun.runner.scheduler import SweepOutcome, build_prices, run_sweep
+from rcarun.runner.scheduler import SweepOutcome, run_sweep
 from rcarun.runner.session import ItemSession
+from rcarun.runner.wiring import build_prices
 
 __all__ = [
     "BackboneConfig",

@@ -1,13 +1,9 @@
-"""Reading a model's JSON answer out of what it actually wrote.
+"""Reading a model's JSON answer out of what it actually wrote (a sentence first, ``<think>`` blocks, fences).
 
-Models asked for a JSON object do not always answer with only that object: some write a sentence first ("Here is
-my answer: {...}"), a self-hosted reasoning model without a reasoning parser prefixes its thinking
-(``<think>...</think>{...}``), others fence the object in Markdown. Rejecting those would score a correct answer
-as an error; guessing would score a wrong one. The rule here reads, never repairs: the whole text when it is
-JSON; otherwise, with thinking blocks set aside, the last well-formed JSON object in the text that fits the
-requested schema (required fields present, declared types right), the outermost one when objects nest. Nothing
-is added, coerced or completed. Strings are made storable (`rcarun.text`: an escaped lone surrogate becomes
-U+FFFD), because nothing downstream could store or send them otherwise.
+Rejecting those would score a right answer as an error; guessing would score a wrong one. So the rule reads,
+never repairs: the whole text when it is JSON; otherwise, thinking set aside, the last well-formed JSON object
+that fits the requested schema (required fields present, declared types right), the outermost when objects
+nest. Strings are made storable (a lone surrogate becomes U+FFFD, `rcarun.text`).
 """
 
 from __future__ import annotations

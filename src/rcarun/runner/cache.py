@@ -1,11 +1,8 @@
 """The call cache key: what makes two attempts "the same call" for resume and reuse.
 
-A finished attempt is served again instead of paid again when backbone, model, the full request (messages,
-budget, sampling, schema, reasoning), stage and realization all match. Realization is in the key so repeated
-realizations are never served from each other's cache — otherwise a repeatability study would measure the cache.
-The method label is in the key too, unless the stage declares itself shareable across ablation conditions (for
-example a summary stage that several RCTA conditions send identically). The sample number keeps the independent
-draws of one request (self-consistency) apart for the same reason; sample 0 leaves the key as it always was.
+Backbone, model, the full request, stage and realization must match (realizations never serve each other, or a
+repeatability study would measure the cache); so must the method label, unless the stage is shareable across
+ablation conditions, and the sample number of independent draws (sample 0 leaves the key as it always was).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Sweep and backbone configuration: TOML files parsed into typed models, unknown keys rejected.
+"""Sweep and backbone configuration as typed models, unknown keys rejected (files are read by `loading`).
 
-A sweep names a dataset, methods (with options), backbones, realizations, spend budgets and per-stage output
-budgets. Backbones are defined inline (``[backbones.NAME]``) or taken by name from a shared backbones file
-(``backbones_file`` + ``use``), so one ``configs/backbones.toml`` with endpoints, limits and prices serves every
-sweep. ``sweep.manifest`` restricts a sweep to the trajectories a manifest lists (``"longrca-mini"`` names the
-official LongRCA-Mini list shipped with rcarun). Relative paths are resolved against the config file's directory. API keys never appear here: only the
-*name* of the environment variable that holds each key.
-
-A config that cannot work is refused here, before any run exists, rather than by every item failing later: base
-URLs must be http(s) with a host, every number finite, price windows valid ``HH:MM`` times, and no header or body
-field may carry a literal credential (results.db echoes the config in ``runs.config_json``).
+A config that cannot work is refused before any run exists: URLs must be http(s) with a host, numbers finite,
+price windows ``HH:MM``, and no header or body field may carry a literal credential (results.db echoes the
+config; keys come only from the environment variables named by ``api_key_env``).
 """
 
 from __future__ import annotations
@@ -17,10 +10,8 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import tomllib
 import unicodedata
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -29,7 +20,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -37,11 +27,11 @@ from pydantic import (
 from rcarun.backends.presets import PRESETS
 from rcarun.backends.transports import transport_names
 from rcarun.data import LONGRCA_MINI
-from rcarun.errors import ConfigError
-from rcarun.methods import create_method
+from rcarun.serving import RESERVED_FLAGS as _SERVE_RESERVED_FLAGS
 
 __all__ = [
     "BackboneConfig",
+    "FieldProblem",
     "LimitsConfig",
     "LocalModelConfig",
     "MethodConfig",
@@ -53,16 +43,13 @@ __all__ = [
     "StageConfig",
     "SweepConfig",
     "SweepSection",
-    "load_backbones_file",
-    "load_sweep_config",
-    "narrow_sweep",
 ]
 
 
 def _one_of(value: str, what: str, known: Sequence[str]) -> str:
     """`value` when it names one of `known`; a one-line refusal listing them otherwise."""
     if value not in known:
-        raise _Problem(f"unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+        raise FieldProblem(f"unknown {what} {value!r} (known: {', '.join(sorted(known))})")
     return value
 
 
@@ -71,9 +58,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class _Problem(ValueError):
-    """A validator's finding, reported at ``where`` below the field (a header, a nested body key) without
-    pydantic's "Value error, " prefix; `_explain` unpacks it."""
+class FieldProblem(ValueError):
+    """A validator's finding at ``where`` below the field (a header, a body key), reported without pydantic's
+    "Value error, " prefix (`rcarun.runner.loading`)."""
 
     def __init__(self, problem: str, where: tuple[str | int, ...] = ()) -> None:
         super().__init__(problem)
@@ -83,14 +70,14 @@ class _Problem(ValueError):
 def _http_url(value: str) -> str:
     """Refuse anything an HTTP client cannot POST to: other schemes, no host, stray whitespace or controls."""
     if any(char.isspace() or unicodedata.category(char) == "Cc" for char in value):
-        raise _Problem(f"{value!r} contains whitespace or control characters")
+        raise FieldProblem(f"{value!r} contains whitespace or control characters")
     parts = urlsplit(value)
     try:
         _ = parts.port  # parsing it is the check: "http://h:abc" raises
     except ValueError:
-        raise _Problem(f"{value!r} has an invalid port") from None
+        raise FieldProblem(f"{value!r} has an invalid port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _Problem(
+        raise FieldProblem(
             f"{value!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000/v1)"
         )
     return value
@@ -112,10 +99,12 @@ def _check_extra_value(value: Any, where: tuple[str | int, ...]) -> None:
     never quoted) and non-finite numbers (the JSON body could not carry them)."""
     if isinstance(value, str):
         if _SECRET_VALUE.search(value):
-            raise _Problem(f"looks like a secret (Bearer token or sk- key); {_USE_THE_ENVIRONMENT}", where)
+            raise FieldProblem(
+                f"looks like a secret (Bearer token or sk- key); {_USE_THE_ENVIRONMENT}", where
+            )
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise _Problem("Input should be a finite number", where)
+            raise FieldProblem("Input should be a finite number", where)
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _check_extra_value(item, (*where, str(key)))
@@ -138,14 +127,9 @@ class LimitsConfig(_Strict):
     burst_s: float = Field(2.0, gt=0, le=10, description="seconds of quota that may go out at once")
     arrival_jitter_s: float = Field(0.05, ge=0, description="burst held back for gaps shrinking in transit")
     meters_output_budget: bool | None = Field(
-        None, description="the provider counts max_tokens against tpm at arrival; None: the preset's answer"
+        None, description="max_tokens counts against tpm; None: preset's"
     )
-    window_s: float = Field(
-        60.0,
-        gt=0,
-        le=3600,
-        description="the window the provider counts rpm/tpm over (a strict sliding minute: 60); none holds more",
-    )
+    window_s: float = Field(60.0, gt=0, le=3600, description="the window rpm/tpm are counted over")
 
     @model_validator(mode="before")
     @classmethod
@@ -154,8 +138,8 @@ class LimitsConfig(_Strict):
             for key in _RETIRED_LIMITS:
                 if key in data:
                     raise ValueError(
-                        f"limits.{key} was removed: rcarun no longer learns how a provider counts its limits; declare the "
-                        "provider's rpm and tpm in [backbones.NAME.limits] instead"
+                        f"limits.{key} was removed: rcarun no longer learns how a provider counts its limits; "
+                        "declare the provider's rpm and tpm in [backbones.NAME.limits] instead"
                     )
         return data
 
@@ -182,30 +166,25 @@ class PriceWindowConfig(_Strict):
     @classmethod
     def _hh_mm(cls, value: str) -> str:
         if not _HH_MM.fullmatch(value):
-            raise _Problem(f"{value!r} is not a UTC time of day HH:MM (00:00 .. 23:59)")
+            raise FieldProblem(f"{value!r} is not a UTC time of day HH:MM (00:00 .. 23:59)")
         return value
 
     @model_validator(mode="after")
     def _not_empty(self) -> PriceWindowConfig:
         if self.start == self.end:
-            raise _Problem(f"start and end are both {self.start}: the window is empty", ("end",))
+            raise FieldProblem(f"start and end are both {self.start}: the window is empty", ("end",))
         return self
 
 
 class PricesConfig(_Strict):
-    """USD per million tokens. ``taken`` records the date the prices were read off the provider's page.
-
-    ``gpu_hour_usd`` is what one GPU costs per hour, for a backbone whose replicas rcarun runs (``[serve]``):
-    the report charges the replicas' GPU time to its calls by tokens (`rcarun.analysis.cost`), beside the
-    token prices' USD. Budgets (``max_usd``) count token prices only: GPU time is not known per call.
-    """
+    """USD per million tokens (``taken``: when they were read off the provider's page). ``gpu_hour_usd`` prices
+    the GPU time of ``[serve]`` replicas, which the report charges by tokens; budgets count token prices only,
+    since GPU time is not known per call."""
 
     input_per_mtok: float = Field(0.0, ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
     output_per_mtok: float = Field(0.0, ge=0)
-    gpu_hour_usd: float = Field(
-        0.0, ge=0, description="USD per GPU per hour of a [serve] backbone's replicas (charged by tokens)"
-    )
+    gpu_hour_usd: float = Field(0.0, ge=0, description="USD per GPU per hour of [serve] replicas")
     taken: str | None = None
     source: str | None = None
     windows: tuple[PriceWindowConfig, ...] = ()
@@ -222,60 +201,26 @@ class RetryConfig(_Strict):
     )
     base_s: float = Field(0.5, gt=0)
     cap_s: float = Field(60.0, gt=0)
-    max_pause_s: float = Field(
-        300.0,
-        gt=0,
-        description="longest pause a provider may ask for (Retry-After, reset headers); longer stops the backbone",
-    )
-    fail_fast_after: int = Field(
-        3,
-        ge=1,
-        description="calls in a row refused for the key, quota or model (401/403, 402, 404) stop the backbone",
-    )
-    connection_failures: int = Field(
-        8, ge=1, description="attempts in a row that cannot connect to the endpoint stop the backbone"
-    )
-    cut_retries: int = Field(
-        1,
-        ge=0,
-        description="times a call whose generation was cut (silence, a disconnect, max_call_s) is sent again; "
-        "each cut attempt is charged an estimate",
-    )
+    max_pause_s: float = Field(300.0, gt=0, description="longest pause a provider may ask; longer stops it")
+    fail_fast_after: int = Field(3, ge=1, description="calls in a row refused with 401/403/402/404 stop it")
+    connection_failures: int = Field(8, ge=1, description="attempts in a row that cannot connect stop it")
+    cut_retries: int = Field(1, ge=0, description="resends of a call whose generation was cut (each charged)")
 
 
 class LocalModelConfig(_Strict):
-    """How a ``provider = "local"`` backbone loads its model (the ``local`` extra: transformers + torch).
-
-    ``model`` names a model directory, a hub name, or ``"tiny"`` / ``"tiny:SEED"``: a 3-layer model with seeded
-    random weights built in code (`rcarun.backends.local.tiny_model`), for tests and the demo; what it reads
-    means nothing.
-    """
+    """How a ``provider = "local"`` backbone loads its model (the ``local`` extra). Its ``model`` is a directory,
+    a hub name, or ``"tiny"`` / ``"tiny:SEED"`` (3 layers of seeded random weights, for tests and the demo)."""
 
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: CUDA when present, else the CPU"
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto: bfloat16 on CUDA, float32 on the CPU"
-    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on CUDA")
     context_tokens: int = Field(
-        8192, ge=16, description="the most tokens one forward pass may hold, chat template included"
+        8192, ge=16, description="the most tokens of one pass, chat template included"
     )
     revision: str | None = Field(None, description="a hub branch, tag or commit")
     local_files_only: bool = Field(True, description="never reach the hub: a local or cached model only")
     trust_remote_code: bool = False
-
-
-# Flags rcarun sets on every managed replica (`rcarun.serving.RESERVED_FLAGS`, repeated here so that the config
-# layer stays a plain parser; a test keeps the two equal).
-_SERVE_RESERVED_FLAGS = (
-    "--host",
-    "--port",
-    "--served-model-name",
-    "--max-model-len",
-    "--tensor-parallel-size",
-    "-tp",
-    "--api-key",
-)
 
 
 class ServeConfig(_Strict):
@@ -285,12 +230,10 @@ class ServeConfig(_Strict):
     model: str = Field(min_length=1, description="hub name or model directory vLLM loads")
     gpus: tuple[int, ...] = Field(min_length=1, description="GPU indices, cut in order into replicas")
     tensor_parallel: int = Field(1, ge=1, description="GPUs per replica")
-    max_model_len: int | None = Field(
-        None, gt=0, description="--max-model-len; default: the backbone's context_window"
-    )
+    max_model_len: int | None = Field(None, gt=0, description="default: the backbone's context_window")
     extra_args: tuple[str, ...] = Field((), description="more vllm serve flags, as written")
     command: str | tuple[str, ...] = Field(
-        "vllm", description="the vllm program (a string is split like a shell)"
+        "vllm", description="the vllm program (a string: split as a shell)"
     )
     host: str = "127.0.0.1"
     port_base: int | None = Field(
@@ -299,39 +242,33 @@ class ServeConfig(_Strict):
     startup_timeout_s: float = Field(900.0, gt=0, description="per replica, to answer /health and /v1/models")
     restarts: int = Field(2, ge=0, description="restarts of each replica that dies mid-run")
     grace_s: float = Field(30.0, gt=0, description="after SIGTERM, before SIGKILL")
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="more environment variables for every replica (VLLM_*, HF_HOME ...); never a key: api_key_env",
-    )
+    env: dict[str, str] = Field(default_factory=dict, description="for every replica; never a key")
 
     @model_validator(mode="after")
     def _coherent(self) -> ServeConfig:
         for name, value in self.env.items():
             if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
-                raise _Problem(
+                raise FieldProblem(
                     f"a credential in the serve environment; {_USE_THE_ENVIRONMENT}", ("env", name)
                 )
             _check_extra_value(value, ("env", name))
         if len(set(self.gpus)) != len(self.gpus) or any(gpu < 0 for gpu in self.gpus):
-            raise _Problem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
+            raise FieldProblem(f"GPU indices must be distinct and >= 0, got {list(self.gpus)}", ("gpus",))
         if len(self.gpus) % self.tensor_parallel:
-            raise _Problem(
+            raise FieldProblem(
                 f"{len(self.gpus)} GPUs do not split into replicas of tensor_parallel = {self.tensor_parallel}",
                 ("gpus",),
             )
         if self.port_base is not None and self.port_base + self.replicas - 1 > 65535:
-            raise _Problem(f"port_base {self.port_base} leaves no port for every replica", ("port_base",))
+            raise FieldProblem(f"port_base {self.port_base} leaves no port for every replica", ("port_base",))
         for index, arg in enumerate(self.extra_args):
             if arg.split("=", 1)[0] in _SERVE_RESERVED_FLAGS:
-                raise _Problem(
-                    f"{arg} is set by rcarun for each replica; use the serve table's keys",
-                    (
-                        "extra_args",
-                        index,
-                    ),
+                where = ("extra_args", index)
+                raise FieldProblem(
+                    f"{arg} is set by rcarun for each replica; use the serve table's keys", where
                 )
         if not self.command_argv:
-            raise _Problem("command is empty", ("command",))
+            raise FieldProblem("command is empty", ("command",))
         return self
 
     @property
@@ -355,38 +292,18 @@ def tiny_seed(model: str) -> int | None:
 
 
 class BackboneConfig(_Strict):
-    provider: str = Field(
-        description="a provider preset (rcarun.backends.presets), or 'local' for a model in-process"
-    )
+    provider: str = Field(description="a provider preset (rcarun.backends.presets), or 'local'")
     model: str
     base_url: _HttpUrl | None = None
     base_urls: tuple[_HttpUrl, ...] = ()
     api_key_env: str | None = Field(None, description="NAME of the environment variable holding the key")
     transport: str = Field("aiohttp", description="a registered transport (rcarun.backends.transports)")
-    stream: bool | None = Field(
-        None,
-        description="ask for answers as server-sent events (the provider preset's default: true); a server that "
-        "refuses is asked unstreamed from then on",
-    )
-    timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="silence deadline, seconds: the longest wait for an answer's first byte or between two of its "
-        "bytes (an answer that keeps arriving is never cut by it)",
-    )
-    max_call_s: float = Field(
-        10_800.0, gt=0, description="a whole call's deadline, seconds, however steadily its answer arrives"
-    )
-    max_response_mb: float = Field(
-        32.0,
-        gt=0,
-        description="the most one response may carry, MiB (streamed or not); a larger one is stored as an error",
-    )
+    stream: bool | None = Field(None, description="server-sent events; None: the preset's default (true)")
+    timeout_s: float = Field(600.0, gt=0, description="longest silence before or within an answer, seconds")
+    max_call_s: float = Field(10_800.0, gt=0, description="a whole call's deadline, seconds")
+    max_response_mb: float = Field(32.0, gt=0, description="larger responses are stored as errors, MiB")
     balance: Literal["outstanding", "metrics", "affinity"] = Field(
-        "outstanding",
-        description="how calls are spread over several replicas: by our outstanding calls, by what vLLM's "
-        "/metrics report (running + waiting), or by prefix affinity (calls sharing a first message go to one "
-        "replica's prefix cache unless it is overloaded); see docs/performance.md",
+        "outstanding", description="how calls spread over replicas (docs/performance.md)"
     )
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
@@ -400,12 +317,8 @@ class BackboneConfig(_Strict):
     prices: PricesConfig = PricesConfig()
     budget: SpendBudgetConfig = SpendBudgetConfig()
     retry: RetryConfig = RetryConfig()
-    local: LocalModelConfig | None = Field(
-        None, description="provider 'local' only: how the model is loaded (defaults when left out)"
-    )
-    serve: ServeConfig | None = Field(
-        None, description="provider 'vllm' only: rcarun starts the replicas; their URLs are the endpoints"
-    )
+    local: LocalModelConfig | None = Field(None, description="provider 'local' only: how the model loads")
+    serve: ServeConfig | None = Field(None, description="provider 'vllm' only: rcarun starts the replicas")
 
     @model_validator(mode="after")
     def _one_endpoint_at_least(self) -> BackboneConfig:
@@ -469,7 +382,7 @@ class BackboneConfig(_Strict):
     def _no_credential_headers(cls, headers: dict[str, str]) -> dict[str, str]:
         for name, value in headers.items():
             if any(part in name.lower() for part in _CREDENTIAL_HEADER_PARTS):
-                raise _Problem(f"a literal credential header; {_USE_THE_ENVIRONMENT}", (name,))
+                raise FieldProblem(f"a literal credential header; {_USE_THE_ENVIRONMENT}", (name,))
             _check_extra_value(value, (name,))
         return headers
 
@@ -514,24 +427,18 @@ _DEFAULT_LOCAL = LocalModelConfig()
 
 
 class StageConfig(_Strict):
-    """Output budget policy of one stage (e.g. ``attribution``), overriding what the method asks for.
+    """Output budget policy of one stage (e.g. ``attribution``), overriding what the method asks for, except
+    where the method's own settings fix the stage's budget (`first_budget`)."""
 
-    A method whose own settings fix a stage's budget (``stage_budgets``: RCTA's ``full`` and ``ablation``
-    presets, App. H) keeps it: the stage table's ``max_tokens`` then does not apply to that method
-    (`first_budget`), and the sweep says so when it starts, so a preset is never silently overridden.
-    """
-
-    max_tokens: int | None = Field(None, gt=0, description="first attempt's budget; None keeps the method's")
+    max_tokens: int | None = Field(None, gt=0, description="first attempt's budget; None: the method's")
     length_retries: int = Field(1, ge=0, description="retries with the budget doubled after a length stop")
     length_cap: int = Field(65_536, gt=0)
     shareable: bool = Field(False, description="calls may be served from the cache across method labels")
 
     def first_budget(self, requested: int, *, method_sets_it: bool) -> int:
-        """The first attempt's output budget: the method's own when its settings fix this stage's, else the
-        stage table's ``max_tokens`` when set, else what the method asked for."""
-        if method_sets_it:
-            return requested
-        return self.max_tokens or requested
+        """The first attempt's output budget: the method's own when its settings fix it (RCTA's presets, App. H;
+        the sweep says so at start), else the stage's ``max_tokens``, else what the method asked for."""
+        return requested if method_sets_it else self.max_tokens or requested
 
 
 # A stage the sweep does not configure (frozen, so one instance serves every call).
@@ -551,39 +458,24 @@ class MethodConfig(_Strict):
 class SweepSection(_Strict):
     dataset: str
     manifest: str | None = Field(
-        None,
-        description=f"run only the trajectories a manifest lists (a file, or {LONGRCA_MINI!r} for the official list)",
+        None, description=f"only the trajectories listed (a file, or {LONGRCA_MINI!r})"
     )
     realizations: int = Field(1, ge=1)
     cache: Literal["run", "db"] = Field(
         "run", description="serve finished calls from this run only, or any run"
     )
     strict_data: bool = False
-    simulated: bool = Field(
-        False,
-        description="the backbones are rcarun's simulator (reports say so); implied by provider 'simulated'",
-    )
+    simulated: bool = Field(False, description="the backbones are rcarun's simulator (reports say so)")
     drain_timeout_s: float = Field(30.0, ge=0)
     write_wait_s: float = Field(
-        120.0,
-        ge=0,
-        description="while results.db refuses writes (a lock another tool holds, a full disk) no new call is "
-        "sent; after this long without recovery the run stops, resumable",
+        120.0, ge=0, description="how long results.db may refuse writes before a stop"
     )
-    lease_stale_s: float = Field(
-        30.0,
-        ge=2,
-        description="a sweep's lease on its run is taken over when its heartbeat is this old (a killed sweep)",
-    )
+    lease_stale_s: float = Field(30.0, ge=2, description="a lease whose heartbeat is this old is taken over")
     items_in_flight: int | None = Field(
-        None, ge=1, description="per backbone; default: its concurrency plus a quarter, to keep calls busy"
+        None, ge=1, description="per backbone; default: concurrency and a quarter"
     )
     forward_cache: Literal["float16", "float32", "off"] = Field(
-        "float16",
-        description="local backbones: keep each forward pass beside results.db (DB.forward-cache/) so a rerun "
-        "or another realization reads it instead of recomputing; float16 rounds the pooled states (every "
-        "pass is rounded, so a cached pass reads exactly as a fresh one), float32 keeps them exact, off "
-        "recomputes",
+        "float16", description="how local backbones keep their passes beside results.db (`ForwardCache`)"
     )
 
 
@@ -604,130 +496,3 @@ class SweepConfig(_Strict):
 
     def stage(self, name: str) -> StageConfig:
         return self.stages.get(name) or _DEFAULT_STAGE
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _explain(path: Path, exc: ValidationError, table: str = "") -> ConfigError:
-    problems = []
-    for error in exc.errors():
-        loc = ((table,) if table else ()) + tuple(error["loc"])
-        message = error["msg"]
-        found = error.get("ctx", {}).get("error")
-        if isinstance(found, _Problem):
-            loc, message = loc + found.where, str(found)
-        problems.append(f"{'.'.join(str(part) for part in loc) or '(top)'}: {message}")
-    return ConfigError(f"{path}: {'; '.join(problems)}")
-
-
-def load_backbones_file(path: Path) -> dict[str, BackboneConfig]:
-    """Every ``[NAME]`` table of a backbones file, validated."""
-    raw = _read_toml(path)
-    backbones: dict[str, BackboneConfig] = {}
-    for name, table in raw.items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: {name!r} must be a table")
-        try:
-            backbones[name] = BackboneConfig.model_validate(table)
-        except ValidationError as exc:
-            raise _explain(path, exc, table=name) from None
-    return backbones
-
-
-def load_sweep_config(path: Path) -> SweepConfig:
-    """Parse a sweep TOML, pull the named backbones from ``backbones_file`` and resolve relative paths."""
-    raw = _read_toml(path)
-    try:
-        config = SweepConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise _explain(path, exc) from None
-    for index, method in enumerate(config.methods):
-        try:  # an unknown name or a bad option is a config error, found before any run exists
-            create_method(method.name, label=method.resolved_label, options=method.options)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: methods[{index}]: {exc}") from None
-    base = path.parent
-    backbones = dict(config.backbones)
-    if config.backbones_file:
-        shared = load_backbones_file((base / config.backbones_file).resolve())
-        wanted = config.use or tuple(shared)
-        missing = [name for name in wanted if name not in shared]
-        if missing:
-            raise ConfigError(f"{path}: use names backbones not in {config.backbones_file}: {missing}")
-        for name in wanted:
-            if name in backbones:
-                raise ConfigError(f"{path}: backbone {name!r} defined inline and in {config.backbones_file}")
-            backbones[name] = shared[name]
-    elif config.use:
-        raise ConfigError(f"{path}: 'use' needs a backbones_file")
-    if not backbones:
-        raise ConfigError(f"{path}: no backbones (define [backbones.NAME] or backbones_file + use)")
-    sweep_update = {"dataset": str((base / config.sweep.dataset).resolve())}
-    if config.sweep.manifest is not None and config.sweep.manifest != LONGRCA_MINI:
-        sweep_update["manifest"] = str((base / config.sweep.manifest).resolve())
-    return config.model_copy(
-        update={"backbones": backbones, "sweep": config.sweep.model_copy(update=sweep_update)}
-    )
-
-
-def narrow_sweep(
-    config: SweepConfig, *, backbones: Sequence[str] = (), methods: Sequence[str] = ()
-) -> SweepConfig:
-    """``config`` restricted to the named backbones and methods (by label, or by name for every label of it), for
-    a slice of a sweep; an empty selection keeps all.
-
-    A slice by one side only drops what it leaves with nothing to do on the other: naming only chat methods
-    drops the local backbones (which run only methods that read a model, SOAP), naming only chat backbones drops
-    the methods that read a model, and the other way round; the sweep would otherwise be refused for a backbone
-    or a method with no partner (`rcarun.runner.scheduler.check_method_backbones`). A slice by both is taken as
-    given.
-
-    Raises:
-        ConfigError: a name the config does not define (the known ones are listed).
-    """
-    updates: dict[str, Any] = {}
-    if backbones:
-        unknown = [name for name in backbones if name not in config.backbones]
-        if unknown:
-            raise ConfigError(
-                f"--backbone {', '.join(unknown)}: not in the sweep (backbones: {', '.join(config.backbones)})"
-            )
-        updates["backbones"] = {
-            name: config.backbones[name] for name in config.backbones if name in backbones
-        }
-    if methods:
-        known = {method.resolved_label for method in config.methods} | {
-            method.name for method in config.methods
-        }
-        unknown = [name for name in methods if name not in known]
-        if unknown:
-            labels = ", ".join(method.resolved_label for method in config.methods)
-            raise ConfigError(f"--method {', '.join(unknown)}: not in the sweep (methods: {labels})")
-        updates["methods"] = tuple(
-            method for method in config.methods if method.resolved_label in methods or method.name in methods
-        )
-    if bool(backbones) != bool(methods):
-        kept_methods: tuple[MethodConfig, ...] = updates.get("methods", config.methods)
-        kept_backbones: dict[str, BackboneConfig] = updates.get("backbones", config.backbones)
-        if methods:
-            kinds = {_reads_model(method) for method in kept_methods}
-            updates["backbones"] = {
-                name: backbone for name, backbone in kept_backbones.items() if backbone.is_local in kinds
-            }
-        else:
-            kinds = {backbone.is_local for backbone in kept_backbones.values()}
-            updates["methods"] = tuple(method for method in kept_methods if _reads_model(method) in kinds)
-    return config.model_copy(update=updates) if updates else config
-
-
-def _reads_model(method: MethodConfig) -> bool:
-    """Whether the method reads a model's internals (runs on local backbones), as its class declares."""
-    return bool(create_method(method.name, label=method.resolved_label, options=method.options).reads_model)

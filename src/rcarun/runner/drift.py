@@ -1,19 +1,12 @@
-"""What a resume may change: the settings that decide answers must stay as the run was started, the rest may move.
+"""What a resume may change: the settings that decide answers stay as the run was started, the rest may move.
 
-A run's results are only comparable when every answer under one backbone name came from the same model, endpoint,
-request options, method options, output budgets and trajectories. Resuming with a new model or temperature would
-mix two configurations under one name, silently. So a resume compares the answer-deciding settings with the
-config the run stored and lists what changed; the runner then refuses (unless told to accept it). Limits,
-prices, budgets, retries, concurrency and timeouts decide how fast and how expensively answers come, not what
-they are, and may change freely; adding or dropping a backbone or a method changes the run's extent, not its
-existing answers. A simulated sweep's endpoints are loopback ports drawn anew each time and are not compared.
-
-A managed backbone (``[serve]``) has no endpoints to compare; what decides its answers is what the replicas
-load and how: the weights (``serve.model``: the served name requests carry may stay while the weights behind
-it change), ``serve.max_model_len``, ``serve.env`` (e.g. an attention backend) and ``serve.extra_args`` less
-the flags that size the server without changing what it computes (`_CAPACITY_FLAGS`: memory share, batch
-sizes, prefix caching, logging). Which GPUs, how many replicas, the command's path, ports and time-outs may
-move; so may the tensor-parallel size (it changes floating-point rounding, as batching does, not the model).
+A run's answers are comparable only when they came from one model, endpoint, request and method options, output
+budgets and trajectories; a resume that changed one would mix two configurations under one name, silently.
+Limits, prices, budgets, retries and timeouts decide how fast and how dearly answers come, not what they are;
+adding or dropping a backbone or method changes the run's extent; a simulated sweep's loopback ports are drawn
+anew. For a managed backbone what decides answers is what its replicas load: ``serve.model``, ``max_model_len``,
+``env`` and ``extra_args`` less the flags that only size the server (`_CAPACITY_FLAGS`); GPUs, replica count,
+ports and the tensor-parallel size (rounding, as batching) may move.
 """
 
 from __future__ import annotations
@@ -88,9 +81,8 @@ def _answer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     sweep = config.get("sweep") or {}
     simulated = bool(sweep.get("simulated"))
     settings: dict[str, Any] = {f"sweep.{key}": sweep.get(key) for key in _SWEEP_KEYS}
-    # How forward passes are kept decides what a local model's method reads (float16 rounds the pooled states),
-    # so it is a setting of each local backbone: a run without one is not held to it. A config from before the
-    # setting had the default.
+    # How passes are kept decides what a local model's method reads (float16 rounds), so it is each local
+    # backbone's setting; a config from before the setting had the default.
     forward_cache = sweep.get("forward_cache", "float16")
     for name, backbone in (config.get("backbones") or {}).items():
         if backbone.get("provider") == "local":

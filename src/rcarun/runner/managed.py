@@ -1,12 +1,8 @@
 """The runner's side of self-hosted backbones: managed replicas for the length of a sweep, and their balancing.
 
-`rcarun.serving` owns processes and knows nothing of configs or runs; `rcarun.backends.replicas` balances URLs
-and knows nothing of processes. This module joins them for the scheduler and ``rcarun serve``: it turns a
-``[backbones.X.serve]`` table into a `ServeSpec`, starts every managed backbone's replicas together (a failure
-stops them all, with the failing replica's one line), registers a synchronous kill for a process made to exit
-at once, and for the sweep's length runs one `MetricsPoller` per vLLM backbone with several replicas and
-``balance = "metrics"``, telling the balancer when a managed replica dies or comes back (and turning prefix
-affinity on for ``balance = "affinity"``).
+Joins `rcarun.serving` (processes, no configs) and `rcarun.backends.replicas` (URLs, no processes) for the
+scheduler and ``rcarun serve``: a ``[serve]`` table becomes a `ServeSpec`, replicas start together and stop
+together, and each balancer hears of deaths and restarts (with a `MetricsPoller` for ``balance = "metrics"``).
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ __all__ = [
     "serve_spec",
 ]
 
-# The run_events kind that records what served a managed backbone (version, command lines, GPUs, ports, the
-# GPU-hour price in force).
+# The run_events kinds that record what served a managed backbone and, at the session's end, how long its
+# replicas held their GPUs (``held_s``) and could serve (``up_s``): the report charges GPU time from them.
 REPLICAS_STARTED = "replicas_started"
-# Its pair at the end of the session: how long the replicas held their GPUs (``held_s``, launch to stop) and
-# could serve (``up_s``). The report charges GPU time from these two events (`rcarun.analysis.cost`).
 REPLICAS_STOPPED = "replicas_stopped"
 # How often each replica's /metrics is read: a few hundred milliseconds, so a burst is seen within a call or two.
 METRICS_INTERVAL_S = 0.25
@@ -101,44 +95,15 @@ async def managed_backbones(
     # Pairs a start with its stop even where sessions interleave (a run merged from several machines).
     sessions = {name: uuid.uuid4().hex[:16] for name in fleets}
 
-    async def stop(name: str, fleet: ManagedReplicas) -> None:
-        try:
-            await fleet.stop()
-        finally:
-            # Only replicas that came up served the run; a start that failed stopped the sweep before any call.
-            if fleet.started:
-                on_event(
-                    REPLICAS_STOPPED,
-                    {
-                        "backbone": name,
-                        "session": sessions[name],
-                        "replicas": fleet.spec.replicas,
-                        "gpus": fleet.spec.gpu_count,
-                        "held_s": round(fleet.held_s, 3),
-                        "up_s": round(fleet.up_s, 3),
-                        "restarts": sum(fleet.restarts_used),
-                        "gpu_hour_usd": prices[name],
-                    },
-                )
-
     async with contextlib.AsyncExitStack() as stack:
         for name, fleet in fleets.items():
             on_exit(fleet.kill_now)
-            stack.push_async_callback(stop, name, fleet)
+            stack.push_async_callback(_stop, name, fleet, sessions[name], prices[name], on_event)
             announce(
                 f"backbone {name!r}: starting {fleet.spec.replicas} vLLM replicas on GPUs {list(fleet.spec.gpus)} "
                 f"(logs in {log_dir})"
             )
-        if fleets:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for fleet in fleets.values():
-                        group.create_task(fleet.start())
-            except BaseExceptionGroup as errors:
-                found = _first_rcarun_error(errors)
-                if found is None:
-                    raise
-                raise found from None
+        await _start_all(fleets)
         for name, fleet in fleets.items():
             record = fleet.record
             slowest = max(replica.startup_s for replica in record.replicas)
@@ -156,6 +121,44 @@ async def managed_backbones(
                 },
             )
         yield fleets
+
+
+async def _start_all(fleets: Mapping[str, ManagedReplicas]) -> None:
+    """Start every fleet at once; the first failure (its own one line) cancels the other starts."""
+    if not fleets:
+        return
+    try:
+        async with asyncio.TaskGroup() as group:
+            for fleet in fleets.values():
+                group.create_task(fleet.start())
+    except BaseExceptionGroup as errors:
+        found = _first_rcarun_error(errors)
+        if found is None:
+            raise
+        raise found from None
+
+
+async def _stop(
+    name: str, fleet: ManagedReplicas, session: str, gpu_hour_usd: float, on_event: EventSink
+) -> None:
+    try:
+        await fleet.stop()
+    finally:
+        # Only replicas that came up served the run; a start that failed stopped the sweep before any call.
+        if fleet.started:
+            on_event(
+                REPLICAS_STOPPED,
+                {
+                    "backbone": name,
+                    "session": session,
+                    "replicas": fleet.spec.replicas,
+                    "gpus": fleet.spec.gpu_count,
+                    "held_s": round(fleet.held_s, 3),
+                    "up_s": round(fleet.up_s, 3),
+                    "restarts": sum(fleet.restarts_used),
+                    "gpu_hour_usd": gpu_hour_usd,
+                },
+            )
 
 
 @contextlib.asynccontextmanager

@@ -1,9 +1,5 @@
-"""One tqdm bar per backbone: items, calls, tokens, USD, 429s and length retries, and the calls in flight with the
-tokens streamed so far (a long answer shows it is arriving), refreshed on a timer.
-
-The bars read the backbone counters twice a second instead of being updated on every call, so progress display
-costs nothing on the hot path however fast the calls come back.
-"""
+"""One tqdm bar per backbone (items, calls, tokens streamed, USD, 429s, length retries), read from the counters
+twice a second rather than updated per call, so the display costs nothing on the hot path."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The live objects of one sweep: what every work item shares (run context) and what each backbone owns.
-
-Kept apart from the scheduler so that the session — the `LLM` a method sees — depends on plain state, not on the
-loop that feeds items.
-"""
+"""The live objects of one sweep: what every item shares (`RunContext`) and what each backbone owns, apart from
+the scheduler so that the session (the `LLM` a method sees) depends on plain state, not on the loop."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from tqdm import tqdm
 
@@ -21,11 +18,9 @@ from rcarun.backends import Backend, CallProgress, ChatResult
 from rcarun.budgets import BackboneGate
 from rcarun.errors import CallError, RateLimited, StopRequested
 from rcarun.runner.config import BackboneConfig, SweepConfig
+from rcarun.runner.local_model import ForwardCache, LocalModel
 from rcarun.store import Store, StoreWriter
 from rcarun.text import terminal_safe
-
-if TYPE_CHECKING:
-    from rcarun.runner.forward_session import ForwardCache, LocalModel
 
 __all__ = [
     "BackboneCounters",
@@ -42,11 +37,8 @@ __all__ = [
 
 
 def announce_line(line: str) -> None:
-    """Say one line to the user now, on stderr, without breaking the progress bars (``rcarun: ...``).
-
-    Never raises: a stderr whose reader went away (a ``| tee`` killed by Ctrl-C) must not turn what the line
-    reports into a failed item; the same facts are in results.db's events.
-    """
+    """Say one line to the user on stderr without breaking the progress bars. Never raises: a reader gone away
+    (a ``| tee`` killed by Ctrl-C) must not fail an item; the same facts are in results.db's events."""
     with contextlib.suppress(OSError, ValueError):
         tqdm.write(terminal_safe(f"rcarun: {line}"), file=sys.stderr)
 
@@ -86,11 +78,8 @@ class WorkItem:
 
 
 class StopController:
-    """Graceful stop: the first request stops admission (in-flight calls drain), a later one cancels.
-
-    Listeners (`on_stop`) hear of the first request: the scheduler stops every backbone, which also ends the
-    waits of calls not yet admitted, so only calls in flight are left to drain.
-    """
+    """Graceful stop: the first request stops admission (calls in flight drain), a later one cancels. The
+    scheduler listens (`on_stop`) and stops every backbone, which ends the waits of calls not yet admitted."""
 
     def __init__(self) -> None:
         self.admission_stopped = False
@@ -250,12 +239,9 @@ class BackboneRuntime:
 
 
 class StopGuard:
-    """While armed, a stop of the backbone interrupts the current task's wait and turns into `StopRequested`.
-
-    ``with runtime.stop_guard() as guard: ... guard.disarm()`` — disarm before sending the request. A stop
-    cancels the waiting task; on the way out the guard takes its own cancellation back (`Task.uncancel`) and
-    raises `StopRequested` instead, unless someone else cancelled the task too, whose cancellation then goes on.
-    """
+    """While armed (``with runtime.stop_guard() as guard: ... guard.disarm()`` before sending), a stop of the
+    backbone cancels the task's wait and the guard turns its own cancellation into `StopRequested` (`uncancel`),
+    unless someone else cancelled the task too."""
 
     __slots__ = ("_runtime", "_task", "stopped")
 
@@ -286,14 +272,9 @@ class StopGuard:
 
 
 class SharedCalls:
-    """Answers of shareable stages, by cache key, while they are in flight and shortly after.
-
-    Ablation conditions of one method (RCTA and rcta/no-aK) send byte-identical Stage I requests for the same
-    trajectory, usually at the same moment (their items are queued side by side). The first request is sent;
-    the others wait for its answer instead of paying again. Finished answers are kept for the last
-    ``keep_finished`` keys only — long enough to bridge the writer's commit delay, after which the stored row
-    serves them — so memory stays bounded by work in flight, not by the size of the sweep.
-    """
+    """Answers of shareable stages by cache key, in flight and shortly after: ablation conditions (RCTA and
+    rcta/no-aK) send identical Stage I requests at about the same moment, and only the first is paid. The last
+    ``keep_finished`` answers bridge the writer's commit delay, after which the stored row serves them."""
 
     def __init__(self, keep_finished: int = 512) -> None:
         self._in_flight: dict[str, asyncio.Future[ChatResult | None]] = {}
@@ -341,7 +322,7 @@ class RunContext:
     limit: int | None = None
     # How the runner says something the user must read now (a backbone stopped, writes failing): one line.
     announce: Callable[[str], None] = announce_line
-    # Where local backbones keep their forward passes (`rcarun.runner.forward_session`); None: no local backbone.
+    # Where local backbones keep their forward passes (`rcarun.runner.local_model`); None: no local backbone.
     forward_cache: ForwardCache | None = None
     # Admission waits here while results.db refuses writes; None: never (a caller without a writer's trouble).
     write_pause: WritePause | None = None
