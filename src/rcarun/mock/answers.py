@@ -11,9 +11,7 @@ with arguments drawn from their parameter schemas. It is a pure function of the 
 dry-run estimator draws its rounds by the very rule the simulator serves them by (with seeds of its own: it
 predicts how many rounds to expect, not which).
 
-Token counting lives here too because the answer's size decides ``finish_reason`` and usage. So do the two
-hostile rewrites of an answer's content (`with_huge_step`, `with_lone_surrogate`): they need to know where in
-an answer its step and its free text are.
+Token counting lives here too because the answer's size decides ``finish_reason`` and usage.
 """
 
 from __future__ import annotations
@@ -28,10 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "CONTROL_SEQUENCES",
     "DEFAULT_TOOL_ROUNDS_MAX",
-    "HUGE_STEP",
-    "LONE_SURROGATE",
     "answer_seed",
     "count_text_tokens",
     "filler_sentence",
@@ -43,9 +38,6 @@ __all__ = [
     "simulate_tool_calls",
     "tool_calls_text",
     "tool_prompt_chars",
-    "with_control_sequences",
-    "with_huge_step",
-    "with_lone_surrogate",
 ]
 
 DEFAULT_TOOL_ROUNDS_MAX = 3
@@ -98,22 +90,6 @@ _WORDS = [
 ]
 
 # Long enough for tens of thousands of reasoning tokens; sliced, never rebuilt per request.
-HUGE_STEP = 10**26
-"""The step a "huge_step" answer states: past SQLite's 64-bit integers and float's exact integers alike."""
-
-LONE_SURROGATE = "\ud800"
-"""A high surrogate with no low one after it, as when an answer is cut in the middle of an emoji."""
-
-CONTROL_SEQUENCES = (
-    "\x1b[2J\x1b[H"  # clear the screen, cursor home
-    "\x1b]0;pwned\x07"  # set the window title
-    "\x1b]52;c;cm0gLXJmIH4K\x07"  # write the clipboard (OSC 52)
-    "\x1b]8;;https://example.invalid\x1b\\link\x1b]8;;\x1b\\"  # a hyperlink
-    "\x9b31m"  # C1 CSI: red, where a terminal reads 8-bit controls
-    "hidden\r\x08\x08"  # overwrite what came before
-)
-"""What a "control" answer carries: sequences a terminal obeys instead of showing."""
-
 _FILLER_CORPUS = " ".join(_WORDS[i % len(_WORDS)] for i in range(40_000))
 
 _FENCED_JSON = re.compile(r"```json[ \t]*\r?\n(.*?)```", re.DOTALL)
@@ -538,82 +514,3 @@ def _number_field(schema: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     return None
-
-
-def with_huge_step(answer: str) -> tuple[str, list[str]] | None:
-    """``answer`` (JSON text) with every integer field named like a step set to `HUGE_STEP`.
-
-    A field is a step when its name contains "step" and its value is an integer: ``root_step``,
-    ``failure_step``, ``mistake_step``, ``step_index``, ``step_id``, ``root_cause.step``; arrays of steps
-    (``step_ids``, ``step_range``) are left alone. Everything else stays as it was, so the answer is valid but for
-    that number.
-
-    Returns:
-        The new text and the dotted paths of the fields changed, or None when the answer is not JSON or has no
-        such field.
-    """
-    try:
-        value = json.loads(answer)
-    except ValueError:
-        return None
-    paths: list[str] = []
-    _replace_steps(value, "", paths)
-    if not paths:
-        return None
-    return json.dumps(value, ensure_ascii=False), paths
-
-
-def _replace_steps(value: Any, prefix: str, paths: list[str]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{prefix}{key}"
-            if isinstance(item, int) and not isinstance(item, bool) and "step" in str(key).casefold():
-                value[key] = HUGE_STEP
-                paths.append(path)
-            else:
-                _replace_steps(item, path + ".", paths)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _replace_steps(item, f"{prefix}{index}.", paths)
-
-
-def with_lone_surrogate(answer: str) -> tuple[str, str]:
-    """``answer`` with `LONE_SURROGATE` at the end of its longest string field (the free text: a reason, a
-    note), or at the end of the text itself when it is not JSON or holds no string.
-
-    The JSON is rewritten unescaped, so the content string itself holds the surrogate; a body written with
-    ASCII escapes then carries it as ``\\ud800``.
-
-    Returns:
-        The new text and the dotted path of the field changed (``(text)`` for the text itself).
-    """
-    try:
-        value = json.loads(answer)
-    except ValueError:
-        return answer + LONE_SURROGATE, "(text)"
-    strings: list[tuple[int, str, Any, Any]] = []  # (length, path, container, key)
-    _collect_strings(value, "", strings)
-    if not strings:
-        return answer + LONE_SURROGATE, "(text)"
-    # The longest string, the first of equals: a free-text field rather than an enum value.
-    _, path, container, key = max(strings, key=lambda found: found[0])
-    container[key] += LONE_SURROGATE
-    return json.dumps(value, ensure_ascii=False), path
-
-
-def with_control_sequences(answer: str) -> tuple[str, str]:
-    """``answer`` after a line of `CONTROL_SEQUENCES`, as prose before the JSON (which methods read past); the
-    log detail. Raw in the content: inside a JSON string they would arrive escaped."""
-    return f"{CONTROL_SEQUENCES}\n{answer}", "(prefix)"
-
-
-def _collect_strings(value: Any, prefix: str, found: list[tuple[int, str, Any, Any]]) -> None:
-    items: Any = (
-        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    )
-    for key, item in items:
-        path = f"{prefix}{key}"
-        if isinstance(item, str):
-            found.append((len(item), path, value, key))
-        else:
-            _collect_strings(item, path + ".", found)

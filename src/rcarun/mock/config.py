@@ -31,7 +31,7 @@ UsageStyle = Literal["openai", "deepseek"]
 # ``vllm:kv_cache_usage_perc``); the simulator serves either, so clients are tested against both.
 KvCacheMetric = Literal["kv_cache_usage_perc", "gpu_cache_usage_perc"]
 
-_FAULT_RATE_FIELDS = (
+FAULT_RATE_FIELDS = (
     "error_500_rate",
     "error_503_rate",
     "timeout_rate",
@@ -220,8 +220,8 @@ class MockConfig:
             problems.append(f"reasoning_tokens must be an integer, got {self.reasoning_tokens!r}")
         elif self.reasoning_tokens < 0:
             problems.append(f"reasoning_tokens must be >= 0, got {self.reasoning_tokens}")
-        rates = [getattr(self, name) for name in _FAULT_RATE_FIELDS]
-        for name, rate in zip(_FAULT_RATE_FIELDS, rates, strict=True):
+        rates = [getattr(self, name) for name in FAULT_RATE_FIELDS]
+        for name, rate in zip(FAULT_RATE_FIELDS, rates, strict=True):
             if not (0.0 <= rate <= 1.0):
                 problems.append(f"{name} must be within [0, 1], got {rate!r}")
         if not (0.0 <= self.length_rate <= 1.0):
@@ -274,7 +274,7 @@ class MockConfig:
     @property
     def fault_rate(self) -> float:
         """Probability that a request meets any fault."""
-        return float(sum(getattr(self, name) for name in _FAULT_RATE_FIELDS))
+        return float(sum(getattr(self, name) for name in FAULT_RATE_FIELDS))
 
     def replace(self, **changes: Any) -> MockConfig:
         """A copy with ``changes`` applied (validated like a new config)."""
