@@ -43,51 +43,13 @@ __all__ = [
 DEFAULT_TOOL_ROUNDS_MAX = 3
 """Most tool rounds a simulated conversation makes before it answers (the draw is uniform in 0..max)."""
 
-_WORDS = [
-    "the",
-    "agent",
-    "reviewed",
-    "each",
-    "step",
-    "and",
-    "found",
-    "that",
-    "the",
-    "plan",
-    "drifted",
-    "after",
-    "an",
-    "early",
-    "tool",
-    "result",
-    "was",
-    "read",
-    "without",
-    "checking",
-    "its",
-    "source",
-    "so",
-    "later",
-    "steps",
-    "inherited",
-    "a",
-    "wrong",
-    "assumption",
-    "about",
-    "the",
-    "task",
-    "state",
-    "while",
-    "the",
-    "orchestrator",
-    "kept",
-    "delegating",
-    "work",
-    "that",
-    "depended",
-    "on",
-    "it",
-]
+# The filler vocabulary, in the order filler text cycles through it.
+_FILLER_SOURCE = (
+    "the agent reviewed each step and found that the plan drifted after an early tool result was read without "
+    "checking its source so later steps inherited a wrong assumption about the task state while the "
+    "orchestrator kept delegating work that depended on it"
+)
+_WORDS = _FILLER_SOURCE.split()
 
 # Long enough for tens of thousands of reasoning tokens; sliced, never rebuilt per request.
 _FILLER_CORPUS = " ".join(_WORDS[i % len(_WORDS)] for i in range(40_000))
