@@ -1,8 +1,8 @@
 """The embedded default sweep behind `rcarun sweep` with no config (and `make demo`).
 
 It runs the bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
-./results.db (SOAP on a local tiny random model instead, below). The backbones are rcarun's own mock servers on loopback, each with a different limit style a real
-provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
+./results.db (SOAP on a local tiny random model instead, below). The backbones are rcarun's own mock servers on
+loopback, each with a different limit style a real provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
 two-tier request limits, a queueing server with replicas, length retries, retries of injected faults — without a
 key or a network:
 
@@ -26,6 +26,7 @@ It is left out when the ``local`` extra (torch, transformers) is not installed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -55,6 +56,21 @@ DEMO_LOCAL_BACKBONE = "tiny-random-local"
 # 61,000 tokens, read in windows; a pass's cost grows with the square of its length.
 _DEMO_CONTEXT_TOKENS = 1024
 
+
+_SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
+_EVERY_BACKBONE = object()  # stands for the names of every backbone of the demo
+# All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
+# Continuation read the log with tools, as in the paper (the simulator calls them for a few rounds); the judge
+# panel sits every backbone of the demo (four judges, as in the Continual Search paper's panel). Other methods
+# keep their own options.
+_DEMO_METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "all-at-once": _SHORT_ATTRIBUTION,
+    "continual-search": {"reading": "agentic", "base_options": _SHORT_ATTRIBUTION},
+    "passive-continuation": {"reading": "agentic", "base_options": _SHORT_ATTRIBUTION},
+    "self-consistency": {"base_options": _SHORT_ATTRIBUTION},
+    "judge-panel": {"judges": _EVERY_BACKBONE, "base_options": _SHORT_ATTRIBUTION},
+    "soap": {"context_tokens": _DEMO_CONTEXT_TOKENS},
+}
 
 # What the fake vllm command sets itself from its flags (served name, weights, window) or never takes from here.
 _SET_BY_FAKE_VLLM = frozenset(("model", "model_root", "context_window", "server_version", "api_key"))
@@ -169,32 +185,37 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
                 "retry": {"base_s": 0.2, "cap_s": 2.0},
             },
         ),
-        SimulatedBackbone(
-            "sim-qwen",
-            tuple(
-                MockConfig(
-                    model="sim-qwen3.5-35b-a3b",
-                    latency_s=0.1,
-                    max_concurrency=2,
-                    over_concurrency="queue",
-                    headers="none",
-                    reasoning_tokens=1500,
-                    reasoning_field="reasoning",
-                    context_window=32_768,
-                    seed=14 + replica,
-                )
-                for replica in range(2)
-            ),
-            {
-                "provider": "vllm",
-                "context_window": 32_768,
-                "max_output_tokens": 16_384,
-                "limits": {"concurrency": 8},
-                # Of the order of a rented data-centre GPU's hourly price; the GPU time is the fake's wall time.
-                "prices": {"gpu_hour_usd": 2.5},
-            },
-            serve={"model": "sim/Qwen3.5-35B-A3B", "startup_timeout_s": 60.0, "grace_s": 5.0, "restarts": 1},
+        _sim_qwen(),
+    )
+
+
+def _sim_qwen() -> SimulatedBackbone:
+    """A managed vLLM backbone: two replicas that queue, think long and are charged by GPU time."""
+    return SimulatedBackbone(
+        "sim-qwen",
+        tuple(
+            MockConfig(
+                model="sim-qwen3.5-35b-a3b",
+                latency_s=0.1,
+                max_concurrency=2,
+                over_concurrency="queue",
+                headers="none",
+                reasoning_tokens=1500,
+                reasoning_field="reasoning",
+                context_window=32_768,
+                seed=14 + replica,
+            )
+            for replica in range(2)
         ),
+        {
+            "provider": "vllm",
+            "context_window": 32_768,
+            "max_output_tokens": 16_384,
+            "limits": {"concurrency": 8},
+            # Of the order of a rented data-centre GPU's hourly price; the GPU time is the fake's wall time.
+            "prices": {"gpu_hour_usd": 2.5},
+        },
+        serve={"model": "sim/Qwen3.5-35B-A3B", "startup_timeout_s": 60.0, "grace_s": 5.0, "restarts": 1},
     )
 
 
@@ -222,9 +243,6 @@ async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str,
         yield configs
 
 
-_SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
-
-
 def local_extra_installed() -> bool:
     """torch and transformers can be imported (the ``local`` extra), without importing them."""
     return all(importlib.util.find_spec(module) is not None for module in ("torch", "transformers"))
@@ -241,21 +259,11 @@ def _demo_local_backbone() -> BackboneConfig:
 
 
 def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dict[str, Any]:
-    """All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
-    Continuation read the log with tools; the judge panel sits every backbone of the demo (four judges, as in the
-    Continual Search paper's panel)."""
-    if name == "all-at-once":
-        return dict(_SHORT_ATTRIBUTION)
-    if name in ("continual-search", "passive-continuation"):
-        # The paper's setting: a judge that reads the log with tools (the simulator calls them for a few rounds).
-        return {"reading": "agentic", "base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "self-consistency":
-        return {"base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "judge-panel":
-        return {"judges": list(backbones), "base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "soap":
-        return {"context_tokens": _DEMO_CONTEXT_TOKENS}
-    return {}
+    """The demo's options for method ``name`` (`_DEMO_METHOD_OPTIONS`), the judges filled in."""
+    return {
+        key: list(backbones) if value is _EVERY_BACKBONE else copy.deepcopy(value)
+        for key, value in _DEMO_METHOD_OPTIONS.get(name, {}).items()
+    }
 
 
 def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
