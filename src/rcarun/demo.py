@@ -1,26 +1,13 @@
 """The embedded default sweep behind `rcarun sweep` with no config (and `make demo`).
 
-It runs the bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
-./results.db (SOAP on a local tiny random model instead, below). The backbones are rcarun's own mock servers on
-loopback, each with a different limit style a real provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
-two-tier request limits, a queueing server with replicas, length retries, retries of injected faults — without a
-key or a network:
-
-- ``sim-deepseek``: a concurrency cap with 429 above it and no rate-limit headers (DeepSeek's style); the client
-  is configured one slot too optimistic, so adaptive concurrency has something to do.
-- ``sim-gpt``: requests/min and tokens/min with ``x-ratelimit-*`` headers (OpenAI's style), limits declared.
-- ``sim-kimi``: a two-tier request limit (per second and per minute) with Moonshot-style headers and a few 503s.
-- ``sim-qwen``: a managed vLLM backbone (``[serve]``): the runner starts two replicas of the fake ``vllm``
-  command (``python -m rcarun.mock.fake_vllm``, the simulator behind vLLM's face, its behaviour handed over in
-  ``RCARUN_FAKE_VLLM``), checks them, balances over them, stops them and charges their GPU time at an
-  illustrative GPU-hour price; they queue instead of refusing, put reasoning text in ``reasoning`` and think
-  long enough that the first output budget stops on length and is retried doubled.
-
-SOAP, the method that reads a model's internals instead of chatting, runs on a fifth backbone,
-``tiny-random-local``: a 3-layer model with seeded random weights built in code (no download), on the CPU, with
-1,024-token passes so that the sample's long trajectories are read in windows. Its accuracy means nothing: it
-shows SOAP's path through the engine (splits, selection, forward passes recorded and cached beside results.db).
-It is left out when the ``local`` extra (torch, transformers) is not installed.
+The bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
+./results.db, without a key or a network. Each backbone is rcarun's simulator with the limit style of a real
+provider, so that the demo exercises the whole engine: sim-deepseek (a concurrency cap, 429s, no headers; the
+client one slot too optimistic), sim-gpt (rpm and tpm with OpenAI headers), sim-kimi (two-tier request limits,
+Moonshot headers, a few 503s) and sim-qwen (a managed vLLM backbone: two fake ``vllm`` replicas started,
+balanced, stopped and charged by GPU time, which queue and think long enough for the length retry). SOAP runs on
+a fifth, ``tiny-random-local`` (a 3-layer model with seeded random weights, on the CPU; its accuracy means
+nothing), when the ``local`` extra is installed.
 """
 
 from __future__ import annotations
@@ -269,12 +256,10 @@ def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dic
 def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
     """Bundled sample × every registered method × the given backbones × 2 realizations.
 
-    All-at-once's budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
-    thinking runs out of room and the length retry doubles it, as a real thinking model would need (step-by-step
-    and binary search default to 1,024 too), and so do the methods that run All-at-once inside them (Continual
-    Search, Passive Continuation, self-consistency, the judge panel). Every other method keeps its own budgets
-    (RCTA's preset). The judge panel's items run once per trajectory and realization, under its first judge.
-    SOAP runs on `DEMO_LOCAL_BACKBONE` (module docstring), when the ``local`` extra is installed.
+    All-at-once starts at 1,024 output tokens (the original Who&When scripts' budget), so that sim-qwen's long
+    thinking runs out of room and the length retry doubles it, and so do the methods built on it
+    (`_DEMO_METHOD_OPTIONS`). The judge panel's items run once per trajectory and realization, under its first
+    judge. SOAP runs on `DEMO_LOCAL_BACKBONE` when the ``local`` extra is installed.
     """
     local = local_extra_installed()
     names = [name for name in registered_methods() if local or name != "soap"]

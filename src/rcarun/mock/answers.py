@@ -1,17 +1,10 @@
 """Schema-valid answers out of nothing but the request, so methods can be exercised without a real model.
 
-The simulator reads the JSON schema a request carries — ``response_format`` of type ``json_schema`` or,
-failing that, the last ```json fenced schema block in the last user message — and draws a value that satisfies
-it (enum, types and nullable unions, bounds, array lengths, required keys, nesting, local ``$ref``). It never
-reads anything else of the prompt, so it cannot know a reference label: any accuracy it reaches is chance.
-
-A request that offers tools (OpenAI function calling) may get tool calls instead (`simulate_tool_calls`): the
-conversation is given a seeded number of tool rounds, and each round calls one or two of the offered functions
-with arguments drawn from their parameter schemas. It is a pure function of the request and a seed, so the
-dry-run estimator draws its rounds by the very rule the simulator serves them by (with seeds of its own: it
-predicts how many rounds to expect, not which).
-
-Token counting lives here too because the answer's size decides ``finish_reason`` and usage.
+The simulator draws a value satisfying the JSON schema a request carries (``response_format``, else the last
+```json block of the last user message). It reads nothing else of the prompt, so any accuracy it reaches is
+chance. A request that offers tools may get tool calls instead (`simulate_tool_calls`), a pure function of the
+request and a seed that the dry-run estimator shares. Token counting lives here because the answer's size
+decides ``finish_reason`` and usage.
 """
 
 from __future__ import annotations
@@ -119,11 +112,8 @@ def message_text(message: Mapping[str, Any]) -> str:
 
 
 def schema_from_request(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The answer schema a chat request carries, or None.
-
-    ``response_format`` of type ``json_schema`` wins; otherwise the last qualifying ```json block of the last
-    user message.
-    """
+    """The answer schema a chat request carries (``response_format`` of type ``json_schema``, else the last
+    qualifying ```json block of the last user message), or None."""
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
         wrapper = response_format.get("json_schema")
@@ -170,20 +160,11 @@ def simulate_tool_calls(
 ) -> list[dict[str, Any]] | None:
     """The tool calls a simulated model makes in answer to ``body``, in OpenAI wire shape, or None to answer.
 
-    The rule, a function of the request alone:
-    - no tools offered, ``tool_choice`` "none", or ``rounds_max`` 0: None (answer normally);
-    - rounds done = assistant messages with ``tool_calls`` after the last user message;
-    - rounds planned = a draw in [0, rounds_max] seeded by the conversation up to that user message, the model
-      and the ``seed`` parameter, so every round of one conversation sees the same plan;
-    - while rounds done < planned (always, under ``tool_choice`` "required" or a named function): 1–2 calls of
-      the offered functions (only the named one when ``tool_choice`` names one), arguments from
-      `generate_arguments`, ids ``call_<16 hex>`` drawn from ``rng``.
-
-    Args:
-        body: the chat request as sent (``messages``, ``tools``, ``tool_choice``, ``seed``).
-        model: the model answering (part of the plan's seed).
-        rounds_max: most rounds a conversation makes unless forced.
-        rng: draws which functions, their arguments and call ids (seeded by the full request by the caller).
+    None when no tools are offered, ``tool_choice`` is "none" or ``rounds_max`` is 0. Otherwise the conversation
+    plans a draw in [0, rounds_max] of rounds (seeded by the conversation up to its last user message, the model
+    and ``seed``, so every round sees the same plan); while fewer assistant tool-call messages follow that user
+    message (always, under "required" or a named function), 1–2 calls of the offered (or named) functions with
+    arguments from `generate_arguments` and ids drawn from ``rng``.
     """
     choice = body.get("tool_choice")
     functions = _offered_functions(body.get("tools"))
@@ -224,8 +205,7 @@ def simulate_tool_calls(
 
 def generate_arguments(parameters: Any, rng: random.Random) -> dict[str, Any]:
     """Arguments for a function whose ``parameters`` is an object schema: every required property, each optional
-    one with probability 1/2, values by `generate_value` (type, enum, minimum/maximum and the rest honoured).
-    """
+    one with probability 1/2, values by `generate_value`."""
     if not isinstance(parameters, dict):
         return {}
     properties = parameters.get("properties")
@@ -247,9 +227,8 @@ def tool_calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
 
 
 def tool_prompt_chars(body: Mapping[str, Any]) -> int:
-    """Prompt characters beyond message texts: the compact JSON of the offered tools and the names and arguments
-    of earlier tool calls in the conversation (providers bill both as prompt tokens).
-    """
+    """Prompt characters beyond message texts: the offered tools' compact JSON and earlier tool calls' names and
+    arguments (providers bill both as prompt tokens)."""
     chars = 0
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
@@ -281,12 +260,8 @@ def _role(message: Any) -> str:
 
 
 def generate_value(schema: Mapping[str, Any], rng: random.Random) -> Any:
-    """A value that satisfies ``schema`` (the subset of JSON Schema that structured outputs use).
-
-    Supports enum, const, type (including lists such as ["integer", "null"]), anyOf/oneOf/allOf, local $ref
-    into $defs/definitions, minimum/maximum (and exclusive forms), minLength/maxLength, minItems/maxItems,
-    uniqueItems over enums, required and nested properties.
-    """
+    """A value that satisfies ``schema``: the subset of JSON Schema that structured outputs use (enum, const,
+    type lists, anyOf/oneOf/allOf, local $ref, bounds, lengths, item counts, uniqueItems over enums, nesting)."""
     return _Generator(schema, rng).value(schema, 0)
 
 

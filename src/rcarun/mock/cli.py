@@ -1,10 +1,8 @@
-"""``python -m rcarun.mock`` (and, wired by the lead, ``rcarun mock-server``): the simulator as a process.
+"""``python -m rcarun.mock`` (and ``rcarun mock-server``): the simulator as a process.
 
-The benchmark runs the server in its own process so that it has a core to itself; `MockProcess` starts it
-through this entry point with ``--config-json`` and ``--port 0`` and reads the chosen address from the first
-stdout line, a JSON object ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``. Nothing else
-is written to stdout. Hosts other than loopback are refused: the simulator is a test fixture, never a public
-service.
+`MockProcess` starts it with ``--config-json`` and ``--port 0`` and reads the address from the first stdout
+line, a JSON object ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``; nothing else is
+written to stdout. Hosts other than loopback are refused: the simulator is a test fixture, never a service.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Rate-limit headers in the dialects real backbones speak, so clients' header parsing is tested against them.
-
-- "openai": ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``; resets are durations in OpenAI's
-  (Go-like) format: "20ms", "1s", "1.5s", "6m0s".
-- "moonshot": Kimi's documentation names ``X-RateLimit-Limit``, ``X-RateLimit-Remaining`` and
-  ``X-RateLimit-Reset`` (https://www.kimi.com/help/kimi-api/api-rate-limits) without saying how the reset is
-  written or naming token headers. Our choice, documented here: those three describe the request limit, the
-  reset is seconds until the bucket is full as a plain decimal number ("0.5", "6"), and the token limit uses
-  the same names with a ``-Tokens`` suffix (``X-RateLimit-Limit-Tokens`` ...).
-- "none": no rate-limit headers at all, as DeepSeek.
-
-Values describe the token bucket truthfully: "remaining" is how many whole requests (tokens) would be admitted
-right now, "reset" is the time until the bucket is full again, "limit" is the declared per-period limit. The
-request headers describe the rpm bucket when rpm is declared, else the rps bucket (then "limit" is per
-second). A 429 additionally carries ``Retry-After`` (whole seconds, at least 1) and ``retry-after-ms``.
+"""Rate-limit headers in the dialects real backbones speak ("openai", "moonshot", "none"), so that clients'
+header parsing is tested against them; docs/simulator.md spells each out. Values describe the token bucket
+truthfully; a 429 adds ``Retry-After`` (whole seconds, at least 1) and ``retry-after-ms``.
 """
 
 from __future__ import annotations
