@@ -53,60 +53,44 @@ FAULT_RATE_FIELDS = (
 
 @dataclass(frozen=True, slots=True)
 class MockConfig:
-    """How the simulated backbone behaves.
+    """How the simulated backbone behaves (docs/simulator.md tells what each behaviour looks like on the wire).
 
     Attributes:
         model: the model name listed by ``/v1/models`` and reported when a request names none.
         seed: seeds the server's own random draws (faults, sampling noise) so that a run is reproducible.
-        latency_s: base time to answer an accepted request, in seconds, counted from its arrival (or from the
-            moment its queue slot came free), so the server's own handling is inside it.
+        latency_s: seconds to answer an accepted request, counted from its arrival (or from when its queue slot
+            came free), so the server's own handling is inside it.
         latency_per_token_s: extra seconds per generated (completion) token.
         chars_per_token: characters per token when counting prompt and completion tokens.
-        rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second;
-            None disables that limit. Each is a token bucket refilled at limit/period.
+        rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second, each
+            a token bucket refilled at limit/period; None disables it.
         burst_s: bucket capacity in seconds of quota (rpm 600 with burst 1 s admits 10 requests at once).
         max_concurrency: most requests generating at once; None for no cap.
-        over_concurrency: "429" rejects requests above the cap at once; "queue" holds them FIFO and keeps the
-            connection alive with blank lines, as DeepSeek does.
-        keepalive_s: interval of the blank lines written while a request is queued.
+        over_concurrency: "429" rejects requests above the cap; "queue" holds them FIFO, kept alive with blank
+            lines every ``keepalive_s``, as DeepSeek does.
         headers: which rate-limit headers every chat response carries ("none" like DeepSeek).
-        error_500_rate ... control_rate: the probability of each fault kind per request (all together at most
-            1), one draw walking `FAULT_RATE_FIELDS` in order. Error kinds are not charged against limits;
-            hostile answers ("huge_step", "surrogate", "bad_usage", "control") and answers cut on the wire
-            ("stream_stall", "stream_drop") are. docs/simulator.md describes each kind.
-        rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
-        hang_s: how long a "timeout" fault holds the request before dropping the connection.
+        error_500_rate ... control_rate: the probability of each fault kind per request (together at most 1),
+            one draw walking `FAULT_RATE_FIELDS` in order; ``rate_limit_retry_after_s`` is a "rate_limit"
+            fault's Retry-After, ``hang_s`` how long a "timeout" or "stream_stall" holds the connection.
         length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
             its budget, as if the model had rambled (its own random stream: it shifts no other draw).
-        request_log_size: keep the last this many chat requests in the log at ``GET /mock/log`` (0: no log), so
-            that a client's own records can be reconciled against what the server really served.
-        reasoning_tokens: simulated thinking tokens per answer.
-        reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
+        request_log_size: keep the last this many chat requests in the log at ``GET /mock/log`` (0: no log).
+        reasoning_tokens: simulated thinking tokens per answer, carried in ``reasoning_field`` (None hides the
+            text; usage still counts it).
         usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).
         context_window: vLLM-style context limit in tokens; None for no limit.
         api_key: when set, requests must carry ``Authorization: Bearer <api_key>`` (never shown in reprs).
         quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
-        tool_rounds_max: most tool rounds a conversation offered tools makes before answering (a seeded draw
-            in 0..max per conversation; see `rcarun.mock.answers.simulate_tool_calls`).
-
-    Streaming (``"stream": true``; docs/simulator.md):
-        tokens_per_chunk: completion tokens per content-bearing chunk.
-        refuse_stream: answer ``"stream": true`` with a 400 naming ``stream``, as a server that cannot stream;
-            unstreamed requests are served as usual.
-
-    The vLLM face (``/health``, ``/version``, ``/metrics``, and ``max_model_len`` in ``/v1/models``):
-        startup_delay_s: ``/health`` answers 503 for this long after the server starts, as a server that listens
-            before its engine is ready.
-        model_root: the ``root`` of the ``/v1/models`` card (vLLM: the model path behind a served name); None
-            repeats ``model``.
-        server_version: what ``GET /version`` reports.
-        kv_cache_tokens: KV-cache capacity in tokens: ``/metrics`` reports the prompt and completion tokens of the
-            requests generating over it. None: the share of ``max_concurrency`` slots in use (0 without a cap).
-        kv_cache_metric: the KV-cache gauge's name (vLLM renamed it; see `KvCacheMetric`).
-
-    The prefix cache (off by default; it exists to measure prefix affinity; docs/simulator.md):
-        prefix_cache_entries: how many distinct first messages this replica keeps, least recently used evicted
-            first. 0: every first message seen is reported as cached and none makes a request faster.
+        tool_rounds_max: most tool rounds a conversation offered tools makes before answering.
+        tokens_per_chunk: completion tokens per content-bearing chunk of a streamed answer.
+        refuse_stream: answer ``"stream": true`` with a 400 naming ``stream``, as a server that cannot stream.
+        startup_delay_s: ``/health`` answers 503 for this long after the start, as vLLM loading its engine.
+        model_root / server_version: the ``root`` of the ``/v1/models`` card (None: ``model``) and what
+            ``GET /version`` reports, as vLLM's.
+        kv_cache_tokens: KV-cache capacity in tokens that ``/metrics`` reports usage against (None: the share of
+            ``max_concurrency`` slots in use); ``kv_cache_metric`` names the gauge (vLLM renamed it).
+        prefix_cache_entries: distinct first messages this replica keeps, least recently used evicted first (0:
+            every first message seen counts as cached and none makes a request faster).
         latency_per_prompt_token_s: extra seconds per prompt token not served from the prefix cache.
     """
 
