@@ -1,13 +1,8 @@
 """The `rcarun` command: argument parsing, signal handling and printing; the work happens in the packages below.
 
 Settings follow one precedence, implemented once in `_setting`: flag > environment variable > config file >
-default.
-
-Exit statuses of `rcarun sweep` (the README's "When things go wrong"): 0 when every item of the run has a
-prediction; 3 when the run stopped early and can be resumed (a budget, Ctrl-C, a backbone stopped); 4 when it
-ran to the end but items failed for good (`--retry-failed` runs them again); 5 when it ran to the end but not one
-answer of some backbone could be read (a wrong model or endpoint, not a finding); 130 when cancelled; 2 when the
-config, the data or results.db cannot be used.
+default. `rcarun sweep`'s exit statuses (`cli.summary`, the README's "When things go wrong") are listed in its
+``--help``.
 """
 
 from __future__ import annotations

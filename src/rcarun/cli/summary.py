@@ -19,6 +19,10 @@ __all__ = [
     "print_summary",
 ]
 
+# 0: every item has a prediction; 3: stopped early, resumable (a budget, Ctrl-C, a backbone stopped); 4: ran to
+# the end but items failed for good; 5: ran to the end but not one answer of some backbone could be read (a
+# wrong model or endpoint, not a finding). 130 (cancelled) and 2 (unusable config, data or results.db) are
+# `rcarun.cli`'s.
 EXIT_FINISHED = 0
 EXIT_STOPPED = 3
 EXIT_ITEMS_FAILED = 4
