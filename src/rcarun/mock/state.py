@@ -115,7 +115,7 @@ class ChatCall:
     answer_fault: str | None = None  # served as a hostile answer
     cut_fault: str | None = None  # served as an answer cut off on the wire
     length_fault: bool = False
-    completion: Completion = _NO_COMPLETION
+    completion: Completion = _NO_COMPLETION  # until the compose step sets it
     charged_tokens: int = 0
     cached_tokens: int = 0
     uncached_tokens: int = 0  # what the prefill time counts
