@@ -21,29 +21,22 @@ from .http import JSON_CONTENT_TYPE, error_response
 
 __all__ = [
     "ANSWER_FAULTS",
-    "CONTROL_SEQUENCES",
     "CUT_FAULTS",
     "DETAILED_OUTCOMES",
-    "HUGE_STEP",
-    "LONE_SURROGATE",
     "draw_fault",
     "fault_response",
     "fault_table",
     "hostile_answer",
     "spoiled_usage",
     "still_hostile",
-    "with_control_sequences",
-    "with_huge_step",
-    "with_lone_surrogate",
 ]
 
-HUGE_STEP = 10**26
-"""The step a "huge_step" answer states: past SQLite's 64-bit integers and float's exact integers alike."""
-
-LONE_SURROGATE = "\ud800"
-"""A high surrogate with no low one after it, as when an answer is cut in the middle of an emoji."""
-
-CONTROL_SEQUENCES = (
+# The step a "huge_step" answer states: past SQLite's 64-bit integers and float's exact integers alike.
+_HUGE_STEP = 10**26
+# A high surrogate with no low one after it, as when an answer is cut in the middle of an emoji.
+_LONE_SURROGATE = "\ud800"
+# What a "control" answer carries: sequences a terminal obeys instead of showing.
+_CONTROL_SEQUENCES = (
     "\x1b[2J\x1b[H"  # clear the screen, cursor home
     "\x1b]0;pwned\x07"  # set the window title
     "\x1b]52;c;cm0gLXJmIH4K\x07"  # write the clipboard (OSC 52)
@@ -51,7 +44,6 @@ CONTROL_SEQUENCES = (
     "\x9b31m"  # C1 CSI: red, where a terminal reads 8-bit controls
     "hidden\r\x08\x08"  # overwrite what came before
 )
-"""What a "control" answer carries: sequences a terminal obeys instead of showing."""
 
 # Served as normal 200 answers (admitted, charged, timed like one) with something hostile inside.
 ANSWER_FAULTS = frozenset(("huge_step", "surrogate", "bad_usage", "control"))
@@ -62,7 +54,7 @@ DETAILED_OUTCOMES = ANSWER_FAULTS | {"long_pause"}
 _BAD_USAGE_KINDS = ("missing", "huge", "infinity", "negative")
 # What a "long_pause" 429 asks for: a day, a date 73 years away, and a number that parses to infinity.
 _LONG_PAUSES = ("86400", "Wed, 21 Oct 2099 07:28:00 GMT", "1e400")
-_HUGE_STEP_TEXT = str(HUGE_STEP)
+_HUGE_STEP_TEXT = str(_HUGE_STEP)
 _MALFORMED_BODIES = (
     b'{"id": "chatcmpl-mock", "object": "chat.completion", "choices": [{"index": 0, "mess',
     b'{"object": "chat.completion", "choices": []}',
@@ -148,11 +140,11 @@ def hostile_answer(
     if isinstance(answer, list):
         return answer, None
     if kind == "huge_step":
-        spoiled = with_huge_step(answer)
+        spoiled = _with_huge_step(answer)
         return (answer, None) if spoiled is None else (spoiled[0], ",".join(spoiled[1]))
     if kind == "control":
-        return with_control_sequences(answer)
-    return with_lone_surrogate(answer)
+        return _with_control_sequences(answer)
+    return _with_lone_surrogate(answer)
 
 
 def still_hostile(kind: str, content: str) -> bool:
@@ -160,8 +152,8 @@ def still_hostile(kind: str, content: str) -> bool:
     if kind == "huge_step":
         return _HUGE_STEP_TEXT in content
     if kind == "control":
-        return CONTROL_SEQUENCES in content
-    return LONE_SURROGATE in content
+        return _CONTROL_SEQUENCES in content
+    return _LONE_SURROGATE in content
 
 
 def spoiled_usage(usage: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
@@ -180,8 +172,8 @@ def spoiled_usage(usage: dict[str, Any], kind: str | None) -> dict[str, Any] | N
     return usage
 
 
-def with_huge_step(answer: str) -> tuple[str, list[str]] | None:
-    """``answer`` (JSON text) with every integer field named like a step set to `HUGE_STEP`.
+def _with_huge_step(answer: str) -> tuple[str, list[str]] | None:
+    """``answer`` (JSON text) with every integer field named like a step set to `_HUGE_STEP`.
 
     A step is an integer field whose name contains "step" (``root_step``, ``step_id``, ``root_cause.step``);
     arrays of steps are left alone, so the answer is valid but for that number.
@@ -206,7 +198,7 @@ def _replace_steps(value: Any, prefix: str, paths: list[str]) -> None:
         for key, item in value.items():
             path = f"{prefix}{key}"
             if isinstance(item, int) and not isinstance(item, bool) and "step" in str(key).casefold():
-                value[key] = HUGE_STEP
+                value[key] = _HUGE_STEP
                 paths.append(path)
             else:
                 _replace_steps(item, path + ".", paths)
@@ -215,8 +207,8 @@ def _replace_steps(value: Any, prefix: str, paths: list[str]) -> None:
             _replace_steps(item, f"{prefix}{index}.", paths)
 
 
-def with_lone_surrogate(answer: str) -> tuple[str, str]:
-    """``answer`` with `LONE_SURROGATE` at the end of its longest string field (the free text), or of the text
+def _with_lone_surrogate(answer: str) -> tuple[str, str]:
+    """``answer`` with `_LONE_SURROGATE` at the end of its longest string field (the free text), or of the text
     itself when it is not JSON or holds no string; with the dotted path changed (``(text)`` for the text).
 
     The JSON is rewritten unescaped, so the content string itself holds the surrogate.
@@ -224,21 +216,21 @@ def with_lone_surrogate(answer: str) -> tuple[str, str]:
     try:
         value = json.loads(answer)
     except ValueError:
-        return answer + LONE_SURROGATE, "(text)"
+        return answer + _LONE_SURROGATE, "(text)"
     strings: list[tuple[int, str, Any, Any]] = []  # (length, path, container, key)
     _collect_strings(value, "", strings)
     if not strings:
-        return answer + LONE_SURROGATE, "(text)"
+        return answer + _LONE_SURROGATE, "(text)"
     # The longest string, the first of equals: a free-text field rather than an enum value.
     _, path, container, key = max(strings, key=lambda found: found[0])
-    container[key] += LONE_SURROGATE
+    container[key] += _LONE_SURROGATE
     return json.dumps(value, ensure_ascii=False), path
 
 
-def with_control_sequences(answer: str) -> tuple[str, str]:
-    """``answer`` after a line of `CONTROL_SEQUENCES` (raw: inside a JSON string they would arrive escaped), and
+def _with_control_sequences(answer: str) -> tuple[str, str]:
+    """``answer`` after a line of `_CONTROL_SEQUENCES` (raw: inside a JSON string they would arrive escaped), and
     the log detail."""
-    return f"{CONTROL_SEQUENCES}\n{answer}", "(prefix)"
+    return f"{_CONTROL_SEQUENCES}\n{answer}", "(prefix)"
 
 
 def _collect_strings(value: Any, prefix: str, found: list[tuple[int, str, Any, Any]]) -> None:
