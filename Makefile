@@ -7,10 +7,10 @@ CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test check bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml benchmarks/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,local]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local]' -e ./benchmarks
 	touch $(STAMP)
 
 # Debian's Chromium for the trajectory viewer's browser test (tests/analysis/test_viewer_browser.py), when

@@ -4,7 +4,7 @@ the run as it ships and the leanest peer, in alternating rounds.
 Issue 17 asks for 0.6 ms of CPU per call in the bench's latency-bound scenario. Profiles (docs/performance.md,
 "CPU per call") spread what is left over many small parts; this script measures the larger ones in place, as
 the difference they make to the whole run, which no profiler's attribution can distort. Each variant is one run
-of the bench's latency-bound workload through rcarun's real runner (`rcarun.bench.client.measure`, 6,400 calls,
+of the bench's latency-bound workload through rcarun's real runner (`rcarun_bench.client.measure`, 6,400 calls,
 64 in flight, 100 ms simulated latency), in a process of its own with the one change applied:
 
 - ``none``: rcarun as it ships.
@@ -23,7 +23,7 @@ of the bench's latency-bound workload through rcarun's real runner (`rcarun.benc
   aiohttp would give. Skipped where pyreqwest is not installed (``pip install pyreqwest``; not one of rcarun's
   dependencies).
 - ``aiolimiter-loop``: the bench's leanest peer (a plain asyncio loop paced by aiolimiter), for the ratio;
-  skipped where aiolimiter is not installed (``pip install -e '.[bench]'``).
+  skipped where aiolimiter is not installed (``pip install -e './benchmarks[peers]'``).
 
 None of these is a way to run rcarun: each takes away something a sweep needs. Each round runs every variant once
 (in the order given), against the same simulator (reset before each run); the table gives each variant's median
@@ -169,10 +169,10 @@ def _apply(variant: str) -> None:
 def _child(variant: str, calls: int, pin: bool) -> None:
     """One run of ``variant``; prints one JSON line: its CPU per call, the calls the server answered, the calls
     results.db holds."""
-    from rcarun.bench.client import measure
-    from rcarun.bench.scenarios import get_scenario
-    from rcarun.bench.throughput import scenario_server
-    from rcarun.bench.workload import write_dataset
+    from rcarun_bench.client import measure
+    from rcarun_bench.scenarios import get_scenario
+    from rcarun_bench.throughput import scenario_server
+    from rcarun_bench.workload import write_dataset
 
     # Unstreamed: the bare and pyreqwest clients read whole bodies, and the peer sends unstreamed requests.
     client = variant if variant == "aiolimiter-loop" else "rcarun-unstreamed"
@@ -212,7 +212,7 @@ def main() -> None:
         return
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("ablations.py: --pin needs two CPUs")
-    from rcarun.bench.clients import unavailable_reason
+    from rcarun_bench.clients import unavailable_reason
 
     variants = ["none", *(v for v in (args.variant or VARIANTS) if v != "none")]
     if (reason := unavailable_reason("aiolimiter-loop")) is not None and "aiolimiter-loop" in variants:

@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 
 from rcarun.backends.settings import BackendSettings
 from rcarun.backends.transports import AiohttpTransport
-from rcarun.bench.scenarios import get_scenario
-from rcarun.bench.throughput import scenario_server
 from rcarun.jsonfast import dumps_compact
+from rcarun_bench.scenarios import get_scenario
+from rcarun_bench.throughput import scenario_server
 
 IN_FLIGHT = 64
 BODY: dict[str, Any] = {

@@ -22,7 +22,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from rcarun.bench import ResultRow, format_markdown, json_document, run_throughput
+from rcarun_bench import ResultRow, format_markdown, json_document, run_throughput
 
 _PACKAGES = ("rcarun", "aiohttp", "openai", "httpx", "aiolimiter", "litellm", "pydantic")
 

@@ -2,7 +2,7 @@
 
 Runs `rcarun bench throughput`'s latency-bound workload (6,400 calls, 64 in flight, 100 ms simulated latency,
 the simulator in its own process) through rcarun's real runner once, in this process, as the bench's client
-does (`rcarun.bench.client.measure`), and prints the CPU time per call and the profile. The CPU figure is of an
+does (`rcarun_bench.client.measure`), and prints the CPU time per call and the profile. The CPU figure is of an
 unprofiled run first (a profiler adds its own cost), then the profile of a second run. Usage:
 
     .venv/bin/python benchmarks/profile_calls.py                 # CPU/call, then pyinstrument's tree
@@ -41,10 +41,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from rcarun.bench.client import measure
-from rcarun.bench.scenarios import Scenario, get_scenario
-from rcarun.bench.throughput import scenario_server
-from rcarun.bench.workload import write_dataset
+from rcarun_bench.client import measure
+from rcarun_bench.scenarios import Scenario, get_scenario
+from rcarun_bench.throughput import scenario_server
+from rcarun_bench.workload import write_dataset
 
 
 class _CollectorClock:
@@ -134,7 +134,7 @@ def main() -> None:
                         from pyinstrument import Profiler
                     except ImportError:
                         raise SystemExit(
-                            "profile_calls.py: pyinstrument is not installed (pip install -e '.[bench]'), "
+                            "profile_calls.py: pyinstrument is not installed (pip install -e './benchmarks[peers]'), "
                             "or use --cprofile N"
                         ) from None
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from rcarun.bench import SCENARIO_NAMES, get_scenario, scenarios
-from rcarun.bench.metrics import (
+from rcarun_bench import SCENARIO_NAMES, get_scenario, scenarios
+from rcarun_bench.metrics import (
     Attempt,
     QueueDelay,
     allowance,
@@ -18,7 +18,7 @@ from rcarun.bench.metrics import (
     percentile,
     storm_figures,
 )
-from rcarun.bench.scenarios import Scenario
+from rcarun_bench.scenarios import Scenario
 
 
 def _attempts(spec: list[tuple[float, bool]]) -> list[Attempt]:

@@ -12,9 +12,9 @@ import dataclasses
 
 import pytest
 
-from rcarun.bench import CLIENT_ORDER, ResultRow, get_scenario
-from rcarun.bench.clients import unavailable_reason
-from rcarun.bench.throughput import format_markdown, format_table, run_scenarios
+from rcarun_bench import CLIENT_ORDER, ResultRow, get_scenario
+from rcarun_bench.clients import unavailable_reason
+from rcarun_bench.throughput import format_markdown, format_table, run_scenarios
 
 pytestmark = pytest.mark.slow
 

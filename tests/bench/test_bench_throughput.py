@@ -8,10 +8,12 @@ sane (a ratio is achieved over ceiling, rcarun recorded every call, the peers re
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-from rcarun.bench import (
+from rcarun.cli import main as cli_main
+from rcarun_bench import (
     CLIENT_ORDER,
     Completion,
     get_scenario,
@@ -20,10 +22,9 @@ from rcarun.bench import (
     skipped_clients,
     steady_window,
 )
-from rcarun.bench.clients import unavailable_reason
-from rcarun.bench.metrics import Allowance, ResultRow, allowance_used
-from rcarun.bench.throughput import format_markdown, format_table, median_rows, round_order
-from rcarun.cli import main as cli_main
+from rcarun_bench.clients import unavailable_reason
+from rcarun_bench.metrics import Allowance, ResultRow, allowance_used
+from rcarun_bench.throughput import format_markdown, format_table, median_rows, round_order
 
 _FIELDS = {
     "name",
@@ -80,7 +81,7 @@ def test_quick_latency_bound_runs_every_client_end_to_end() -> None:
     document = json.loads(json.dumps(json_document(rows, skipped_clients())))
 
     rows = document["scenarios"]
-    # A peer whose package is not installed (the bench extra) sits out, with its reason in the document;
+    # A peer whose package is not installed (the peers extra) sits out, with its reason in the document;
     # rcarun-unstreamed runs only where answers stream long (the streaming scenario).
     available = [
         client
@@ -262,6 +263,17 @@ def test_an_unknown_client_is_refused_with_the_known_ones(
     assert capsys.readouterr().err == (
         f"rcarun bench: unknown clients [{client!r}] "
         "(known: rcarun, rcarun-unstreamed, naive-gather, aiolimiter-loop, litellm-router)\n"
+    )
+
+
+def test_rcarun_bench_without_the_benchmarks_installed_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "rcarun_bench", None)  # what `import rcarun_bench` meets where absent
+
+    assert cli_main(["bench", "throughput", "--quick"]) == 2
+    assert capsys.readouterr().err == (
+        "rcarun bench: the benchmarks are not installed (pip install -e ./benchmarks from a checkout)\n"
     )
 
 

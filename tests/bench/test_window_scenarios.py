@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from rcarun.bench import SCENARIO_NAMES, get_scenario, json_document, scenarios
-from rcarun.bench import clients as bench_clients
-from rcarun.bench.clients import unavailable_reason
-from rcarun.bench.metrics import nominal_ceiling_rps
-from rcarun.bench.scenarios import Scenario
-from rcarun.bench.throughput import format_table, run_scenarios, skipped_clients
+from rcarun_bench import SCENARIO_NAMES, get_scenario, json_document, scenarios
+from rcarun_bench import clients as bench_clients
+from rcarun_bench.clients import unavailable_reason
+from rcarun_bench.metrics import nominal_ceiling_rps
+from rcarun_bench.scenarios import Scenario
+from rcarun_bench.throughput import format_table, run_scenarios, skipped_clients
 
 WINDOW_SCENARIOS = tuple(name for name in SCENARIO_NAMES if name.startswith("window-"))
 
@@ -109,7 +109,7 @@ def test_window_scenario_miniature_with_the_plain_sdk_peer(name: str) -> None:
 @pytest.mark.slow
 def test_litellm_router_miniature() -> None:
     if unavailable_reason("litellm-router") is not None:
-        pytest.skip("litellm is not installed (the bench extra)")
+        pytest.skip("litellm is not installed (the peers extra of benchmarks/)")
     scenario = _miniature("window-undeclared")
 
     [row] = run_scenarios([scenario], clients=("litellm-router",))
@@ -124,7 +124,9 @@ def test_litellm_router_miniature() -> None:
 
 def test_a_peer_whose_package_is_missing_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(bench_clients.OPTIONAL_PACKAGES, "aiolimiter-loop", "rcarun_bench_no_such_module")
-    reason = "aiolimiter-loop: rcarun_bench_no_such_module is not installed (pip install -e '.[bench]')"
+    reason = (
+        "aiolimiter-loop: rcarun_bench_no_such_module is not installed (pip install -e './benchmarks[peers]')"
+    )
 
     skipped = skipped_clients(("naive-gather", "aiolimiter-loop"))
     rows = run_scenarios([_miniature("window-requests")], clients=("aiolimiter-loop",))

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
 import pytest
 
-from rcarun.bench.metrics import Arrival, window_figures
-from rcarun.bench.window_server import (
+from rcarun_bench.metrics import Arrival, window_figures
+from rcarun_bench.window_server import (
     SlidingWindow,
     WindowConfig,
     WindowServer,
+    WindowServerProcess,
     answer_content,
     format_go_duration,
     prompt_tokens,
@@ -385,3 +387,23 @@ def test_refusals_after_the_grace_count_against_the_requests_sent_then() -> None
     late_arrivals = sum(1 for a in arrivals if a.at > 40.0)
     assert figures.late_refused_share == pytest.approx(10 / late_arrivals)
     assert figures.recovery_s == pytest.approx(15.0)
+
+
+async def test_the_window_server_in_its_own_process_counts_refuses_resets_and_stops() -> None:
+    # The process handling is the simulator's (`rcarun.mock.process.ServerProcess`); what the bench reads is its.
+    server = WindowServerProcess(WindowConfig(rpm=1, latency_s=0.0))  # one request a minute
+    with server:
+        pid = server.pid
+        assert server.base_url == f"http://127.0.0.1:{server.port}/v1"
+        async with aiohttp.ClientSession() as http:
+            for expected in (200, 429):
+                async with http.post(server.base_url + "/chat/completions", json=_body()) as response:
+                    assert response.status == expected
+        assert [a.status for a in server.arrivals()] == [200, 429]
+        stats = server.stats()
+        assert (stats.requests_total, stats.accepted, stats.rejected_429) == (2, 1, 1)
+        server.reset()
+        assert server.stats().requests_total == 0
+    assert not server.running
+    with pytest.raises(ProcessLookupError):  # exited and reaped
+        os.kill(pid, 0)

@@ -41,12 +41,7 @@ class ResponseStream(Protocol):
         ...
 
     def chunks(self) -> AsyncIterator[bytes]:
-        """The body's bytes as they arrive (decompressed), until its end.
-
-        Raises:
-            SilenceTimeout: nothing arrived for ``timeout_s``.
-            TransportError: the connection broke or the body was cut off.
-        """
+        """The body's bytes as they arrive (decompressed); `SilenceTimeout` or `TransportError` when they stop."""
         ...
 
     async def gather(self, seconds: float) -> None:
@@ -62,13 +57,8 @@ class Transport(Protocol):
     def post_chat(
         self, base_url: str, body: Mapping[str, Any]
     ) -> AbstractAsyncContextManager[ResponseStream]:
-        """Send `body` to ``{base_url}/chat/completions``; the block holds the answer until it is read.
-
-        Raises:
-            ConnectionFailed: no connection could be made (nothing was sent).
-            SilenceTimeout: no answer's headers within ``timeout_s`` of sending.
-            TransportError: the connection broke before an answer came.
-        """
+        """Send `body` to ``{base_url}/chat/completions``; the block holds the answer until it is read. Raises
+        `ConnectionFailed` (nothing sent), `SilenceTimeout` or `TransportError` when no answer comes."""
         ...
 
     async def aclose(self) -> None: ...
@@ -125,11 +115,7 @@ class _Once:
 
 
 def describe_failure(error: BaseException, api_key: Secret | None) -> str:
-    """A short, secret-free, storable description of a low-level failure for a TransportError message.
-
-    The whole text is scrubbed (`redact_secrets`) before it is cut to 300 characters, so no part of a key
-    survives the cut; lone surrogates (aiohttp decodes headers with ``surrogateescape``) become U+FFFD.
-    """
+    """A short, secret-free (scrubbed before it is cut), storable description of a low-level failure."""
     detail = repair_surrogates(redact_secrets(str(error) or type(error).__name__, api_key))
     return f"{type(error).__name__}: {detail[:300]}"
 

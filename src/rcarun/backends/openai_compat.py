@@ -1,18 +1,9 @@
 """The backend for every OpenAI-compatible chat API: DeepSeek, OpenAI, Kimi, vLLM servers, the mock.
 
-It does one thing per call: pick a replica, build the body (`wire.build_body`), hand it to the transport, read
-the answer as it arrives (server-sent events, `streaming`, or one body) under the backbone's size cap and call
-deadline, and turn it into a `ChatResult` or an rcarun error (`wire.parse_completion`). It never sleeps, loops
-or retries: the runner wraps it in limiter -> retry -> record, and needs every failure as a typed error. What
-an attempt received is kept in the `CallProgress` the runner passes, so a cut answer is still stored and charged.
-
-Answers stream by default (``stream``, per backbone; the preset's default otherwise). A server that refuses to
-stream (a 400 naming ``stream``) raises `StreamRefused` once; the backend remembers it and sends unstreamed from
-then on.
-
-The API key is read once from the environment variable the settings name, kept in a `Secret`, and scrubbed
-from any error message on the way out (a provider may echo the key in a 401 body): the parser scrubs the
-provider's whole text with `redact_secrets` before shortening it, and every message is checked once more here.
+Per call: pick a replica, build the body, hand it to the transport, read the answer (streamed or whole) under the
+size cap and deadline, and turn it into a `ChatResult` or a typed error. It never sleeps, loops or retries; what
+an attempt received stays in the runner's `CallProgress`. Details: docs/reliability.md ("The
+OpenAI-compatible backend").
 """
 
 from __future__ import annotations
@@ -69,11 +60,7 @@ _GATHER_MIN_S = 0.005
 class OpenAICompatBackend:
     """`Backend` over HTTP for any OpenAI-compatible provider, shaped by the provider's `Preset`.
 
-    Args:
-        settings: the backbone's settings; ``provider`` picks the preset, ``transport`` the transport.
-
-    Raises:
-        ConfigError: unknown preset or transport, or the key's environment variable is not set.
+    Raises `ConfigError` for an unknown preset or transport, or an unset key variable.
     """
 
     __slots__ = ("_api_key", "_preset", "_redact", "_replicas", "_stream", "_transport", "name", "settings")
@@ -110,11 +97,7 @@ class OpenAICompatBackend:
         )
 
     async def chat(self, request: ChatRequest, progress: CallProgress | None = None) -> ChatResult:
-        """Send one request and translate the answer.
-
-        Args:
-            request: what to ask.
-            progress: kept up to date with what arrives, for the caller to read when the call ends early.
+        """Send one request and translate the answer, keeping ``progress`` up to date as it arrives.
 
         Raises:
             rcarun.errors.CallError: the subclass says whether to retry, pause the backbone or give up.
@@ -333,9 +316,5 @@ def _decode_rate(result: ChatResult, progress: CallProgress) -> float | None:
 
 
 def _scrub(error: CallError, api_key: Secret) -> None:
-    """Remove the whole key from an error's message in place, wherever it stands (cheap: error path only).
-
-    Provider text was scrubbed whole before it was shortened; this catches the key in any other part of the
-    message. Only the exact key: secret-shaped patterns would garble our own labels and URLs.
-    """
+    """Remove the exact key from an error's message in place, wherever it stands (patterns would garble ours)."""
     error.args = tuple(api_key.redact(arg) if isinstance(arg, str) else arg for arg in error.args)

@@ -1,33 +1,8 @@
 """Provider presets: the small, named differences between OpenAI-compatible APIs, kept as data.
 
-Every provider speaks "OpenAI chat completions", but each differs in a handful of places: the name of the
-output budget field, how thinking is switched, where cache hits and reasoning tokens are counted, which
-rate-limit headers exist, which statuses mean "slow down". A `Preset` lists exactly those differences so that
-one request builder and one response parser (`rcarun.backends.wire`) serve every provider, and adding a
-provider is adding a value here, never a branch on its name.
-
-Sources (checked when written; providers change, so each preset names its own):
-- DeepSeek thinking mode: https://api-docs.deepseek.com/guides/thinking_mode — ``{"thinking": {"type":
-  "enabled"|"disabled"}}`` (OpenAI SDK: in ``extra_body``), ``reasoning_effort``, reasoning text in
-  ``message.reasoning_content``; usage ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``
-  (https://api-docs.deepseek.com/api/create-chat-completion). Its limit is concurrency per account and model
-  (429 above it); it sends no rate-limit headers and writes keep-alive blank lines while a request is queued.
-- OpenAI: ``max_completion_tokens`` (``max_tokens`` is deprecated and refused by reasoning models),
-  ``reasoning_effort``, ``usage.prompt_tokens_details.cached_tokens``,
-  ``usage.completion_tokens_details.reasoning_tokens``,
-  ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``
-  (https://platform.openai.com/docs/guides/rate-limits); 429 with ``insufficient_quota`` means no credit left.
-- Kimi / Moonshot: ``{"thinking": {"type": "enabled"|"disabled"}}``
-  (https://platform.kimi.ai/docs/api/models-overview, thinking on by default for kimi-k2.5+); sampling
-  parameters are fixed by the platform on kimi-* thinking models and rejected; ``X-RateLimit-Limit``,
-  ``X-RateLimit-Remaining``, ``X-RateLimit-Reset`` (https://www.kimi.com/help/kimi-api/api-rate-limits);
-  ``engine_overloaded_error`` arrives as 429 or 503 and is a rate-limit signal (inspect_ai PR #4572 scales
-  rate limits down on Moonshot 503s); cache hits in ``usage.cached_tokens``; ``response_format`` supports
-  ``json_object``.
-- vLLM server: thinking via ``chat_template_kwargs: {"enable_thinking": bool}`` (Qwen3 template), reasoning
-  text in ``message.reasoning`` (renamed from ``reasoning_content``;
-  https://docs.vllm.ai/en/stable/features/reasoning_outputs/), no 429, a 400 "maximum context length" when
-  prompt + max_tokens exceed the context; structured output via ``response_format`` ``json_schema``.
+One request builder and one parser (`rcarun.backends.wire`) serve every provider; adding a provider is adding a
+`Preset` value here, never a branch on its name. Each difference's source: docs/reliability.md ("Provider
+presets and their sources").
 """
 
 from __future__ import annotations
@@ -121,32 +96,11 @@ _CONTEXT_MARKERS = (
 class Preset:
     """The ways one provider differs from the plain OpenAI chat-completions shape.
 
-    Attributes:
-        name: registry key (kebab-case), the ``provider`` in `BackendSettings`.
-        max_tokens_field: request field carrying the output budget.
-        thinking_fields: how to switch thinking on or off; None when the provider has no switch.
-        thinking_default_on: whether thinking is on when nobody says (decides sampling stripping).
-        sends_reasoning_effort: whether ``reasoning_effort`` is a request field here.
-        strips_sampling_while_thinking: drop `sampling_fields` when thinking is on (the API rejects them).
-        sampling_fields: the fields dropped by the rule above.
-        response_format: encoder for ``response_format`` when a request carries a schema; None never sends it.
-        cached_tokens_paths: usage paths tried in order for cache-hit prompt tokens.
-        reasoning_tokens_paths: usage paths tried in order for reasoning tokens (part of completion tokens).
-        reasoning_text_fields: message fields tried in order for the thinking text.
-        rate_limit_headers: RateLimitInfo field -> lower-case header names tried in order.
-        rate_limit_statuses: HTTP statuses that mean "slow down" (429, and 503 for Moonshot).
-        quota_markers: lower-case substrings of an error body meaning the account has no credit (fatal).
-        meters_output_budget: the provider's tokens-per-minute meter counts a request's whole output budget
-            when it arrives, used or not (OpenAI), so a client must not refund unused output to its limiter.
-        context_overflow_markers: lower-case substrings of a 400 body meaning prompt + budget exceed the
-        context.
-        streams: answers are asked for as server-sent events unless the backbone says ``stream = false``
-            (every provider here documents streaming with ``stream_options.include_usage``; a server that
-            refuses it is remembered and asked unstreamed).
-        refusals_count_a_window: a refusal that states no limit may mean a per-minute limit was reached, so a
-            request rate may be learned from refusals (`rcarun.budgets.learned_rate`). False where a 429 means
-            too many requests at once (DeepSeek: concurrency per account), where a count per minute would only
-            be the current throughput.
+    The ``*_paths`` and ``*_fields`` tuples are tried in order; ``strips_sampling_while_thinking`` drops
+    ``sampling_fields`` the API rejects while thinking; ``quota_markers`` (no credit: fatal) and
+    ``context_overflow_markers`` are lower-case substrings of an error body; ``meters_output_budget``: the
+    tokens/min meter counts the whole budget on arrival (OpenAI); ``streams`` unless a backbone says
+    ``stream = false``; ``refusals_count_a_window`` is False where a 429 means too many at once (DeepSeek).
     """
 
     name: str
@@ -183,11 +137,7 @@ def register_preset(preset: Preset) -> Preset:
 
 
 def get_preset(name: str) -> Preset:
-    """The preset registered under `name`.
-
-    Raises:
-        ConfigError: unknown name (the message lists the known ones).
-    """
+    """The preset registered under `name`; `ConfigError` listing the known ones otherwise."""
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -1,14 +1,7 @@
 """Rate-limit headers turned into numbers, so that budgets can pause on facts rather than guesses.
 
-Providers disagree on names and on units: OpenAI sends ``x-ratelimit-reset-requests: 6m0s`` (a Go-style
-duration), Moonshot sends unsuffixed ``X-RateLimit-Limit/-Remaining/-Reset``, others send plain seconds or a
-Unix timestamp, and ``Retry-After`` is either seconds or an HTTP date (RFC 9110 §10.2.3). Which header names a
-preset reads is data in `rcarun.backends.presets.Preset.rate_limit_headers`; this module only knows the
-formats.
-
-Sources: OpenAI rate-limit guide (https://platform.openai.com/docs/guides/rate-limits, "Rate limits in
-headers"); Kimi API rate-limit help page (https://www.kimi.com/help/kimi-api/api-rate-limits:
-X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset).
+Providers disagree on names (data in `Preset.rate_limit_headers`) and on units (Go durations, seconds, Unix
+times, HTTP dates); this module knows the formats. Sources: docs/reliability.md ("Rate-limit headers").
 """
 
 from __future__ import annotations
@@ -34,12 +27,8 @@ _EPOCH_THRESHOLD_S = 1_000_000_000.0
 
 
 def parse_duration_s(value: str, *, now: float | None = None) -> float | None:
-    """Seconds from ``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1.5s"``, ``"1h2m"``, plain ``"30"``/``"0.5"``, or a
-    Unix time.
-
-    A Unix timestamp (seconds since the epoch) becomes the time left until it, never negative.
-    Returns None for anything unparseable.
-    """
+    """Seconds from ``"6m0s"``, ``"20ms"``, ``"1h2m"``, plain ``"30"``, or a Unix time (the time left until it,
+    never negative); None for anything unparseable."""
     text = value.strip()
     if not text:
         return None
@@ -106,15 +95,8 @@ def parse_rate_limit_headers(
     *,
     now: float | None = None,
 ) -> RateLimitInfo | None:
-    """Parse the headers a preset names into a `RateLimitInfo`, or None when none of them is present.
-
-    Args:
-        headers: response headers with LOWER-CASE names.
-        names: RateLimitInfo field -> header names to try in order (lower case).
-        now: Unix time used for HTTP dates and timestamps (tests pin it).
-
-    ``retry-after-ms`` (sent by OpenAI and Azure) wins over ``Retry-After`` because it is more precise.
-    """
+    """The headers (lower-case names) a preset names, as a `RateLimitInfo`, or None when none is present;
+    ``retry-after-ms`` wins over ``Retry-After`` (more precise). ``now`` is pinned by tests."""
     values: dict[str, float | int | None] = {}
     for field_name, candidates in names.items():
         parse = _FIELD_PARSERS[field_name]

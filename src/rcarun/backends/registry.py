@@ -38,11 +38,7 @@ def backend_names() -> tuple[str, ...]:
 
 
 def create_backend(settings: BackendSettings) -> Backend:
-    """The backend registered under ``settings.backend``, built from `settings`.
-
-    Raises:
-        ConfigError: unknown backend, unknown preset or transport, or the key's environment variable unset.
-    """
+    """The backend registered under ``settings.backend``, built from `settings` (`ConfigError` if it cannot be)."""
     factory = _BACKENDS.get(settings.backend)
     if factory is None:
         known = ", ".join(backend_names())

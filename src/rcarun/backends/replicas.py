@@ -1,28 +1,9 @@
 """Spreading one backbone's calls over several replicas of the same server (self-hosted vLLM).
 
-Outstanding requests are what this client knows for certain: a replica that is slow (long prompts, a busier GPU)
-keeps its calls longer and so receives fewer new ones, which plain round-robin cannot do. What it cannot see is
-load from elsewhere (another sweep on the same ``rcarun serve`` replicas, a replica still digesting a burst), so
-each replica's own count is read too: `MetricsPoller` scrapes vLLM's Prometheus ``/metrics`` every few hundred
-milliseconds (requests running and waiting, KV-cache usage) and `ReplicaBalancer` sends each call to the least
-loaded replica by this rule:
-
-- a replica's load is its last scrape's running + waiting, plus the calls this client has sent it since that
-  scrape less those that came back (a scrape is up to one interval old; our own calls since are known exactly),
-  and never less than our own outstanding calls;
-- with no scrape, or one older than ``stale_after_s`` (no ``/metrics``, a scrape failing), the load is our
-  outstanding count alone: the fallback is the old balancer;
-- ties go to the lower KV-cache usage (a fuller cache preempts sooner), then round-robin so idle replicas warm
-  up evenly;
-- a replica marked down (`set_available`: its managed process died) gets nothing while another is up.
-
-Prefix affinity (``affinity``, ``balance = "affinity"``) keeps the calls that share a first message (one
-trajectory's stages, its self-consistency samples) on one replica, so the long shared prefix is prefilled once and
-then served from that replica's prefix cache: the call's key (`prefix_key`) picks a home replica by rendezvous
-hashing over the replicas that are up (a replica going down moves only its own keys), and the call goes to the
-least-loaded replica instead when the home one has more than ``affinity_factor`` times the mean load plus one
-(1.0 measured best: a looser bound let a hash-unlucky replica queue, docs/performance.md).
-Everything runs on one event loop, so the counters need no lock.
+`ReplicaBalancer` sends each call to the least loaded replica, by our own outstanding calls and the scraped
+vLLM ``/metrics`` (`MetricsPoller`); with ``affinity``, calls sharing a first message go to one home replica so
+its prefix cache serves them. All on one event loop, so no lock. Rule: docs/reliability.md ("Balancing
+replicas").
 """
 
 from __future__ import annotations
@@ -107,15 +88,8 @@ def _rendezvous_weight(key: int, index: int) -> int:
 
 
 class ReplicaBalancer:
-    """Chooses the base URL for each call: least loaded by the rule in the module docstring.
-
-    Args:
-        urls: the replicas' base URLs.
-        stale_after_s: a scrape older than this is not used (the outstanding count decides alone).
-        clock: monotonic seconds; replaceable for tests.
-        affinity: route a call that carries a key to its home replica (module docstring).
-        affinity_factor: the home replica is skipped when its load exceeds this times the mean load, plus one.
-    """
+    """Chooses the base URL for each call: the least loaded, or with ``affinity`` the key's home replica unless
+    its load exceeds ``affinity_factor`` times the mean plus one; scrapes older than ``stale_after_s`` are unused."""
 
     __slots__ = (
         "_available",
@@ -192,11 +166,7 @@ class ReplicaBalancer:
         return max(candidates, key=lambda index: _rendezvous_weight(key, index))
 
     def acquire(self, key: int | None = None) -> int:
-        """Index of the replica for the next call; the caller must `release` it when the call ends.
-
-        Args:
-            key: the call's `prefix_key`; used only when ``affinity`` is on.
-        """
+        """Index of the replica for the next call (``key``: its `prefix_key`); `release` it when the call ends."""
         count = len(self._urls)
         if count == 1:
             best = 0
@@ -240,11 +210,8 @@ class ReplicaBalancer:
 
 
 class MetricsPoller:
-    """Scrapes every replica's ``/metrics`` each ``interval_s`` into a `ReplicaBalancer`, for an ``async with``.
-
-    One task per backbone; a replica whose scrape fails or is not vLLM's is reported as having no metrics, so
-    the balancer counts outstanding requests for it until a scrape succeeds again.
-    """
+    """Scrapes every replica's ``/metrics`` each ``interval_s`` into a `ReplicaBalancer`, for an ``async with``;
+    a failed scrape leaves the balancer counting outstanding requests alone."""
 
     def __init__(
         self, balancer: ReplicaBalancer, *, interval_s: float = 0.25, timeout_s: float = 1.0

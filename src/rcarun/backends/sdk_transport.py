@@ -1,22 +1,8 @@
 """The ``openai-sdk`` transport: the official `AsyncOpenAI` client carrying rcarun's own request body.
 
-Offered for users who want the SDK's HTTP stack (httpx2) rather than aiohttp. It costs several times more CPU
-per call, so aiohttp stays the default. The SDK is used only as a pipe: ``max_retries=0`` (the runner is the
-only retry loop), ``with_streaming_response`` so that status, headers and the body's bytes as they arrive reach
-the backend's reader (server-sent events or one body alike), and errors mapped back to the raw response whenever
-there is one. Both transports therefore produce identical results.
-
-httpx's read timeout is the silence deadline (``timeout_s``), its connect timeout ``connect_timeout_s``. The SDK
-reads an error answer's whole body itself; a response hook caps every body's bytes at the backbone's
-``max_response_mb`` before the SDK or the backend reads them, so an endless error body is refused too.
-
-A request that meets a kept-alive connection the server has just closed is sent again once, on a new connection,
-without counting an attempt, as with aiohttp (`rcarun.backends.transports`). httpx tells no reused connection
-from a new one in its errors; its ``trace`` request extension does (a new one reports ``connect_tcp``), set by a
-request hook for the exchange being entered.
-
-The SDK reads several OPENAI_* environment variables when arguments are left out; every one that could leak an
-OpenAI credential or organisation into another provider's requests is passed explicitly instead.
+For users who want the SDK's HTTP stack; several times the CPU of aiohttp, so not the default. The SDK is only a
+pipe (no retries, streamed bytes, errors mapped back to the raw response), so both transports give identical
+results. Details: docs/reliability.md ("The openai-sdk transport").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """How one backbone is reached: the typed settings the runner builds from TOML and hands to `create_backend`.
 
-Kept apart from the presets because settings are per backbone (model, replicas, key variable, pool size) while
-a preset is per provider (field names and quirks). The API key itself is never stored here, only the NAME of
-the environment variable that holds it, so that a settings value can be logged, hashed into a run config or
-shown in a repr without leaking anything. `redact_secrets` is the one scrubber every path that turns provider or
-transport text into an error message goes through.
+Settings are per backbone, presets per provider. Only the NAME of the key's environment variable is kept, so a
+settings value can be logged, hashed or shown safely; `redact_secrets` scrubs every foreign text in an error.
 """
 
 from __future__ import annotations
@@ -29,29 +26,10 @@ def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
 class BackendSettings:
     """Everything a backend needs to reach one backbone.
 
-    Attributes:
-        name: the backbone's label in results.db and in every error message.
-        provider: preset name (``openai``, ``deepseek``, ``kimi``, ``vllm``, ``simulated``,
-        ``openai-compatible``). model: the model name sent in every request. base_urls: one or more replica
-        base URLs ending in ``/v1``; more than one is balanced by fewest
-            outstanding requests.
-        api_key_env: NAME of the environment variable holding the key; None sends no Authorization header.
-        transport: ``aiohttp`` (default) or ``openai-sdk`` (`rcarun.backends.transports`).
-        timeout_s: silence deadline in seconds: the longest wait for the answer's first byte (queueing at the
-            provider included) and between two of its bytes, as httpx and the openai SDK mean their read
-            timeout; an answer that keeps arriving is never cut by it.
-        connect_timeout_s: TCP/TLS connect deadline in seconds.
-        max_call_s: a whole call's deadline in seconds, however steadily its answer arrives; None for none.
-        max_response_bytes: the most bytes one response may carry (streamed or not); past it the answer is
-            refused as `rcarun.errors.ResponseTooLarge`, so a server cannot make rcarun hold more.
-        stream: ask for answers as server-sent events; None takes the preset's default (`Preset.streams`).
-        pool_size: HTTP connections kept per backend; must be at least the runner's concurrency for it.
-        thinking: default thinking on/off when a request does not say; None leaves the provider default.
-        reasoning_effort: default effort ("low", "medium", "high", ...) when a request does not say.
-        extra_body: merged (deeply) into every request body, after the standard fields.
-        extra_headers: sent with every request.
-        supports_response_format: False never sends ``response_format`` (the prompt still states the schema).
-        backend: registry name of the backend class (``openai-compat``; later ``vllm-engine``).
+    ``base_urls`` end in ``/v1`` (several are balanced); ``api_key_env`` None sends no Authorization header;
+    ``timeout_s`` is a silence deadline (to the first byte and between two), ``max_call_s`` a whole call's;
+    past ``max_response_bytes`` an answer is `rcarun.errors.ResponseTooLarge`; ``pool_size`` must be at least
+    the runner's concurrency; ``extra_body`` is merged deeply into every body; ``stream`` None is the preset's.
     """
 
     name: str
@@ -97,11 +75,7 @@ class BackendSettings:
             raise ConfigError(f"{where}: max_response_bytes must be >= 1, got {self.max_response_bytes}")
 
     def read_api_key(self) -> Secret | None:
-        """The key from the environment variable named by ``api_key_env``, wrapped so it never prints.
-
-        Raises:
-            ConfigError: the variable is named but not set (the message names the variable, never a value).
-        """
+        """The key from the variable named by ``api_key_env``, wrapped so it never prints (`ConfigError` if unset)."""
         if self.api_key_env is None:
             return None
         value = os.environ.get(self.api_key_env)
@@ -147,16 +121,8 @@ _SK_TOKEN = re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{8,}")
 
 
 def redact_secrets(text: str, secret: Secret | None = None) -> str:
-    """``text`` with ``secret`` and every secret-shaped token replaced, for messages quoting foreign text.
-
-    The known key goes first, wherever it stands; then ``Bearer <token>`` becomes ``Bearer ***`` and any
-    ``sk-`` token of 8 or more key characters ``sk-***``, so a credential rcarun does not hold is not stored
-    either. Run it on the whole text before shortening it: a key cut in two no longer matches anything.
-
-    Args:
-        text: provider or transport text (an error body, an exception's message).
-        secret: the backbone's API key, when it has one.
-    """
+    """``text`` with ``secret`` and every secret-shaped token (``Bearer <token>``, ``sk-…``) replaced. Run it on
+    the whole text before shortening it: a key cut in two no longer matches anything."""
     if secret is not None:
         text = secret.redact(text)
     text = _BEARER_TOKEN.sub(r"\1 ***", text)

@@ -1,19 +1,8 @@
 """Streamed answers: server-sent events decoded, and chat-completion chunks added up to one completion.
 
-A streamed call is read into the same completion object an unstreamed call returns (``choices[0].message`` with
-content, thinking text and tool calls, ``finish_reason``, ``usage``), and that object is what is parsed
-(`rcarun.backends.wire.completion_result`) and stored as the response body. So fresh, streamed, cached and replayed
-answers go through one parser, and ``calls_text``, ``rcarun show``, the viewer and the call cache read a streamed
-call exactly like a whole one.
-
-`CallProgress` is what one attempt has received so far. The backend keeps it up to date while the answer arrives,
-so that whatever ends the attempt early (silence, a disconnect, ``max_call_s``, the size cap, Ctrl-C), the runner
-still holds the partial answer and the tokens it cost: a cut generation is stored and charged, never free.
-
-Event stream format: https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation;
-chunk shape: OpenAI's chat-completion chunk object (``choices[].delta``, a final chunk with empty ``choices`` and
-``usage`` when ``stream_options.include_usage`` is set); Kimi puts ``usage`` in the last choice instead; DeepSeek
-writes ``: keep-alive`` comments while a request is queued.
+A streamed answer becomes the completion object an unstreamed call returns, so one parser, the store and the
+cache treat both alike; `CallProgress` keeps what an attempt has received, so a cut generation is stored and
+charged, never free. Formats: docs/reliability.md ("Streamed answers").
 """
 
 from __future__ import annotations
@@ -32,12 +21,7 @@ _REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
 
 
 class StreamError(Exception):
-    """An event the stream cannot go on from: not JSON, not a chunk, or an error object in the stream.
-
-    Attributes:
-        payload: the decoded JSON value, when the event was JSON (an in-band ``{"error": ...}`` object).
-        data: the event's data as received.
-    """
+    """An event the stream cannot go on from: not JSON, not a chunk, or an in-band error (``payload``)."""
 
     def __init__(self, message: str, *, data: bytes, payload: Any = None) -> None:
         super().__init__(message)
@@ -46,13 +30,8 @@ class StreamError(Exception):
 
 
 class EventDecoder:
-    """Incremental server-sent-events decoder: bytes in, the ``data`` of each complete event out.
-
-    Lines end in CRLF, LF or CR (a CR at the end of one read may be the first half of a CRLF, so it waits for the
-    next); comment lines (``:`` first, e.g. ``: keep-alive``) and fields other than ``data`` are ignored; an event
-    is dispatched at a blank line and only when it had data; an event cut off by the end of the stream is
-    dropped, as the standard says.
-    """
+    """Incremental server-sent-events decoder: bytes in, the ``data`` of each complete event out (a trailing CR
+    waits for a possible LF; comments and other fields are ignored; a cut-off last event is dropped)."""
 
     __slots__ = ("_data", "_rest")
 
@@ -96,13 +75,8 @@ class EventDecoder:
 
 
 class ChunkAssembler:
-    """Chat-completion chunks in, the completion object they add up to out (`completion`).
-
-    Content, thinking text (under whichever of ``reasoning_content`` / ``reasoning`` the server used) and tool-call
-    arguments are joined from their deltas; ``id``, ``model`` and ``created`` come from the first chunk that has
-    them; ``finish_reason`` and ``usage`` from wherever they arrive (``usage`` at the top level, or in the choice).
-    Only the first choice is read: rcarun asks for one.
-    """
+    """Chat-completion chunks in, the completion object they add up to out (`completion`); deltas are joined,
+    ``usage`` taken wherever it arrives, only the first choice read (rcarun asks for one)."""
 
     __slots__ = (
         "_content",
@@ -133,11 +107,7 @@ class ChunkAssembler:
         """Deltas that carried text (answer, thinking or tool-call arguments): about one token each."""
 
     def add(self, data: bytes) -> bool:
-        """Take one event's data; True when it carried text (a token arrived).
-
-        Raises:
-            StreamError: the event is not JSON, not a chunk object, or an error object.
-        """
+        """Take one event's data; True when it carried text (`StreamError` when it cannot be taken)."""
         if data == _DONE:
             self.done = True
             return False
@@ -255,17 +225,7 @@ class ChunkAssembler:
 
 class CallProgress:
     """What one attempt has received so far; the backend updates it as the answer arrives, the runner reads it
-    when the attempt ends, however it ends.
-
-    Attributes:
-        sent_at: `time.perf_counter` when the request went out.
-        status: the HTTP status, once the response's headers arrived.
-        streamed: whether the answer is arriving as server-sent events.
-        bytes_received: response body bytes read so far (keep-alive comments included).
-        first_token_at / last_token_at: `time.perf_counter` of the reads that brought the first and the latest
-            token (answer, thinking or tool-call text); None before the first.
-        assembler: the chunks so far, for a streamed answer.
-    """
+    when the attempt ends, however it ends (times are `time.perf_counter`)."""
 
     __slots__ = (
         "assembler",

@@ -1,24 +1,9 @@
 """The transports: how a request body reaches a base URL and how the answer's bytes come back as they arrive.
 
-A transport only moves bytes. `Transport.post_chat` opens one exchange: entering it sends the request and waits
-for the status and headers of whatever the server answered (errors included); `ResponseStream.chunks` then yields
-the body as it arrives. It raises `rcarun.errors.TransportError` only when there is no answer, or the answer stops
-coming: `ConnectionFailed` (nothing was sent), `SilenceTimeout` (nothing arrived for ``timeout_s``, before the
-first byte or between two), a plain `TransportError` (reset, cut off). Reading server-sent events, the size cap
-and the call's deadline are the backend's (`rcarun.backends.openai_compat`), so both transports yield the same
-`ChatResult` and the same errors.
-
-A request that meets a kept-alive connection the server has just closed is sent again, once, on a new
-connection, and that is not an attempt of the call (`_closed_before_answering`): the server closed a connection
-it held idle, so it never read the request, and a retry policy of ``max_attempts = 2`` would otherwise lose
-an item to an ordinary keep-alive race.
-
-``timeout_s`` is a silence deadline, as httpx and the openai SDK mean their read timeout: an answer that keeps
-arriving is never cut by it, however long it takes (``max_call_s`` caps a whole call).
-
-Two are registered: ``aiohttp`` (the default: about 0.3 ms of CPU per call against 2.4-4.3 ms for the SDK on
-this machine, raw headers and bodies visible) and ``openai-sdk`` (the official client, for those who want it;
-imported only when chosen because the SDK takes a noticeable time to import).
+A transport only moves bytes: `Transport.post_chat` sends and waits for the headers, `ResponseStream.chunks`
+yields the body; it raises `rcarun.errors.TransportError` only when no answer comes or it stops coming
+(``timeout_s`` is a silence deadline). Registered: ``aiohttp`` (default) and ``openai-sdk``. Details:
+docs/reliability.md ("Transports").
 """
 
 from __future__ import annotations
@@ -84,11 +69,7 @@ def transport_names() -> tuple[str, ...]:
 
 
 def create_transport(settings: BackendSettings, api_key: Secret | None) -> Transport:
-    """The transport named by ``settings.transport``.
-
-    Raises:
-        ConfigError: unknown transport name.
-    """
+    """The transport named by ``settings.transport`` (`ConfigError` for an unknown one)."""
     try:
         factory = _TRANSPORTS[settings.transport]
     except KeyError:
@@ -112,11 +93,8 @@ _SENDING: ContextVar[SimpleNamespace | None] = ContextVar("rcarun_aiohttp_sendin
 
 
 class _PoolConnector(aiohttp.TCPConnector):
-    """A TCPConnector that tells the exchange being sent whether its connection served a request before.
-
-    Cheaper than aiohttp's tracing (whose ``on_connection_reuseconn`` says the same): a trace config sends every
-    request's signals through its machinery, measured at 7 to 13 % more CPU a post (benchmarks/http_client_floor.py).
-    """
+    """A TCPConnector that tells the exchange whether its connection served a request before (aiohttp's tracing
+    says the same at 7 to 13 % more CPU a post, benchmarks/http_client_floor.py)."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
@@ -136,15 +114,9 @@ class _PoolConnector(aiohttp.TCPConnector):
 
 @transport("aiohttp")
 class AiohttpTransport:
-    """One aiohttp session per backend, created inside the running loop on first use.
-
-    The connector holds at most ``pool_size`` connections (all to the same host or replicas), kept alive
-    between calls. ``timeout_s`` is aiohttp's ``sock_read`` (no byte for that long), ``connect_timeout_s`` its
-    ``sock_connect``; there is no total: a long answer that keeps arriving is not cut (the backend's
-    ``max_call_s`` caps a call). Bodies are handed on as they arrive and never decoded here. A request that a
-    reused connection lost to the server's close (`_closed_before_answering`) is sent again once through a
-    second session whose connections are never reused, so the second send cannot meet the same race.
-    """
+    """One aiohttp session per backend, created in the running loop on first use, of at most ``pool_size`` kept
+    connections. ``timeout_s`` is ``sock_read`` and there is no total. A request lost to a kept-alive connection's
+    close is sent once more through a session that never reuses connections (docs/reliability.md, "Transports")."""
 
     __slots__ = ("_api_key", "_fresh", "_headers", "_session", "_settings", "_timeout")
 
@@ -223,10 +195,7 @@ class AiohttpTransport:
 
 class _AiohttpExchange:
     """One request and its answer: the block sends it and waits for the headers; `chunks` reads the body.
-
-    Leaving the block hands the connection back (aiohttp closes it instead when the body was not read to its
-    end, so an abandoned answer never reaches the next request).
-    """
+    Leaving hands the connection back (closed when the body was not read to its end)."""
 
     __slots__ = ("_data", "_response", "_transport", "_url")
 

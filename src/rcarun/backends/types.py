@@ -65,16 +65,8 @@ class ChatMessage:
 class ChatRequest:
     """One chat-completion request, before any provider-specific translation.
 
-    Attributes:
-        messages: the conversation, in order.
-        max_tokens: output budget for this attempt (completion including reasoning tokens).
-        temperature: None leaves the provider default.
-        schema: JSON schema of the expected answer; sent as ``response_format`` where the backbone supports it.
-        schema_name: name given to the schema in ``response_format``.
-        reasoning: thinking on/off and effort; None leaves the backbone default.
-        seed: optional sampling seed, sent where supported.
-        tools: OpenAI function specs (``{"type": "function", "function": {...}}``) the model may call.
-        tool_choice: whether the model may, must or must not call them; None leaves the provider default.
+    ``max_tokens`` is the attempt's output budget, reasoning included; ``schema`` goes out as ``response_format``
+    where supported; ``tools`` are OpenAI function specs; None leaves a setting at the provider's default.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -96,19 +88,12 @@ class ChatRequest:
         return prompt_size(self.messages, self.tools)
 
     def canonical_json(self) -> str:
-        """A stable JSON rendering (sorted keys, no whitespace) used for hashing, caching and storage.
-
-        Tool fields appear only when set, so a request without tools renders (and hashes, and is cached) exactly
-        as it did before rcarun sent tools.
-        """
+        """A stable JSON rendering (sorted keys, no whitespace) for hashing, caching and storage; tool fields only
+        when set, so requests without tools hash as they always did."""
         return self.canonical_bytes().decode()
 
     def canonical_bytes(self) -> bytes:
-        """`canonical_json` as UTF-8, the bytes hashed and stored (rendered by orjson: `rcarun.jsonfast`).
-
-        Raises:
-            UnicodeEncodeError: a text holds an unpaired surrogate (no UTF-8 can carry it).
-        """
+        """`canonical_json` as UTF-8 (`UnicodeEncodeError` for a lone surrogate)."""
         payload: dict[str, Any] = {
             "messages": [_canonical_message(m) for m in self.messages],
             "max_tokens": self.max_tokens,
@@ -144,12 +129,7 @@ def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, A
 
 @dataclass(frozen=True, slots=True)
 class PromptSize:
-    """How large a prompt is, in the two units a token count is bounded by.
-
-    Attributes:
-        chars: code points of the prompt's text (see `prompt_chars` for what counts).
-        utf8_bytes: the same text's UTF-8 bytes: a byte-level tokenizer bills at most one token per byte.
-    """
+    """How large a prompt is: code points (`prompt_chars`) and UTF-8 bytes (at most one token each)."""
 
     chars: int
     utf8_bytes: int
@@ -224,25 +204,10 @@ class RateLimitInfo:
 class ChatResult:
     """One successful HTTP exchange (a length stop is a success at this layer).
 
-    Attributes:
-        text: the answer's content ("" when the model produced none).
-        reasoning_text: the thinking text, from ``reasoning_content`` or ``reasoning``, or "".
-        finish_reason: as reported ("stop", "length", ...).
-        usage: normalised token counts.
-        latency_s: wall time from sending the request to reading the whole body.
-        model: the model name the provider reports.
-        rate_limit: parsed rate-limit headers, when the provider sends them.
-        raw_body: the response body exactly as received, for the store.
-        endpoint: which replica or base URL served the call.
-        tool_calls: the functions the model asked to call (finish_reason "tool_calls"), in its order.
-        usage_problem: why ``usage`` does not hold what the provider charged, or None when it does: the answer
-            had no usage object ("no usage in the answer"), or a count was not a finite non-negative integer
-            below 2**53 (e.g. "usage.prompt_tokens is Infinity"; that count is 0 in ``usage``). The answer is
-            still good; the runner charges an estimate for it instead.
-        streamed: the answer came as server-sent events (its ``raw_body`` is the completion they add up to).
-        ttft_s: seconds from sending to the first token (answer, thinking or tool-call text), when streamed.
-        decode_tokens_per_s: completion tokens after the first over the time from the first to the last, when
-            streamed and at least two arrived.
+    ``latency_s`` runs from sending to the whole body; ``raw_body`` is kept for the store (streamed: the completion
+    the events add up to); ``usage_problem`` says why ``usage`` is not what the provider charged (none, or a bad
+    count, read as 0), and the runner then charges an estimate; ``ttft_s`` and ``decode_tokens_per_s`` only when
+    streamed.
     """
 
     text: str

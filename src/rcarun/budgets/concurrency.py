@@ -1,11 +1,8 @@
-"""How many calls one backbone may have in flight, adapted to the provider's 429s (AIMD).
+"""How many calls one backbone may have in flight, adapted to the provider's 429s (AIMD), in FIFO order.
 
-Some providers (DeepSeek) limit concurrency per account rather than rate and publish no number; others
-throttle under load. A fixed semaphore is either too timid or keeps hammering. So the limit halves on a
-rate-limit signal and grows by one after each clean round, TCP-style. A "round" guards the decrease: the
-429s from one overload arrive from calls that were all admitted before the limit was cut, and only the first
-of them is evidence; the rest must not collapse the limit to the minimum. Slots are handed out in strict
-FIFO order.
+Some providers limit concurrency and publish no number (DeepSeek), so the limit halves on a rate-limit signal and
+grows by one after each clean round. Only the first 429 of one overload counts: the others come from calls
+admitted before the cut.
 """
 
 from __future__ import annotations
@@ -21,23 +18,13 @@ __all__ = ["AdaptiveConcurrency", "ConcurrencySlot"]
 
 @dataclass(frozen=True, slots=True)
 class ConcurrencySlot:
-    """One held slot.
-
-    Attributes:
-        epoch: how many decreases had happened when the slot was granted; a 429 on a slot from an older epoch
-            was caused by load the last decrease already answered.
-    """
+    """One held slot; ``epoch`` counts the decreases before it (a 429 on an older one was already answered)."""
 
     epoch: int
 
 
 class AdaptiveConcurrency:
-    """FIFO async slots whose limit moves between ``minimum`` and the configured ceiling while callers wait.
-
-    Args:
-        limit: the configured ceiling and starting limit.
-        minimum: the limit never drops below this.
-    """
+    """FIFO async slots whose limit moves between ``minimum`` and ``limit`` (the ceiling and start)."""
 
     def __init__(self, limit: int, minimum: int = 1) -> None:
         if minimum < 1:
@@ -132,16 +119,8 @@ class AdaptiveConcurrency:
                 self._wake()
 
     def on_rate_limited(self, slot: ConcurrencySlot | None = None) -> bool:
-        """Halve the limit on a rate-limit signal, at most once per round.
-
-        Args:
-            slot: the slot the rate-limited call held. With it, the signal counts only if the call was
-                admitted after the last decrease; without it, only once a round's worth of outcomes has
-                passed since.
-
-        Returns:
-            True when the limit was cut.
-        """
+        """Halve the limit on a rate-limit signal, at most once per round; return whether it was cut. With
+        ``slot``, it counts only if the call came after the last cut; without, once a round has passed."""
         self._outcomes_since_decrease += 1
         self._clean_completions = 0
         if slot is not None:

@@ -1,26 +1,9 @@
 """Prompt-token estimates before a call, calibrated against what each backbone's tokenizer reports.
 
-Token limits are reserved before the call, when only the prompt's text is known. A fixed 4 bytes per token is
-wrong for code, JSON-heavy agent logs and non-English text, and an underestimate is what earns 429s (and 400s on
-a full context). So the ratio is learned per backbone from reported usage, moving quickly towards fewer bytes per
-token (more tokens: safe) and slowly the other way, so that estimates lean high. The first report that shows
-more tokens than assumed replaces the starting ratio outright. The unit is the UTF-8 byte, not the character:
-byte-level tokenizers spend up to a token per byte on emoji, CJK and base64, so a ratio learned on English
-stays close for a later prompt full of emoji, where a chars-per-token ratio would be off by up to four.
-
-A spend budget needs more than a good guess: what a call can cost. Until the first report nothing is known about
-how the backbone bills, so `TokenEstimator.reservation` reserves the most a bill is believed to be, four tokens
-per character (`implausible_usage`'s ceiling; a character is at most four UTF-8 bytes); from the first report on
-the calibrated estimate. A first wave of calls admitted at one token per character is what let a 30-dollar
-budget spend 105 dollars on prompts billed at four. Output is reserved alike: twice ``max_tokens`` (some providers
-bill past it) until a report shows how far past it this backbone bills (`TokenEstimator.reserved_output`).
-
-A provider's usage is the bill, unless it cannot be one: `implausible_usage` says when (more prompt tokens than
-four per character plus template overhead, more completion tokens than twice the output budget, more prompt
-tokens than the context window). Such a call, and one with no usage at all, is charged `estimated_usage`, a
-conservative estimate from the request and the answer text; an attempt cut short after it was sent, `cut_usage`,
-from what had arrived. Both charge the prompt at `TokenEstimator.unreported`: the calibrated estimate, or before
-any report one token per UTF-8 byte, the most a byte-level tokenizer bills.
+The bytes-per-token ratio is learned per backbone, leaning high (an underestimate earns 429s); until the first
+report a budget reserves the most a bill is believed to be. `implausible_usage` says when a reported usage cannot
+be the bill; such calls, and cut ones, are charged conservative estimates. Why and how: docs/reliability.md
+("Token estimates and bills we cannot believe").
 """
 
 from __future__ import annotations
@@ -45,16 +28,8 @@ _MAX_OUTPUT_BUDGETS = 2.0
 
 
 class TokenEstimator:
-    """Estimates prompt tokens from UTF-8 bytes with a conservatively smoothed bytes-per-token ratio, and what a
-    call's output may be billed past its budget.
-
-    Args:
-        bytes_per_token: the starting ratio.
-        margin: estimates are raised by this fraction, for the spread between prompts of one backbone.
-        fall_weight: smoothing weight when a report shows more tokens than the ratio predicts (react fast).
-        rise_weight: smoothing weight when it shows fewer (relax slowly).
-        min_calibration_tokens: reports below this are ignored; chat-template overhead dominates them.
-    """
+    """Estimates prompt tokens from UTF-8 bytes with a bytes-per-token ratio smoothed fast down (``fall_weight``)
+    and slowly up (``rise_weight``), raised by ``margin``; reports under ``min_calibration_tokens`` are ignored."""
 
     def __init__(
         self,
@@ -99,9 +74,8 @@ class TokenEstimator:
         return math.ceil(utf8_bytes / self._bytes_per_token * (1.0 + self._margin))
 
     def reservation(self, prompt: PromptSize) -> int:
-        """What a budget must reserve for ``prompt``: the estimate once a report calibrated the ratio; before,
-        the most a bill is believed to be (four tokens per character, `implausible_usage`), or, once an answer
-        came without a bill to believe, what such answers are charged (`unreported`)."""
+        """What a budget must reserve for ``prompt``: the estimate once calibrated; before, the most a bill is
+        believed to be, or `unreported` once an answer came without a bill to believe."""
         if self._samples:
             return self.estimate(prompt.utf8_bytes)
         if self._unreported_answers:
@@ -116,10 +90,8 @@ class TokenEstimator:
         return max(self.estimate(prompt.utf8_bytes), prompt.utf8_bytes)
 
     def reserved_output(self, max_tokens: int) -> int:
-        """Completion tokens a budget must reserve for an output budget of ``max_tokens``: the most a bill is
-        believed to be (twice the budget, `implausible_usage`) until a report shows how this backbone bills, then
-        the budget times the most any report billed past it (never less than the budget); the budget itself once
-        an answer came without a bill to believe (what `estimated_usage` charges at most)."""
+        """Completion tokens to reserve for ``max_tokens``: twice it until a report shows how this backbone bills,
+        then the budget times the most billed past it; the budget once an answer came without a bill to believe."""
         if self._output_budgets is not None:
             budgets = self._output_budgets
         elif self._unreported_answers:
@@ -181,12 +153,8 @@ def implausible_usage(
 def estimated_usage(
     estimator: TokenEstimator, *, prompt: PromptSize, answer_bytes: int, max_tokens: int, finish_reason: str
 ) -> Usage:
-    """A conservative bill for a call whose usage is missing or implausible.
-
-    The prompt is charged at `TokenEstimator.unreported`; the answer as its visible text (``answer_bytes``,
-    UTF-8) estimates, or the whole output budget when the answer stopped for length (hidden reasoning a provider
-    does not show cannot be counted otherwise).
-    """
+    """A conservative bill for a call whose usage is missing or implausible: the prompt at `unreported`, the
+    answer by its text, or the whole budget after a length stop (hidden reasoning cannot be counted otherwise)."""
     completion = (
         max_tokens if finish_reason == "length" else min(max_tokens, max(1, estimator.estimate(answer_bytes)))
     )
@@ -201,17 +169,9 @@ def cut_usage(
     prompt: PromptSize,
     max_tokens: int,
 ) -> Usage | None:
-    """What an attempt that ended without an answer may have cost (a conservative bill that no usage report
-    will ever replace), or None when it cost nothing. ``error`` None: the attempt was cancelled.
-
-    Nothing when no request went out (no connection) or the server refused it with an error status. Else the
-    provider was, or may have been, generating: the prompt is charged at `TokenEstimator.unreported`, and the
-    completion as what was generated: streamed, the tokens received (or the text's characters estimate, if
-    more); unstreamed, the whole ``max_tokens`` (it may have been generated in full before the cut), or for a
-    body that arrived whole but unreadable the tokens it holds. An error object within an accepted stream is charged for
-    what the stream had carried, if anything. Never capped at ``max_tokens``: a stream that ran past its budget
-    was billed past it.
-    """
+    """What an attempt that ended without an answer may have cost, or None when nothing was generated (no
+    request sent, or an error status). ``error`` None: cancelled. Rules: docs/reliability.md ("A cut call is
+    never free")."""
     if isinstance(error, ConnectionFailed) or (progress.status is not None and not progress.answered):
         return None
     streamed = progress.streamed

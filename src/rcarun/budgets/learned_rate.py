@@ -1,17 +1,8 @@
 """The one request rate rcarun learns by itself, from refusals that state no limit.
 
-The rule: a refusal that states no limit (a bare 429 or 503: no Retry-After, no ``x-ratelimit-*`` headers)
-teaches a request rate only when the last window (a minute) holds at least 20 answered requests and a tenth or
-more of them were refused; the backbone is then held to the requests that window accepted, once per window at
-most. Each window without a refusal raises the held rate by a quarter, and once it has doubled from where it was
-learned it is released.
-
-Why so little: a limit the user declares, or the provider states in headers, is paced exactly by the limiter
-(`rcarun.budgets.limits`), and Retry-After and reset headers say when to come back. What is left is a provider
-that refuses without a word. One refusal, or a sporadic 1-2 % of them (a gateway's passing overload), says
-nothing about a rate: adaptive concurrency and the retry backoff absorb those, and holding the backbone to what
-a near-empty window accepted would throttle the whole run (issue 35, N6). A tenth refused over a full window is a
-limit; holding to what it accepted stops the refusals, and raising the held rate lets it find its way back up.
+When a window holds at least 20 answered requests and a tenth or more were refused without a word, the backbone
+is held to what that window accepted; refusal-free windows raise it by a quarter until it is released. Rule and
+reasons: docs/reliability.md ("The learned request rate").
 """
 
 from __future__ import annotations
@@ -35,14 +26,7 @@ _SLOTS = 60
 
 @dataclass(frozen=True, slots=True)
 class RateChange:
-    """A change of the learned request rate, for the run's events and the user's one line.
-
-    Attributes:
-        kind: ``learned`` (a rate is held now, or lower than before), ``raised`` (a refusal-free window), or
-            ``released`` (nothing learned is held any more).
-        rpm: the held requests per minute after the change; None when released.
-        accepted / refused: the answers in the last window when it changed.
-    """
+    """A change of the learned rate (``learned``, ``raised`` or ``released``: ``rpm`` None), for events and lines."""
 
     kind: Literal["learned", "raised", "released"]
     rpm: float | None
@@ -51,11 +35,8 @@ class RateChange:
 
 
 class LearnedRate:
-    """One backbone's learned request rate (module docstring): fed every answer, it says when the rate changes.
-
-    Args:
-        window_s: the window the provider counts its per-minute limit over (a minute: 60).
-    """
+    """One backbone's learned request rate over the provider's ``window_s``: fed every answer, it says when the
+    rate changes."""
 
     def __init__(self, window_s: float = 60.0) -> None:
         self.window_s = window_s
@@ -103,9 +84,8 @@ class LearnedRate:
         return RateChange("learned", rpm, self._accepted, self._refused)
 
     def accepted_in_window(self, now: float) -> list[tuple[float, float]]:
-        """What the provider accepted in the window, as (time, requests) per slot, each dated at its slot's end
-        (it leaves the window no earlier than its requests did): a limiter that starts pacing requests only now
-        starts its window log with them."""
+        """What the provider accepted in the window, as (time, requests) per slot dated at its end: the window log
+        of a limiter that starts pacing requests only now."""
         self._expire(now)
         return [((slot + 1) * self._slot_s, float(accepted)) for slot, accepted, _ in self._slots if accepted]
 

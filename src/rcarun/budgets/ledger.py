@@ -1,9 +1,7 @@
 """Tokens and USD spent per backbone and per run, and the budgets that stop admission.
 
-A sweep across paid backbones must be able to promise "no more than $X": the gate reserves a call's worst
-case before sending it and replaces the reservation with the actual cost afterwards, so that concurrent
-calls cannot together overshoot a budget. The ledger is pure bookkeeping (no awaits, no clock), shared by
-every backbone's gate in one run, and feeds the progress bars and the cost report.
+To promise "no more than $X", a call's worst case is reserved before it is sent and replaced by its cost after,
+so concurrent calls cannot overshoot together. Pure bookkeeping (no awaits, no clock), shared by a run's gates.
 """
 
 from __future__ import annotations
@@ -20,12 +18,7 @@ __all__ = ["Budget", "Reservation", "SpendLedger", "SpendTotals"]
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Limits for one backbone or for the whole run; None means unlimited.
-
-    Attributes:
-        max_usd: spend ceiling in USD.
-        max_tokens: ceiling on prompt + completion tokens.
-    """
+    """USD and prompt + completion token limits for one backbone or the run; None means unlimited."""
 
     max_usd: float | None = None
     max_tokens: int | None = None
@@ -104,12 +97,7 @@ class _Account:
 
 
 class SpendLedger:
-    """Reservations and committed spend, checked against per-backbone and overall budgets.
-
-    Args:
-        overall: the run's budget across all backbones.
-        per_backbone: budgets by backbone name; backbones not named are limited only by ``overall``.
-    """
+    """Reservations and committed spend, checked against per-backbone and ``overall`` budgets."""
 
     def __init__(
         self, overall: Budget | None = None, per_backbone: Mapping[str, Budget] | None = None
@@ -124,11 +112,7 @@ class SpendLedger:
         self._serials = itertools.count(1)
 
     def reserve(self, backbone: str, usd: float, tokens: int) -> Reservation:
-        """Hold ``usd`` and ``tokens`` for one call.
-
-        Raises:
-            BudgetExhausted: spent + reserved + this would exceed the backbone's or the run's budget.
-        """
+        """Hold ``usd`` and ``tokens`` for one call (`BudgetExhausted` when a budget cannot take them)."""
         account = self._account(backbone)
         self._check(f"backbone {backbone!r}", self._budgets.get(backbone), account, usd, tokens)
         self._check("run", self._overall_budget, self._overall, usd, tokens)
@@ -146,10 +130,7 @@ class SpendLedger:
         self._add(reservation.backbone, usd, usage)
 
     def record_prior_spend(self, backbone: str, usd: float, usage: Usage) -> None:
-        """Count what an earlier session of the same run spent, so a resumed run's budgets cover the whole run.
-
-        No reservation and no budget check: the money is already spent, and may already exceed the budget.
-        """
+        """Count what an earlier session of the run spent (no check: it is spent), so budgets cover the whole run."""
         self._add(backbone, usd, usage, calls=0)
 
     def _add(self, backbone: str, usd: float, usage: Usage, *, calls: int = 1) -> None:

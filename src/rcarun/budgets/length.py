@@ -1,10 +1,7 @@
 """Output budgets: clamp the first attempt to the context, and double the budget after a length stop.
 
-Reasoning models spend an unpredictable share of ``max_tokens`` on thinking, so a fixed budget either wastes
-money or truncates answers. The LongRCA protocol retries a ``finish_reason == "length"`` attempt once with
-twice the budget, capped at 65,536 tokens; the cap and the retry count are per stage. Self-hosted vLLM
-answers 400 when prompt + max_tokens exceeds the context window, so every budget is also bounded by the room
-the prompt leaves.
+Thinking takes an unpredictable share of ``max_tokens``, so the LongRCA protocol retries a length stop with
+twice the budget (capped per stage); every budget also fits the room the prompt leaves (vLLM answers 400 else).
 """
 
 from __future__ import annotations
@@ -32,15 +29,8 @@ def next_length_budget(
     context_window: int | None,
     prompt_tokens: int,
 ) -> int | None:
-    """The budget for a retry after a length stop, or None when it could not be larger than ``current``.
-
-    Args:
-        current: the ``max_tokens`` of the attempt that stopped for length.
-        cap: the stage's ceiling.
-        model_max_output: the model's maximum output tokens, when known.
-        context_window: the model's context window in tokens, when known.
-        prompt_tokens: the prompt tokens the provider reported for that attempt (exact, so no safety margin).
-    """
+    """The budget for a retry after a length stop at ``current``, within ``cap``, the model's limits and the room
+    the reported (exact) ``prompt_tokens`` leave; None when it could not be larger."""
     budget = min(2 * current, cap)
     if model_max_output is not None:
         budget = min(budget, model_max_output)
@@ -57,11 +47,8 @@ def clamp_to_context(
     model_max_output: int | None,
     safety_tokens: int = DEFAULT_CONTEXT_SAFETY_TOKENS,
 ) -> int:
-    """The first attempt's budget: ``max_tokens`` bounded by the model's output limit and the context's room.
-
-    Raises:
-        ContextOverflow: the prompt leaves no room for even one output token; the call would fail anyway.
-    """
+    """The first attempt's budget: ``max_tokens`` bounded by the model's output limit and the context's room
+    (`ContextOverflow` when none is left)."""
     budget = max_tokens
     if model_max_output is not None:
         budget = min(budget, model_max_output)

@@ -1,9 +1,7 @@
 """What a call costs in USD, from a backbone's price table.
 
-Prices are per million tokens and differ for cache-hit prompt tokens. DeepSeek bills peak and off-peak hours
-at different rates, so a table may hold time-of-day windows (UTC, possibly wrapping midnight) that override
-the default price. Reservations need the worst case before the call, when neither the cache hits nor the
-hour of completion are known.
+Prices are per million tokens, lower for cache hits, and may change by UTC time of day (DeepSeek's off-peak
+hours); a reservation takes the worst case, as neither the hits nor the hour of completion are known yet.
 """
 
 from __future__ import annotations
@@ -21,13 +19,7 @@ _TOKENS_PER_PRICE_UNIT = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """USD per million tokens.
-
-    Attributes:
-        input_per_mtok: uncached prompt tokens.
-        cached_input_per_mtok: prompt tokens served from the provider's cache.
-        output_per_mtok: completion tokens, reasoning tokens included.
-    """
+    """USD per million uncached prompt, cached prompt and completion (reasoning included) tokens."""
 
     input_per_mtok: float
     cached_input_per_mtok: float
@@ -57,12 +49,8 @@ class Price:
 
 @dataclass(frozen=True, slots=True)
 class PriceWindow:
-    """A price in force from ``start`` (inclusive) to ``end`` (exclusive), UTC time of day.
-
-    ``end <= start`` means the window wraps midnight (22:00-06:00). ``weekdays`` (0 = Monday, UTC) limits the
-    window to the days it *starts* on, as DeepSeek's weekday-only peak hours need; a window that wraps midnight
-    belongs to the day it began (Friday 22:00-06:00 covers Saturday 02:00). None means every day.
-    """
+    """A price in force from ``start`` to ``end`` (exclusive), UTC time of day; ``end <= start`` wraps midnight.
+    ``weekdays`` (0 = Monday; None: all) are the days a window starts on (Friday 22:00-06:00 covers Saturday 02:00)."""
 
     start: time
     end: time
@@ -107,11 +95,7 @@ class PriceTable:
     windows: tuple[PriceWindow, ...] = ()
 
     def price_at(self, at: datetime) -> Price:
-        """The price in force at ``at`` (timezone-aware).
-
-        Raises:
-            ValueError: ``at`` is naive; a naive time would silently be read in the machine's local zone.
-        """
+        """The price in force at ``at``; `ValueError` for a naive time (it would be read in the local zone)."""
         if at.tzinfo is None or at.utcoffset() is None:
             raise ValueError("price lookups need a timezone-aware datetime")
         utc = at.astimezone(UTC)

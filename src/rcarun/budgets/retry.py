@@ -1,13 +1,8 @@
 """What to do after a failed attempt: retry or not, how long to wait, whether the backbone must slow down.
 
-Backends never retry (STYLE.md); the runner asks this policy instead, so the reaction to each error class
-lives in one place and reads from the class alone. A rate limit is about the backbone, not the call: even
-when the call has used up its attempts, the backbone is still paused and its concurrency cut, because other
-items are about to hit the same wall.
-
-Every pause has a ceiling, ``max_pause_s``. A provider that asks for longer (a ``Retry-After`` of a day, an
-HTTP date decades ahead, ``1e400``) is not waited for in silence: the decision says to stop the backbone for
-this session, so the runner can say so and leave its items for a later resume while other backbones go on.
+Backends never retry; the runner asks this policy, so each error class's reaction lives in one place. A rate
+limit is about the backbone: it is paused and its concurrency cut even when the call is out of attempts. A
+provider asking to wait beyond ``max_pause_s`` stops the backbone for the session instead of a silent wait.
 """
 
 from __future__ import annotations
@@ -26,18 +21,8 @@ _MAX_DOUBLINGS = 60
 
 @dataclass(frozen=True, slots=True)
 class RetryDecision:
-    """The policy's answer for one failed attempt.
-
-    Attributes:
-        retry: whether to make another attempt.
-        delay_s: seconds to wait before that attempt (0 when not retrying and not rate-limited).
-        pause_backbone_s: seconds during which the whole backbone admits nothing (0 for no pause).
-        shrink_concurrency: whether the backbone's concurrency limit should take a multiplicative decrease.
-        stop_backbone: the provider asked to wait longer than ``max_pause_s``: admit nothing more on this
-            backbone in this session (no retry, no pause).
-        asked_s: what the provider asked to wait (Retry-After or its reset headers, in seconds; may be inf),
-            when it said.
-    """
+    """The policy's answer for one failed attempt; ``stop_backbone``: the provider asked to wait beyond
+    ``max_pause_s`` (``asked_s``, may be inf), so nothing more goes to it this session."""
 
     retry: bool
     delay_s: float = 0.0
@@ -49,16 +34,8 @@ class RetryDecision:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Exponential backoff with jitter, bounded attempts, and rate limits honoured as the provider asks.
-
-    Attributes:
-        max_attempts: attempts per call, the first included.
-        base_s: backoff after the first failure, doubled per further failure.
-        cap_s: no single backoff exceeds this.
-        jitter: backoff is multiplied by a uniform factor in [1 - jitter, 1 + jitter] (then capped).
-        rng: random source for the jitter; pass a seeded one for repeatable tests.
-        max_pause_s: the longest the backbone is ever paused; a provider asking for more stops it instead.
-    """
+    """Exponential backoff (``base_s`` doubling, at most ``cap_s``, times 1 ± ``jitter``) for ``max_attempts``
+    attempts in all, and rate limits honoured as the provider asks, up to ``max_pause_s``."""
 
     max_attempts: int = 6
     base_s: float = 0.5
@@ -91,12 +68,8 @@ class RetryPolicy:
         return min(self.cap_s, delay * (1.0 + spread))
 
     def decide(self, error: CallError, attempt: int, *, asked_s: float | None = None) -> RetryDecision:
-        """Decide after attempt number ``attempt`` (1-based) failed with ``error``.
-
-        ``asked_s``: for a rate limit, the pause the refusal calls for as the gate reads it (its headers against
-        the limits it paces by, `BackboneGate.learn_from_refusal`); without it, the longest of ``Retry-After``
-        and the reset headers.
-        """
+        """Decide after attempt number ``attempt`` (1-based) failed; ``asked_s`` is the gate's reading of a
+        refusal's pause (without it: the longest of ``Retry-After`` and the reset headers)."""
         attempts_left = attempt < self.max_attempts
         if isinstance(error, RateLimited):
             asked = asked_s if asked_s is not None else max(error.retry_after_s or 0.0, error.reset_s or 0.0)

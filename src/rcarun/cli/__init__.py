@@ -297,9 +297,21 @@ def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from rcarun.bench import main as bench_main
+    # The benchmarks are a distribution of their own (benchmarks/), found by name where they are installed.
+    import importlib
 
-    return bench_main(args)
+    try:
+        bench = importlib.import_module("rcarun_bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "rcarun_bench":
+            raise
+        print(
+            "rcarun bench: the benchmarks are not installed (pip install -e ./benchmarks from a checkout)",
+            file=sys.stderr,
+        )
+        return 2
+    status: int = bench.main(args)
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:

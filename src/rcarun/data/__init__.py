@@ -1,11 +1,7 @@
 """Trajectories, their human labels and the loaders that read them: the only data the rest of rcarun sees.
 
-Methods receive a `Trajectory` (no labels, and the task instruction even where a record states it only in its
-history: `task`); the runner and analysis pair it with its `Reference` through the `Record` the loaders yield.
-Role normalisation and handoff detection (`roles`), the task a history states (`task`), the reading of step
-numbers (`parse_step`), dataset checks (`check`) and manifests with the LongRCA-Mini sampler (`manifest`) live
-here too, so every layer applies the same rules.
-This package imports nothing of rcarun's except `rcarun.errors`.
+Methods receive a `Trajectory` (no labels); the runner pairs it with its `Reference` through a `Record`. The
+rules every layer shares (roles, tasks, step numbers, checks, manifests) live here. Imports only `rcarun.errors`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """`rcarun data check`: every problem of a dataset, by file, record and field, and what the dataset holds.
 
-A sweep leaves unusable records out and goes on; before paying for one, a researcher wants the whole list at
-once, plus the facts that decide cost and difficulty (steps, history characters, how far the root lies from the
-end). This module produces that list without changing a single label.
-
-Severity:
-    - **error**: the record cannot be used (unreadable JSON, missing or empty history, a step that is not an
-      object or lacks content/role, a reference step that is not an integer or out of range, a reference role
-      not in the recorded role set, a duplicate qid, an identifier — qid, source, role, name, mistake_agent —
-      holding an unpaired UTF-16 surrogate), or, with a manifest, a listed record that is missing or whose
-      SHA-256 differs. Any error makes the check fail (non-zero exit).
-    - **warning**: usable but worth knowing: a *noisy label* (the labelled step is spoken by an agent other
-      than the labelled one, compared the scorer's way; kept as recorded), steps with empty content (allowed:
-      Who&When has two), a record with no label (it can run but not be scored), and *repaired text*
-      (``repaired_text``: free text — a step's content, question, ground_truth, mistake_reason — held unpaired
-      UTF-16 surrogates, which the loader replaced by U+FFFD so that prompts can be encoded; the message names
-      the fields, the SHA-256 is still that of the file), and a record with *no task* (``no_task``: no
-      non-blank ``question`` and an empty opening step, so no task can be derived from the history by
-      `rcarun.data.task.derive_task`; every method then shows ``Task: (not recorded)``).
-    Records outside a manifest are only counted (``manifest_unlisted``): checking a full copy against the
-    Mini list is normal.
-
-Summary per source: trajectories loaded, labelled, steps, history characters (sum of step contents), the
-median root-to-end distance ``n_steps - 1 - reference step`` (steps recorded after the root) over labelled
-trajectories, and how many trajectories got their task by each rule (``task_sources``: ``question``,
-``history[0]``, ``history[0..1]``, ..., ``none``).
+Before paying for a sweep a researcher wants the whole list at once, plus the facts that decide cost and
+difficulty; no label is changed. Severities and the summary: docs/reliability.md ("rcarun data check").
 """
 
 from __future__ import annotations
@@ -50,15 +27,7 @@ Severity = Literal["error", "warning"]
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One finding, located as precisely as the data allows.
-
-    Attributes:
-        severity: ``"error"`` (record unusable or manifest mismatch) or ``"warning"``.
-        kind: a stable label: ``unusable``, ``noisy_label``, ``empty_content``, ``unlabelled``,
-            ``repaired_text``, ``no_task``, ``manifest_missing``, ``manifest_sha256``.
-        message: what is wrong, in words.
-        path / record / field: where, when known.
-    """
+    """One finding (``"error"`` or ``"warning"``, a stable ``kind``), located as precisely as the data allows."""
 
     severity: Severity
     kind: str
@@ -74,17 +43,7 @@ class Problem:
 
 @dataclass(slots=True)
 class SourceSummary:
-    """What one source holds (loaded records only).
-
-    Attributes:
-        source: the source's name.
-        trajectories: records loaded.
-        labelled: records with a reference.
-        steps: steps over all loaded records.
-        history_chars: characters of step content over all loaded records.
-        root_to_end: ``n_steps - 1 - reference step`` per labelled record.
-        task_sources: loaded records by the rule that gave their task (`Trajectory.task_source`).
-    """
+    """What one source's loaded records hold; ``root_to_end`` is ``n_steps - 1 - reference step`` per label."""
 
     source: str
     trajectories: int = 0
@@ -176,67 +135,37 @@ def check_records(
 
 def _check_record(record: Record, report: CheckReport, summary: SourceSummary) -> None:
     trajectory, reference = record.trajectory, record.reference
+
+    def warn(kind: str, message: str, field: str = "", path: str = record.origin) -> None:
+        report.problems.append(Problem("warning", kind, message, path, trajectory.qid, field))
+
     repaired = record.repaired_fields
     if repaired:
         shown = ", ".join(repaired[:10]) + (f" and {len(repaired) - 10} more" if len(repaired) > 10 else "")
-        report.problems.append(
-            Problem(
-                "warning",
-                "repaired_text",
-                f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}",
-                path=record.origin,
-                record=trajectory.qid,
-            )
-        )
+        warn("repaired_text", f"unpaired UTF-16 surrogates replaced by U+FFFD in {shown}")
     if not trajectory.task:
-        report.problems.append(
-            Problem(
-                "warning",
-                "no_task",
-                "no task: no question and nothing in the opening step of the history "
-                "(every method will show 'Task: (not recorded)')",
-                path=record.origin,
-                record=trajectory.qid,
-                field="history[0].content",
-            )
+        warn(
+            "no_task",
+            "no task: no question and nothing in the opening step of the history "
+            "(every method will show 'Task: (not recorded)')",
+            "history[0].content",
         )
     empty = [step.index for step in trajectory.steps if not step.content.strip()]
     if empty:
         shown = ", ".join(str(index) for index in empty[:10]) + (" ..." if len(empty) > 10 else "")
-        report.problems.append(
-            Problem(
-                "warning",
-                "empty_content",
-                f"{len(empty)} step(s) with empty content: {shown}",
-                path=record.origin,
-                record=trajectory.qid,
-                field="history[].content",
-            )
-        )
+        warn("empty_content", f"{len(empty)} step(s) with empty content: {shown}", "history[].content")
     if reference is None:
-        report.problems.append(
-            Problem(
-                "warning",
-                "unlabelled",
-                "no mistake_agent/mistake_step: can run, cannot be scored",
-                record=trajectory.qid,
-            )
-        )
+        warn("unlabelled", "no mistake_agent/mistake_step: can run, cannot be scored", path="")
         return
     summary.labelled += 1
     summary.root_to_end.append(trajectory.n_steps - 1 - reference.step)
     speaker = trajectory.steps[reference.step].agent
     if normalize_role(speaker) != normalize_role(reference.role):
-        report.problems.append(
-            Problem(
-                "warning",
-                "noisy_label",
-                f"labelled agent {reference.role!r} but step {reference.step} is spoken by {speaker!r} "
-                "(kept as recorded)",
-                path=record.origin,
-                record=trajectory.qid,
-                field="mistake_step",
-            )
+        warn(
+            "noisy_label",
+            f"labelled agent {reference.role!r} but step {reference.step} is spoken by {speaker!r} "
+            "(kept as recorded)",
+            "mistake_step",
         )
 
 

@@ -1,36 +1,9 @@
 """Manifests: which trajectories a sweep runs, pinned by SHA-256, and the LongRCA-Mini sampling protocol.
 
-A screening result means something only if everyone ran the same trajectories, byte for byte. A manifest names
-them (qid, source, SHA-256 of the record) so a sweep can run exactly that subset and `rcarun data check
---manifest` can prove a user's copy is the released one.
-
-Two formats are read by `load_manifest`:
-
-- rcarun's own, written by `sample_mini` / `save_manifest`: ``{"seed", "size", "quotas": {source: count},
-  "dataset_sha256", "records": [{"qid", "source", "sha256"}, ...]}``;
-- the official LongRCA-Mini list (``mini_manifest.json`` of the dataset release): ``{"repository",
-  "revision", "subset", "split", "files": [{"path", "question_ID", "sha256", "bytes"}, ...]}``; the source is
-  the directory above the file in ``path`` (``data/mini/<source>/<question_ID>.json``), else the part of the
-  question_ID before ``__``. A copy ships with rcarun (`longrca_mini_manifest_path`).
-
-The sampling protocol (LongRCA App. A), implemented by `allocate_quotas` and `sample_mini`:
-
-- Equal allocation: every source gets ``size / k``; a source whose population is smaller is capped at its
-  population and the unused slots are shared evenly among the others, repeatedly, until no share exceeds a
-  population (water-filling over real numbers). Deterministic rounding preserves the total: every share is
-  floored, and the slots left go one each to the largest fractional parts, ties to the source that sorts
-  first by name. With LongRCA's populations (128/42/685/108/177) this reproduces every quota row of the
-  paper's Table 5, e.g. 225 → 46/42/46/46/45 and 600 → 128/42/161/108/161.
-- Simple random sampling without replacement within each source: the source's qids in natural order, drawn
-  with `random.Random(s).sample` where the seed ``s`` is the first 8 bytes of SHA-256(``"<seed>/<source>"``).
-  Each source has its own stream, so a source's selection depends only on its own qids, its quota and the
-  seed — never on predictions, labels or the other sources' contents.
-- Hashes: each selected record's SHA-256 (of the file's bytes, or of the JSONL line), and ``dataset_sha256``
-  = SHA-256 of the lines ``"<qid>\\t<sha256>\\n"`` of every record in the dataset, sorted by qid.
-
-This reimplements the protocol from its description; the authors' sampler is not public, so the same seed
-does not reproduce the official list. Use the official list (`longrca_mini_manifest_path`) to run the
-official Mini.
+A screening result means something only if everyone ran the same trajectories, byte for byte. rcarun's own
+format and the official LongRCA-Mini list are read; the protocol (LongRCA App. A) is reimplemented from its
+description, so use the shipped official list to run the official Mini. Formats and protocol:
+docs/reliability.md ("Manifests and the Mini sampling protocol").
 """
 
 from __future__ import annotations
@@ -69,15 +42,7 @@ DEFAULT_MINI_SEED = 20260821  # the seed of the released LongRCA-Mini manifest (
 
 @dataclass(frozen=True, slots=True)
 class ManifestRecord:
-    """One selected trajectory.
-
-    Attributes:
-        qid: the trajectory id (LongRCA ``question_ID``).
-        source: the source it belongs to.
-        sha256: hex SHA-256 of the record as released (file bytes, or the JSONL line).
-        path: the file's path in the release, when the manifest gives it.
-        size_bytes: the file's size in bytes, when the manifest gives it.
-    """
+    """One selected trajectory, with the SHA-256 of the record as released and, when given, its path and size."""
 
     qid: str
     source: str
@@ -88,15 +53,8 @@ class ManifestRecord:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """A fixed list of trajectories.
-
-    Attributes:
-        records: the selection, in source then natural qid order for manifests rcarun draws.
-        seed / size: the draw's seed and requested size (None for a list rcarun did not draw).
-        quotas: source → number of records selected.
-        dataset_sha256: hash of the whole dataset the draw came from (None when unknown).
-        origin: ``"rcarun"`` or ``"longrca"`` (the official list's format).
-    """
+    """A fixed list of trajectories; ``seed``, ``size`` and ``dataset_sha256`` are None for a list rcarun did
+    not draw; ``origin`` is ``"rcarun"`` or ``"longrca"``."""
 
     records: tuple[ManifestRecord, ...]
     seed: int | None = None
@@ -113,7 +71,7 @@ class Manifest:
         return {record.qid: record for record in self.records}
 
     def to_json(self) -> dict[str, Any]:
-        """rcarun's manifest format (see the module docstring)."""
+        """rcarun's manifest format (docs/reliability.md)."""
         return {
             "seed": self.seed,
             "size": self.size,
@@ -129,11 +87,7 @@ def longrca_mini_manifest_path() -> Path:
 
 
 def allocate_quotas(populations: Mapping[str, int], size: int) -> dict[str, int]:
-    """Equal allocation capped at each population, with total-preserving rounding (module docstring).
-
-    Raises:
-        ValueError: ``size`` is negative or exceeds the total population, or a population is negative.
-    """
+    """Equal allocation capped at each population, with total-preserving rounding; `ValueError` when impossible."""
     if size < 0:
         raise ValueError(f"sample size must be >= 0, got {size}")
     if any(count < 0 for count in populations.values()):
@@ -181,11 +135,7 @@ def sample_mini(
     size: int = DEFAULT_MINI_SIZE,
     seed: int = DEFAULT_MINI_SEED,
 ) -> Manifest:
-    """Draw a Mini manifest from ``(qid, source, sha256)`` triples by the protocol of the module docstring.
-
-    Raises:
-        ValueError: a qid repeats, or the size cannot be met.
-    """
+    """Draw a Mini manifest from ``(qid, source, sha256)`` triples; `ValueError` for a repeated qid or size."""
     by_source: dict[str, list[tuple[str, str]]] = {}
     seen: set[str] = set()
     for qid, source, sha in records:

@@ -1,28 +1,8 @@
 """Role names compared the way the LongRCA benchmark scorer compares them, and explicit handoffs.
 
-Why a module of its own: the same rule must decide a reference's validity when a dataset is loaded, a
-prediction's correctness when it is scored and a handoff's sender when a method reads the log. One
-implementation keeps those three in agreement.
-
-Scorer normalisation (`normalize_role`, the benchmark's leaderboard rule, LongRCA App. L.1):
-    1. trim surrounding whitespace;
-    2. remove ONE trailing explicit handoff suffix ``(-> X)`` or ``(→ X)`` where X holds no parentheses
-       (with the whitespace before it);
-    3. Unicode NFKC;
-    4. casefold;
-    5. collapse runs of whitespace to one space.
-Any other parenthetical survives: ``"Planner (Review)"`` stays distinct from ``"Planner"``. A predicted role is
-correct when its normalised form is non-empty and equals the reference's normalised form.
-
-The component-ablation rule of the paper ("normalizes case and whitespace while retaining handoff suffixes") is
-``keep_handoff=True``: steps 1, 3, 4 and 5 only.
-
-Handoff detection (`parse_handoff`): a label is an explicit handoff when, after trimming, it ends with
-``(-> X)`` or ``(→ X)`` where X is non-empty and holds no parentheses; the sender is the text before the
-suffix (trimmed, non-empty), the recipient is X trimmed. LongRCA records carry the handoff in the step's
-``name`` (``"DiagnostAgent (-> ActionAgent)"``), Who&When's Magentic-One logs in its ``role``
-(``"Orchestrator (-> WebSurfer)"``); `rcarun.data.Step.handoff` looks at the name first, then the role.
-Other suffixes (``"Orchestrator (thought)"``) are not handoffs.
+One rule decides a reference's validity at load, a prediction's correctness when scored and a handoff's
+sender when a method reads the log; one implementation keeps the three in agreement. The normalisation (LongRCA
+App. L.1) and the handoff rule: docs/reliability.md ("Role names and handoffs").
 """
 
 from __future__ import annotations
@@ -39,12 +19,7 @@ _HANDOFF_SUFFIX = re.compile(r"\s*\((?:->|→)\s*([^()]*?)\s*\)$")
 
 @dataclass(frozen=True, slots=True)
 class Handoff:
-    """An explicit instruction from one agent to another, read from a recorded label.
-
-    Attributes:
-        sender: the agent that hands off, e.g. ``"DiagnostAgent"``.
-        recipient: the agent handed to, e.g. ``"ActionAgent"``.
-    """
+    """An explicit instruction from one agent to another, read from a recorded label."""
 
     sender: str
     recipient: str
@@ -56,15 +31,8 @@ def strip_handoff_suffix(role: str) -> str:
 
 
 def normalize_role(role: str, *, keep_handoff: bool = False) -> str:
-    """The scorer's normal form of a role name (see the module docstring for the five steps).
-
-    Args:
-        role: a recorded or predicted role name.
-        keep_handoff: the ablation rule: keep a trailing handoff suffix as part of the name.
-
-    Returns:
-        The normal form; ``""`` when nothing is left.
-    """
+    """The scorer's normal form of a role name (``""`` when nothing is left); ``keep_handoff`` is the ablation
+    rule that keeps a trailing handoff suffix."""
     if len(role) <= _MEMO_MAX_CHARS:
         return _memo_normal_form(role, keep_handoff)
     return _normal_form(role, keep_handoff)

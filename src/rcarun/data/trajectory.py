@@ -1,30 +1,8 @@
 """The values every attribution method and every analysis works on: a trajectory, its human label, the pair.
 
-A method sees a `Trajectory` and nothing else; the `Reference` (the human label) travels beside it in a
-`Record` so that the runner can score a prediction without ever handing the label to the method.
-
-Agent of a step (one rule for every source, applied by `agent_of_step`):
-
-1. If the step has a `name` that is non-empty after trimming whitespace, the agent is that trimmed name, kept
-   as is. This covers Who&When algorithm_generated (AG2 group chats, where `role` is only user/assistant) and
-   LongRCA, where a handoff form such as ``"DiagnostAgent (-> ActionAgent)"`` is itself a labellable agent and
-   is therefore NOT split.
-2. Otherwise the agent is the `role` with ONE trailing parenthetical suffix removed, e.g.
-   ``"Orchestrator (thought)"``, ``"Orchestrator (-> WebSurfer)"`` and ``"Orchestrator (termination
-   condition)"`` all become ``"Orchestrator"`` (Who&When hand_crafted Magentic-One logs, which carry no name).
-3. A step whose agent comes out empty is unusable (the loaders raise `DataError`).
-
-Labels are never repaired: a reference whose step is spoken by another agent is kept exactly as recorded.
-
-Handoffs: `Step.handoff` is the explicit handoff the step announces (rules in `rcarun.data.roles`): the name's
-``(-> X)`` suffix when the name carries one (LongRCA), else the role's (Who&When Magentic-One).
-`Trajectory.handoffs` lists the steps that announce one.
-
-Step numbers in labels and answers (`parse_step`: the loaders, every method and the scorer read them with it): a
-JSON integer (never a boolean), or a string holding
-an optionally signed decimal integer of ASCII digits, surrounding whitespace stripped (``"12"``, ``" 12 "``,
-``"+3"``, ``"-1"``). Anything else (``3.0``, ``"3.5"``, ``"twelve"``, ``""``, ``None``, ``True``) holds no step.
-Range is not part of the rule: ``"-1"`` reads as -1, which no trajectory contains.
+A method sees a `Trajectory` only; the `Reference` travels beside it in a `Record`, so the runner scores without
+handing the label to the method. The agent rule, handoffs and step numbers: docs/reliability.md ("Trajectories,
+agents and step numbers").
 """
 
 from __future__ import annotations
@@ -43,10 +21,9 @@ _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
 
 
 def parse_step(value: object) -> int | None:
-    """The step number ``value`` holds, or None when it holds none (rule in the module docstring).
+    """The step number ``value`` holds: a JSON integer (not a bool) or a string of one (``" +3 "``), else None.
 
-    Models asked for an integer sometimes answer ``"12"`` (JSON-mode providers among them); the scorer reads such
-    a string as the step, so every method reads it the same way rather than discard it.
+    Models asked for an integer sometimes answer ``"12"``; the scorer reads it as the step, so every method does.
     """
     if isinstance(value, bool):
         return None
@@ -60,14 +37,7 @@ def parse_step(value: object) -> int | None:
 
 
 def agent_from_role(role: str) -> str:
-    """The agent behind a Magentic-One style role: the role without one trailing parenthetical suffix.
-
-    Args:
-        role: the raw role string, e.g. ``"Orchestrator (-> WebSurfer)"``.
-
-    Returns:
-        The trimmed agent name, e.g. ``"Orchestrator"``; empty if nothing is left.
-    """
+    """The agent behind a Magentic-One style role, trimmed: ``"Orchestrator (-> WebSurfer)"`` is ``"Orchestrator"``."""
     return _TRAILING_PARENTHETICAL.sub("", role.strip(), count=1).strip()
 
 
@@ -80,14 +50,8 @@ def agent_of_step(name: str | None, role: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One message of a trajectory.
-
-    Attributes:
-        index: the 0-based position in the history; the step id methods predict and references name.
-        agent: the agent that spoke, by the rule in this module's docstring.
-        role: the raw role string as recorded (chat role, or Magentic-One role with its suffix).
-        content: the message text, possibly empty.
-    """
+    """One message: its 0-based ``index`` (the step id), the ``agent`` that spoke (`agent_of_step`), the raw
+    ``role`` as recorded and the ``content``, possibly empty."""
 
     index: int
     agent: str
@@ -104,20 +68,9 @@ class Step:
 class Trajectory:
     """A failed run as a method sees it: no labels.
 
-    Attributes:
-        qid: the identifier, unique within a dataset and stable across loads (see `rcarun.data.loaders`).
-        source: the sub-benchmark, e.g. ``"hand_crafted"`` or ``"vitabench"``.
-        task: the task instruction: the record's ``question`` when it has a non-blank one, else the one its
-            history states in its opening step(s) (`rcarun.data.task.derive_task`), else ``""``.
-        steps: the history as recorded; ``steps[i].index == i``. A task derived from the history stays in it,
-            as step 0, with its id.
-        sha256: hex SHA-256 of the file's bytes (or of the JSONL line without its line terminator).
-        ground_truth: the task's correct final answer when the record has one (Who&When ``ground_truth``),
-            else ``""``. Not the attribution label: the Who&When baselines may show it to the model, which
-            LongRCA's protocol does not do by default (each method's ``include_ground_truth`` option).
-        task_source: the rule that gave ``task``: ``"question"``, ``"history[0]"``, ``"history[0..k]"`` (steps 0
-            to k) or ``"none"`` (no task: methods show ``(not recorded)``). The loaders always set it; a
-            trajectory built in memory without one gets ``"question"`` when it has a task, else ``"none"``.
+    ``task`` is the ``question``, else what the history's opening states (``task_source`` names the rule; built in
+    memory without one: ``"question"`` or ``"none"``); ``steps[i].index == i``; ``sha256`` of the file or JSONL
+    line; ``ground_truth`` is the task's final answer (not the attribution label), ``""`` when absent.
     """
 
     qid: str
@@ -157,13 +110,8 @@ class Trajectory:
 
 @dataclass(frozen=True, slots=True)
 class Reference:
-    """The human label for a trajectory, kept apart from what methods see.
-
-    Attributes:
-        role: the labelled agent, raw as recorded (may be a handoff form; never repaired).
-        step: the 0-based index of the decisive error, ``0 <= step < n_steps``.
-        rationale: the annotator's explanation, ``""`` when absent.
-    """
+    """The human label, kept apart from what methods see: the agent as recorded (never repaired), the 0-based
+    step of the decisive error and the annotator's rationale (``""`` when absent)."""
 
     role: str
     step: int
@@ -172,16 +120,8 @@ class Reference:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """What the loaders yield: a trajectory, its label if the record carries one, and where it was read.
-
-    Attributes:
-        trajectory: what methods see.
-        reference: the human label, or None for unlabelled data.
-        origin: the file it came from, ``"<file>:<line>"`` for a JSONL line; ``""`` when built in memory.
-        repaired_fields: the free-text fields whose unpaired UTF-16 surrogates the loader replaced by U+FFFD
-            (``"history[2].content"``, ``"question"``, ...), in file order; empty when the text was loaded as
-            recorded. The trajectory's ``sha256`` is still that of the original bytes.
-    """
+    """What the loaders yield: a trajectory, its label (None: unlabelled), where it was read (``"<file>:<line>"``
+    for JSONL, ``""`` in memory) and the free-text fields whose lone surrogates became U+FFFD."""
 
     trajectory: Trajectory
     reference: Reference | None

@@ -11,14 +11,15 @@ that names the method.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PositiveInt, ValidationError
 
 from rcarun.errors import ConfigError
 from rcarun.methods.registry import create_method
 
 __all__ = [
+    "JudgeOptions",
     "MethodOptions",
     "ReasoningOption",
     "TupleOf",
@@ -47,6 +48,24 @@ class MethodOptions(BaseModel):
     """Base of every method's options: strict types, no unknown key, no infinity or NaN, immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    method_name: ClassVar[str] = ""
+    """The registered method the table belongs to, named in every error."""
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> Self:
+        """Parse and check a sweep config's table (`parse_options` under ``method_name``)."""
+        return parse_options(cls.method_name, cls, options)
+
+
+class JudgeOptions(MethodOptions):
+    """The options every method that prompts a judge with the log shares; each subclass documents them."""
+
+    max_tokens: PositiveInt = 1024
+    temperature: float | None = 0.0
+    reasoning: ReasoningOption = None
+    include_task: bool = True
+    include_ground_truth: bool = False
 
 
 def parse_options(method_name: str, model: type[_OptionsT], options: Mapping[str, Any]) -> _OptionsT:

@@ -1,47 +1,8 @@
 """All-at-once: the whole failed log in one prompt, one call per trajectory (Who&When, Zhang et al. 2025).
 
-This is the baseline as the LongRCA paper runs it (Sec. 5, App. L.1), not the original script: the answer is a JSON
-object whose ``responsible_role`` and ``root_step`` are separate fields, scored independently; the answer schema
-carries the recorded agent names as an enum and the step range as integer bounds; no ground-truth final answer is
-shown (LongRCA methods see only the task and the history). Invalid fields are stored as invalid, never repaired.
-The task is shown whole (`rcarun.methods.context.task_text`): the record's ``question``, or on LongRCA records,
-which have none, the instruction the loader derived from the opening step(s) of the history
-(`rcarun.data.derive_task`); the task step also stays in the log, as step 0.
-
-Choices where the papers are silent (each is an option):
-- ``step_numbers=True``: steps are rendered ``[step k] agent: content`` with their stable 0-based index, as the
-  LongRCA interface provides; ``False`` gives the original Who&When rendering (``agent: content`` lines, the model
-  counts lines itself).
-- ``max_tokens=8000`` and ``temperature=0``: the Full-benchmark attribution budget and temperature of RCTA's final
-  call (App. H), so the baseline and RCTA get the same output room. Length retries (one doubling, cap 65,536) are the
-  run's stage policy, applied by the session.
-- ``include_ground_truth=False``: the protocol's default. ``True`` adds a ``Correct final answer: ...`` line after
-  the task (the Who&When "with ground truth" setting) when the trajectory records one; off, the prompt is unchanged.
-- Truncation (``truncation="cap-steps"``): the shared context policy of `rcarun.methods.context`. When the prompt
-  would not fit the backbone's context window together with the output budget, every step keeps its index and
-  agent, and step contents longer than a common character cap are cut in the middle (head and tail kept, the number
-  of elided characters stated) — the smallest cut that fits, found by bisection on the cap. Long tool outputs are
-  cut first because they are the longest. The applied cap and the number of cut steps are recorded in the output.
-  ``truncation="none"`` sends the full log and lets the provider refuse it (a ContextOverflow stored as the item's
-  failure).
-- ``reading="agentic"`` (default ``"inline"``): instead of the log, the prompt gives the task, the agents, the
-  number of steps and the answer schema, and the judge reads the log through tools (`rcarun.methods.reading`:
-  ``read_steps``, ``search``, ``list_roles``) with at most ``max_tool_calls`` (default 24) tool calls; each round
-  is one call of the attribution stage. The output records the tool log, the calls, whether the cap was hit
-  (a capped answer is stored as invalid), the steps read and the deduplicated evidence tokens. Tool results are
-  capped at 12,000 characters each, or less when the backbone's context window is known: the room left after the
-  prompt and the output budget, at a conservative 3 characters per token, shared by the ``max_tool_calls``
-  results (never below 500). ``step_numbers`` must stay true (the tools show step numbers) and ``truncation``
-  does not apply (nothing is inlined).
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``): the one answer decides everything, so
-``error`` is set when it could not be read as an answer — not a JSON object (the parse error, also kept as
-``output["invalid_answer"]``), the agentic tool-call cap spent, or a JSON object whose ``responsible_role`` is
-missing or not a string or whose ``root_step`` holds no step number (a schema violation: the field is stored as
-None, never repaired). A ``root_step`` given as a digit string (``"12"``, as JSON-mode providers sometimes
-answer) is read as that integer, by the rule the scorer applies (`rcarun.data.parse_step`). A role or step that
-was read but is not a recorded agent or not inside the log is validity, not an error. The method has no fallback
-rule: ``fallback`` is always None.
+The baseline as the LongRCA paper runs it (Sec. 5, App. L.1): role and step as separate, schema-bounded fields,
+never repaired. The options (step numbers, budgets, truncation, agentic reading) and how an unreadable answer is
+recorded are in ``docs/methods/all-at-once.md``.
 """
 
 from __future__ import annotations
@@ -53,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from rcarun.data import Trajectory, parse_step
-from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
+from rcarun.methods._options import MethodOptions, ReasoningOption
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     TokenCounter,
@@ -72,6 +33,8 @@ __all__ = ["AllAtOnce", "AllAtOnceOptions", "answer_error", "answer_schema", "re
 
 
 class AllAtOnceOptions(MethodOptions):
+    method_name = "all-at-once"
+
     max_tokens: PositiveInt = 8000
     temperature: float | None = 0.0
     reasoning: ReasoningOption = None
@@ -88,10 +51,6 @@ class AllAtOnceOptions(MethodOptions):
         if self.reading == "agentic" and not self.step_numbers:
             raise ValueError("reading='agentic' needs step_numbers=true (the tools show step numbers)")
         return self
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> AllAtOnceOptions:
-        return parse_options("all-at-once", cls, options)
 
 
 def answer_schema(trajectory: Trajectory) -> dict[str, Any]:
@@ -186,7 +145,7 @@ class AllAtOnce(Method):
         return self._messages(user)
 
     def result_chars(self, messages: list[Message], llm: TokenCounter) -> int:
-        """The per-result character cap of the agentic mode for ``llm``'s context (see the module docstring)."""
+        """The per-result character cap of the agentic mode for ``llm``'s context (docs/methods/all-at-once.md)."""
         window = llm.context_window
         if window is None:
             return _MAX_RESULT_CHARS

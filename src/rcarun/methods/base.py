@@ -1,12 +1,8 @@
 """What every method returns, and the rules for judging a model's answer valid.
 
-The LongRCA protocol (paper Sec. 3.1, 5.1) scores the responsible role and the root step independently, from
-explicit fields. A method therefore reports both fields, whether each is valid, and the raw answer — it never
-repairs an invalid field (an invalid answer is data that scoring counts as an error). Validity here is strict:
-a role is valid when it is exactly one of the trajectory's recorded agents; a step answer is read as an integer
-when it is one or a string holding one (``"12"``, by `rcarun.data.parse_step`, exactly as the scorer reads it;
-never a bool, a float or ``"12.0"``) and is valid when it lies inside ``[0, n_steps)`` (`step_is_valid` takes
-the value so read). Scoring-time role normalisation is the analysis layer's business, not the method's.
+The protocol scores role and step independently from explicit fields, so a method reports both, whether each is
+valid, and the raw answer; it never repairs a field. Validity is strict: a role is one of the recorded agents, a
+step is an integer (or digit string, read by `rcarun.data.parse_step`) inside ``[0, n_steps)``.
 """
 
 from __future__ import annotations
@@ -57,7 +53,7 @@ class Attribution:
         fallback: set when a rule of the method's published design, not the model, decided (part of) the
             prediction: a short text naming the rule and how often it fired, e.g. ``"binary search: unclear
             verdict at 3 of 4 halvings, half chosen at random (published rule)"``; None when the model
-            decided. Stored as ``predictions.fallback``; each method's module docstring says what counts.
+            decided. Stored as ``predictions.fallback``; docs/methods/<method>.md says what counts.
     """
 
     pred_role: str | None

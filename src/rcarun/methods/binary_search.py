@@ -1,43 +1,8 @@
 """Binary search: halve the failed log, asking each time which half holds the decisive error, down to one step.
 
-The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.3) run under the LongRCA protocol (Sec. 5.1). It
-searches the inclusive range ``[start, end]``, from ``[0, n−1]``: with ``mid = start + (end − start) // 2`` the
-earlier half is ``[start, mid]`` and the later half ``[mid + 1, end]``. Each call (stage ``"bisect"``) shows the
-task and ONLY the current segment, names the two halves by their step ranges, and asks for the JSON object
-``{"reason": str, "half": "earlier" | "later"}``. The original puts the question in every call; on LongRCA records,
-which have no ``question``, the task is the instruction the loader derived from the opening step(s) of the history,
-shown whole by `rcarun.methods.context.task_text`, so the calls whose segment lies past step 0 see it too. The
-search stops when ``start == end``: the predicted root step is that index, and the role field is emitted explicitly
-as the speaker of the selected step, as in the original (role and step are always consistent; the role is never
-judged on its own). A trajectory of ``n`` steps takes ``⌈log2 n⌉`` calls or one fewer (none for a one-step log).
-
-Where the protocol differs from the original:
-- JSON answers with a declared schema (``half`` an enum) instead of a substring test for "upper half" /
-  "lower half" anywhere in free text. "earlier" / "later" replace the original's "upper" / "lower", whose meaning
-  depends on picturing the log top-down.
-- No ground-truth final answer by default; ``include_ground_truth=True`` adds a ``Correct final answer: ...`` line.
-- ``step_numbers=True`` (default) renders the segment as ``[step k] agent: content`` with the stable 0-based ids;
-  ``False`` gives the original's ``agent: content`` lines (the ranges are then only stated in words, as there).
-
-Choices where the papers are silent (each an option where cheap):
-- Unclear answers — not a JSON object, or ``half`` missing or not exactly ``"earlier"`` / ``"later"`` (no case
-  folding, no substring search: invalid answers are not repaired) — are decided by ``unclear``: ``"random"``
-  (default, the original GPT path) draws a half from ``random.Random(s)`` where ``s`` is derived from the option
-  ``seed`` (default 0), the trajectory's qid and the range (SHA-256 of ``"seed|qid|start|end"``), so a rerun makes
-  the same draw whatever the order items run in; ``"earlier"`` always takes the earlier half (the original
-  local-model path). Every decision is recorded with ``unclear`` true/false and, when unclear, why.
-- ``max_tokens=1024`` (the original's budget; the answer is one sentence and a word), ``temperature=0``; a length
-  stop is retried with a doubled budget by the run's stage policy, not here.
-- A segment whose prompt does not fit the context goes through the same policy as All-at-once
-  (`rcarun.methods.context`): every shown step keeps its id and agent, and contents over a common character cap
-  are cut in the middle. Only the first, widest segments are ever cut; per decision the cap is recorded.
-- No ``max_steps`` option (Step-by-step has one): the search costs at most ``⌈log2 n⌉`` calls, nothing to bound.
-- Reasons and raw texts kept in the output are cut to 500 characters (full replies are in the calls table).
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``): every halving decides part of the
-predicted step, so ``fallback`` is set whenever the ``unclear`` rule chose a half (random, or always earlier),
-naming at how many of the halvings; ``error`` is set when no halving answer was clear (every decision made by
-the rule: the predicted step then rests on no answer of the model), with the count and the first reason.
+The Who&When baseline (baselines.md §2.3) under the LongRCA protocol: ``⌈log2 n⌉`` ``bisect`` calls at most, the
+role is the speaker of the selected step. Differences from the original, the ``unclear`` rule and fallbacks:
+``docs/methods/binary-search.md``.
 """
 
 from __future__ import annotations
@@ -49,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
@@ -101,7 +66,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``bisect`` call: reason first, so the model explains before it commits."""
 
 
-class BinarySearchOptions(MethodOptions):
+class BinarySearchOptions(JudgeOptions):
     """Binary search's options table (a sweep's ``options`` for the method).
 
     Attributes:
@@ -117,20 +82,13 @@ class BinarySearchOptions(MethodOptions):
         stage: the stage name the calls are recorded under.
     """
 
-    max_tokens: PositiveInt = 1024
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
+    method_name = _NAME
+
     step_numbers: bool = True
     truncation: TruncationPolicy = "cap-steps"
     unclear: Literal["random", "earlier"] = "random"
     seed: int = 0
     stage: Annotated[str, Field(min_length=1)] = "bisect"
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> BinarySearchOptions:
-        return parse_options(_NAME, cls, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,27 +1,8 @@
 """The context policy every log-reading method shares: how a prompt is made to fit the backbone's window.
 
-LongRCA logs reach hundreds of thousands of characters, more than some backbones accept. All-at-once, and the
-methods that send a prefix (Step-by-step) or a segment (Binary search) of a log, apply one documented policy so
-their results differ by method, not by how each one happened to shorten its input:
-
-- The prompt budget is ``context_window − max_tokens − CONTEXT_MARGIN_TOKENS − tokens(system prompt)``: the
-  output budget of the first attempt stays free, and the margin absorbs chat-template overhead and the error of
-  the calibrated bytes-per-token estimate.
-- ``"cap-steps"``: when the full prompt does not fit, every shown step keeps its index and agent, and contents
-  longer than one common character cap are cut in the middle (head and tail kept, the number of elided characters
-  stated). The cap is the largest that fits, found by bisection, so the cut is the smallest possible; long tool
-  outputs go first because they are the longest. If even a cap of 0 does not fit (too many steps), the cap-0
-  prompt is sent anyway with ``fits=False`` recorded, and the provider's refusal becomes the item's failure.
-- ``"none"``: the full prompt is sent and an overflow is left to the provider (a ContextOverflow stored as the
-  item's failure).
-- An unknown context window (``None``) means no truncation.
-
-The pieces of a prompt that show the trajectory are here too (`render_steps`, `ground_truth_line`), so the
-methods render steps and the optional ground-truth line identically.
-
-The caller renders its prompt through a callback so this module knows nothing of templates: ``render(None)`` is
-the full prompt, ``render(cap)`` the prompt with every shown step content capped at ``cap`` characters and a note
-saying that steps were cut.
+One policy (``"cap-steps"``: cut every long step content in the middle at the largest common cap that fits;
+``"none"``: leave overflow to the provider) so that results differ by method, not by how each shortened its
+input; also the shared renderings of steps, task and ground truth. The rules: ``docs/methods/common.md``.
 """
 
 from __future__ import annotations
@@ -126,7 +107,7 @@ def fit_prompt(
     system: str,
     policy: str,
 ) -> FittedPrompt:
-    """Apply the context policy (module docstring) to one prompt.
+    """Apply the context policy (docs/methods/common.md) to one prompt.
 
     Args:
         render: ``render(None)`` gives the full user prompt; ``render(cap)`` the prompt with every shown step

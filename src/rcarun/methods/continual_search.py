@@ -1,89 +1,10 @@
 """Continual Search and Passive Continuation: one judge, several turns of the same conversation.
 
-"Root-Cause Attribution Is a Search Problem" (``../shared/papers/003_*.txt``, Sec. 3.1 and App. B.2) shows that on
-long logs a judge pushed, turn after turn, to search evidence it has not examined beats a one-shot judge and a
-judge merely asked to reconsider. Both conditions start from the same turn 1 and differ only in what later turns
-say:
-
-- **Turn 1** is a base method, unchanged (``base``: All-at-once by default, or RCTA, whose last call sends the
-  final attribution package). The base method runs against a wrapper that keeps its calls; the conversation of its
-  last ``turn1_stage`` call (default ``"attribution"``; a retried call: the retry) with the answer it got is the
-  session the later turns continue, and the base method's own verdict is the turn-1 prediction.
-- **Continual Search** (``continual-search``): turns 2..``turns`` (default 4) each append one user prompt built by
-  the paper's decision tree (`continuation_prompt`) from the fixed sentences in
-  ``prompts/continual_search_sentences.txt``:
-  1. the opening line and 2. the trust line are chosen by the turn (turn 2; a middle turn; the last turn);
-  3. the search action by two questions: does the evidence come as separate pieces the judge can leave unopened
-     (``layout="pieces"``: turn 2 derives the answer again from the start, later turns open the unopened pieces,
-     listed), and, when it does not, is the answer one item or a list (``answer_kind``: a list gets another sweep
-     of the least-covered parts; a single item gets "test each candidate and keep the earliest one that was never
-     fixed and still leads to the failure");
-  4. the change rule, at turns 3 and later for a single-item answer: the one sentence of 003 App. B.2.2 ("The
-     answer may then move only to an earlier cause that the judge supports with an exact quote."), addressed to
-     the judge: "Your answer may move only to an earlier cause that you support with an exact quote.";
-  5. the answer format (the benchmark's: ``responsible_role`` and ``root_step``; see ``quote_field``).
-- **Passive Continuation** (``passive-continuation``): one fixed sentence ("Reconsider your answer and verify it
-  again.") and the benchmark's answer format, every turn.
-
-Every turn's answer is taken as the model gives it, and the last turn's answer is the prediction: the change rule
-is a sentence of the prompt, as in the paper, never a check that keeps an earlier answer in place of a later one.
-Whether an answer followed the rule is recorded for analysis only (each rule turn's ``change_rule``, and the
-output's ``change_rule`` listing the turns where the answer changed and where it broke the rule). An answer that
-keeps the previous turn's role and step follows it; one that changes either follows it when its ``root_step`` is a
-step of the log earlier than the previous turn's (any step of the log when the previous answer had none, so a
-role-only change is not earlier) and its quote is found in the record. "Found" is `normalize_quote_text` equality
-as a substring (whitespace runs collapsed, lowercased; punctuation kept) of a quote of at least 15 characters;
-both places are checked and recorded, in the chosen step's content and anywhere in the log, and ``quote_scope``
-(``"step"``, default, or ``"log"``) says which one counts for ``followed``. An unreadable answer at a rule turn is
-recorded as not following it.
-
-Reading (``reading``): ``"agentic"`` (default) is the paper's judge (003 Sec. 3.2, App. B.1: tool-enabled judges
-with read-only access to the record that gather evidence through tool calls): every turn gets the trajectory tools
-of `rcarun.methods.reading` (read a step range, search by regex, list roles; at most ``max_tool_calls`` per turn)
-and, with All-at-once as the base, turn 1 reads that way too (unless ``base_options`` says otherwise). Every tool
-call and its result are recorded per turn (``tool_log``). ``"inline"`` continues a conversation whose turn 1
-showed the log, with no tools.
-
-The task instruction: every continuation request resends turn 1's conversation whole, so every call shows the
-task as the base method's turn-1 prompt shows it (under the base's own ``include_task``); the continuation
-prompts add only the new instruction, as the paper's later turns do.
-
-Choices where the paper is silent (each an option):
-- ``layout="whole"``: the tree's first question is how the evidence is stored, and a trajectory record is one
-  history. The paper puts its single-trajectory benchmarks (Who&When, TRAIL, AgentRx) on that branch although its
-  judges read them with tools, so reading with tools does not by itself make pieces. ``"pieces"`` treats blocks of
-  ``piece_steps`` consecutive steps as pieces (a piece is unopened while none of its steps has been read);
-  ``"auto"`` picks "pieces" when the judge reads with tools, else "whole".
-- The opening and trust lines have three forms: turn 2, middle turns, and the last turn (with ``turns=4``:
-  turns 2, 3 and 4, as in the paper).
-- ``answer_kind="list"`` asks, from turn 2, for every failure earliest first; the prediction is the listed
-  failure with the earliest valid step (the root cause is the earliest decisive error). No change rule applies.
-- Every turn keeps the benchmark's answer schema (003 App. B.2.2: "All turns retain the benchmark's original
-  output schema"); the change rule's record looks for the quote in ``reason``, among spans in double quotes.
-  ``quote_field=True`` (rcarun's option, off by default) adds a ``quote`` field to the schema of the turns whose
-  prompt carries the change rule, with one sentence saying what goes in it (``format.quote``), so the quote the
-  rule asks for can be checked directly.
-- Continuation turns use the turn-1 call's output budget, temperature and reasoning setting unless
-  ``max_tokens`` is given. Their stage is ``stage`` (default ``"continuation"``).
-- Turn 1 is declared shareable (``shareable_stages``), so Continual Search and Passive Continuation over the same
-  base and backbone pay for one turn 1 between them, as the paper branches one session.
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``) follow the prediction, the last turn's
-answer:
-- ``error``: the last turn's answer could not be read (not a JSON object, the tool-call cap spent,
-  ``responsible_role`` / ``root_step`` missing or mistyped, no listed failure with a valid step; a digit-string
-  ``root_step`` is read as the step, by `rcarun.data.parse_step`, as All-at-once reads turn 1). An earlier
-  answer never stands in for an unreadable last one. With no continuation turn (``turns=1``, or a base method
-  that made no ``turn1_stage`` call), the base method's own ``error``.
-- ``fallback``: no rule of this method decides a prediction, so it is the base method's own fallback when turn
-  1's answer is the prediction (no continuation turn), and None otherwise.
-
-Evidence read per turn: deduplicated tokens (`EvidenceLedger`: whitespace tokens not inside a 13-gram seen before,
-as the paper dedupes observation tokens). With an inlined log, the judge has read at turn 1 everything its
-prompt showed (the turn-1 user messages, instructions included) and reads nothing new later; with tools, it is the
-text the tools returned each turn (turn 1's executed calls are replayed from the base method's ``tool_log`` to
-rebuild what it read). Every turn's prediction, ``changed_from_prev``, ``changed_from_turn1`` (the paper's
-records) and evidence are in the output (``turns``), which `rcarun report` turns into per-turn accuracy.
+Paper 003 ("Root-Cause Attribution Is a Search Problem") shows that a judge pushed turn after turn to search
+evidence it has not read beats a one-shot judge and one merely asked to reconsider. Both methods continue the
+base method's turn-1 conversation; they differ only in the later turns' prompts. The decision tree, the change
+rule's record, the reading modes and the choices where the paper is silent are in
+``docs/methods/continual-search.md``.
 """
 
 from __future__ import annotations
@@ -91,10 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from importlib import resources
-from string import Template
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PositiveInt
 
@@ -103,9 +21,25 @@ from rcarun.errors import ConfigError
 from rcarun.methods._options import MethodOptions, check_base_method, parse_options
 from rcarun.methods.all_at_once import AllAtOnce, answer_error, answer_schema
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
+from rcarun.methods.continuation import (
+    SENTENCES,
+    UNREAD,
+    AnswerKind,
+    ContinuationPrompt,
+    Layout,
+    Mode,
+    TurnAnswer,
+    change_rule_applies,
+    continuation_prompt,
+    list_schema,
+    passive_prompt,
+    pieces,
+    quote_found,
+    quote_schema,
+    rule_record,
+)
 from rcarun.methods.llm import LLM, Message, Reply, ToolCall
-from rcarun.methods.proxies import TranscriptLLM
-from rcarun.methods.rcta.grounding import MIN_QUOTE_CHARS, normalize_quote_text
+from rcarun.methods.proxies import Exchange, TranscriptLLM
 from rcarun.methods.reading import EvidenceLedger, TrajectoryReader, converse_with_tools
 from rcarun.methods.registry import create_method, method
 
@@ -120,112 +54,9 @@ __all__ = [
     "quote_found",
 ]
 
-Mode = Literal["search", "passive"]
-Layout = Literal["whole", "pieces"]
-AnswerKind = Literal["single", "list"]
-
-
-def _load_sentences() -> dict[str, str]:
-    text = resources.files("rcarun.methods").joinpath("prompts", "continual_search_sentences.txt")
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.read_text(encoding="utf-8").splitlines():
-        if line.startswith("## "):
-            current = sections.setdefault(line[3:].strip(), [])
-        elif line.startswith("#"):
-            continue
-        elif current is not None:
-            current.append(line)
-    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
-
-
-SENTENCES = _load_sentences()
-"""The fixed sentence set by name (``opening.2``, ``trust.3``, ``search.single``, ``change.single``, ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ContinuationPrompt:
-    """A turn's prompt as the tree assembled it: (part, sentence) in order, and the text sent."""
-
-    parts: tuple[tuple[str, str], ...]
-
-    @property
-    def text(self) -> str:
-        return "\n\n".join(sentence for _, sentence in self.parts)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.parts)
-
-
-def _turn_form(turn: int, turns: int) -> int:
-    """Which opening/trust line a turn gets: 2 (turn 2), 4 (the last turn), else 3 (a middle turn)."""
-    if turn == 2:
-        return 2
-    return 4 if turn == turns else 3
-
-
-def continuation_prompt(
-    turn: int,
-    *,
-    turns: int,
-    layout: Layout,
-    answer_kind: AnswerKind,
-    schema_text: str,
-    pieces: str = "parts of the log",
-    unread_block: str = "",
-    quote_field: bool = False,
-) -> ContinuationPrompt:
-    """Continual Search's prompt for ``turn`` (2..turns), by the paper's decision tree (module docstring)."""
-    if not 2 <= turn <= turns:
-        raise ValueError(f"continuation turns run from 2 to {turns}, got {turn}")
-    form = _turn_form(turn, turns)
-    parts: list[tuple[str, str]] = [
-        (f"opening.{form}", SENTENCES[f"opening.{form}"]),
-        (f"trust.{form}", SENTENCES[f"trust.{form}"]),
-    ]
-    if layout == "pieces":
-        key = "search.pieces.first" if turn == 2 else "search.pieces.later"
-        sentence = Template(SENTENCES[key]).substitute(pieces=pieces, unread_block=unread_block or "(none)")
-        parts.append((key, sentence))
-    elif answer_kind == "list":
-        parts.append(("search.list", SENTENCES["search.list"]))
-    else:
-        parts.append(("search.single", SENTENCES["search.single"]))
-    if change_rule_applies(turn, answer_kind):
-        parts.append(("change.single", SENTENCES["change.single"]))
-        if quote_field:
-            parts.append(("format.quote", SENTENCES["format.quote"]))
-    key = f"format.{answer_kind}"
-    parts.append((key, Template(SENTENCES[key]).substitute(schema=schema_text)))
-    return ContinuationPrompt(tuple(parts))
-
-
-def change_rule_applies(turn: int, answer_kind: AnswerKind) -> bool:
-    """The tree adds the change rule at turns 3 and later, for a single-item answer (003 App. B.2.2)."""
-    return answer_kind == "single" and turn >= 3
-
-
-def passive_prompt(*, schema_text: str) -> ContinuationPrompt:
-    """Passive Continuation's prompt: the same fixed sentence every turn, then the answer format."""
-    return ContinuationPrompt(
-        (
-            ("passive", SENTENCES["passive"]),
-            ("format.single", Template(SENTENCES["format.single"]).substitute(schema=schema_text)),
-        )
-    )
-
-
-def quote_found(quote: object, text: str) -> bool:
-    """Whether a quote of at least 15 characters occurs in ``text`` (the change rule's record; module docstring)."""
-    if not isinstance(quote, str):
-        return False
-    wanted = normalize_quote_text(quote)
-    return len(wanted) >= MIN_QUOTE_CHARS and wanted in normalize_quote_text(text)
-
 
 class ContinualSearchOptions(MethodOptions):
-    """The options table of Continual Search and Passive Continuation (module docstring).
+    """The options table of Continual Search and Passive Continuation (docs/methods/continual-search.md).
 
     Attributes:
         base: the one-shot method that makes turn 1 (All-at-once by default, or RCTA).
@@ -262,7 +93,7 @@ class ContinualSearchOptions(MethodOptions):
     max_tool_calls: PositiveInt = 24
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any], *, name: str) -> ContinualSearchOptions:
+    def from_mapping(cls, options: Mapping[str, Any], *, name: str = "continual-search") -> Self:
         """Parse and check an options table; ``name`` is the registered method name used in error messages."""
         parsed = parse_options(name, cls, options)
         if name == "passive-continuation":
@@ -293,62 +124,6 @@ _SEARCH_ONLY = frozenset({"layout", "answer_kind", "quote_field", "quote_scope",
 _MULTI_TURN = ("continual-search", "passive-continuation", "self-consistency", "judge-panel")
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
-    """One turn's prediction, as the model gave it."""
-
-    role: str | None
-    step: int | None
-    role_valid: bool
-    step_valid: bool
-
-    @classmethod
-    def of(cls, attribution: Attribution) -> _Answer:
-        return cls(
-            attribution.pred_role, attribution.pred_step, attribution.role_valid, attribution.step_valid
-        )
-
-    def same_as(self, other: _Answer) -> bool:
-        return (self.role, self.step) == (other.role, other.step)
-
-
-_UNREAD = _Answer(None, None, False, False)
-
-
-def _list_schema(trajectory: Trajectory) -> dict[str, Any]:
-    single = answer_schema(trajectory)["properties"]
-    failure = {
-        "type": "object",
-        "properties": {
-            "responsible_role": single["responsible_role"],
-            "root_step": single["root_step"],
-            "quote": {"type": "string"},
-        },
-        "required": ["responsible_role", "root_step", "quote"],
-        "additionalProperties": False,
-    }
-    return {
-        "type": "object",
-        "properties": {
-            "reason": {"type": "string"},
-            "failures": {"type": "array", "items": failure, "minItems": 1},
-        },
-        "required": ["reason", "failures"],
-        "additionalProperties": False,
-    }
-
-
-def _quote_schema(trajectory: Trajectory) -> dict[str, Any]:
-    """The benchmark's answer schema with the change rule's ``quote`` (``quote_field``; module docstring)."""
-    schema = answer_schema(trajectory)
-    properties = {**schema["properties"], "quote": {"type": "string"}}
-    return {**schema, "properties": properties, "required": [*schema["required"], "quote"]}
-
-
-def _pieces(n_steps: int, size: int) -> list[tuple[int, int]]:
-    return [(start, min(start + size, n_steps) - 1) for start in range(0, n_steps, size)]
-
-
 _STEP_IDS = re.compile(r"\[step (\d+)\]")
 # Quoted spans in a ``reason``, where the rule's quote is looked for when the schema has no ``quote`` field.
 _QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
@@ -362,7 +137,7 @@ class ContinualSearch(Method):
         self.options = options
         self.mode = mode
         self._base = create_method(options.base, options=options.turn1_options())
-        # Turn 1 is the same request under both conditions: paid once (module docstring).
+        # Turn 1 is the same request under both conditions: paid once (docs/methods/continual-search.md).
         self.shareable_stages = self._base.shareable_stages | {options.turn1_stage}
 
     def _layout(self) -> Layout:
@@ -384,9 +159,9 @@ class ContinualSearch(Method):
 
     def _schema(self, trajectory: Trajectory, turn: int) -> dict[str, Any]:
         if self._answer_kind() == "list":
-            return _list_schema(trajectory)
+            return list_schema(trajectory)
         if self._rule_applies(turn) and self.options.quote_field:
-            return _quote_schema(trajectory)
+            return quote_schema(trajectory)
         return answer_schema(trajectory)
 
     def _prompt(
@@ -397,7 +172,7 @@ class ContinualSearch(Method):
             return passive_prompt(schema_text=schema_text)
         unread = [
             f"- steps {start}-{end}"
-            for start, end in _pieces(trajectory.n_steps, self.options.piece_steps)
+            for start, end in pieces(trajectory.n_steps, self.options.piece_steps)
             if not read.intersection(range(start, end + 1))
         ]
         return continuation_prompt(
@@ -413,23 +188,23 @@ class ContinualSearch(Method):
 
     def _parse(
         self, reply: Reply, trajectory: Trajectory, *, rule: bool
-    ) -> tuple[_Answer, list[str], str | None]:
+    ) -> tuple[TurnAnswer, list[str], str | None]:
         """The turn's answer as given, its quotes, and why it is invalid (None when it is a JSON object)."""
         answer = reply.parsed if isinstance(reply.parsed, dict) else None
         if answer is None:
-            return _UNREAD, [], reply.parse_error or "the answer is not a JSON object"
+            return UNREAD, [], reply.parse_error or "the answer is not a JSON object"
         if self._answer_kind() == "list":
             failures = answer.get("failures")
             entries = [f for f in failures if isinstance(f, dict)] if isinstance(failures, list) else []
             steps = [(parse_step(f.get("root_step")), f) for f in entries]
             valid = [(step, f) for step, f in steps if step is not None and step_is_valid(step, trajectory)]
             if not valid:
-                return _UNREAD, [], "no listed failure has a valid root_step"
+                return UNREAD, [], "no listed failure has a valid root_step"
             first_step, earliest = min(valid, key=lambda pair: pair[0])
             role = earliest.get("responsible_role")
             quote = earliest.get("quote")
             return (
-                _Answer(
+                TurnAnswer(
                     role if isinstance(role, str) else None,
                     first_step,
                     role_is_valid(role, trajectory),
@@ -441,7 +216,7 @@ class ContinualSearch(Method):
         role = answer.get("responsible_role")
         step = parse_step(answer.get("root_step"))  # a digit string is the step, as All-at-once reads it
         return (
-            _Answer(
+            TurnAnswer(
                 role if isinstance(role, str) else None,
                 step,
                 role_is_valid(role, trajectory),
@@ -460,56 +235,11 @@ class ContinualSearch(Method):
         quote = answer.get("quote")
         return [quote] if isinstance(quote, str) and quote else []
 
-    def _rule_record(
-        self,
-        previous: _Answer,
-        answer: _Answer,
-        quotes: list[str],
-        invalid: str | None,
-        trajectory: Trajectory,
-    ) -> dict[str, Any]:
-        """Whether the turn's answer followed the change rule, for analysis only (module docstring)."""
-        changed = not answer.same_as(previous)
-        if invalid is not None:
-            return {
-                "changed": changed,
-                "followed": False,
-                "broken": [f"the answer could not be read: {invalid}"],
-            }
-        if not changed:
-            return {"changed": False, "followed": True}
-        broken: list[str] = []
-        step = answer.step if answer.step_valid else None
-        if step is None:
-            earlier = False
-            broken.append("the new root_step is not a step of the log")
-        else:
-            earlier = not previous.step_valid or previous.step is None or step < previous.step
-            if not earlier:
-                relation = "the same step as" if step == previous.step else "later than"
-                broken.append(f"step {step} is {relation} the previous step {previous.step}, not earlier")
-        in_step = step is not None and any(quote_found(q, trajectory.steps[step].content) for q in quotes)
-        log = "\n".join(s.content for s in trajectory.steps)
-        in_log = any(quote_found(q, log) for q in quotes)
-        if not (in_step if self.options.quote_scope == "step" else in_log):
-            where = "the chosen step" if self.options.quote_scope == "step" else "the log"
-            broken.append(f"no quote of at least {MIN_QUOTE_CHARS} characters is found in {where}")
-        record: dict[str, Any] = {
-            "changed": True,
-            "followed": not broken,
-            "earlier": earlier,
-            "quote_in_step": in_step,
-            "quote_in_log": in_log,
-        }
-        if broken:
-            record["broken"] = broken
-        return record
-
     async def attribute(self, trajectory: Trajectory, llm: LLM) -> Attribution:
         options = self.options
         transcript = TranscriptLLM(llm)
         first = await self._base.attribute(trajectory, transcript)
-        turn1 = _Answer.of(first)
+        turn1 = TurnAnswer.of(first)
         exchange = transcript.last(options.turn1_stage)
         output: dict[str, Any] = {
             "mode": self.mode,
@@ -547,57 +277,10 @@ class ContinualSearch(Method):
             prompt = self._prompt(turn, trajectory, schema, read)
             conversation.append(Message("user", prompt.text))
             record: dict[str, Any] = {"prompt_parts": list(prompt.keys)}
-            max_tokens = options.max_tokens or exchange.max_tokens
-            if reader is not None:
-                tool_turn = await converse_with_tools(
-                    llm,
-                    conversation,
-                    reader=reader,
-                    ledger=evidence,
-                    stage=options.stage,
-                    max_tokens=max_tokens,
-                    schema=schema,
-                    temperature=exchange.temperature,
-                    reasoning=exchange.reasoning,
-                    max_tool_calls=options.max_tool_calls,
-                )
-                reply, conversation, calls = tool_turn.reply, tool_turn.messages, tool_turn.calls
-                evidence_new = tool_turn.evidence_tokens
-                record.update(
-                    tool_calls=tool_turn.tool_calls, capped=tool_turn.capped, tool_log=tool_turn.tool_log
-                )
-            else:
-                reply = await llm.chat(
-                    conversation,
-                    stage=options.stage,
-                    max_tokens=max_tokens,
-                    schema=schema,
-                    temperature=exchange.temperature,
-                    reasoning=exchange.reasoning,
-                )
-                conversation.append(Message("assistant", reply.text))
-                calls, evidence_new = 1, 0
-            record["finish_reason"] = reply.finish_reason
-            rule_turn = self._rule_applies(turn)
-            given, quotes, invalid = self._parse(reply, trajectory, rule=rule_turn)
-            if record.get("capped"):
-                invalid = (
-                    f"the model still called tools after its {options.max_tool_calls} tool calls were spent"
-                )
-                given, quotes = _UNREAD, []
-            if invalid is not None:
-                record["invalid_answer"] = invalid
-                record["raw_text"] = reply.text[:2000]
-            if quotes:
-                record["quote"] = quotes[0][:500]
-            if rule_turn:
-                rule = self._rule_record(answer, given, quotes, invalid, trajectory)
-                record["change_rule"] = rule
-                rule_turns["applies_at"].append(turn)
-                if rule["changed"]:
-                    rule_turns["changed_at"].append(turn)
-                if not rule["followed"]:
-                    rule_turns["broken_at"].append(turn)
+            reply, conversation, calls, evidence_new = await self._ask(
+                llm, conversation, exchange, schema, reader, evidence, record
+            )
+            given, invalid = self._judge(turn, reply, trajectory, answer, record, rule_turns)
             changed = not given.same_as(answer)
             answer, error = given, self._turn_error(reply, invalid, record)
             turns.append(
@@ -615,12 +298,89 @@ class ContinualSearch(Method):
             )
         if self._rule_applies(options.turns):
             output["change_rule"] = rule_turns
-        # Fallback: only turn 1's, and only when turn 1's answer is the prediction (module docstring).
+        # Fallback: only turn 1's, and only when turn 1's answer is the prediction.
         fallback = first.fallback if options.turns == 1 else None
         return _final(first, answer, output, error=error, fallback=fallback)
 
+    async def _ask(
+        self,
+        llm: LLM,
+        conversation: list[Message],
+        exchange: Exchange,
+        schema: dict[str, Any],
+        reader: TrajectoryReader | None,
+        evidence: EvidenceLedger,
+        record: dict[str, Any],
+    ) -> tuple[Reply, list[Message], int, int]:
+        """One continuation turn's calls, with turn 1's settings: the reply, the conversation after it, the
+        calls made and the new evidence tokens; the tool record goes into ``record``."""
+        options = self.options
+        max_tokens = options.max_tokens or exchange.max_tokens
+        if reader is None:
+            reply = await llm.chat(
+                conversation,
+                stage=options.stage,
+                max_tokens=max_tokens,
+                schema=schema,
+                temperature=exchange.temperature,
+                reasoning=exchange.reasoning,
+            )
+            conversation.append(Message("assistant", reply.text))
+            record["finish_reason"] = reply.finish_reason
+            return reply, conversation, 1, 0
+        tool_turn = await converse_with_tools(
+            llm,
+            conversation,
+            reader=reader,
+            ledger=evidence,
+            stage=options.stage,
+            max_tokens=max_tokens,
+            schema=schema,
+            temperature=exchange.temperature,
+            reasoning=exchange.reasoning,
+            max_tool_calls=options.max_tool_calls,
+        )
+        record.update(tool_calls=tool_turn.tool_calls, capped=tool_turn.capped, tool_log=tool_turn.tool_log)
+        record["finish_reason"] = tool_turn.reply.finish_reason
+        return tool_turn.reply, tool_turn.messages, tool_turn.calls, tool_turn.evidence_tokens
+
+    def _judge(
+        self,
+        turn: int,
+        reply: Reply,
+        trajectory: Trajectory,
+        previous: TurnAnswer,
+        record: dict[str, Any],
+        rule_turns: dict[str, list[int]],
+    ) -> tuple[TurnAnswer, str | None]:
+        """The turn's answer as given and why it is unreadable; the reading and, at a rule turn, the change
+        rule's record go into ``record`` and ``rule_turns``."""
+        rule_turn = self._rule_applies(turn)
+        given, quotes, invalid = self._parse(reply, trajectory, rule=rule_turn)
+        if record.get("capped"):
+            invalid = (
+                f"the model still called tools after its {self.options.max_tool_calls} tool calls were spent"
+            )
+            given, quotes = UNREAD, []
+        if invalid is not None:
+            record["invalid_answer"] = invalid
+            record["raw_text"] = reply.text[:2000]
+        if quotes:
+            record["quote"] = quotes[0][:500]
+        if rule_turn:
+            rule = rule_record(
+                previous, given, quotes, invalid, trajectory, quote_scope=self.options.quote_scope
+            )
+            record["change_rule"] = rule
+            rule_turns["applies_at"].append(turn)
+            if rule["changed"]:
+                rule_turns["changed_at"].append(turn)
+            if not rule["followed"]:
+                rule_turns["broken_at"].append(turn)
+        return given, invalid
+
     def _turn_error(self, reply: Reply, invalid: str | None, record: Mapping[str, Any]) -> str | None:
-        """Why a turn's answer could not be read, or None (module docstring)."""
+        """Why a turn's answer could not be read, or None (docs/methods/continual-search.md)."""
         if record.get("capped"):
             return f"tool-call cap reached: {invalid}"
         if invalid is not None:
@@ -662,9 +422,9 @@ class ContinualSearch(Method):
 
 def _turn_record(
     turn: int,
-    answer: _Answer,
+    answer: TurnAnswer,
     *,
-    turn1: _Answer,
+    turn1: TurnAnswer,
     changed: bool,
     evidence_new: int,
     evidence: EvidenceLedger,
@@ -685,14 +445,14 @@ def _turn_record(
 
 
 def _final(
-    first: Attribution, answer: _Answer, output: dict[str, Any], *, error: str | None, fallback: str | None
+    first: Attribution, answer: TurnAnswer, output: dict[str, Any], *, error: str | None, fallback: str | None
 ) -> Attribution:
     return Attribution(
         pred_role=answer.role,
         pred_step=answer.step,
         role_valid=answer.role_valid,
         step_valid=answer.step_valid,
-        abstained=first.abstained and answer.same_as(_Answer.of(first)),
+        abstained=first.abstained and answer.same_as(TurnAnswer.of(first)),
         output=output,
         error=error,
         fallback=fallback,

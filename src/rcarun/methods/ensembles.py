@@ -1,30 +1,8 @@
 """Self-consistency and the heterogeneous judge panel: several independent answers, one majority vote.
 
-The Continual Search paper (Sec. 5.1, Table 4) compares its multi-turn judge against these two ways of spending
-more calls on one trajectory. Both run an unchanged base method (All-at-once by default, any registered method by
-name) several times and vote each field (`rcarun.methods.voting`, whose module docstring states the tie rules):
-
-- **Self-consistency** (``self-consistency``; Wang et al. 2022): ``samples`` draws (default 4, as the paper) of
-  the base method on the same backbone at ``temperature`` (default 0.7; the paper does not give its value, and
-  0.7 is the usual self-consistency setting). Every call of draw ``i`` is sent with ``sample=i`` so the call
-  cache never serves one draw another's answer, and with the given temperature whatever the base method asks.
-- **Judge panel** (``judge-panel``; Verga et al. 2024): the base method once on each backbone named in
-  ``judges`` (two at least, names of the sweep's backbones, in vote order). The item belongs to the first judge
-  (its home: the prediction is stored under that backbone); every judge's calls are limited, retried, priced and
-  recorded under the judge's own backbone. Judges keep the base method's own temperature.
-
-Draws and judges run concurrently (the backbone's limits still bound calls in flight). A draw or judge whose call
-fails for good (`FatalCallError`: a 400, a context overflow, auth, quota) is recorded in the output and does not
-vote; when every one fails, the item fails with the first error. Any other error (budget stop, interruption)
-stops the whole item, which is left for resume.
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``), from the voters' own:
-- ``error``: no voter's answer could be read (every draw or judge that answered carries an ``error``): the
-  vote then rests on no answer of the model. It counts them and gives the first voter's error. Some unreadable
-  voters are not an error: they abstain from the vote and the others decide.
-- ``fallback``: a tie rule of `rcarun.methods.voting` decided a field (``role_tied`` / ``step_tied``), or some
-  voters' answers were themselves decided in part by their base method's fallback (counted, with the first
-  one's text). Each voter's record in the output keeps its ``answer_error`` and ``fallback``.
+Both run an unchanged base method several times (samples on one backbone, or one judge per backbone) and vote
+each field with `rcarun.methods.voting`; paper 003 compares Continual Search against them. Failures, errors and
+fallbacks: ``docs/methods/ensembles.md``.
 """
 
 from __future__ import annotations
@@ -48,7 +26,7 @@ __all__ = ["JudgePanel", "JudgePanelOptions", "SelfConsistency", "SelfConsistenc
 
 
 class SelfConsistencyOptions(MethodOptions):
-    """Self-consistency's options table (module docstring).
+    """Self-consistency's options table (docs/methods/ensembles.md).
 
     Attributes:
         base: the single-judge method each draw runs (All-at-once by default).
@@ -73,7 +51,7 @@ class SelfConsistencyOptions(MethodOptions):
 
 
 class JudgePanelOptions(MethodOptions):
-    """The judge panel's options table (module docstring).
+    """The judge panel's options table (docs/methods/ensembles.md).
 
     Attributes:
         judges: the sweep's backbones that each run the base method once, in vote order (at least two, all

@@ -1,16 +1,7 @@
 """The `ForwardModel` a method that reads a model's internals receives: forward passes, not chat.
 
-SOAP (paper 004) never prompts a model for an answer; it reads the hidden states and attentions of a frozen
-open-weight model over a trajectory. That is a different door from `LLM` (which sends chat requests), so it gets
-its own narrow protocol here. Methods import neither torch nor the backend that implements it: they hand the
-model a list of text segments (the task, then steps) and receive, per segment, what the method needs in numpy
-arrays, already reduced on the model's side so that a 8,192-token pass never crosses this border as token-level
-tensors.
-
-Segments are tokenized one by one and concatenated inside one user turn of the model's chat template (no system
-prompt), so the tokens of a segment do not depend on the segments after it: with a causal model, the states and
-attentions of segment ``i`` in a pass over ``[s_0 … s_n]`` equal those in a pass over ``[s_0 … s_i]``. That is why
-one pass over a whole trajectory serves every step that fits in it.
+SOAP reads hidden states and attentions, not answers, so it gets its own narrow protocol beside `LLM`; arrays
+come back already reduced per segment. Why one causal pass serves every step that fits: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations

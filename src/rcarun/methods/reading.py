@@ -1,35 +1,8 @@
 """Agentic reading: the judge reads the trajectory through tools instead of getting the whole log inlined.
 
-Long logs overflow a judge's attention before they overflow its context: the Continual Search paper
-(``../shared/papers/003_*``) has the judge read evidence with tools and measures how much *new* evidence it reads.
-This module gives a method everything it needs for that, behind the `LLM` protocol only:
-
-- `TrajectoryReader`: three read-only tools over one trajectory, offered as OpenAI function specs —
-  ``read_steps(start, end)``, ``search(pattern, max_hits)`` and ``list_roles()``. It never raises on what a model
-  sends: an unknown tool, arguments that are not a JSON object or have the wrong types, a step range outside the
-  log or reversed, a pattern that is not a regular expression — each becomes a `ToolResult` whose error says what
-  is valid, so the model can correct itself in its next call.
-- `EvidenceLedger`: deduplicated evidence, counted in whitespace tokens after removing repeated 13-gram spans
-  (the paper's "deduplicated observation tokens", after Brown et al. 2020).
-- `converse_with_tools`: one turn of a tool conversation — call, run the requested tools, answer every call,
-  call again — with a cap on tool calls per turn.
-
-Choices the paper leaves open (documented here, tested in ``tests/methods/test_reading.py``):
-- Tool results are capped at ``max_result_chars`` (12,000 by default). ``read_steps`` returns whole steps in
-  order until the next would pass the cap and then says which steps to ask for next; a single step longer than
-  the cap is cut at the cap with the number of omitted characters stated (``search`` still looks through all of
-  it). ``search`` is case-insensitive, reports at most one hit per step (the first match, with the step's match
-  count) as a snippet of up to 160 characters either side, and takes at most 50 hits (default 10).
-- Evidence is what a tool returned of the trajectory's text: the contents of the steps ``read_steps`` showed and
-  the snippets ``search`` showed. Step headers, error texts and ``list_roles`` (agent names and step numbers)
-  are not evidence.
-- The cap counts tool calls *executed*. Calls beyond it get a tool message saying the budget is exhausted (every
-  call id is answered, as the API requires); once the budget is spent, the next request is sent with
-  ``tool_choice="none"`` after a user message asking for the final answer. If the model still asks for tools the
-  turn ends ``capped`` with that reply; its unanswerable calls are left out of the conversation handed back, so
-  a later turn can continue it.
-- Python's ``re`` has no time limit: a pathological pattern can be slow on a long log. Patterns are limited to
-  500 characters, which bounds the worst cases a model writes in practice but does not rule them out.
+`TrajectoryReader` (``read_steps``, ``search``, ``list_roles``; errors become tool results, never exceptions),
+`EvidenceLedger` (deduplicated evidence tokens, as paper 003 counts them) and `converse_with_tools` (one capped
+tool turn). The caps and the choices the paper leaves open are in ``docs/methods/common.md``.
 """
 
 from __future__ import annotations
@@ -372,7 +345,7 @@ async def converse_with_tools(
 
     Every tool call is answered by a ``tool`` message; at most ``max_tool_calls`` are executed, the rest are
     answered "budget exhausted", and once the budget is spent the model is asked for its final answer with
-    ``tool_choice="none"`` (see the module docstring).
+    ``tool_choice="none"`` (docs/methods/common.md).
 
     Raises:
         ValueError: ``max_tool_calls`` is below 1.

@@ -1,54 +1,8 @@
 """Step-by-step: walk the failed log from step 0 and stop at the first step judged to be the decisive error.
 
-The Who&When baseline (Zhang et al. 2025, notes in baselines.md §2.2) run under the LongRCA protocol (Sec. 5.1): at
-step ``i`` one call shows the task (whole, `rcarun.methods.context.task_text`: the record's ``question``, or on
-LongRCA records the instruction the loader derived from the opening step(s) of the history) and the log prefix
-``0..i`` (``[step k] agent: content`` lines), says that step ``i`` was taken by agent X, and asks whether step
-``i`` introduces the decisive error. The answer is a JSON object ``{"reason": str, "decisive_error": bool}`` (stage
-``"step_check"``). The walk stops at the first ``true``: the predicted root step is ``i`` and the predicted
-responsible role is the agent of step ``i`` — the role is the speaker of the flagged step, as in the original, so
-role and step are always consistent and the role is never judged on its own. Both are still emitted as separate
-fields and validated like any method's. If no step is flagged, the method abstains (no role, no step), which
-scoring counts as an error on both targets, as the original's missing prediction was.
-
-Where the protocol differs from the original:
-- JSON answers with a declared schema instead of a ``1. Yes/No`` line matched by prefix.
-- No ground-truth final answer by default (the original hard-wired it); ``include_ground_truth=True`` adds a
-  ``Correct final answer: ...`` line after the task when the trajectory records one.
-- Stable 0-based step ids ``[step k]`` (the original's ``Step k - agent:`` is the same idea in another format).
-
-Choices where the papers are silent (each an option where cheap):
-- Malformed answers — not a JSON object, or ``decisive_error`` missing or not a JSON boolean (the string
-  ``"true"`` is not repaired) — count as "no" and the walk continues, as the original continued on replies it
-  did not recognise. Each one is recorded as verdict ``"malformed"`` with the parse error and the start of the
-  raw text. A missing ``reason`` alone does not make an answer malformed: the verdict needs only the boolean.
-- ``max_tokens=1024``: the original's output budget; the answer is one sentence and a boolean. A length stop is
-  retried with a doubled budget by the run's stage policy (the session), not here.
-- ``temperature=0``, as for every LongRCA attribution call (the original used the provider default).
-- ``max_steps=None`` (default) walks the whole log, as the original does (baselines.md §2.2: it walks until the
-  first "yes" or the end) and as the LongRCA runs must: LongRCA logs reach 728 steps, and a walk stopped early
-  abstains on every trajectory whose root lies beyond the bound. A positive value stops the walk after that many
-  steps (an abstention recorded as ``stopped="max_steps"``) to bound the quadratic cost in screening runs that
-  say so; it is not the paper's setting.
-- Long logs: each prefix goes through the same context policy as All-at-once (`rcarun.methods.context`): when a
-  prefix does not fit, every shown step keeps its id and agent and contents above a common character cap are cut
-  in the middle. The newest step is capped like the others (one rule for every step). The original never
-  truncated. Per step the applied cap is recorded; ``truncation`` in the output summarises all prompts.
-- Reasons kept in the output are cut to 500 characters, raw texts of malformed answers to 500: the output stays
-  compact on logs with hundreds of steps (the full replies are in the calls table).
-
-Unreadable answers and fallbacks (``Attribution.error`` / ``fallback``):
-- ``fallback`` is set whenever a malformed verdict was counted as "no" (the original's rule for replies it did
-  not recognise): the walk went on past that step, so the rule, not the model, decided that it was not the
-  root, and with it where the walk stopped (or that it abstained). The text says at how many of the checked
-  steps.
-- ``error`` is set when no verdict of the walk could be read at all (every checked step malformed): the
-  abstention then rests on no answer of the model. It names how many and the first parse error. A walk with at
-  least one readable verdict has no error, and an abstention because no step was flagged (or ``max_steps`` was
-  reached) is the model's own verdict.
-
-Cost: up to ``n`` calls whose prompts grow with the prefix, so prompt tokens grow quadratically with the log;
-`estimate_calls_and_prompt_tokens` gives the worst case (no early stop) without calling a model.
+The Who&When baseline (baselines.md §2.2) under the LongRCA protocol: one ``step_check`` call per prefix, the
+role is the speaker of the flagged step, no flag is an abstention. Differences from the original, options and
+fallbacks: ``docs/methods/step-by-step.md``.
 """
 
 from __future__ import annotations
@@ -62,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveInt
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, CostBound, Method, abstention, speaker_attribution
 from rcarun.methods.context import (
     FittedPrompt,
@@ -109,7 +63,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
 """The answer of one ``step_check`` call: reason first, so the model explains before it commits."""
 
 
-class StepByStepOptions(MethodOptions):
+class StepByStepOptions(JudgeOptions):
     """Step-by-step's options table (a sweep's ``options`` for the method).
 
     Attributes:
@@ -123,18 +77,11 @@ class StepByStepOptions(MethodOptions):
         stage: the stage name the calls are recorded under.
     """
 
-    max_tokens: PositiveInt = 1024
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
+    method_name = _NAME
+
     truncation: TruncationPolicy = "cap-steps"
     max_steps: PositiveInt | None = None
     stage: Annotated[str, Field(min_length=1)] = "step_check"
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> StepByStepOptions:
-        return parse_options(_NAME, cls, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,7 @@
 """Majority vote over several attributions of one trajectory (self-consistency, judge panels).
 
-Self-consistency (Wang et al. 2022) and a heterogeneous judge panel (Verga et al. 2024) both reduce several
-independent answers to one by majority. The LongRCA protocol scores the responsible role and the root step
-independently (paper Sec. 3.1), so each field is voted on its own: the winning role need not be the speaker of
-the winning step, exactly as a one-shot answer's two fields need not agree.
-
-Rules (choices where the papers are silent; each is stated in the output):
-- Only valid values vote: a role that is one of the recorded agents, a step inside the trajectory. An invalid or
-  missing field is an abstention for that field, never repaired or guessed.
-- The value with the most votes wins. Ties go by ``tie_break``:
-  ``"first-voter"`` (default): the tied value given by the earliest voter in order (sample 0 before sample 1;
-  judges in the order the config lists them) — independent of the values themselves;
-  ``"earliest-step"``: a step tie goes to the smallest tied step (the root cause is the earliest decisive
-  error), and a role tie to the first voter as above.
-- A field no voter answered validly has no winner: the prediction's field is None and invalid.
-- The prediction abstains only when every voter abstained.
+Role and step are voted separately (the protocol scores them independently); only valid values vote; ties go
+by ``tie_break``. The rules: ``docs/methods/ensembles.md``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""The simulator in a child process, so the benchmark's client and the server each get a core.
+"""A loopback server in a child process, so that a benchmark's client and the server each get a core.
 
-`MockProcess` starts ``python -m rcarun.mock --config-json ... --port 0``, reads the address from the child's
-first stdout line, checks that it answers, and terminates it on exit. The child also exits when its stdin
-closes, so a parent that dies without cleaning up leaves no server behind. An API key in the config never
-appears on the child's command line: it travels in an environment variable.
+`ServerProcess` starts a ``python -m MODULE --port 0 --watch-stdin ...`` child, reads the address from its first
+stdout line (``{"base_url": ..., "port": ...}``), waits until it answers and terminates it on exit. The child
+also exits when its stdin closes, so a parent that dies without cleaning up leaves no server behind.
+`MockProcess` is the simulator run that way; the benchmarks' window server (benchmarks/rcarun_bench) is another.
+An API key in the simulator's config never appears on the child's command line: it travels in an environment
+variable.
 """
 
 from __future__ import annotations
@@ -18,38 +20,47 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from .config import MockConfig
 from .stats import MockStats
 
-__all__ = ["MockProcess", "MockStartError"]
+__all__ = ["MockProcess", "MockStartError", "ServerProcess", "child_environment"]
 
 _KEY_VARIABLE = "RCARUN_MOCK_API_KEY"
 _STDERR_TAIL_CHARS = 4000
+# The directory that holds the `rcarun` package (src/ in a checkout).
+_RCARUN_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class MockStartError(RuntimeError):
-    """The simulator process did not come up (its stderr tail is in the message)."""
+    """A server process did not come up (its stderr tail is in the message)."""
 
 
-class MockProcess:
-    """The simulator running in its own process.
+def child_environment(roots: Iterable[str] = ()) -> dict[str, str]:
+    """This process's environment with ``roots`` and rcarun's own root first on ``PYTHONPATH``, so that a child
+    imports this very code, installed or not."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*roots, _RCARUN_ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
 
-    Use as ``with MockProcess(config) as mock:`` (or ``async with``) and point a client at ``mock.base_url``.
+
+class ServerProcess:
+    """A server in a child process (``with`` or ``async with``); subclasses say what to run in `command`.
 
     Args:
-        config: how the simulated backbone behaves.
+        label: how messages name the server ("mock server process").
+        probe_path: a GET path that answers once the server is up.
         host: a loopback address.
         startup_timeout_s: how long to wait for the child to listen and answer.
     """
 
-    def __init__(
-        self, config: MockConfig | None = None, *, host: str = "127.0.0.1", startup_timeout_s: float = 20.0
-    ) -> None:
-        self.config = config if config is not None else MockConfig()
+    def __init__(self, label: str, probe_path: str, *, host: str, startup_timeout_s: float) -> None:
+        self.label = label
+        self.probe_path = probe_path
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
@@ -57,23 +68,27 @@ class MockProcess:
         self._base_url: str | None = None
         self._port: int | None = None
 
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The child's command line and environment."""
+        raise NotImplementedError
+
     @property
     def pid(self) -> int:
         if self._process is None:
-            raise RuntimeError("the mock process is not started")
+            raise RuntimeError(f"the {self.label} is not started")
         return self._process.pid
 
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RuntimeError("the mock process is not started")
+            raise RuntimeError(f"the {self.label} is not started")
         return self._port
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL, ``http://HOST:PORT/v1``."""
         if self._base_url is None:
-            raise RuntimeError("the mock process is not started")
+            raise RuntimeError(f"the {self.label} is not started")
         return self._base_url
 
     @property
@@ -91,17 +106,8 @@ class MockProcess:
             MockStartError: the child exited, printed something unexpected or did not answer in time.
         """
         if self._process is not None:
-            raise RuntimeError("the mock process is already started")
-        config_values = self.config.to_dict()
-        env = dict(os.environ)
-        command = [sys.executable, "-m", "rcarun.mock", "--host", self.host, "--port", "0", "--watch-stdin"]
-        if config_values.pop("api_key") is not None:
-            env[_KEY_VARIABLE] = str(self.config.api_key)
-            command += ["--api-key-env", _KEY_VARIABLE]
-        command += ["--config-json", json.dumps(config_values, separators=(",", ":"))]
-        # The child must import this very package, installed or not.
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+            raise RuntimeError(f"the {self.label} is already started")
+        command, env = self.command()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child, closed in stop()
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
@@ -137,25 +143,7 @@ class MockProcess:
         self._base_url = None
         self._port = None
 
-    def stats(self) -> MockStats:
-        """The child's counters (``GET /mock/stats``)."""
-        return MockStats.from_dict(self._call("GET", "/mock/stats"))
-
-    def request_log(self) -> dict[str, Any]:
-        """The child's request log (``GET /mock/log``); see `MockServer.request_log`."""
-        return self._call("GET", "/mock/log")
-
-    def reset(self) -> None:
-        """Zero the child's counters and restore its limits (``POST /mock/reset``)."""
-        self._call("POST", "/mock/reset")
-
-    async def astats(self) -> MockStats:
-        return await asyncio.to_thread(self.stats)
-
-    async def areset(self) -> None:
-        await asyncio.to_thread(self.reset)
-
-    def __enter__(self) -> MockProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -167,7 +155,7 @@ class MockProcess:
     ) -> None:
         self.stop()
 
-    async def __aenter__(self) -> MockProcess:
+    async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)
         return self
 
@@ -178,8 +166,6 @@ class MockProcess:
         traceback: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.stop)
-
-    # -------------------------------------------------------------------------------------------- internals
 
     def _read_announcement(self, deadline: float) -> dict[str, Any]:
         process = self._process
@@ -202,7 +188,7 @@ class MockProcess:
     def _wait_until_answering(self, deadline: float) -> None:
         while True:
             try:
-                self._call("GET", "/mock/stats", timeout_s=1.0)
+                self._call("GET", self.probe_path, timeout_s=1.0)
                 return
             except (OSError, urllib.error.URLError) as exc:
                 if time.monotonic() > deadline or not self.running:
@@ -223,4 +209,50 @@ class MockProcess:
             self._stderr.flush()
             self._stderr.seek(0)
             tail = self._stderr.read().decode(errors="replace")[-_STDERR_TAIL_CHARS:]
-        return f"mock server process {what}" + (f"; its stderr ends with:\n{tail}" if tail.strip() else "")
+        return f"{self.label} {what}" + (f"; its stderr ends with:\n{tail}" if tail.strip() else "")
+
+
+class MockProcess(ServerProcess):
+    """The simulator running in its own process.
+
+    Use as ``with MockProcess(config) as mock:`` (or ``async with``) and point a client at ``mock.base_url``.
+
+    Args:
+        config: how the simulated backbone behaves.
+        host: a loopback address.
+        startup_timeout_s: how long to wait for the child to listen and answer.
+    """
+
+    def __init__(
+        self, config: MockConfig | None = None, *, host: str = "127.0.0.1", startup_timeout_s: float = 20.0
+    ) -> None:
+        super().__init__("mock server process", "/mock/stats", host=host, startup_timeout_s=startup_timeout_s)
+        self.config = config if config is not None else MockConfig()
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        config_values = self.config.to_dict()
+        env = child_environment()
+        command = [sys.executable, "-m", "rcarun.mock", "--host", self.host, "--port", "0", "--watch-stdin"]
+        if config_values.pop("api_key") is not None:
+            env[_KEY_VARIABLE] = str(self.config.api_key)
+            command += ["--api-key-env", _KEY_VARIABLE]
+        command += ["--config-json", json.dumps(config_values, separators=(",", ":"))]
+        return command, env
+
+    def stats(self) -> MockStats:
+        """The child's counters (``GET /mock/stats``)."""
+        return MockStats.from_dict(self._call("GET", "/mock/stats"))
+
+    def request_log(self) -> dict[str, Any]:
+        """The child's request log (``GET /mock/log``); see `MockServer.request_log`."""
+        return self._call("GET", "/mock/log")
+
+    def reset(self) -> None:
+        """Zero the child's counters and restore its limits (``POST /mock/reset``)."""
+        self._call("POST", "/mock/reset")
+
+    async def astats(self) -> MockStats:
+        return await asyncio.to_thread(self.stats)
+
+    async def areset(self) -> None:
+        await asyncio.to_thread(self.reset)

@@ -1,22 +1,10 @@
 """A managed backbone's replicas: start one ``vllm serve`` per GPU group, check them, keep them up, stop them.
 
-A self-hosted run used to depend on servers started by hand, whose model and context length nobody checked and
-whose version nobody recorded. `ManagedReplicas` owns the processes instead: it starts every replica in a
-process group of its own (vLLM's engine and workers are child processes; a group signal reaches them all),
-led by a guard (`rcarun.serving.guard`) that ends the group when rcarun dies without a word (SIGKILL, the OOM
-killer). It refuses a port some other process holds, in one line naming it, and ends a replica left there by
-a killed rcarun (`rcarun.serving.ports`: every replica carries its rcarun's identity); it waits for
-``/health`` and then ``/v1/models`` within ``startup_timeout_s`` (a replica that exits or stays silent fails
-the start with one line ending in its log's last lines), checks that the socket answering belongs to the
-replica's own process group, refuses a replica whose served model or ``max_model_len`` is not what the
-backbone says, and records the server's version (``GET /version``, vLLM's, or ``COMMAND --version``) with
-every command line.
-
-While it runs, a replica that dies is reported (``on_availability(index, False)``, so the balancer sends it
-nothing), its group is killed (orphaned workers hold GPU memory), and it is started again on the same GPUs and
-port up to ``restarts`` times. On the way out, on every path (an error, a cancel, Ctrl-C), each group gets
-SIGTERM, then SIGKILL after ``grace_s``; `kill_now` is the synchronous last resort for a process about to
-exit at once.
+Each replica runs in a process group of its own under a guard that ends it if rcarun dies (`replica`). A start
+claims the port (`ports`), waits for ``/health`` and ``/v1/models``, checks the served model and
+``max_model_len`` against the config, and records the server's version. A replica that dies is reported, its
+group killed and restarted up to ``restarts`` times; on every way out each group gets SIGTERM, then SIGKILL.
+Details: docs/reliability.md ("Managed replicas").
 """
 
 from __future__ import annotations
@@ -26,51 +14,28 @@ import contextlib
 import json
 import os
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 
-from rcarun.errors import RcarunError
-from rcarun.serving import guard
-from rcarun.serving.ports import (
-    MARKER,
-    PortHolder,
-    end_marked,
-    port_free,
-    port_holders,
-    process_identity,
-    running,
-)
-from rcarun.serving.spec import ReplicaPlan, ServeSpec
+from rcarun.serving.ports import MARKER, choose_ports, claim_port, process_identity, stranger_on
+from rcarun.serving.replica import Replica
+from rcarun.serving.spec import ServeError, ServeSpec
 
 __all__ = ["FleetRecord", "ManagedReplicas", "ServeError", "ServedReplica", "replica_log_dir"]
 
-_LOG_TAIL_LINES = 6
-_LOG_TAIL_CHARS = 1200
 _PROBE_TIMEOUT_S = 2.0
 _VERSION_TIMEOUT_S = 60.0
-# How long a server SIGKILLed with its group may take to end after its guard has (they die in either order).
-_SERVER_GONE_S = 2.0
-# How long the processes of a stale replica, once SIGKILLed, may take to end and close their sockets.
-_STALE_GONE_S = 10.0
-# How long a port whose socket no visible process holds may take to close (its holder was exiting).
-_HOLDER_EXITING_S = 1.0
 # A shell's VLLM_API_KEY would make every replica require a key the client does not send: the replicas get a
 # key only from api_key_env, the one the client sends too.
 _SERVER_KEY = "VLLM_API_KEY"
 
 EventSink = Callable[[str, dict[str, Any]], None]
-
-
-class ServeError(RcarunError):
-    """A managed replica did not come up, or serves something other than its backbone's config says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,141 +92,16 @@ class _Card:
     max_model_len: int | None
 
 
-class _Replica:
-    """One replica: its guard (the process-group leader, `process`), the server under it (`pid`), its log file."""
-
-    def __init__(self, plan: ReplicaPlan, spec: ServeSpec, env: dict[str, str]) -> None:
-        self.plan = plan
-        self.spec = spec
-        self.env = env
-        self.log_path = spec.log_dir / f"{spec.backbone}-{plan.index}.log"
-        self.process: asyncio.subprocess.Process | None = None
-        self.pid: int | None = None
-        self._log: IO[bytes] | None = None
-
-    @property
-    def root_url(self) -> str:
-        host = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
-        return f"http://{host}:{self.plan.port}"
-
-    @property
-    def label(self) -> str:
-        gpus = ",".join(str(gpu) for gpu in self.plan.gpus)
-        return f"replica {self.plan.index} (GPUs {gpus}, port {self.plan.port})"
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
-    async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self._log is not None:
-            self._log.close()
-        # Held for the process's life (its stdout and stderr), closed in close().
-        self._log = self.log_path.open("ab")
-        self._log.write(f"=== rcarun: {' '.join(self.plan.argv)}\n".encode())
-        self._log.flush()
-        env = {**self.env, "CUDA_VISIBLE_DEVICES": self.plan.cuda_visible_devices}
-        self.pid = None
-        # The guard reads nothing of rcarun (-I: no PYTHONPATH, no user site); the replica gets env as it is.
-        argv = [
-            sys.executable,
-            "-I",
-            guard.__file__,
-            "--owner",
-            str(os.getpid()),
-            "--grace",
-            f"{self.spec.grace_s:g}",
-        ]
-        self.process = await asyncio.create_subprocess_exec(
-            *argv,
-            "--",
-            *self.plan.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,  # one line: the replica's pid, or why it could not be run
-            stderr=self._log,  # the guard's own lines and the replica's output
-            env=env,
-            start_new_session=True,  # its own process group: one signal reaches vLLM's workers too
-        )
-        assert self.process.stdout is not None
-        word, _, rest = (await self.process.stdout.readline()).decode(errors="replace").strip().partition(" ")
-        if word == "pid" and rest.isdigit():
-            self.pid = int(rest)
-            return
-        status = await self.process.wait()
-        where = f"backbone {self.spec.backbone!r}: cannot start {self.label}"
-        if word == "error":
-            raise ServeError(
-                f"{where}: {self.plan.argv[0]}: {rest}; install vLLM or set [backbones.X.serve] command"
-            )
-        raise ServeError(
-            f"{where}: its guard exited with status {status}; the log {self.log_path} ends: {self.log_tail()}"
-        )
-
-    def signal_group(self, signum: int) -> None:
-        process = self.process
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signum)
-
-    async def stop(self, grace_s: float) -> None:
-        """SIGTERM to the group, SIGKILL after ``grace_s``, then SIGKILL again for children left behind; returns
-        once the server has ended (its guard may be reaped first)."""
-        process = self.process
-        if process is None:
-            return
-        if process.returncode is None:
-            self.signal_group(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except TimeoutError:
-                self.signal_group(signal.SIGKILL)
-                await process.wait()
-        self.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + _SERVER_GONE_S
-        while self.pid is not None and running(self.pid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        self.close()
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def log_tail(self) -> str:
-        """The log's last lines on one line (`` | `` between them), for a one-line message."""
-        try:
-            with self.log_path.open("rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 16_384))
-                text = handle.read().decode(errors="replace")
-        except OSError:
-            return "(no log)"
-        lines = [line.strip() for line in text.splitlines() if line.strip()][-_LOG_TAIL_LINES:]
-        tail = " | ".join(lines)
-        return tail[-_LOG_TAIL_CHARS:] if tail else "(empty log)"
-
-
 class ManagedReplicas:
-    """A backbone's replicas for the length of an ``async with``.
-
-    Args:
-        spec: what to serve and how.
-        on_event: hears ``stale_replica_ended``, ``replica_died``, ``replica_restarted``, ``replica_lost`` with a
-            detail dict.
-        poll_s: interval of the start-up probes.
-
-    Attributes:
-        on_availability: told ``(index, False)`` when a replica dies and ``(index, True)`` when it is back.
-    """
+    """A backbone's replicas for the length of an ``async with``; ``on_event`` hears ``replica_died`` and the
+    like, ``on_availability`` is told ``(index, up)``; ``poll_s`` paces the start-up probes."""
 
     def __init__(self, spec: ServeSpec, *, on_event: EventSink | None = None, poll_s: float = 0.1) -> None:
         self.spec = spec
         self.on_availability: Callable[[int, bool], None] | None = None
         self._on_event = on_event
         self._poll_s = poll_s
-        self._replicas: list[_Replica] = []
+        self._replicas: list[Replica] = []
         self._supervisors: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._headers: dict[str, str] = {}
@@ -320,12 +160,8 @@ class ManagedReplicas:
         await self.stop()
 
     async def start(self) -> None:
-        """Start every replica, wait until each answers and matches the config, then supervise them.
-
-        Raises:
-            ServeError: a replica could not start, did not answer within ``startup_timeout_s``, or serves
-                another model or context length (every replica started is stopped first).
-        """
+        """Start every replica, wait until each answers and matches the config, then supervise them; on a
+        `ServeError` every replica started is stopped first."""
         spec = self.spec
         env = {name: value for name, value in os.environ.items() if name != _SERVER_KEY}
         env.update(spec.env)
@@ -338,8 +174,8 @@ class ManagedReplicas:
                 )
             env[_SERVER_KEY] = key
             self._headers = {"Authorization": f"Bearer {key}"}
-        ports = _ports(spec)
-        self._replicas = [_Replica(plan, spec, env) for plan in spec.plan(ports)]
+        ports = choose_ports(spec.host, spec.port_base, spec.replicas)
+        self._replicas = [Replica(plan, spec, env) for plan in spec.plan(ports)]
         self.restarts_used = [0] * len(self._replicas)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S))
         try:
@@ -382,11 +218,7 @@ class ManagedReplicas:
             raise
 
     async def stop(self) -> None:
-        """Stop every replica (SIGTERM, SIGKILL after ``grace_s``); safe to call twice and on any path.
-
-        A cancel while waiting out the grace period (a second Ctrl-C) kills every group at once instead, so no
-        replica outlives the call.
-        """
+        """Stop every replica (SIGTERM, SIGKILL after ``grace_s``; a cancel meanwhile kills at once); idempotent."""
         self._closing = True
         try:
             await asyncio.shield(self._stop())
@@ -423,75 +255,37 @@ class ManagedReplicas:
 
     # -------------------------------------------------------------------------------------------- internals
 
-    async def _claim_port(self, replica: _Replica) -> None:
-        """Make sure ``replica``'s port is free: end a replica a killed rcarun left there, refuse anything else.
+    async def _claim_port(self, replica: Replica) -> None:
+        """Free ``replica``'s port of a stale replica, or refuse whoever else holds it (`ports.claim_port`)."""
+        index, port = replica.plan.index, replica.plan.port
 
-        Raises:
-            ServeError: the port is held by a process that is not a stale replica (one line naming it).
-        """
-        host, port = self.spec.host, replica.plan.port
-        if await asyncio.to_thread(port_free, host, port):
-            return
-        where = f"backbone {self.spec.backbone!r}: {replica.label}: port {port} is already in use"
-        holders = await asyncio.to_thread(port_holders, host, port)
-        if holders is None:
-            raise ServeError(f"{where}; stop what listens there or change port_base")
-        if not holders:
-            # A process dying at this moment still shows its socket but no longer its descriptors.
-            if await self._port_freed(host, port, _HOLDER_EXITING_S):
-                return
-            raise ServeError(f"{where} by a process this user cannot see; stop it or change port_base")
-        live = [holder for holder in holders if not holder.stale]
-        if live:
-            raise ServeError(f"{where} by {_who(live[0])}; stop it or change port_base")
-        ended: list[int] = []
-        for owner in sorted({holder.owner for holder in holders if holder.owner is not None}):
-            pids = await asyncio.to_thread(end_marked, owner)
-            ended += pids
+        def ended(owner: str, pids: list[int], command: str) -> None:
+            killed = owner.partition(":")[0]
             self._event(
                 "stale_replica_ended",
-                index=replica.plan.index,
+                index=index,
                 port=port,
-                killed_rcarun=owner.partition(":")[0],
+                killed_rcarun=killed,
                 pids=pids,
-                command=holders[0].command,
-            )
-        # Every process ended, not only this port's holder, so that the next replica's port is free too.
-        deadline = time.monotonic() + _STALE_GONE_S
-        while any(running(pid) for pid in ended) and time.monotonic() < deadline:
-            await asyncio.sleep(self._poll_s)
-        if not await self._port_freed(host, port, max(0.0, deadline - time.monotonic())):
-            raise ServeError(
-                f"{where}: a stale replica's socket is still open {_STALE_GONE_S:g} s after SIGKILL"
+                command=command,
             )
 
-    async def _port_freed(self, host: str, port: int, within_s: float) -> bool:
-        """Whether ``host:port`` is free now or becomes free within ``within_s`` seconds."""
-        deadline = time.monotonic() + within_s
-        while not await asyncio.to_thread(port_free, host, port):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(self._poll_s)
-        return True
+        where = f"backbone {self.spec.backbone!r}: {replica.label}: port {port} is already in use"
+        await claim_port(self.spec.host, port, where, poll_s=self._poll_s, on_ended=ended)
 
-    async def _check_own(self, replica: _Replica) -> None:
+    async def _check_own(self, replica: Replica) -> None:
         """Fail unless the socket answering on ``replica``'s port belongs to its process group (Linux)."""
         process = replica.process
         assert process is not None
-        holders = await asyncio.to_thread(port_holders, self.spec.host, replica.plan.port)
-        if holders is None:
-            return  # no /proc: its exit, looked at before every probe, is what is known
-        strangers = [holder for holder in holders if holder.pgid != process.pid]
-        if holders and not strangers:
+        who = await asyncio.to_thread(stranger_on, self.spec.host, replica.plan.port, process.pid)
+        if who is None:
             return
-        who = _who(strangers[0]) if strangers else "a process this user cannot see"
-        raise ServeError(
-            f"backbone {self.spec.backbone!r}: {replica.label} answers /health, but the server on port "
-            f"{replica.plan.port} is {who}, not this replica; stop it or change port_base; its log "
-            f"{replica.log_path} ends: {replica.log_tail()}"
+        raise replica.failed(
+            f"answers /health, but the server on port {replica.plan.port} is {who}, not this replica; "
+            "stop it or change port_base"
         )
 
-    async def _wait_ready(self, replica: _Replica) -> _Card:
+    async def _wait_ready(self, replica: Replica) -> _Card:
         """Wait for ``/health`` then read and check ``/v1/models``, within ``startup_timeout_s``."""
         spec = self.spec
         deadline = time.monotonic() + spec.startup_timeout_s
@@ -500,15 +294,11 @@ class ManagedReplicas:
         while True:
             process = replica.process
             if process is not None and process.returncode is not None:
-                raise ServeError(
-                    f"backbone {spec.backbone!r}: {replica.label} exited with status {process.returncode} "
-                    f"before answering /health; its log {replica.log_path} ends: {replica.log_tail()}"
-                )
+                raise replica.failed(f"exited with status {process.returncode} before answering /health")
             if time.monotonic() > deadline:
-                raise ServeError(
-                    f"backbone {spec.backbone!r}: {replica.label} did not answer /health within "
-                    f"startup_timeout_s = {spec.startup_timeout_s:g} s (raise it for a large model); its log "
-                    f"{replica.log_path} ends: {replica.log_tail()}"
+                raise replica.failed(
+                    f"did not answer /health within startup_timeout_s = {spec.startup_timeout_s:g} s "
+                    "(raise it for a large model)"
                 )
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 async with session.get(f"{replica.root_url}/health") as response:
@@ -521,10 +311,7 @@ class ManagedReplicas:
                 status = response.status
                 body = await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ServeError(
-                f"backbone {spec.backbone!r}: {replica.label} answered /health but not /v1/models ({exc}); "
-                f"its log {replica.log_path} ends: {replica.log_tail()}"
-            ) from None
+            raise replica.failed(f"answered /health but not /v1/models ({exc})") from None
         if status != 200:
             raise ServeError(
                 f"backbone {spec.backbone!r}: {replica.label} answered /v1/models with HTTP {status} "
@@ -532,7 +319,7 @@ class ManagedReplicas:
             )
         return self._check_card(replica, body)
 
-    def _check_card(self, replica: _Replica, body: bytes) -> _Card:
+    def _check_card(self, replica: Replica, body: bytes) -> _Card:
         spec = self.spec
         try:
             cards = json.loads(body)["data"]
@@ -593,7 +380,7 @@ class ManagedReplicas:
         if self.on_availability is not None:
             self.on_availability(index, up)
 
-    async def _supervise(self, replica: _Replica) -> None:
+    async def _supervise(self, replica: Replica) -> None:
         """Restart ``replica`` each time it dies, up to ``restarts`` times; report what happens."""
         index = replica.plan.index
         while True:
@@ -631,33 +418,6 @@ class ManagedReplicas:
                 down_s=round(time.monotonic() - died_at, 3),
                 pid=replica.pid,
             )
-
-
-def _who(holder: PortHolder) -> str:
-    """A port's holder in a few words: which process, and whose replica it is if it is one."""
-    if holder.owner is None:
-        return f"{holder.describe()}, which rcarun did not start"
-    rcarun_pid = holder.owner.partition(":")[0]
-    if rcarun_pid == str(os.getpid()):
-        return f"{holder.describe()}, a process of this rcarun's replicas"
-    return f"{holder.describe()}, a replica of rcarun pid {rcarun_pid}, which still runs"
-
-
-def _ports(spec: ServeSpec) -> tuple[int, ...]:
-    """``port_base + i`` per replica, or free ports the system hands out (all held open while choosing)."""
-    if spec.port_base is not None:
-        return tuple(spec.port_base + index for index in range(spec.replicas))
-    family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
-    sockets = []
-    try:
-        for _ in range(spec.replicas):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((spec.host, 0))
-        return tuple(int(sock.getsockname()[1]) for sock in sockets)
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def replica_log_dir(base: Path) -> Path:

@@ -1,22 +1,8 @@
 """The process between rcarun and one replica: it ends the replica's process group when rcarun dies.
 
-rcarun stops its replicas on every way out it sees (SIGTERM to each process group, SIGKILL after ``grace_s``),
-but SIGKILL or the OOM killer gives it none, and the replicas (session leaders of their own, holding GPUs and
-ports) would run on. So rcarun starts each replica under this guard, the leader of the replica's process
-group::
-
-    python -I .../rcarun/serving/guard.py --owner RCARUN_PID --grace S -- vllm serve ...
-
-The guard starts the command as its child in its own group (on Linux with ``PR_SET_PDEATHSIG`` = SIGTERM, so
-that a guard killed alone still ends it), writes ``pid N`` (or ``error TEXT`` when the command cannot be run)
-on stdout for rcarun, and waits. When its parent is no longer ``--owner`` (rcarun is gone: looked at before
-starting and every `POLL_S` seconds; reparenting happens at the parent's death, whatever killed it and
-whichever of its threads started the guard) it sends SIGTERM to the group and SIGKILL after ``--grace``
-seconds, itself included. When the child exits, the guard exits with its status (a signal as that signal).
-SIGTERM sent to the group, rcarun's own stop, reaches the child; the guard goes on waiting for the child.
-
-Standard library only, and run by path in isolated mode, so that it starts in tens of milliseconds without
-importing rcarun.
+SIGKILL or the OOM killer gives rcarun no chance to stop its replicas, so each runs under this guard, which ends
+the group once its parent is no longer ``--owner``. Standard library only, run by path in isolated mode, so it
+starts fast. How it works: docs/reliability.md ("The replica guard").
 """
 
 from __future__ import annotations
@@ -77,10 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _wake_on_signals() -> int:
-    """A pipe that SIGCHLD and SIGTERM write to, so that a wait wakes at once; returns its read end.
-
-    Handlers, not SIG_IGN: a handler is reset by exec, so the child still gets SIGTERM's default action.
-    """
+    """A pipe SIGCHLD and SIGTERM write to, so a wait wakes at once (handlers, reset by exec for the child)."""
     read, write = os.pipe()
     os.set_blocking(read, False)
     os.set_blocking(write, False)

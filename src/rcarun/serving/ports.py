@@ -1,16 +1,13 @@
 """Who holds a TCP port, and whose replica a process is: the identity checks behind managed replicas.
 
-A port that answers ``/health`` proves nothing about who answers: an orphan of a killed run, or any other
-server, may hold it. So every replica rcarun starts carries `MARKER` in its environment (rcarun's pid and its
-start time: a pid alone may be reused), and on Linux the listening socket of a port is found in
-``/proc/net/tcp`` and ``tcp6`` and its processes among ``/proc/*/fd`` (only this user's processes can be seen;
-someone else's server shows as a socket without a holder). That tells a replica of this run from one left by a
-run that no longer exists, and both from a server of someone else's. Where ``/proc`` is missing the holders
-are unknown (None) and the callers say so.
+A port that answers ``/health`` proves nothing about who answers, so every replica carries `MARKER` (rcarun's
+pid and start time) in its environment, and on Linux a port's holders are found through ``/proc``; where it is
+missing they are unknown (None). Why: docs/reliability.md ("Managed replicas").
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import ipaddress
@@ -18,18 +15,26 @@ import os
 import signal
 import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from rcarun.serving.spec import ServeError
 
 __all__ = [
     "MARKER",
     "PortHolder",
+    "choose_ports",
+    "claim_port",
     "end_marked",
     "identity_alive",
     "port_free",
     "port_holders",
     "process_identity",
     "running",
+    "stranger_on",
+    "who",
 ]
 
 MARKER = "RCARUN_REPLICA_OF"
@@ -38,6 +43,10 @@ MARKER = "RCARUN_REPLICA_OF"
 _PROC = Path("/proc")
 _LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
 _COMMAND_CHARS = 160
+# How long the processes of a stale replica, once SIGKILLed, may take to end and close their sockets.
+_STALE_GONE_S = 10.0
+# How long a port whose socket no visible process holds may take to close (its holder was exiting).
+_HOLDER_EXITING_S = 1.0
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -105,12 +114,8 @@ def port_free(host: str, port: int) -> bool:
 
 
 def port_holders(host: str, port: int) -> list[PortHolder] | None:
-    """The processes holding a socket that listens on ``port`` at ``host``'s address or at a wildcard.
-
-    Returns:
-        One entry per process that this user may see; an empty list when the socket's holder cannot be seen
-        (another user's process) or nothing listens; None where ``/proc`` is missing (not Linux).
-    """
+    """The processes this user may see holding a socket listening on ``port`` at ``host`` or a wildcard ([] for
+    none seen, None without ``/proc``)."""
     inodes = _listening_inodes(host, port)
     if inodes is None:
         return None
@@ -130,11 +135,7 @@ def port_holders(host: str, port: int) -> list[PortHolder] | None:
 
 
 def end_marked(owner: str) -> list[int]:
-    """SIGKILL every process whose `MARKER` names ``owner`` (a replica's leader, its workers, its guard).
-
-    Returns:
-        The pids signalled.
-    """
+    """SIGKILL every process whose `MARKER` names ``owner``; return the pids signalled."""
     ended = []
     for pid in _pids():
         if _marker(pid) == owner:
@@ -142,6 +143,86 @@ def end_marked(owner: str) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(pid)
     return ended
+
+
+def who(holder: PortHolder) -> str:
+    """A port's holder in a few words: which process, and whose replica it is if it is one."""
+    if holder.owner is None:
+        return f"{holder.describe()}, which rcarun did not start"
+    rcarun_pid = holder.owner.partition(":")[0]
+    if rcarun_pid == str(os.getpid()):
+        return f"{holder.describe()}, a process of this rcarun's replicas"
+    return f"{holder.describe()}, a replica of rcarun pid {rcarun_pid}, which still runs"
+
+
+def stranger_on(host: str, port: int, pgid: int) -> str | None:
+    """Who, other than process group ``pgid``, holds the socket on ``host:port``; None when only that group
+    does, or where ``/proc`` is missing (then a replica's exit is all that is known)."""
+    holders = port_holders(host, port)
+    if holders is None:
+        return None
+    strangers = [holder for holder in holders if holder.pgid != pgid]
+    if holders and not strangers:
+        return None
+    return who(strangers[0]) if strangers else "a process this user cannot see"
+
+
+def choose_ports(host: str, port_base: int | None, count: int) -> tuple[int, ...]:
+    """``port_base + i`` per replica, or free ports the system hands out (all held open while choosing)."""
+    if port_base is not None:
+        return tuple(port_base + index for index in range(count))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+async def _port_freed(host: str, port: int, within_s: float, poll_s: float) -> bool:
+    """Whether ``host:port`` is free now or becomes free within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while not await asyncio.to_thread(port_free, host, port):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True
+
+
+async def claim_port(
+    host: str, port: int, where: str, *, poll_s: float, on_ended: Callable[[str, list[int], str], None]
+) -> None:
+    """Make ``host:port`` free: end a replica a killed rcarun left there (``on_ended`` hears it), else raise a
+    `ServeError` starting with ``where`` and naming the holder."""
+    if await asyncio.to_thread(port_free, host, port):
+        return
+    holders = await asyncio.to_thread(port_holders, host, port)
+    if holders is None:
+        raise ServeError(f"{where}; stop what listens there or change port_base")
+    if not holders:
+        # A process dying at this moment still shows its socket but no longer its descriptors.
+        if await _port_freed(host, port, _HOLDER_EXITING_S, poll_s):
+            return
+        raise ServeError(f"{where} by a process this user cannot see; stop it or change port_base")
+    live = [holder for holder in holders if not holder.stale]
+    if live:
+        raise ServeError(f"{where} by {who(live[0])}; stop it or change port_base")
+    ended: list[int] = []
+    for owner in sorted({holder.owner for holder in holders if holder.owner is not None}):
+        pids = await asyncio.to_thread(end_marked, owner)
+        ended += pids
+        on_ended(owner, pids, holders[0].command)
+    # Every process ended, not only this port's holder, so that the next replica's port is free too.
+    deadline = time.monotonic() + _STALE_GONE_S
+    while any(running(pid) for pid in ended) and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
+    if not await _port_freed(host, port, max(0.0, deadline - time.monotonic()), poll_s):
+        raise ServeError(f"{where}: a stale replica's socket is still open {_STALE_GONE_S:g} s after SIGKILL")
 
 
 # ------------------------------------------------------------------------------------------------ internals

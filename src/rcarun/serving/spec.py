@@ -1,8 +1,7 @@
 """What a managed backbone's replicas are: the serve table turned into one command line per replica.
 
-Kept apart from the processes so that the plan (which GPUs, which port, which flags) is a plain value that is
-tested, recorded with the run and shown by ``rcarun serve`` before anything is started. The runner builds a
-`ServeSpec` from ``[backbones.X.serve]``; this package imports nothing of the runner.
+A plain value, apart from the processes, so the plan is tested, recorded and shown by ``rcarun serve`` before
+anything starts. The runner builds it from ``[backbones.X.serve]``.
 """
 
 from __future__ import annotations
@@ -11,7 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeSpec"]
+from rcarun.errors import RcarunError
+
+__all__ = ["RESERVED_FLAGS", "ReplicaPlan", "ServeError", "ServeSpec"]
+
+
+class ServeError(RcarunError):
+    """A managed replica did not come up, or serves something other than its backbone's config says."""
+
 
 # Flags rcarun sets on every replica; an ``extra_args`` entry naming one would contradict the plan.
 RESERVED_FLAGS = (
@@ -41,27 +47,9 @@ class ReplicaPlan:
 
 @dataclass(frozen=True, slots=True)
 class ServeSpec:
-    """How one backbone serves itself.
-
-    Attributes:
-        backbone: the backbone's name (every message names it).
-        served_model: the name requests carry (the backbone's ``model``), passed as ``--served-model-name``.
-        model: what the server loads: a hub name or a model directory (the positional argument of ``serve``).
-        gpus: the GPUs to use, split in order into groups of ``tensor_parallel``, one replica per group.
-        tensor_parallel: GPUs per replica (``--tensor-parallel-size``).
-        max_model_len: ``--max-model-len``; the served ``max_model_len`` must equal it. None: the model's own.
-        extra_args: more flags for every replica, as written.
-        command: the program and the words before ``serve`` (``("vllm",)``).
-        host: the address replicas listen on and are called at.
-        port_base: replica i listens on ``port_base + i``; None: free ports found at start.
-        startup_timeout_s: how long a replica may take to answer ``/health`` and ``/v1/models``.
-        restarts: how many times each replica is restarted after dying mid-run.
-        grace_s: how long a replica has to exit after SIGTERM before its process group gets SIGKILL.
-        log_dir: where each replica's output goes (``<backbone>-<index>.log``).
-        api_key_env: NAME of the variable holding the key the replicas require (handed over as ``VLLM_API_KEY``,
-            never on a command line).
-        env: more environment variables for every replica, over this process's own.
-    """
+    """How one backbone serves itself: ``served_model`` is what requests carry, ``model`` what the server loads;
+    ``gpus`` split in order into replicas of ``tensor_parallel``; ``port_base`` None finds free ports; the key
+    named by ``api_key_env`` goes over as ``VLLM_API_KEY``, never on a command line."""
 
     backbone: str
     served_model: str

@@ -1,22 +1,8 @@
 """Content addressing and the two stored forms of the ``blobs`` table.
 
-Prompts repeat across realizations, backbones and retries, and raw responses are large; storing each distinct
-byte string once, keyed by the SHA-256 of its bytes, keeps results.db small while keeping every raw request and
-response for audits and cache rebuilds.
-
-Since migration 4 a blob is stored one of two ways (`blob_columns`), so that SQLite itself, and so datasette,
-sqlite-utils and the ``calls_text`` view, can read prompts and answers:
-
-- UTF-8 text of at most `BLOB_TEXT_MAX_BYTES` bytes without NUL: as is, in ``text`` (``zlib_data`` empty);
-- anything else (larger text, binary, NUL-bearing): zlib-compressed in ``zlib_data`` (``text`` NULL), as
-  every blob was before migration 4; those rows stay as they were.
-
-Why 64 KiB, measured (`benchmarks/blob_storage.py`, figures in docs/schema.md): on the demo all but its longest
-trajectory's prompts are under it (prompts average 13 KB) and the file grows from 23.7 to 57.3 MB; on a
-Mini-sized run (200
-trajectories of the official Mini sizes, prompts of 210 KB on average) only the answers and the shortest
-prompts are under it and the file grows 8 % (12.5 to 13.5 MB), where storing everything as text would make it
-3.4 times larger. Storing text instead of compressing it also takes zlib off the writer thread for those blobs.
+Each distinct byte string is stored once, keyed by its SHA-256. Since migration 4, UTF-8 text up to
+`BLOB_TEXT_MAX_BYTES` without NUL is stored as text (readable by SQLite tools and ``calls_text``), anything else
+zlib-compressed. Why 64 KiB: docs/reliability.md ("Blob storage forms").
 """
 
 from __future__ import annotations
@@ -43,7 +29,7 @@ __all__ = [
 # level 6, for 15 % more bytes (a ratio of 0.32 against 0.28). Any level decompresses the same way.
 BLOB_ZLIB_LEVEL: Final = 1
 BLOB_TEXT_MAX_BYTES: Final = 65_536
-"""The largest blob, in bytes, stored as readable text rather than compressed (the module docstring says why)."""
+"""The largest blob, in bytes, stored as readable text rather than compressed (why: docs/reliability.md, "Blob storage forms")."""
 
 
 def blob_sha256(data: bytes) -> str:
@@ -66,20 +52,12 @@ def blob_columns(data: bytes) -> tuple[bytes, str | None]:
 
 
 def decompress_blob(sha256: str, zlib_data: bytes) -> bytes:
-    """Decompress a compressed blob and check it still hashes to its key.
-
-    Raises:
-        StoreError: the stored bytes are corrupt or do not match the key.
-    """
+    """Decompress a compressed blob and check it against its key (`StoreError` when corrupt)."""
     return stored_bytes(sha256, zlib_data, None)
 
 
 def stored_bytes(sha256: str, zlib_data: bytes | None, text: str | None) -> bytes:
-    """A blob's bytes from either stored form (``text`` when it is not NULL), checked against its key.
-
-    Raises:
-        StoreError: the stored bytes are corrupt or do not match the key.
-    """
+    """A blob's bytes from either stored form, checked against its key (`StoreError` when corrupt)."""
     if text is not None:
         data = text.encode("utf-8", errors="surrogatepass")
     else:

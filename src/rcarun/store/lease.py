@@ -1,13 +1,7 @@
 """One sweep per run: a lease row in results.db that a live process renews and a dead one lets go stale.
 
-Two ``rcarun sweep`` processes on the same file and run name would each run every item and pay for all of it
-twice (the outside campaign saw 114 of 120 calls paid twice). A lock file would outlive a SIGKILLed process
-and block every resume; a lease in the database itself, renewed by a heartbeat, does not: the second process
-is refused while the first one's heartbeat is fresh, and takes the run over once the heartbeat is older than
-``stale_after_s`` — or at once when the holder ran on the same machine and its process is gone.
-
-"The same machine" is the host name plus the kernel's boot id and PID namespace: two containers may share a
-host name and a volume, but a PID is only checked where it means the same process.
+Two sweeps of one run would pay for everything twice; a lock file would outlive a SIGKILL, a renewed lease does
+not. Rules: docs/reliability.md ("Run leases").
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rcarun.errors import StoreError
-from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.connect import DEFAULT_BUSY_TIMEOUT_S, open_connection
 from rcarun.store.rows import utc_timestamp
 
 __all__ = [
@@ -121,11 +115,7 @@ def claim_lease(
     stale_after_s: float,
     now_unix: float | None = None,
 ) -> None:
-    """Take the run's lease inside the caller's open write transaction, or refuse.
-
-    Raises:
-        RunBusy: another process holds a fresh lease (its pid, host and start time named).
-    """
+    """Take the run's lease inside the caller's open write transaction, or raise `RunBusy` naming the holder."""
     now = time.time() if now_unix is None else now_unix
     holder = live_holder(connection, run_id=run_id, stale_after_s=stale_after_s, me=me, now_unix=now)
     if holder is not None:
@@ -145,12 +135,8 @@ def claim_lease(
 
 
 class LeaseKeeper:
-    """Renews a claimed lease from a thread of its own (with its own connection), and lets it go at the end.
-
-    A thread, not a task: a heartbeat must not wait behind a busy event loop, nor a loop behind a locked file.
-    ``on_lost`` is called (from the keeper's thread, once) when a renewal finds the lease held by another
-    process, which may happen after this one could not renew for ``stale_after_s``.
-    """
+    """Renews a claimed lease from a thread of its own (a heartbeat must not wait behind a busy loop), and lets
+    it go at the end; ``on_lost`` is called once, from that thread, if another process took the lease."""
 
     def __init__(
         self,

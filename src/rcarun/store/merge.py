@@ -1,26 +1,8 @@
-"""Merging results.db files: a sweep split across machines or people (per backbone, per method, per slice of
-trajectories) becomes one file, so that one report covers it.
+"""Merging results.db files: a sweep split across machines or people becomes one file, so one report covers it.
 
-Nothing is lost and nothing is overwritten. The rules (`rcarun merge`, README):
-
-- Runs are matched by name. The same name must mean the same configuration: the caller's ``reconcile`` says
-  which answer-deciding settings differ (a backbone or method only one part has is the run's extent, not a
-  difference) and gives the configuration the merged run keeps; any difference refuses the whole merge before
-  anything is written.
-- Blobs are matched by their SHA-256, so each is stored once, in the current form (`blob_columns`): merging an
-  old file into a new one is also how its compressed text becomes readable.
-- A work item (run, backbone, method, qid, realization) comes with its calls from the first file that has its
-  prediction, or, where no file has one, from the first file that has the item. A later file's prediction for
-  the same item is a duplicate when it says the same (skipped with its calls) and a conflict otherwise: the
-  first is kept, the later one listed, never written. Calls are linked to their item by ``item_id`` (a judge's
-  call on another backbone keeps the item's id); calls of no item are copied.
-- Trajectory rows are matched by (run, qid); the same qid with another record hash is listed as a conflict.
-- Events, calls and items get new ids in the target; a row identical to one already there (the same file merged
-  twice) is not copied again, so merging is idempotent.
-- A run of the target that a live sweep holds (its lease, `rcarun.store.lease`) is not merged into: the sweep
-  would write beside rows it does not know of. The check is made again inside each source's write transaction,
-  which a sweep's claim of the lease must wait for.
-- A merge that is refused or fails leaves no new file behind: a target it created is removed again.
+Nothing is lost or overwritten: runs match by name and must agree on what decides answers, blobs by hash, items
+keep the first prediction (a differing later one is a listed conflict), and a run a live sweep holds is not
+merged into. Rules: docs/reliability.md ("Merging results.db files").
 """
 
 from __future__ import annotations
@@ -35,8 +17,8 @@ from typing import Any, Final
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, stored_bytes
+from rcarun.store.connect import open_connection, open_read_only
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, live_holder
-from rcarun.store.migrations import open_connection, open_read_only
 from rcarun.store.reader import WorkKey
 
 __all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]
@@ -69,15 +51,8 @@ _RUN_ORDER: Final = {"failed": 0, "stopped": 1, "running": 2, "finished": 3}
 
 @dataclass(frozen=True, slots=True)
 class MergeConflict:
-    """A later file's row that disagrees with the one kept.
-
-    Attributes:
-        run: run name.
-        key: ``backbone/method/qid/rN`` of a prediction, or ``trajectory qid``.
-        source: the file whose row was not written.
-        kept: the kept row, in short.
-        refused: the refused row, in short.
-    """
+    """A later file's row (``source``) that disagrees with the one kept; ``key`` is ``backbone/method/qid/rN``
+    of a prediction or ``trajectory qid``."""
 
     run: str
     key: str
@@ -361,9 +336,7 @@ def _remove_new_database(path: Path) -> None:
 
 
 def merge_databases(sources: Sequence[Path], into: Path, reconcile: Reconcile) -> MergeSummary:
-    """Merge ``sources`` (results.db files, read only) into ``into`` (created if new), in order.
-
-    Each source is copied in one transaction. Rules in the module docstring.
+    """Merge ``sources`` (read only) into ``into`` (created if new), in order, one transaction each.
 
     Raises:
         StoreError: a source is the target or missing or not a results.db, a run name was swept with two

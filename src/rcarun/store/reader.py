@@ -1,14 +1,8 @@
 """The read side of results.db: resume keys, the call cache lookup, run bookkeeping and per-backbone totals.
 
-It has its own connection, separate from the writer's, so the runner can look up cached calls and the report
-can read a live run while the writer appends (WAL lets readers and the one writer proceed together). The few
-writes here — creating a run, setting its status — are single small transactions that wait on the writer's
-lock via the busy timeout rather than going through its queue, because they must be done before the writer
-starts or after it has finished.
-
-Commands that only read (report, cost, export, estimate --against) open it with ``read_only=True``
-(`open_read_only`): nothing is written, migrated or created beside the file, so archived, shared and read-only
-results work, and an older file reads as the current schema.
+Its own connection reads a live run beside the writer (WAL). Its few writes (creating a run, setting its status)
+are small transactions outside the writer's queue, as they come before the writer starts or after it ends.
+Commands that only read open it with ``read_only=True`` (`open_read_only`).
 """
 
 from __future__ import annotations
@@ -18,27 +12,30 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from rcarun.errors import StoreError
 from rcarun.store.blobs import stored_bytes
-from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
-from rcarun.store.migrations import (
+from rcarun.store.connect import (
     DEFAULT_BUSY_TIMEOUT_S,
     ReadOnlyConnection,
     open_connection,
     open_read_only,
 )
+from rcarun.store.lease import DEFAULT_LEASE_STALE_S, LeaseHolder, claim_lease
 from rcarun.store.rows import (
     RUN_STATUSES,
+    BackboneSummary,
+    CachedCall,
     EventRow,
     ItemRow,
     PredictionRow,
+    RunRow,
     RunStatus,
     TrajectoryRow,
+    WorkNames,
     utc_timestamp,
 )
 
@@ -55,87 +52,9 @@ def _finished_statuses(include_failed: bool) -> str:
     return "('done', 'failed')" if include_failed else "('done')"
 
 
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    run_id: int
-    name: str
-    created_at: str
-    updated_at: str
-    config_json: str
-    status: RunStatus
-
-
-@dataclass(frozen=True, slots=True)
-class CachedCall:
-    """Everything needed to answer a chat call again from an earlier attempt without sending it.
-
-    The answer is kept one of two ways. Usually only the raw response body is stored (``response_sha256``):
-    then ``text`` is None and ``raw_body`` holds the body, which the runner parses again with the backbone's
-    preset (the store knows no wire formats). When the extracted text was stored as blobs of its own
-    (``response_text_sha256``, ``reasoning_text_sha256``), ``text`` and ``reasoning_text`` hold it. The blob
-    keys are returned too, so a ``cached`` call row can point at the same blobs without storing them again.
-    """
-
-    call_id: int
-    run_id: int
-    status: str
-    text: str | None
-    reasoning_text: str
-    finish_reason: str | None
-    model: str
-    max_tokens: int | None
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cached_tokens: int
-    request_sha256: str | None
-    response_sha256: str | None
-    response_text_sha256: str | None
-    reasoning_text_sha256: str | None
-    raw_body: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BackboneSummary:
-    """One backbone's totals within one run.
-
-    ``calls`` counts logical calls (rows with ``attempt == 1``), ``attempts`` every row. Token and USD sums
-    count attempts actually sent to a provider: rows with status ``cached`` (served by the call cache) count
-    only in ``cached_calls``. ``rate_limited`` and ``length_retries`` count attempts with status
-    ``rate_limited`` (429s) and ``length`` (cut off by max_tokens, hence retried with a larger budget or given
-    up); ``errors`` counts status ``error``.
-    """
-
-    backbone: str
-    items_done: int
-    items_failed: int
-    items_skipped: int
-    items_interrupted: int
-    calls: int
-    attempts: int
-    cached_calls: int
-    errors: int
-    rate_limited: int
-    length_retries: int
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cached_tokens: int
-    cost_usd: float
-    predictions: int
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus completion tokens (reasoning and provider-cached tokens are already inside them)."""
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class WorkNames:
-    """The names a run's work items carry (items and predictions alike), each sorted: what flags may name."""
-
-    backbones: tuple[str, ...]
-    methods: tuple[str, ...]
+_SUMMARY_COUNTS = tuple(
+    name for name in BackboneSummary.__dataclass_fields__ if name not in ("backbone", "cost_usd")
+)
 
 
 _BACKBONE_CALLS_SQL = """
@@ -179,14 +98,9 @@ ORDER BY call_id DESC LIMIT 1
 
 
 class Store:
-    """Synchronous read queries (and run bookkeeping) on results.db; see `open_store`.
+    """Synchronous read queries (and run bookkeeping) on results.db, from any thread, one call at a time.
 
-    One instance may be used from any thread, one call at a time (calls are serialised by a lock).
-
-    Attributes:
-        path: the file.
-        read_only: opened by `open_read_only`; run bookkeeping then raises `StoreError`.
-        notice: with ``read_only``, one line worth telling the user (rows a read had to leave out), else None.
+    ``read_only``: opened by `open_read_only` (bookkeeping raises `StoreError`), with ``notice`` its one line.
     """
 
     def __init__(
@@ -206,12 +120,7 @@ class Store:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection.
-
-        Raises:
-            StoreError: read without the WAL (immutable), the file changed meanwhile: a sweep checkpointed into
-                it, so what was read may mix two states.
-        """
+        """Close the connection; raise `StoreError` if an immutable read saw the file change meanwhile."""
         with self._lock:
             self._connection.close()
         self._raise_if_changed()
@@ -281,14 +190,9 @@ class Store:
         lease_stale_s: float = DEFAULT_LEASE_STALE_S,
         answer_changes: Sequence[str] | None = None,
     ) -> int:
-        """The run_id of the run called ``name``, created if new.
-
-        An existing run is resumed: its status goes back to ``running``, its config becomes ``config_json``,
-        and a ``resumed`` event records whether the config changed (with the previous config when it did). When
-        the caller says which changes decide answers (``answer_changes``, accepted by the user), the event's
-        ``config_changed`` is whether there were any, and lists them; otherwise any difference in the text counts.
-        With ``lease``, the run's lease is claimed in the same transaction (`claim_lease`), so a process that
-        is refused changes nothing.
+        """The run_id of the run called ``name``, created if new, else resumed: status ``running``, the new config,
+        and a ``resumed`` event saying whether the config changed (by ``answer_changes`` when given, else by text;
+        with the previous config). ``lease`` is claimed in the same transaction, so a refusal changes nothing.
 
         Raises:
             RunBusy: another live process holds the run's lease.
@@ -336,11 +240,7 @@ class Store:
             return run_id
 
     def set_run_status(self, run_id: int, status: RunStatus) -> None:
-        """Set a run's status (running | finished | stopped | failed).
-
-        Raises:
-            StoreError: unknown status or run.
-        """
+        """Set a run's status (running | finished | stopped | failed); `StoreError` for an unknown one or run."""
         if status not in RUN_STATUSES:
             raise StoreError(f"run status {status!r} is not one of {sorted(RUN_STATUSES)}")
         with self._transaction() as connection:
@@ -370,12 +270,7 @@ class Store:
         return bool(rows)
 
     def finished_item_keys(self, run_id: int, *, include_failed: bool = True) -> set[WorkKey]:
-        """(backbone, method, qid, realization) of the run's items that resume must skip.
-
-        An item is finished when it has a prediction or its status is ``done`` or ``failed``; ``interrupted``
-        and ``skipped_budget`` items are run again. With ``include_failed=False`` failed items (without a
-        prediction) are run again too, e.g. after a wrong key or a provider outage was fixed.
-        """
+        """The work keys resume must skip: a prediction, or status ``done`` or (``include_failed``) ``failed``."""
         rows = self._fetch(
             "SELECT backbone, method, qid, realization FROM predictions WHERE run_id = ? "
             "UNION SELECT backbone, method, qid, realization FROM items "
@@ -385,11 +280,7 @@ class Store:
         return {(row[0], row[1], row[2], int(row[3])) for row in rows}
 
     def count_finished_items(self, run_id: int, backbone: str, *, include_failed: bool = True) -> int:
-        """How many of the run's items on ``backbone`` resume must skip (the rule of `finished_item_keys`).
-
-        Counted in SQLite, without a key per item in memory: the predictions, plus the finished items that
-        have none (both tables hold one row per work key, so no key is counted twice).
-        """
+        """How many of the run's items on ``backbone`` resume must skip, counted in SQLite (`finished_item_keys`)."""
         rows = self._fetch(
             "SELECT (SELECT count(*) FROM predictions WHERE run_id = ? AND backbone = ?) + "
             "(SELECT count(*) FROM items AS i WHERE i.run_id = ? AND i.backbone = ? "
@@ -403,13 +294,8 @@ class Store:
     def finished_realizations(
         self, run_id: int, backbone: str, method: str, qid: str, *, include_failed: bool = True
     ) -> frozenset[int]:
-        """The realizations of one trajectory, method and backbone that resume must skip (`finished_item_keys`).
-
-        Resume asks this once per trajectory as its producer reaches it, instead of holding every finished key
-        of the run in memory for the whole sweep (about 300 bytes a key: 30 MB for 100,000 items). Both tables
-        have a unique index on (run_id, backbone, method, qid, realization), so each ask reads only the rows
-        of that trajectory.
-        """
+        """The realizations of one trajectory, method and backbone that resume must skip (`finished_item_keys`):
+        asked per trajectory, so no run-wide key set is held (30 MB for 100,000 items); indexed."""
         rows = self._fetch(
             "SELECT realization FROM predictions WHERE run_id = ? AND backbone = ? AND method = ? AND qid = ? "
             "UNION SELECT realization FROM items WHERE run_id = ? AND backbone = ? AND method = ? AND qid = ? "
@@ -419,14 +305,7 @@ class Store:
         return frozenset(int(row[0]) for row in rows)
 
     def lookup_call(self, cache_key: str, run_id: int | None = None) -> CachedCall | None:
-        """The newest ``ok`` or ``length`` attempt stored under ``cache_key``, or None.
-
-        Args:
-            cache_key: the runner's key for a request (what makes two calls interchangeable).
-            run_id: look only within this run; None looks across every run in the file.
-
-        Attempts with neither the answer text nor the raw body stored cannot be replayed and are skipped.
-        """
+        """The newest replayable ``ok`` or ``length`` attempt under ``cache_key``, in ``run_id`` or (None) any run."""
         if run_id is None:
             rows = self._fetch(_LOOKUP_CALL_SQL.format(run_filter=""), (cache_key,))
         else:
@@ -457,12 +336,7 @@ class Store:
         )
 
     def read_blob(self, sha256: str) -> bytes:
-        """The bytes stored under ``sha256``, from either stored form (text, or compressed before migration 4
-        and above `BLOB_TEXT_MAX_BYTES`).
-
-        Raises:
-            StoreError: no such blob, or it is corrupt.
-        """
+        """The bytes stored under ``sha256``, text or compressed; `StoreError` when missing or corrupt."""
         rows = self._fetch("SELECT zlib_data, text FROM blobs WHERE sha256 = ?", (sha256,))
         if not rows:
             raise StoreError(f"{self.path}: no blob {sha256}")
@@ -473,42 +347,22 @@ class Store:
 
     def backbone_summary(self, run_id: int) -> list[BackboneSummary]:
         """Per-backbone totals of the run, sorted by backbone name (see `BackboneSummary` for definitions)."""
-        calls = {row["backbone"]: row for row in self._fetch(_BACKBONE_CALLS_SQL, (run_id,))}
-        items = {row["backbone"]: row for row in self._fetch(_BACKBONE_ITEMS_SQL, (run_id,))}
-        predictions = {row["backbone"]: row for row in self._fetch(_BACKBONE_PREDICTIONS_SQL, (run_id,))}
-
-        def count(table: dict[str, sqlite3.Row], backbone: str, column: str) -> int:
-            row = table.get(backbone)
-            return int(row[column] or 0) if row is not None else 0
-
+        tables = [
+            {row["backbone"]: row for row in self._fetch(sql, (run_id,))}
+            for sql in (_BACKBONE_CALLS_SQL, _BACKBONE_ITEMS_SQL, _BACKBONE_PREDICTIONS_SQL)
+        ]
         summaries = []
-        for backbone in sorted(calls.keys() | items.keys() | predictions.keys()):
-            call_row = calls.get(backbone)
-            summaries.append(
-                BackboneSummary(
-                    backbone=backbone,
-                    items_done=count(items, backbone, "items_done"),
-                    items_failed=count(items, backbone, "items_failed"),
-                    items_skipped=count(items, backbone, "items_skipped"),
-                    items_interrupted=count(items, backbone, "items_interrupted"),
-                    calls=count(calls, backbone, "calls"),
-                    attempts=count(calls, backbone, "attempts"),
-                    cached_calls=count(calls, backbone, "cached_calls"),
-                    errors=count(calls, backbone, "errors"),
-                    rate_limited=count(calls, backbone, "rate_limited"),
-                    length_retries=count(calls, backbone, "length_retries"),
-                    prompt_tokens=count(calls, backbone, "prompt_tokens"),
-                    completion_tokens=count(calls, backbone, "completion_tokens"),
-                    reasoning_tokens=count(calls, backbone, "reasoning_tokens"),
-                    cached_tokens=count(calls, backbone, "cached_tokens"),
-                    cost_usd=float(call_row["cost_usd"] or 0.0) if call_row is not None else 0.0,
-                    predictions=count(predictions, backbone, "predictions"),
-                )
-            )
+        for backbone in sorted(set().union(*tables)):
+            values: dict[str, Any] = dict.fromkeys(_SUMMARY_COUNTS, 0) | {"cost_usd": 0.0}
+            for table in tables:
+                if (row := table.get(backbone)) is not None:
+                    values.update((column, value or 0) for column, value in _as_dict(row).items())
+            counts = {name: int(values[name]) for name in _SUMMARY_COUNTS}
+            summaries.append(BackboneSummary(backbone=backbone, cost_usd=float(values["cost_usd"]), **counts))
         return summaries
 
     def work_names(self, run_id: int) -> WorkNames:
-        """The backbones and methods of the run's work items (those with an item row or a prediction)."""
+        """The backbones and methods of the run's work items (an item row or a prediction)."""
         rows = self._fetch(
             "SELECT backbone, method FROM items WHERE run_id = ? "
             "UNION SELECT backbone, method FROM predictions WHERE run_id = ?",
@@ -520,8 +374,8 @@ class Store:
         )
 
     def output_values(self, run_id: int, key: str) -> dict[tuple[str, str], dict[str, int]]:
-        """How many predictions of each (backbone, method) hold each value of the top-level ``key`` of their output
-        JSON (a method's recorded settings, e.g. RCTA's ``preset``); a missing key counts as ``""``."""
+        """Per (backbone, method), how many predictions hold each value of the output JSON's top-level ``key``
+        (e.g. RCTA's ``preset``; missing: ``""``)."""
         found: dict[tuple[str, str], dict[str, int]] = {}
         for backbone, method, value, count in self._fetch(
             "SELECT backbone, method, coalesce(json_extract(output_json, ?), ''), count(*) FROM predictions "
@@ -586,10 +440,5 @@ def _item_row(row: sqlite3.Row) -> ItemRow:
 
 def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     """Open results.db for reading and run bookkeeping (creating and migrating it if needed), or with
-    ``read_only`` for reading alone: an existing file, never written, migrated or created (`open_read_only`).
-
-    Raises:
-        StoreError: the file cannot be opened or migrated; with ``read_only``, it does not exist, is not a
-            results database or is newer than this code.
-    """
+    ``read_only`` for reading alone (`open_read_only`); `StoreError` when it cannot."""
     return Store(path, read_only=read_only)

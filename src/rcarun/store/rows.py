@@ -17,15 +17,19 @@ __all__ = [
     "ITEM_STATUSES",
     "METHOD_PREPARED",
     "RUN_STATUSES",
+    "BackboneSummary",
+    "CachedCall",
     "CallRow",
     "CallStatus",
     "EventRow",
     "ItemRow",
     "ItemStatus",
     "PredictionRow",
+    "RunRow",
     "RunStatus",
     "TrajectoryRow",
     "UsageSource",
+    "WorkNames",
     "utc_timestamp",
 ]
 
@@ -51,11 +55,8 @@ realization answers (SOAP: its test split), which the report scores it on; the r
 
 
 def utc_timestamp() -> str:
-    """Now as ISO-8601 UTC text with milliseconds (``2025-01-31T12:00:00.123Z``), every timestamp's format.
-
-    What `datetime.isoformat` writes (``timespec="milliseconds"``, milliseconds cut, not rounded), with the part
-    down to the second formatted once a second: a sweep stamps every attempt twice and its rows more.
-    """
+    """Now as ISO-8601 UTC text with milliseconds cut (``2025-01-31T12:00:00.123Z``), every timestamp's format;
+    the part down to the second is formatted once a second (a sweep stamps every attempt twice)."""
     global _this_second
     second, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
     stamped = _this_second  # one read of a (second, text) pair: threads stamp too, and swap it whole
@@ -70,28 +71,8 @@ _this_second: tuple[int, str] = (-1, "")
 
 @dataclass(frozen=True, slots=True)
 class CallRow:
-    """One attempt of one chat call (retries, length re-asks and cache hits are attempts too).
-
-    The writer assigns ``call_id``. ``attempt`` is 1-based within one ``llm.chat`` call, so rows with
-    ``attempt == 1`` count logical calls. Text needed to serve this attempt again from the call cache lives in
-    blobs: ``response_text_sha256`` (the answer's content) and ``reasoning_text_sha256`` (the thinking text);
-    ``request_sha256`` / ``response_sha256`` hold the raw request JSON and the raw response body.
-
-    Attributes:
-        cost_usd: US dollars charged for this attempt; a cut generation (silence timeout, disconnect, size cap,
-            call deadline: status ``error``, or ``cancelled`` on Ctrl-C) is charged an estimate of what it
-            generated, its partial body in ``response_sha256``.
-        usage_source: ``reported`` when the token counts are the provider's, ``estimated`` when rcarun charged
-            a conservative estimate because the answer had no usable usage (a cut generation among them).
-        latency_ms: wall time of the attempt, in milliseconds.
-        started_at / ended_at: ISO-8601 UTC with milliseconds (see `utc_timestamp`).
-        streamed: True when the answer came as a server-sent-event stream, False when as one body; None when
-            no answer came over HTTP (a cache hit, a forward pass, a refusal before any answer).
-        ttft_ms: time to first token: milliseconds from sending the request to the first chunk carrying
-            answer, thinking or tool-call text; None when unknown (unstreamed, or nothing arrived).
-        decode_tokens_per_s: decode rate: completion tokens after the first over the seconds from the first
-            token to the last; None when unknown (fewer than 2 tokens, unstreamed).
-    """
+    """One attempt of one chat call (retries, length re-asks and cache hits are attempts too); columns are
+    explained in docs/schema.md. The writer assigns ``call_id``; ``attempt == 1`` rows count logical calls."""
 
     run_id: int
     item_id: str
@@ -130,13 +111,7 @@ class CallRow:
 
 @dataclass(frozen=True, slots=True)
 class PredictionRow:
-    """A method's final answer for one work item; (run_id, backbone, method, qid, realization) is unique.
-
-    Attributes:
-        error: why the model's answer could not be used (unreadable, not the requested JSON), None when it was.
-        fallback: the published rule that decided (part of) the prediction instead of the model (e.g. binary
-            search's random half on an unclear verdict), None when the model decided.
-    """
+    """A method's final answer for one work item, unique per work key (columns: docs/schema.md)."""
 
     run_id: int
     item_id: str
@@ -173,15 +148,7 @@ class ItemRow:
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryRow:
-    """The reference facts of one trajectory a run used, so results.db can be analysed on its own.
-
-    Attributes:
-        roles_json: JSON list of the normalised role of each step, in step order.
-        ref_role / ref_step: the reference root-cause role and step index (0-based), when labelled.
-        sha256: hash of the source record, to tell whether two runs saw the same trajectory.
-        task_sha256: hash of the task instruction (`rcarun.data.task_key`), shared by repeated attempts at one task; None
-            without a task or in a file written before schema 6.
-    """
+    """The reference facts of one trajectory a run used, so results.db can be analysed on its own."""
 
     run_id: int
     qid: str
@@ -196,14 +163,82 @@ class TrajectoryRow:
 
 @dataclass(frozen=True, slots=True)
 class EventRow:
-    """What a user needs to see to understand why a run behaved as it did (a 429 pause, a budget stop, ...).
-
-    Attributes:
-        kind: a short stable label, e.g. ``backbone_paused``, ``budget_stop``, ``data_problem``.
-        detail_json: a JSON object with the particulars.
-    """
+    """Why a run behaved as it did (a 429 pause, a budget stop, ...): a stable ``kind`` and a JSON detail."""
 
     run_id: int
     kind: str
     detail_json: str = "{}"
     at: str = field(default_factory=utc_timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: int
+    name: str
+    created_at: str
+    updated_at: str
+    config_json: str
+    status: RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCall:
+    """Everything needed to answer a chat call again from an earlier attempt without sending it: the text where
+    it was stored as blobs of its own, else (``text`` None) the raw body for the runner to parse again with the
+    backbone's preset; and the blob keys, so a ``cached`` row points at the same blobs."""
+
+    call_id: int
+    run_id: int
+    status: str
+    text: str | None
+    reasoning_text: str
+    finish_reason: str | None
+    model: str
+    max_tokens: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    request_sha256: str | None
+    response_sha256: str | None
+    response_text_sha256: str | None
+    reasoning_text_sha256: str | None
+    raw_body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneSummary:
+    """One backbone's totals within one run: ``calls`` counts rows with ``attempt == 1``, ``attempts`` every row;
+    token and USD sums leave out ``cached`` rows (counted in ``cached_calls``); ``rate_limited``,
+    ``length_retries`` and ``errors`` count attempts of status ``rate_limited``, ``length`` and ``error``."""
+
+    backbone: str
+    items_done: int
+    items_failed: int
+    items_skipped: int
+    items_interrupted: int
+    calls: int
+    attempts: int
+    cached_calls: int
+    errors: int
+    rate_limited: int
+    length_retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cached_tokens: int
+    cost_usd: float
+    predictions: int
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens (reasoning and provider-cached tokens are already inside them)."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class WorkNames:
+    """The names a run's work items carry (items and predictions alike), each sorted: what flags may name."""
+
+    backbones: tuple[str, ...]
+    methods: tuple[str, ...]

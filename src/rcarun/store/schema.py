@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from rcarun.store.migrations import MIGRATIONS, open_connection
+from rcarun.store.connect import open_connection
+from rcarun.store.migrations import MIGRATIONS
 
 __all__ = [
     "COLUMN_NOTES",

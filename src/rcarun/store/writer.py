@@ -1,61 +1,27 @@
-"""The single writer of results.db: one asyncio task batches every row into one transaction per batch.
+"""The single writer of results.db: call sites enqueue rows, one task commits them in batched transactions.
 
-A sweep makes thousands of calls a minute across many backbones. If every call site wrote its own row,
-SQLite's one-writer lock would serialise the event loop on disk syncs. Instead call sites enqueue rows (cheap,
-in memory) and one task drains the queue into batched transactions, run on one dedicated thread so the loop
-never waits on disk.
-
-Invariants (each has a test):
-    - Rows are committed in the order they were enqueued: the queue is FIFO and a batch is committed before
-      the next one starts, so a prediction is never committed before the calls and blobs enqueued ahead of it.
-    - Each batch is one transaction. A killed process loses at most the batches not yet committed and never
-      leaves part of a batch behind (WAL rolls an unfinished transaction back on the next open).
-    - One bad row never costs the others. A value SQLite refuses (an integer beyond 64 bits, a string with a
-      lone surrogate, a broken constraint) sends that batch through row by row: a row that fails is stored
-      repaired when it can be (lone surrogates become U+FFFD, out-of-range integers NULL) and rejected
-      otherwise; either way a ``row_repaired`` / ``row_rejected`` event says so, and a rejected row's work item
-      is stored as ``failed`` (its later ``done`` is rewritten), so a resume does not take it for finished. The
-      rest of the batch commits. The boundaries (wire parsing, answer readers, the dataset loader) make values
-      storable first; this is the net under them.
-    - A failing disk loses only what it must. When a commit fails for the file's sake (disk full, I/O error,
-      a lock held too long), nothing is dropped: the batch stays pending and is retried in ever smaller
-      chunks (so whatever still fits is kept), the ``on_trouble`` callback fires once (the runner stops
-      admission), and new rows still queue behind it. Closing keeps retrying for ``give_up_after_s``; then the
-      rows still pending are written to a spill file on another disk (`rcarun.store.spill`), which
-      `take_up_spill` stores at the run's next start, and the error names it; only when that fails too are they
-      lost, and the error names how many answered calls they held.
-    - Memory is bounded by backpressure: the enqueue methods are plain (non-blocking, never dropping) so they
-      fit anywhere, including sync callbacks; producers ``await writer.wait_for_room()`` at their admission
-      point (e.g. before sending a call), which suspends while ``max_queued_rows`` entries or
-      ``max_queued_bytes`` of blob data are waiting. The queue then never holds more than those plus what one
-      producer enqueues between waits: a row is a few hundred bytes, a blob (a request or response body) as
-      much as the prompt, so both are bounded. While writes are failing nobody waits for room: admission has
-      stopped, so only work in flight adds rows.
-    - Nothing waits forever on the writer: after a final failure every later call (enqueue, ``flush``,
-      closing the ``async with``) raises `StoreError` naming the cause.
+Enqueueing is cheap and in memory; batches are written on one dedicated thread, so the loop never waits on disk.
+Invariants (each tested): rows commit in enqueue order, one transaction per batch, one bad row costing only itself
+(`batch`); a failing disk drops nothing (retried in smaller chunks, ``on_trouble`` once, spilled at the end:
+`spill`); memory is bounded by `wait_for_room`; after a final failure every call raises `StoreError`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
-import json
 import sqlite3
-import uuid
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Final, Self
 
 from rcarun.errors import StoreError
-from rcarun.store.blobs import blob_columns, blob_sha256
-from rcarun.store.migrations import DEFAULT_BUSY_TIMEOUT_S, open_connection
+from rcarun.store.batch import BatchWriter, Blob, Row, answered_calls
+from rcarun.store.blobs import blob_sha256
+from rcarun.store.connect import DEFAULT_BUSY_TIMEOUT_S
 from rcarun.store.rows import (
     CALL_STATUSES,
     ITEM_STATUSES,
@@ -65,16 +31,11 @@ from rcarun.store.rows import (
     PredictionRow,
     TrajectoryRow,
 )
-from rcarun.store.spill import SpillHeader, find_spills, read_spill, write_spill
-from rcarun.text import repair_surrogates
+from rcarun.store.spill import spill_rows
 
-__all__ = ["StoreWriter", "take_up_spill"]
+__all__ = ["StoreWriter"]
 
-
-@dataclass(frozen=True, slots=True)
-class _Blob:
-    sha256: str
-    data: bytes
+_BatchWriter = BatchWriter  # benchmarks/ablations.py patches the class here
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,227 +50,14 @@ class _Stop:
 
 _STOP: Final = _Stop()
 
-_Row = _Blob | CallRow | PredictionRow | ItemRow | TrajectoryRow | EventRow
-_Entry = _Row | _FlushRequest | _Stop
+_Entry = Row | _FlushRequest | _Stop
 
-# SQLite refuses the value, not the file: the row alone is at fault.
-_VALUE_ERRORS: Final = (
-    sqlite3.IntegrityError,
-    sqlite3.InterfaceError,
-    sqlite3.DataError,
-    OverflowError,
-    UnicodeError,
-    ValueError,
-    TypeError,
-)
-# SQLite's signed 64-bit INTEGER.
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
 # Retries of a failing commit: first after this many seconds, doubling up to the cap.
 _RETRY_FIRST_S: Final = 0.1
 _RETRY_CAP_S: Final = 2.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Insert:
-    """How one row type becomes one executemany parameter tuple."""
-
-    sql: str
-    params: Callable[[Any], tuple[Any, ...]]
-
-
-def _insert(table: str, row_type: type, *, unique: tuple[str, ...] = ()) -> _Insert:
-    """An INSERT for a row dataclass whose field names are its table's columns; an upsert on ``unique``."""
-    columns = [f.name for f in fields(row_type)]
-    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
-    if unique:
-        updates = ", ".join(f"{column} = excluded.{column}" for column in columns if column not in unique)
-        sql += f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {updates}"
-    getter = attrgetter(*columns)
-    return _Insert(sql, lambda row: tuple(getter(row)))
-
-
-_WORK_KEY = ("run_id", "backbone", "method", "qid", "realization")
-_WorkKey = tuple[int, str, str, str, int]
-
-# Within one transaction the order of tables does not matter (the commit is atomic); within a table the
-# enqueue order is kept, so call_ids follow enqueue order and the last upsert of a key wins.
-_INSERTS: Final[dict[type, _Insert]] = {
-    _Blob: _Insert(
-        "INSERT OR IGNORE INTO blobs (sha256, zlib_data, text, size) VALUES (?, ?, ?, ?)",
-        lambda blob: (blob.sha256, *blob_columns(blob.data), len(blob.data)),
-    ),
-    TrajectoryRow: _insert("trajectories", TrajectoryRow, unique=("run_id", "qid")),
-    CallRow: _insert("calls", CallRow),
-    PredictionRow: _insert("predictions", PredictionRow, unique=_WORK_KEY),
-    ItemRow: _insert("items", ItemRow, unique=_WORK_KEY),
-    EventRow: _insert("run_events", EventRow),
-}
-_TABLES: Final[dict[type, str]] = {
-    _Blob: "blobs",
-    TrajectoryRow: "trajectories",
-    CallRow: "calls",
-    PredictionRow: "predictions",
-    ItemRow: "items",
-    EventRow: "run_events",
-}
-
-
-def _work_key(row: _Row) -> _WorkKey | None:
-    if isinstance(row, CallRow | PredictionRow | ItemRow):
-        return (row.run_id, row.backbone, row.method, row.qid, row.realization)
-    return None
-
-
-def _repaired(row: _Row) -> _Row | None:
-    """A copy of ``row`` SQLite can store (lone surrogates as U+FFFD, integers beyond 64 bits as NULL), or None
-    when nothing in it needed repair."""
-    if isinstance(row, _Blob):
-        return None
-    changes: dict[str, Any] = {}
-    for field in fields(row):
-        value = getattr(row, field.name)
-        if isinstance(value, str):
-            fixed = repair_surrogates(value)
-            if fixed is not value:
-                changes[field.name] = fixed
-        elif isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
-            changes[field.name] = None
-    return dataclasses.replace(row, **changes) if changes else None
-
-
-def _describe_row(row: _Row) -> dict[str, Any]:
-    detail: dict[str, Any] = {"table": _TABLES[type(row)]}
-    for name in ("item_id", "qid", "stage", "attempt"):
-        value = getattr(row, name, None)
-        if value is not None:
-            # The detail must be storable itself, whatever the row held.
-            detail[name] = repair_surrogates(value) if isinstance(value, str) else value
-    return detail
-
-
-class _BatchWriter:
-    """The write connection; lives on, and is only touched from, the writer's one thread."""
-
-    def __init__(self, path: Path, busy_timeout_s: float, run_id: int | None) -> None:
-        self.connection = open_connection(path, busy_timeout_s=busy_timeout_s)
-        # Work items one of whose rows was rejected: their item row must say failed, never done.
-        self.failed_items: dict[_WorkKey, str] = {}
-        if run_id is not None:
-            found = self.connection.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if found is None:
-                self.connection.close()
-                raise StoreError(f"{path}: no run with run_id {run_id}; create it with get_or_create_run")
-
-    def write(self, batch: Sequence[_Row]) -> None:
-        """Commit ``batch`` as one transaction; a value SQLite refuses sends it through `_write_row_by_row`.
-
-        Raises:
-            sqlite3.Error, OSError: the file cannot take the batch (nothing of it is committed).
-        """
-        if self.failed_items:
-            batch = [fixed for row in batch if (fixed := self._as_failed_if_poisoned(row)) is not None]
-        try:
-            grouped: dict[type, list[tuple[Any, ...]]] = {row_type: [] for row_type in _INSERTS}
-            # Parameters (and compressed blobs) are built before BEGIN: the write lock is held only for inserts.
-            for row in batch:
-                grouped[type(row)].append(_INSERTS[type(row)].params(row))
-            self.connection.execute("BEGIN IMMEDIATE")
-            try:
-                for row_type, params in grouped.items():
-                    if params:
-                        self.connection.executemany(_INSERTS[row_type].sql, params)
-                self.connection.execute("COMMIT")
-            except BaseException:
-                if self.connection.in_transaction:
-                    self.connection.execute("ROLLBACK")
-                raise
-        except _VALUE_ERRORS:
-            self._write_row_by_row(batch)
-
-    def _write_row_by_row(self, batch: Sequence[_Row]) -> None:
-        """The same batch in one transaction, each row behind a savepoint so one refused value costs one row."""
-        self.connection.execute("BEGIN IMMEDIATE")
-        try:
-            for given in batch:
-                row = self._as_failed_if_poisoned(given)
-                if row is None:
-                    continue
-                error = self._try_insert(row)
-                if error is None:
-                    continue
-                repaired = _repaired(row)
-                if repaired is not None and self._try_insert(repaired) is None:
-                    self._log_event(row, "row_repaired", error)
-                    continue
-                self._log_event(row, "row_rejected", error)
-                key = _work_key(row)
-                if key is not None:
-                    reason = (
-                        f"results.db refused a value of this item's {_TABLES[type(row)]} row "
-                        f"({type(error).__name__}: {str(error)[:200]})"
-                    )
-                    self.failed_items.setdefault(key, reason)
-                    self._fail_item(row, reason)
-            self.connection.execute("COMMIT")
-        except BaseException:
-            if self.connection.in_transaction:
-                self.connection.execute("ROLLBACK")
-            raise
-
-    def _try_insert(self, row: _Row) -> BaseException | None:
-        self.connection.execute("SAVEPOINT one_row")
-        try:
-            insert = _INSERTS[type(row)]
-            self.connection.execute(insert.sql, insert.params(row))
-        except _VALUE_ERRORS as error:
-            self.connection.execute("ROLLBACK TO one_row")
-            self.connection.execute("RELEASE one_row")
-            return error
-        self.connection.execute("RELEASE one_row")
-        return None
-
-    def _as_failed_if_poisoned(self, row: _Row) -> _Row | None:
-        """``row`` as it may be stored once a row of its item was rejected: the item failed, no prediction."""
-        if not isinstance(row, ItemRow | PredictionRow):
-            return row
-        reason = self.failed_items.get((row.run_id, row.backbone, row.method, row.qid, row.realization))
-        if reason is None:
-            return row
-        if isinstance(row, PredictionRow):
-            return None
-        return row if row.status == "failed" else dataclasses.replace(row, status="failed", error=reason)
-
-    def _fail_item(self, row: _Row, reason: str) -> None:
-        if not isinstance(row, CallRow | PredictionRow | ItemRow):
-            return
-        item = ItemRow(
-            run_id=row.run_id,
-            item_id=row.item_id,
-            backbone=row.backbone,
-            method=row.method,
-            qid=row.qid,
-            realization=row.realization,
-            status="failed",
-            error=reason,
-        )
-        repaired = _repaired(item)
-        self._try_insert(repaired if isinstance(repaired, ItemRow) else item)
-
-    def _log_event(self, row: _Row, kind: str, error: BaseException) -> None:
-        run_id = getattr(row, "run_id", None)
-        if run_id is None:
-            return
-        detail = {**_describe_row(row), "error": f"{type(error).__name__}: {str(error)[:300]}"}
-        self._try_insert(
-            EventRow(run_id=run_id, kind=kind, detail_json=json.dumps(detail, ensure_ascii=True))
-        )
-
-    def close(self) -> None:
-        self.connection.close()
-
-
-def _describe(batch: Sequence[_Row]) -> str:
+def _describe(batch: Sequence[Row]) -> str:
     counts: dict[str, int] = {}
     for row in batch:
         name = type(row).__name__.lstrip("_")
@@ -317,150 +65,13 @@ def _describe(batch: Sequence[_Row]) -> str:
     return ", ".join(f"{count} {name}" for name, count in counts.items())
 
 
-def _answered_calls(rows: Sequence[_Row]) -> int:
-    return sum(1 for row in rows if isinstance(row, CallRow) and row.status in ("ok", "length"))
-
-
-_ROW_TYPES: Final[dict[str, type]] = {
-    table: row_type for row_type, table in _TABLES.items() if row_type is not _Blob
-}
-SPILL_TAKEN_UP: Final = "spill_taken_up"
-
-
-def _spill_record(row: _Row) -> dict[str, Any]:
-    if isinstance(row, _Blob):
-        return {
-            "table": "blobs",
-            "sha256": row.sha256,
-            "zlib": base64.b64encode(zlib.compress(row.data, 1)).decode(),
-        }
-    return {"table": _TABLES[type(row)], "row": dataclasses.asdict(row)}
-
-
-def _spilled_row(record: dict[str, Any]) -> _Row:
-    if record["table"] == "blobs":
-        return _Blob(str(record["sha256"]), zlib.decompress(base64.b64decode(record["zlib"])))
-    row: _Row = _ROW_TYPES[record["table"]](**record["row"])
-    return row
-
-
-def _largest_call_id(connection: sqlite3.Connection, run_id: int) -> int:
-    found = connection.execute("SELECT max(call_id) FROM calls WHERE run_id = ?", (run_id,)).fetchone()
-    return int(found[0] or 0)
-
-
-def take_up_spill(path: str | Path, run_id: int, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> list[str]:
-    """Store the rows a full disk left in this run's spill files (`rcarun.store.spill`) and remove the files.
-
-    Call it holding the run's lease and before reading what the run has done. Each file's rows go in one
-    transaction with a ``spill_taken_up`` event naming the spill, so a spill found again after a kill between
-    commit and removal is only removed. A spill of another results.db, or one this results.db has moved past (the
-    run has calls it did not know of), is left as is.
-
-    Returns:
-        The lines to tell the user (none when there was nothing to tell).
-
-    Raises:
-        StoreError: a file cannot be read, or results.db still refuses its rows (the file is kept).
-    """
-    path = Path(path)
-    told: list[str] = []
-    for spill in find_spills(path, run_id):
-        line = _take_up_one(path, run_id, spill, busy_timeout_s)
-        if line is not None:
-            told.append(line)
-    return told
-
-
-def _take_up_one(path: Path, run_id: int, spill: Path, busy_timeout_s: float) -> str | None:
-    header, records = read_spill(spill)
-    writer = _BatchWriter(path, busy_timeout_s, run_id)
-    try:
-        connection = writer.connection
-        taken = connection.execute(
-            "SELECT 1 FROM run_events WHERE run_id = ? AND kind = ? AND json_extract(detail_json, '$.spill_id') = ?",
-            (run_id, SPILL_TAKEN_UP, header.spill_id),
-        ).fetchone()
-        if taken is None:
-            run = connection.execute(
-                "SELECT name, created_at FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            if (
-                header.db != str(path.resolve())
-                or header.run_id != run_id
-                or run is None
-                or (header.run_name, header.run_created_at) != (run[0], run[1])
-                or header.calls_before != _largest_call_id(connection, run_id)
-            ):
-                return (
-                    f"{spill} holds {header.rows} rows of run {header.run_name!r} of {header.db} that this "
-                    "results.db cannot take (another file or run, or the run went on without them); it was left "
-                    "as is"
-                )
-            detail = {
-                "spill_id": header.spill_id,
-                "file": str(spill),
-                "rows": header.rows,
-                "answered": header.answered,
-            }
-            try:
-                rows = [_spilled_row(record) for record in records]
-            except (KeyError, TypeError, ValueError, zlib.error) as error:  # binascii.Error is a ValueError
-                raise StoreError(
-                    f"{spill}: a row in it cannot be read ({error!r}); the file is kept"
-                ) from error
-            rows.append(EventRow(run_id=run_id, kind=SPILL_TAKEN_UP, detail_json=json.dumps(detail)))
-            try:
-                writer.write(rows)
-            except (sqlite3.Error, OSError) as error:
-                raise StoreError(
-                    f"storing the {header.rows} rows kept in {spill} into {path} failed "
-                    f"({type(error).__name__}: {error}); the file is kept"
-                ) from error
-    finally:
-        writer.close()
-    spill.unlink()
-    if taken is not None:
-        return None
-    return (
-        f"stored the {header.rows} rows ({header.answered} answered calls) kept in {spill} since {path} "
-        "was full; the file is removed"
-    )
-
-
 class StoreWriter:
     """Batches rows into results.db from one task; use as ``async with StoreWriter(path) as writer:``.
 
-    Enqueue methods (`put_blob`, `add_call`, `add_prediction`, `set_item`, `add_trajectory`, `add_event`) are
-    synchronous, return at once and keep order; call them from the event loop's thread. Await `wait_for_room`
-    where a producer can pause, so memory stays bounded, and `flush` when rows must be visible to readers.
-    Leaving the ``async with`` commits everything enqueued (also when the body raised or was cancelled), then
-    closes the connection. The run's row must exist first (see `Store.get_or_create_run`).
-
-    Args:
-        path: the results.db file; created and migrated if needed.
-        run_id: when given, the run must exist and every row must belong to it (a guard against mixed runs).
-        batch_size: most rows per transaction.
-        flush_interval_s: longest a row waits in the queue for a batch to fill before it is committed (s).
-        max_queued_rows: queue size at which `wait_for_room` starts to wait. The writer falls behind a fast
-            sweep more as results.db grows, so the queue often sits at this bound: at about 600 bytes a row
-            (small prompts), 4,000 rows are 2.4 MB, still 8 batches ahead of the writer.
-        max_queued_bytes: blob data queued (request and response bodies, uncompressed) at which `wait_for_room`
-            starts to wait too, so that long prompts do not multiply the queue's memory.
-        recent_blob_capacity: how many recently enqueued blob hashes are remembered so a repeated prompt is
-            not queued again (older repeats are still stored once, by INSERT OR IGNORE). Each costs about
-            210 bytes and a sweep enqueues one or two new blobs per call, so this bounds the writer's memory;
-            the repeats worth catching are near each other (the realizations of a trajectory are queued side by
-            side and send the same request).
-        busy_timeout_s: how long a write waits for another connection's write lock, in seconds.
-        give_up_after_s: once closing, how long failing writes are still retried before the rows pending are
-            given up (s).
-        on_trouble: called (on the loop's thread, with the error) when a commit first fails for the file's
-            sake, and again after a recovery if it fails anew; must not raise.
-        on_recovered: called (on the loop's thread) when every row pending through such trouble is committed;
-            must not raise.
-        spill_run_id: the run whose rows a give-up writes to a spill file (`rcarun.store.spill`) rather than
-            dropping them; None: they are dropped.
+    Enqueue methods are synchronous, keep order and run on the loop's thread; leaving the block commits all
+    (also on an error or cancel). ``max_queued_rows`` (4,000 of ~600 bytes: 8 batches) and ``max_queued_bytes``
+    bound the queue; ``on_trouble`` and ``on_recovered`` run on the loop's thread and must not raise;
+    ``spill_run_id`` None drops what a give-up holds.
     """
 
     def __init__(
@@ -504,7 +115,7 @@ class StoreWriter:
         # Bytes of blob data in ``_entries``.
         self._queued_bytes = 0
         # Rows taken off the queue and not committed yet, oldest first (more than one batch while writes fail).
-        self._pending: list[_Row] = []
+        self._pending: list[Row] = []
         # The events are only touched from the loop's thread. _has_entries: the writer task may have work.
         # _batch_due: a batch need not wait for its deadline (see `_push`). _room: the queue is below both its
         # bounds (or writes fail, so nobody should wait).
@@ -515,7 +126,7 @@ class StoreWriter:
         self._room = asyncio.Event()
         self._room.set()
         self._executor: ThreadPoolExecutor | None = None
-        self._batch_writer: _BatchWriter | None = None
+        self._batch_writer: BatchWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._entered = False
         self._closing = False
@@ -535,7 +146,7 @@ class StoreWriter:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rcarun-store-writer")
         try:
             self._batch_writer = await loop.run_in_executor(
-                self._executor, _BatchWriter, self._path, self._busy_timeout_s, self._run_id
+                self._executor, BatchWriter, self._path, self._busy_timeout_s, self._run_id
             )
         except BaseException:
             self._executor.shutdown(wait=False)
@@ -612,18 +223,14 @@ class StoreWriter:
         return self._unstored_answers
 
     def put_blob(self, data: bytes, sha256: str | None = None) -> str:
-        """Queue ``data`` for the blobs table (once) and return its key, the hex SHA-256 of ``data``.
-
-        The hash is computed here, synchronously, so the caller can put the key in a row at once; the same
-        bytes enqueued again while their hash is still remembered are not queued twice. A caller that already
-        hashed ``data`` passes ``sha256`` to skip hashing it again (it must be ``blob_sha256(data)``).
-        """
+        """Queue ``data`` for the blobs table (once while remembered) and return its key, ``blob_sha256(data)``
+        (which a caller that has it passes as ``sha256``)."""
         if sha256 is None:
             sha256 = blob_sha256(data)
         if sha256 in self._recent_blobs:
             self._recent_blobs.move_to_end(sha256)
             return sha256
-        self._enqueue(_Blob(sha256, data), run_id=None)
+        self._enqueue(Blob(sha256, data), run_id=None)
         if self._recent_blob_capacity:
             self._recent_blobs[sha256] = None
             if len(self._recent_blobs) > self._recent_blob_capacity:
@@ -661,14 +268,8 @@ class StoreWriter:
         self._enqueue(row, run_id=row.run_id)
 
     async def wait_for_room(self) -> None:
-        """Return once the queue is below ``max_queued_rows`` entries and ``max_queued_bytes`` of blob data (at
-        once, usually): the backpressure point.
-
-        While writes are failing it returns at once: the caller is about to find admission stopped.
-
-        Raises:
-            StoreError: the writer failed for good.
-        """
+        """The backpressure point: return once the queue is below its bounds (at once while writes fail: admission
+        stops then); `StoreError` when the writer failed for good."""
         self._raise_if_failed()
         while self._full() and self._failure is None and self._trouble is None:
             self._room.clear()
@@ -676,11 +277,7 @@ class StoreWriter:
         self._raise_if_failed()
 
     async def flush(self) -> None:
-        """Return once everything enqueued before this call is committed.
-
-        Raises:
-            StoreError: writes are failing (the rows stay pending and are retried) or failed for good.
-        """
+        """Return once everything enqueued before is committed; `StoreError` while writes fail or for good."""
         self._raise_if_failed()
         self._raise_if_troubled()
         self._require_open()
@@ -704,7 +301,7 @@ class StoreWriter:
         if self._closing:
             raise StoreError("the StoreWriter is closed")
 
-    def _enqueue(self, entry: _Row, *, run_id: int | None) -> None:
+    def _enqueue(self, entry: Row, *, run_id: int | None) -> None:
         if self._failure is not None or self._task is None or self._closing:
             self._raise_if_failed()
             self._require_open()
@@ -720,7 +317,7 @@ class StoreWriter:
         # wake-up per row cost a sweep more CPU than the rows' own inserts.
         self._entries.append(entry)
         kind = type(entry)
-        if kind is _Blob:
+        if kind is Blob:
             self._queued_bytes += len(entry.data)  # type: ignore[union-attr]
         elif kind is _FlushRequest or kind is _Stop:
             self._control_queued += 1
@@ -738,7 +335,7 @@ class StoreWriter:
         """The oldest queued entry, taken off the queue."""
         entry = self._entries.popleft()
         kind = type(entry)
-        if kind is _Blob:
+        if kind is Blob:
             self._queued_bytes -= len(entry.data)  # type: ignore[union-attr]
         elif kind is _FlushRequest or kind is _Stop:
             self._control_queued -= 1
@@ -752,12 +349,8 @@ class StoreWriter:
     async def _collect_batch(
         self, loop: asyncio.AbstractEventLoop
     ) -> tuple[bool, list[asyncio.Future[None]]]:
-        """Wait for an entry, then until the batch is due, and move it to ``_pending``.
-
-        A batch starts with the first entry queued and is taken once ``batch_size`` rows are queued, the queue is
-        full, a flush or the stop is queued, or ``flush_interval_s`` has passed since its first entry. It ends
-        before a flush request or the stop, which are returned (stopping, flushes) and not moved.
-        """
+        """Wait for an entry, then until the batch is due (full, a flush or stop queued, or ``flush_interval_s``
+        after its first entry), and move it to ``_pending``; return (stopping, flushes) met at its end."""
         while not self._entries:
             self._has_entries.clear()
             await self._has_entries.wait()
@@ -841,10 +434,7 @@ class StoreWriter:
             pass
 
     async def _commit_pending(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Commit the pending rows: one batch when writes go through, ever smaller chunks while they fail.
-
-        Returns whether anything was committed.
-        """
+        """Commit the pending rows (ever smaller chunks while writes fail); return whether any were committed."""
         assert self._batch_writer is not None
         chunk = self._batch_size if self._trouble is None else max(1, len(self._pending) // 2)
         committed_any = recovered = False
@@ -868,7 +458,7 @@ class StoreWriter:
             self._on_recovered()
         return committed_any
 
-    def _note_trouble(self, rows: Sequence[_Row], error: BaseException) -> None:
+    def _note_trouble(self, rows: Sequence[Row], error: BaseException) -> None:
         trouble = StoreError(
             f"writing {self._path} failed ({type(error).__name__}: {error}); "
             f"{len(self._pending)} rows ({_describe(self._pending)}) wait to be committed and are being retried"
@@ -882,56 +472,33 @@ class StoreWriter:
 
     async def _give_up(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop retrying: keep the pending rows in a spill file where one is allowed, else count them lost."""
-        answered = _answered_calls(self._pending)
+        answered = answered_calls(self._pending)
         cause = self._trouble.__cause__ if self._trouble is not None else None
         failing = f"writing {self._path} kept failing ({type(cause).__name__}: {cause})"
         rows = f"{len(self._pending)} rows: {_describe(self._pending)}"
-        spill_problem = ""
+        message = f"{failing}; {answered} answered calls could not be stored ({rows})"
         if self._spill_run_id is not None:
             try:
                 spilled = await loop.run_in_executor(self._executor, self._spill, list(self._pending))
             except (StoreError, sqlite3.Error, OSError) as error:
-                spill_problem = f"; keeping them in a spill file failed too ({error})"
+                message += f"; keeping them in a spill file failed too ({error})"
             else:
-                failure = StoreError(
+                message = (
                     f"{failing}; its {answered} answered calls ({rows}) are kept in {spilled}, which a resume of "
                     "the run stores first"
                 )
-                failure.__cause__ = cause
                 self._spilled_to = spilled
-                self._failure = failure
-                self._pending.clear()
-                self._room.set()
-                return
-        failure = StoreError(
-            f"{failing}; {answered} answered calls could not be stored ({rows}){spill_problem}"
-        )
-        failure.__cause__ = cause
-        self._unstored_answers = answered
-        self._failure = failure
+        if self._spilled_to is None:
+            self._unstored_answers = answered
+        self._failure = StoreError(message)
+        self._failure.__cause__ = cause
         self._pending.clear()
         self._room.set()
 
-    def _spill(self, rows: Sequence[_Row]) -> Path:
+    def _spill(self, rows: Sequence[Row]) -> Path:
         """Write ``rows`` to the run's spill file (on the writer's thread: it reads results.db, which still reads)."""
         assert self._batch_writer is not None and self._spill_run_id is not None
-        connection = self._batch_writer.connection
-        run = connection.execute(
-            "SELECT name, created_at FROM runs WHERE run_id = ?", (self._spill_run_id,)
-        ).fetchone()
-        if run is None:
-            raise StoreError(f"{self._path} has no run {self._spill_run_id}")
-        header = SpillHeader(
-            db=str(self._path.resolve()),
-            run_id=self._spill_run_id,
-            run_name=str(run[0]),
-            run_created_at=str(run[1]),
-            calls_before=_largest_call_id(connection, self._spill_run_id),
-            spill_id=uuid.uuid4().hex,
-            rows=len(rows),
-            answered=_answered_calls(rows),
-        )
-        return write_spill(header, (_spill_record(row) for row in rows))
+        return spill_rows(self._batch_writer.connection, self._path, self._spill_run_id, rows)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         """Turn an unexpected end of the writer task (a bug, or a cancelled loop) into a visible failure."""
@@ -939,7 +506,7 @@ class StoreWriter:
             cause = asyncio.CancelledError() if task.cancelled() else task.exception()
             failure = StoreError(f"the writer task for {self._path} ended unexpectedly ({cause!r})")
             failure.__cause__ = cause
-            self._unstored_answers = _answered_calls(self._pending) + _answered_calls(
+            self._unstored_answers = answered_calls(self._pending) + answered_calls(
                 [entry for entry in self._entries if not isinstance(entry, _FlushRequest | _Stop)]
             )
             self._failure = failure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from rcarun.data import Step, Trajectory, iter_dataset
 from rcarun.errors import ConfigError
 from rcarun.methods import Message, Reply, create_method
 from rcarun.methods.rcta.method import PRESET_REASONING, PRESETS, RCTA, RctaOptions, uniform_ids
+from rcarun.methods.rcta.options import ABLATIONS, Ablation
 
 # --- a routed scripted LLM --------------------------------------------------------------------------------
 
@@ -247,6 +249,27 @@ def test_registered_names_fix_their_ablation_and_label() -> None:
     assert rcta("rcta", ablation="no-a2").ablation == "no-a2"
     assert rcta("rcta/no-a3", ablation="no-a3").ablation == "no-a3"
     assert RCTA.shareable_stages == frozenset({"summary", "outline"})
+
+
+def test_every_ablation_name_resolves_to_the_flags_the_docs_table_gives() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "methods" / "rcta.md").read_text(encoding="utf-8")
+    header = next(line for line in doc.splitlines() if line.startswith("| flag |"))
+    conditions = [cell.strip() for cell in header.strip("|").split("|")][2:]
+    assert conditions == ["full", *ABLATIONS]
+    rows = [line for line in doc.splitlines() if re.match(r"\| `\w+` \| .* \| (on|off) \|$", line)]
+    table = {
+        row.split("|")[1].strip(" `"): [cell.strip() == "on" for cell in row.strip("|").split("|")[2:]]
+        for row in rows
+    }
+    flags = [f.name for f in dataclasses.fields(Ablation)]
+    assert sorted(table) == sorted(flags)
+    for column, name in enumerate([None, *ABLATIONS]):
+        resolved = Ablation.of(name)
+        assert {flag: getattr(resolved, flag) for flag in flags} == {
+            flag: table[flag][column] for flag in flags
+        }
+        if name is not None:
+            assert rcta(f"rcta/{name}").flags == resolved
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rcarun.data import Step, Trajectory
+from rcarun.methods.rcta.readers import parse_attribution, parse_local_summary, parse_outline
 from rcarun.methods.rcta.schemas import (
     CANDIDATE_TAGS,
     FAILURE_CATEGORIES,
@@ -17,9 +18,6 @@ from rcarun.methods.rcta.schemas import (
     fallback_outline,
     local_summary_schema,
     outline_schema,
-    parse_attribution,
-    parse_local_summary,
-    parse_outline,
 )
 from rcarun.mock.answers import generate_value
 

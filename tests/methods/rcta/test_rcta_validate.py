@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rcarun.data import Step, Trajectory
-from rcarun.methods.rcta.schemas import parse_attribution
+from rcarun.methods.rcta.readers import parse_attribution
 from rcarun.methods.rcta.validate import (
     COVERAGE_CHECKS,
     Validation,

@@ -1,12 +1,8 @@
 """The local model backend: forward passes over a causal LM on this machine, for methods that read a model's
-internals (SOAP, issue 18) instead of chatting with it.
+internals (SOAP) instead of chatting with it.
 
-Everything here is shaped after `rcarun.methods.forward.ForwardModel`, but returns its own `ForwardPass` (the
-same fields as `SegmentStates`): backends sit below methods and may not import them, so the runner, which must
-record and cache passes in results.db anyway, hands a method the field-for-field copy.
-
-torch and transformers are the optional extra ``rcarun[local]``; they are imported when a model is loaded or
-built, never when this package is, so ``import rcarun`` and the CLI work without them.
+Shaped after `rcarun.methods.forward.ForwardModel` but returning its own `ForwardPass` (backends may not import
+methods; the runner copies it across). torch and transformers (``rcarun[local]``) are imported only on use.
 """
 
 from __future__ import annotations

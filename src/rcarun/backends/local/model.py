@@ -1,21 +1,9 @@
 """`LocalForwardModel`: one causal LM on this machine, run forward over text segments and reduced per segment.
 
-SOAP reads hidden states and attentions over a whole trajectory (up to 8,192 tokens). Asking transformers for
-them (``output_hidden_states`` / ``output_attentions``) keeps every layer's token-level tensors until the pass
-ends: with a 32-head model at 8,192 tokens that is about 4 GB of attention weights per layer. Here forward hooks
-on the decoder layers and on their attention modules reduce each layer's tensors to per-segment values as soon
-as the layer has run, so at most one layer's attention matrix is alive at a time, and the logits for the
-negative log-likelihood are computed in chunks of the sequence.
-
-The token layout is fixed by `rcarun.methods.forward`: every segment is tokenized alone (no special tokens; a
-special token's text inside a segment is split like any text, since a trajectory is data) and the segments'
-ids are concatenated, with nothing between them, inside one user turn of the tokenizer's chat template with no
-system prompt. The template's prefix and suffix are found once by rendering it around a sentinel. A tokenizer
-without a chat template gets its BOS token (if it has one) as the prefix and nothing as the suffix. Because a
-segment's ids do not depend on the segments after it, a causal model gives segment ``i`` the same values in a
-pass over ``[s_0 … s_n]`` as in one over ``[s_0 … s_i]``.
-
-torch and transformers are imported inside functions only (the ``rcarun[local]`` extra).
+Forward hooks reduce each layer's tensors to per-segment values as soon as the layer has run (transformers'
+``output_attentions`` would keep ~4 GB a layer at 8,192 tokens), and the NLL's logits are computed in chunks.
+Segments are tokenized alone and concatenated in one user turn of the chat template. torch and transformers are
+imported inside functions only (the ``rcarun[local]`` extra). Details: docs/reliability.md ("The local model").
 """
 
 from __future__ import annotations
@@ -69,23 +57,8 @@ def require_local_extra() -> None:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ForwardPass:
-    """One forward pass reduced per segment: the fields of `rcarun.methods.forward.SegmentStates`, one for one.
-
-    Attributes:
-        n_tokens: tokens of each segment (the chat template's own tokens belong to none).
-        pooled: ``[n_layers + 1, n_segments, hidden]`` float32, each segment's token states mean-pooled at every
-            layer in transformers' ``hidden_states`` order: 0 is the embedding output, ``l`` the output of
-            decoder layer ``l``, and the last one is taken after the final norm, as transformers gives it.
-        attention: ``[n_layers, n_segments, n_segments]`` float32: at decoder layer ``l``, attention from the
-            tokens of segment ``i`` to those of ``j``, summed over ``j``'s tokens, averaged over ``i``'s tokens
-            and over heads. A layer without softmax attention (the linear-attention layers of a hybrid model)
-            is all NaN.
-        nll: ``[n_segments]`` float32 mean negative log-likelihood of each segment's tokens; the first token of
-            the whole input has no prediction and is left out.
-
-    A segment of no tokens has NaN in its ``pooled`` and ``nll`` entries and in its ``attention`` row (a mean
-    over nothing), and zeros in its ``attention`` column.
-    """
+    """One forward pass reduced per segment: the fields of `rcarun.methods.forward.SegmentStates`, one for one
+    (shapes and meanings in docs/reliability.md, "The local model")."""
 
     n_tokens: tuple[int, ...]
     pooled: npt.NDArray[np.float32]
@@ -95,13 +68,7 @@ class ForwardPass:
 
 @dataclass(frozen=True, slots=True)
 class TokenLayout:
-    """The ids of one pass and where each segment lies in them.
-
-    Attributes:
-        input_ids: template prefix, each segment's ids in order, template suffix.
-        starts: index in ``input_ids`` of each segment's first token.
-        n_tokens: tokens of each segment.
-    """
+    """The ids of one pass (template prefix, the segments, suffix) and each segment's start and length."""
 
     input_ids: tuple[int, ...]
     starts: tuple[int, ...]
@@ -129,18 +96,9 @@ class _RecordRule:
 class LocalForwardModel:
     """A frozen causal LM that runs forward over text segments (shaped after `ForwardModel`).
 
-    Build it with `load` (a path or a hub name) or from a model and tokenizer already in memory (`tiny_model`
-    does). Passes run one at a time on a dedicated thread, under ``torch.inference_mode()``, so the event loop
-    stays free and two passes never share the model at once.
-
-    Attributes:
-        name: the hub name or path, with ``@<commit>`` when the revision is known.
-        context_tokens: the most tokens one pass may hold, template included.
-        template_tokens: tokens of the chat template's prefix and suffix around the segments.
-        n_layers: decoder layers (``pooled`` has ``n_layers + 1`` entries).
-
-    Beyond `ForwardModel`: `attention_layers` (the layers whose attention is defined), `layout` (the ids of a
-    pass), `encode_blocking`, `close`, and the underlying `model` and `tokenizer`.
+    Build it with `load` or from a model and tokenizer in memory (`tiny_model`). Passes run one at a time on a
+    dedicated thread under ``torch.inference_mode()``, so the loop stays free. ``name`` carries ``@<commit>``
+    when the revision is known; ``context_tokens`` counts the template's ``template_tokens`` too.
     """
 
     name: str
@@ -214,14 +172,7 @@ class LocalForwardModel:
     ) -> LocalForwardModel:
         """Load any causal LM and its tokenizer from a path or a hub name, with eager attention.
 
-        Args:
-            source: a model directory or a hub name.
-            revision: a branch, tag or commit on the hub (None: the default branch).
-            dtype: ``float32``, ``bfloat16`` or ``float16``; None: bfloat16 on CUDA, float32 on the CPU.
-            device: a torch device; None: CUDA when present, else the CPU.
-            context_tokens: the most tokens one pass may hold, template included.
-            trust_remote_code: let transformers run the model repository's own code.
-            local_files_only: never reach the hub (a cached or local model only).
+        ``dtype`` None is bfloat16 on CUDA, float32 on the CPU; ``device`` None is CUDA when present.
 
         Raises:
             ConfigError: torch or transformers is missing, or ``dtype`` is not one of the three.
@@ -277,11 +228,7 @@ class LocalForwardModel:
         return len(self._segment_ids(text))
 
     def layout(self, segments: Sequence[str]) -> TokenLayout:
-        """The ids one pass over ``segments`` would run on.
-
-        Raises:
-            ValueError: no segments, or more than ``context_tokens`` with the template.
-        """
+        """The ids one pass over ``segments`` would run on; `ValueError` for none or too many tokens."""
         if isinstance(segments, str):
             raise TypeError("segments must be a sequence of strings, not one string")
         if not segments:
@@ -303,11 +250,7 @@ class LocalForwardModel:
         return TokenLayout(input_ids=tuple(ids), starts=tuple(starts), n_tokens=tuple(counts))
 
     async def encode(self, segments: Sequence[str]) -> ForwardPass:
-        """One forward pass over the segments, in one user turn, on the model's thread.
-
-        Raises:
-            ValueError: no segments, or more than ``context_tokens`` with the template (before any work).
-        """
+        """One forward pass over the segments on the model's thread; `ValueError` (before any work) as `layout`."""
         layout = self.layout(segments)
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, layout)
 

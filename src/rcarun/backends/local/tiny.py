@@ -1,10 +1,7 @@
 """A tiny causal LM with seeded random weights and a byte-level tokenizer, both built in code.
 
-Tests and the demo need a real transformers model to run the local backend end to end, without a download or a
-network. This one is a Llama-architecture model a few layers deep with grouped-query attention, and a tokenizer
-that maps every UTF-8 byte to one token, with a small chat template so that the template path is exercised.
-**Its weights are random: what it predicts, and the states it produces, mean nothing** beyond being a fixed
-function of the seed and the configuration.
+For tests and the demo, with no download: a small Llama-style model (grouped-query attention) and a byte
+tokenizer with a chat template. **Its weights are random: its outputs mean nothing** beyond the seed.
 """
 
 from __future__ import annotations
@@ -28,11 +25,7 @@ _SPECIAL_TOKENS = ("<s>", "<|end|>", "<pad>", "<|system|>", "<|user|>", "<|assis
 
 
 def tiny_tokenizer(*, chat_template: bool = True) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer: token ``b`` is byte ``b`` (0–255), then the special tokens from 256 on.
-
-    Args:
-        chat_template: give it `TINY_CHAT_TEMPLATE` (False: none, so the backend falls back to BOS alone).
-    """
+    """A byte-level tokenizer (token ``b`` is byte ``b``, specials from 256), with or without a chat template."""
     require_local_extra()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -64,19 +57,8 @@ def tiny_model(
     chat_template: bool = True,
     device: str | None = None,
 ) -> LocalForwardModel:
-    """A random Llama-style causal LM in float32, identical for identical arguments.
-
-    Args:
-        seed: seeds the weights (torch's global random state is left as it was).
-        n_layers: decoder layers.
-        hidden: hidden size (the MLP is twice as wide).
-        heads: attention heads; ``kv_heads`` key/value heads (fewer than ``heads``: grouped-query attention).
-        init_scale: standard deviation of the random weights. Larger than a trained model's usual 0.02 so that
-            the attention is far from uniform and the tests can tell reductions apart.
-        context_tokens: the backend's limit per pass.
-        chat_template: give the tokenizer a chat template (False: the BOS-only fallback).
-        device: a torch device; None: CUDA when present, else the CPU.
-    """
+    """A random Llama-style causal LM in float32, identical for identical arguments (torch's global random
+    state is left as it was). ``init_scale`` is above a trained model's 0.02 so attention is far from uniform."""
     require_local_extra()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

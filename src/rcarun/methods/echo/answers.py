@@ -1,18 +1,8 @@
 """What an ECHO analyst answers (the JSON schema it is asked for) and the strict reading of that answer.
 
-Every analyst call, in both halves of the decoupled mode too, is asked for the same object: a summary, per-agent
-evaluations, a primary conclusion and alternative hypotheses. The schema carries the recorded agents as an enum
-and the step range of the whole log as integer bounds (an analyst judges the whole run, whatever steps its
-context shows in full).
-
-Reading is strict and never repairs: a vote needs a JSON object with every required field: summary (string),
-agent_evaluations (array), alternative_hypotheses (array) and a primary_conclusion whose type is one of the two,
-whose attribution is a non-empty array of recorded agent names, whose mistake_step is an integer inside the log,
-whose confidence is a number in [0, 1] and whose reasoning is a string. Anything else is recorded with its
-problems and casts no vote. Agent evaluations are checked one by one (recorded agent, likelihood in [0, 1],
-step_index inside the log); invalid entries are skipped and recorded, and valid ones count for the fallback even
-when the answer's conclusion is malformed. A step (mistake_step, step_index) given as a digit string (``"12"``) is
-read as that integer, by the scorer's rule (`rcarun.data.parse_step`).
+Every call asks for the same object (summary, agent evaluations, primary conclusion, alternatives), bounded to
+the recorded agents and the whole log's steps. Reading never repairs: an answer that breaks a rule casts no
+vote and is recorded with its problems (``docs/methods/echo.md``).
 """
 
 from __future__ import annotations
@@ -87,7 +77,7 @@ def is_unit(value: object) -> TypeGuard[float]:
 
 
 def read_answer(answer: object, agents: Sequence[str], n_steps: int) -> AnswerReading:
-    """Validate one analyst answer strictly (never repaired); the rules are in the module docstring."""
+    """Validate one analyst answer strictly (never repaired); the rules are in docs/methods/echo.md."""
     if not isinstance(answer, dict):
         return AnswerReading(None, problems=("the answer is not a JSON object",))
     problems: list[str] = []

@@ -1,11 +1,9 @@
 """ECHO's hierarchical context (part 1 of the method): levels of detail around target steps, built without an LLM.
 
-The paper compresses a log with regex cue extraction, not with a model, so everything here is deterministic. Around
-a target step i: L1 = steps i-1..i+1 in full, L2 = i±2..3 reduced to a key decision (≤50 words), L3 = i±4..6
-reduced to an outcome (≤20 words), L4 = every step further away reduced to a milestone (≤15 words). The cue sets,
-the sentence rules and the order in which `fit_context` shrinks a view are specified in ``docs/methods/echo.md``.
-This module reduces steps and renders single views (the whole log, ``context="focal"``'s multi-focal view);
-`rcarun.methods.echo.targets` puts the per-target contexts together.
+Around a target step i, L1 = i±1 in full, L2 = i±2..3 as a key decision, L3 = i±4..6 as an outcome, L4 the rest
+as milestones, reduced by regex cues as the paper does. Cue sets, sentence rules and the fitting order:
+``docs/methods/echo.md``. Single views (``whole-log``, ``focal``) are rendered here; the per-target document
+is `rcarun.methods.echo.targets`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """ECHO: hierarchical context per target, a panel of independent analysts, a confidence-weighted vote.
 
-ECHO (Banerjee et al., 2025) as the baseline notes describe it (``baselines.md``, "ECHO"), under the LongRCA
-protocol (JSON answers, an explicit role and a 0-based step scored independently, no ground truth by default).
-The parts are modules tested on their own: `context` and `targets` (what the analysts read, no LLM), `answers`
-(the answer schema and its strict reading) and `vote` (the published vote and fallback). This module draws the
-panel, sends the calls and writes the output. The specification, every choice where the paper is open, the
-options and the output are in ``docs/methods/echo.md``.
-
-Cost: ``analysts`` calls per trajectory (``2 × analysts`` when decoupled) whatever the log's length and the
-``context`` mode; no per-step or per-view calls.
+ECHO (Banerjee et al., 2025) as ``baselines.md`` describes it, under the LongRCA protocol. This module holds the
+options, draws the panel, builds the view and sends ``analysts`` calls per trajectory (twice that when
+decoupled), whatever the log's length. The specification: ``docs/methods/echo.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
@@ -25,10 +19,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, Discriminator, Field, PositiveInt, Tag, model_validator
 
 from rcarun.data import Trajectory
-from rcarun.methods._options import MethodOptions, ReasoningOption, TupleOf, as_tuple, parse_options
+from rcarun.methods._options import MethodOptions, ReasoningOption, TupleOf, as_tuple
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import task_text
-from rcarun.methods.echo.answers import AnswerReading, Evaluation, answer_schema, is_unit, read_answer
+from rcarun.methods.echo.answers import AnswerReading, Evaluation, answer_schema, read_answer
 from rcarun.methods.echo.context import (
     ContextLine,
     ContextType,
@@ -36,8 +30,9 @@ from rcarun.methods.echo.context import (
     context_lines,
     fit_context,
 )
+from rcarun.methods.echo.record import call_record, output_record, rules_that_decided, unusable
 from rcarun.methods.echo.targets import NeighbourTargets, target_context
-from rcarun.methods.echo.vote import Vote, VoteOutcome, consensus_vote, pair_conclusion, score_key
+from rcarun.methods.echo.vote import Vote, consensus_vote, pair_conclusion
 from rcarun.methods.llm import LLM, Message
 from rcarun.methods.registry import method
 
@@ -48,7 +43,6 @@ PERSONAS: tuple[str, ...] = get_args(_Persona)
 STAGES: tuple[str, ...] = ("analyst",)
 
 _MIN_CONTEXT_CHARS = 2000
-_MAX_ALTERNATIVES = 5
 _CONTEXT_MARGIN_TOKENS = 512  # chat-template overhead and estimate error, besides the output budget
 _CAP_ROUNDS = 8
 _SECTION = re.compile(r"\[([a-z-]+)\]")  # a section header of a prompt file: "[name]" alone on its line
@@ -95,6 +89,8 @@ class EchoOptions(MethodOptions):
         include_ground_truth: show the correct final answer of the task.
     """
 
+    method_name = "echo"
+
     analysts: PositiveInt = 3
     personas: TupleOf[_Persona] | None = None
     temperatures: TupleOf[_Temperature] | None = None
@@ -134,10 +130,6 @@ class EchoOptions(MethodOptions):
         if self.context != "per-target" and "neighbour_targets" in given:
             raise ValueError("neighbour_targets applies only to context='per-target'")
         return self
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> EchoOptions:
-        return parse_options("echo", cls, options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,21 +375,7 @@ class Echo(Method):
                 readings.append(reading)
                 evaluations.extend(reading.evaluations)
                 alternatives.extend((analyst, a) for a in reading.alternatives)
-                record: dict[str, Any] = {
-                    "analyst": analyst,
-                    "persona": spec.persona,
-                    "temperature": spec.temperature,
-                    "focus": focus,
-                    "answer": reply.parsed if isinstance(reply.parsed, dict) else None,
-                    "finish_reason": reply.finish_reason,
-                    "well_formed": reading.conclusion is not None,
-                    "problems": list(reading.problems),
-                    "skipped_evaluations": list(reading.skipped),
-                }
-                if not isinstance(reply.parsed, dict):
-                    record["parse_error"] = reply.parse_error or "the answer is not a JSON object"
-                    record["raw_text"] = reply.text[:2000]
-                calls.append(record)
+                calls.append(call_record(analyst, spec, focus, reply, reading))
             first, last = readings[0].conclusion, readings[-1].conclusion
             if first is not None and last is not None:
                 # Decoupled: the agent-focused call came first, the step-focused one last.
@@ -411,7 +389,16 @@ class Echo(Method):
             n_steps=trajectory.n_steps,
             min_confidence=self.options.min_confidence,
         )
-        output = self._output(view.record, calls, votes, outcome, alternatives)
+        output = output_record(
+            self.panel,
+            decoupled=self.options.decoupled,
+            min_confidence=self.options.min_confidence,
+            context_info=view.record,
+            calls=calls,
+            votes=votes,
+            outcome=outcome,
+            alternatives=alternatives,
+        )
         role, step = outcome.role, outcome.mistake_step
         return Attribution(
             pred_role=role,
@@ -420,144 +407,15 @@ class Echo(Method):
             step_valid=step_is_valid(step, trajectory),
             abstained=role is None and step is None,
             output=output,
-            error=_unusable(calls, evaluations),
-            fallback=self._rules_that_decided(outcome, len(votes), len(self.panel), trajectory.n_steps),
+            error=unusable(calls, evaluations),
+            fallback=rules_that_decided(
+                outcome,
+                len(votes),
+                len(self.panel),
+                trajectory.n_steps,
+                min_confidence=self.options.min_confidence,
+            ),
         )
-
-    def _rules_that_decided(
-        self, outcome: VoteOutcome, n_votes: int, possible: int, n_steps: int
-    ) -> str | None:
-        """The design's rules that decided the answer instead of the votes (``docs/methods/echo.md``), or None.
-
-        ``possible`` is the number of votes the panel could cast (one per analyst).
-        """
-        malformed = possible - n_votes
-        low, floor = len(outcome.dropped), self.options.min_confidence
-        if outcome.fallback_used:
-            return (
-                f"echo: no vote kept ({malformed} of {possible} votes lost to malformed answers, {low} below "
-                f"min_confidence {floor}); agent with the highest mean error likelihood and its most likely "
-                "step chosen (published fallback)"
-            )
-        if outcome.winning_type is None:
-            if low:
-                return (
-                    f"echo: all {low} well-formed votes below min_confidence {floor} and no valid agent "
-                    "evaluation: abstains (published rule)"
-                )
-            return None
-        ties = []
-        sums = [score_key(value) for value in outcome.type_sums.values()]
-        if len(sums) > 1 and sums.count(max(sums)) > 1:
-            ties.append("conclusion types tied, single_agent taken")
-        scores = [score_key(score) for _, score in outcome.agent_scores]
-        if len(scores) > 1 and scores[0] == scores[1]:
-            ties.append("top agents tied, first in recorded order taken")
-        steps = [score_key(score) for step, score in outcome.step_scores if 0 <= step < n_steps]
-        if len(steps) > 1 and steps[0] == steps[1]:
-            ties.append("top steps tied, earliest taken")
-        return f"echo: {'; '.join(ties)} (published tie rules)" if ties else None
-
-    def _output(
-        self,
-        context_info: Mapping[str, Any],
-        calls: Sequence[Mapping[str, Any]],
-        votes: Sequence[Vote],
-        outcome: VoteOutcome,
-        alternatives: Sequence[tuple[int, Mapping[str, Any]]],
-    ) -> dict[str, Any]:
-        personas = {analyst: spec.persona for analyst, spec in enumerate(self.panel)}
-        kept = set(outcome.kept)
-        consensus: dict[str, Any] | None = None
-        if outcome.winning_type is not None:
-            winners = [
-                vote
-                for at, vote in enumerate(votes)
-                if at in kept and vote.conclusion.type == outcome.winning_type
-            ]
-            consensus = {
-                "type": outcome.winning_type,
-                "attribution": list(outcome.attribution),
-                "mistake_step": outcome.mistake_step,
-                "confidence": outcome.confidence,
-                "reasoning": _synthesis(outcome, winners, personas, len(self.panel)),
-            }
-        ranked_alternatives = sorted(
-            alternatives,
-            key=lambda item: -(float(item[1]["confidence"]) if is_unit(item[1].get("confidence")) else 0.0),
-        )
-        voted = {vote.analyst for vote in votes}
-        return {
-            "n_analysts": len(self.panel),
-            "n_calls": len(calls),
-            "decoupled": self.options.decoupled,
-            "panel": [{"persona": s.persona, "temperature": s.temperature} for s in self.panel],
-            "context": dict(context_info),
-            "calls": list(calls),
-            "vote_table": {
-                "min_confidence": self.options.min_confidence,
-                "votes": [
-                    {
-                        "analyst": v.analyst,
-                        "persona": personas[v.analyst],
-                        "type": v.conclusion.type,
-                        "attribution": list(v.conclusion.attribution),
-                        "mistake_step": v.conclusion.mistake_step,
-                        "confidence": v.conclusion.confidence,
-                        "kept": at in kept,
-                    }
-                    for at, v in enumerate(votes)
-                ],
-                "no_vote": [
-                    {"analyst": analyst} for analyst in range(len(self.panel)) if analyst not in voted
-                ],
-                "type_sums": dict(outcome.type_sums),
-                "winning_type": outcome.winning_type,
-                "agent_scores": [{"agent": a, "score": s} for a, s in outcome.agent_scores],
-                "step_scores": [{"step": st, "score": s} for st, s in outcome.step_scores],
-            },
-            "consensus": consensus,
-            "agent_mean_likelihood": dict(outcome.agent_mean_likelihood),
-            "alternative_hypotheses": [
-                {"analyst": analyst, **dict(hypothesis)}
-                for analyst, hypothesis in ranked_alternatives[:_MAX_ALTERNATIVES]
-            ],
-            "disagreement": {
-                "requires_review": outcome.requires_review,
-                "reasons": list(outcome.review_reasons),
-                "confidence_spread": outcome.confidence_spread,
-            },
-            "fallback": {
-                "used": outcome.fallback_used,
-                "agent": outcome.role if outcome.fallback_used else None,
-                "step": outcome.mistake_step if outcome.fallback_used else None,
-            },
-        }
-
-
-def _unusable(calls: Sequence[Mapping[str, Any]], evaluations: Sequence[Evaluation]) -> str | None:
-    """Why no analyst answer could be used, when none could (``docs/methods/echo.md``), else None."""
-    if not calls or evaluations or any(call["well_formed"] for call in calls):
-        return None
-    first = calls[0]
-    reason = first.get("parse_error") or "; ".join(first["problems"][:3]) or "malformed answer"
-    return f"no analyst answer could be used ({len(calls)} of {len(calls)} calls malformed); first: {reason}"
-
-
-def _synthesis(
-    outcome: VoteOutcome, winners: Sequence[Vote], personas: Mapping[int, str], possible: int
-) -> str:
-    """A deterministic account of the consensus, built from the winning votes (no LLM call)."""
-
-    names = ", ".join(personas[v.analyst] for v in winners)
-    agents = ", ".join(f"{agent} ({score:.2f})" for agent, score in outcome.agent_scores)
-    steps = ", ".join(f"{step} ({score:.2f})" for step, score in outcome.step_scores)
-    lines = [
-        f"{outcome.winning_type} conclusion backed by {len(winners)} of {possible} votes ({names}); "
-        f"agent scores: {agents}; step scores: {steps}."
-    ]
-    lines.extend(f"[{personas[v.analyst]}] {v.conclusion.reasoning}" for v in winners)
-    return "\n".join(lines)
 
 
 @method("echo")

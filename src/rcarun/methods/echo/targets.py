@@ -1,13 +1,8 @@
 """ECHO's per-target context: the paper's C_i of each target step i, put before an analyst in one document.
 
-The paper builds a context C_i around each target step i (L1-L4, `rcarun.methods.echo.context`), and every analyst
-makes one call (two when decoupled) per trajectory, so all the contexts an analyst reads share one prompt. The
-document holds the global context once (every step as an L4 milestone: the L4 part of every C_i), then one block
-per target with its L1, L2 and L3 steps and the range its L4 part covers. Every step is a target when that fits
-the character cap; otherwise the most evenly spaced targets that fit, and only then are contents cut or
-milestones left out. A neighbour that is itself a target is shown in full in both blocks (the literal C_i), or,
-with ``neighbour_targets="referenced"``, named in the other block. The reasons for these choices are in
-``docs/methods/echo.md``.
+An analyst makes one call per trajectory, so its contexts share one prompt: the L4 milestones once, then one
+block per target. Every step is a target when that fits the cap, else the most evenly spaced ones; why, and how
+neighbours that are targets are shown: ``docs/methods/echo.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """ECHO's consensus (part 3 of the method): the confidence-weighted vote, the decoupled pairing and the fallback.
 
-Pure functions over validated conclusions, tested without any model. The published vote (``baselines.md``,
-"ECHO"), with rcarun's tie rules where the notes are silent:
-
-- Conclusions with confidence < ``min_confidence`` (0.3) are dropped. The type with the largest sum of confidences
-  wins (a tie goes to single_agent, since the final answer is one agent).
-- In the winning group every agent named by a vote gets the vote's confidence (an agent named twice in one
-  attribution counts once); single_agent attributes the top agent, multi_agent every agent with score ≥
-  ``min_confidence`` — which is every agent named by a surviving vote — ordered by score. Steps get the
-  confidences of the votes naming them, and the top-scoring step inside [0, n) is chosen. Ties: agents by
-  recorded order, steps earliest first. The consensus confidence is the mean confidence of the winning votes.
-- Fallback when no vote survives: the agent with the highest mean error_likelihood over all valid evaluations
-  (ties by recorded order), and that agent's highest-likelihood evaluated step (ties earliest). With no valid
-  evaluation either, no answer (the method abstains).
-- Disagreement report: "requires review" when the surviving conclusions hold more than two types (impossible with
-  two types; kept for fidelity) or when the confidence spread (max - min) of the well-formed conclusions, before
-  the confidence filter, is above 0.5.
-- Decoupled mode (`pair_conclusion`): who (type and attribution) from the agent-focused answer, where
-  (mistake_step) from the step-focused one, weight min(agent_conf, step_conf).
-
-A vote is one analyst's conclusion on the context the whole panel reads (one per analyst and trajectory).
+Pure functions over validated conclusions, tested without any model: the published vote (``baselines.md``,
+"ECHO") with rcarun's tie rules where the notes are silent, stated in ``docs/methods/echo.md``.
 """
 
 from __future__ import annotations
@@ -158,20 +140,7 @@ def consensus_vote(
     # A tie between the types goes to single_agent: CONCLUSION_TYPES lists it first and max keeps the first.
     winning_type = max(CONCLUSION_TYPES, key=lambda kind: score_key(type_sums[kind]))
     group = [vote for vote in kept if vote.conclusion.type == winning_type]
-    agent_totals: dict[str, list[float]] = {}
-    step_totals: dict[int, list[float]] = {}
-    for vote in group:
-        for agent in dict.fromkeys(vote.conclusion.attribution):
-            agent_totals.setdefault(agent, []).append(vote.conclusion.confidence)
-        step_totals.setdefault(vote.conclusion.mistake_step, []).append(vote.conclusion.confidence)
-    agent_scores = sorted(
-        ((agent, math.fsum(values)) for agent, values in agent_totals.items()),
-        key=lambda item: (-score_key(item[1]), rank.get(item[0], len(rank)), item[0]),
-    )
-    step_scores = sorted(
-        ((step, math.fsum(values)) for step, values in step_totals.items()),
-        key=lambda item: (-score_key(item[1]), item[0]),
-    )
+    agent_scores, step_scores = _group_scores(group, rank)
     if winning_type == "single_agent":
         attribution: tuple[str, ...] = (agent_scores[0][0],)
     else:
@@ -194,6 +163,27 @@ def consensus_vote(
         confidence_spread=spread,
         review_reasons=review,
     )
+
+
+def _group_scores(
+    group: Sequence[Vote], rank: Mapping[str, int]
+) -> tuple[list[tuple[str, float]], list[tuple[int, float]]]:
+    """Summed confidence per agent (named once per vote) and per step, ranked with the tie rules."""
+    agent_totals: dict[str, list[float]] = {}
+    step_totals: dict[int, list[float]] = {}
+    for vote in group:
+        for agent in dict.fromkeys(vote.conclusion.attribution):
+            agent_totals.setdefault(agent, []).append(vote.conclusion.confidence)
+        step_totals.setdefault(vote.conclusion.mistake_step, []).append(vote.conclusion.confidence)
+    agent_scores = sorted(
+        ((agent, math.fsum(values)) for agent, values in agent_totals.items()),
+        key=lambda item: (-score_key(item[1]), rank.get(item[0], len(rank)), item[0]),
+    )
+    step_scores = sorted(
+        ((step, math.fsum(values)) for step, values in step_totals.items()),
+        key=lambda item: (-score_key(item[1]), item[0]),
+    )
+    return agent_scores, step_scores
 
 
 def _spread_of(votes: Sequence[Vote]) -> float | None:

@@ -1,9 +1,7 @@
 """FALAT stage 2, linking: the typed dependency graph of one trajectory (no LLM).
 
-FALAT separates error sources from downstream carriers by the dependencies among steps, so the walk (stage 4)
-and the pruning (stage 5) both read this graph: which earlier step each step answers, follows or takes data
-from, and the salient tokens that show content reuse. The linking rules and what counts as a salient token are
-written in the package docstring (`rcarun.methods.falat`, stage 2).
+The walk and the pruning both read it: which earlier step each step answers, follows or takes data from, and
+the salient tokens that show reuse. The rules: ``docs/methods/falat.md``, stage 2.
 """
 
 from __future__ import annotations
@@ -136,7 +134,7 @@ def link_steps(
     min_shared_tokens: int = 1,
     boilerplate_share: float = 0.5,
 ) -> DependencyGraph:
-    """Build the dependency graph of ``trajectory`` by the linking rules of the package docstring (stage 2).
+    """Build the dependency graph of ``trajectory`` by the linking rules of docs/methods/falat.md (stage 2).
 
     Args:
         trajectory: the run.

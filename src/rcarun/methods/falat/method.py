@@ -1,10 +1,7 @@
 """FALAT's options and the method that runs its six stages in order: 1 + at most k model calls per trajectory.
 
-The stages are tested on their own in their modules; this module wires them (typing, linking, locate, walk,
-pruning, verify, decision), keeps the compact output record, says which recorded fallback shaped a prediction
-(``Attribution.fallback``) or whether it rests on no answer of the model (``Attribution.error``), and
-registers the method as ``"falat"``. What each option does is in the package docstring
-(`rcarun.methods.falat`).
+Wires the stages, keeps the compact output record, says which recorded fallback shaped a prediction and
+registers ``"falat"``. What each option does: ``docs/methods/falat.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from rcarun.data import Trajectory, parse_step
-from rcarun.methods._options import MethodOptions, ReasoningOption, parse_options
+from rcarun.methods._options import JudgeOptions
 from rcarun.methods.base import Attribution, Method, role_is_valid, step_is_valid
 from rcarun.methods.context import (
     Truncation,
@@ -55,8 +52,8 @@ __all__ = ["Falat", "FalatOptions"]
 _METHOD = "falat"
 
 
-class FalatOptions(MethodOptions):
-    """FALAT's options table (a sweep's ``options`` for the method); the package docstring says what each
+class FalatOptions(JudgeOptions):
+    """FALAT's options table (a sweep's ``options`` for the method); docs/methods/falat.md says what each
     rule does with them.
 
     Attributes:
@@ -83,11 +80,9 @@ class FalatOptions(MethodOptions):
         verify_stage: the stage name the verify calls are recorded under.
     """
 
+    method_name = _METHOD
+
     max_tokens: PositiveInt = 8000
-    temperature: float | None = 0.0
-    reasoning: ReasoningOption = None
-    include_task: bool = True
-    include_ground_truth: bool = False
     truncation: TruncationPolicy = "cap-steps"
     max_candidates: PositiveInt = 8
     max_verify_calls: NonNegativeInt = 8
@@ -100,10 +95,6 @@ class FalatOptions(MethodOptions):
     reinstate_carriers: bool = False
     locate_stage: Annotated[str, Field(min_length=1)] = "locate"
     verify_stage: Annotated[str, Field(min_length=1)] = "verify"
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> FalatOptions:
-        return parse_options(_METHOD, cls, options)
 
 
 class Falat(Method):
@@ -241,7 +232,7 @@ def _locate_unreadable(failure: FailurePoint) -> bool:
 
 
 def _unusable(failure: FailurePoint, verdicts: Sequence[Verdict]) -> str | None:
-    """Why the prediction rests on no answer of the model (package docstring), or None."""
+    """Why the prediction rests on no answer of the model (docs/methods/falat.md), or None."""
     if not _locate_unreadable(failure) or any(verdict.valid for verdict in verdicts):
         return None
     reason = f"locate answer unreadable: {failure.error}"

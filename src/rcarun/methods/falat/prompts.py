@@ -1,12 +1,8 @@
 """The prompts of FALAT's two LLM stages: locate (stage 3) over the typed log, verify (stage 6) per candidate.
 
-Both show steps as ``[step k] (type) agent: content``, so that the model sees the types of stage 1 and the
-step numbers it must answer with. The locate prompt holds the whole log, fitted to the context window by the
-shared cap-steps policy (`rcarun.methods.context`). A verify prompt holds only the candidate, its nearest
-dependencies with the kinds and shared tokens of each link, the dependency path and the failure step, within
-a character budget in which the candidate may take twice the share of each other step (`weighted_caps`). The
-texts live in ``rcarun/methods/prompts/falat_*.txt``; the rules are in the package docstring
-(`rcarun.methods.falat`, stages 3 and 6).
+Steps show as ``[step k] (type) agent: content``; the locate prompt is fitted by the shared cap-steps policy,
+a verify prompt by `weighted_caps` (the candidate may take twice each other step's share). Texts:
+``prompts/falat_*.txt``; rules: ``docs/methods/falat.md``, stages 3 and 6.
 """
 
 from __future__ import annotations
@@ -98,18 +94,8 @@ def locate_messages(
     max_tokens: int,
     policy: TruncationPolicy,
 ) -> tuple[list[Message], Truncation]:
-    """The locate prompt over the whole typed log, fitted to ``llm``'s context window.
-
-    Args:
-        trajectory: the run.
-        types: `type_steps` of the run.
-        llm: whose context window the prompt is fitted to.
-        templates: the prompt texts.
-        task: the task as shown (`rcarun.methods.context.task_text`).
-        ground_truth: the ground-truth line, or "" (`rcarun.methods.context.ground_truth_line`).
-        max_tokens: the output budget the prompt leaves room for.
-        policy: the truncation policy (`rcarun.methods.context.TRUNCATION_POLICIES`).
-    """
+    """The locate prompt over the whole typed log, fitted to ``llm``'s context window under ``policy``, with room
+    for ``max_tokens``; ``task`` and ``ground_truth`` as `task_text` and `ground_truth_line` give them."""
     schema_text = json.dumps(locate_schema(trajectory.n_steps), ensure_ascii=False)
 
     def render(cap: int | None) -> str:
@@ -160,21 +146,9 @@ def verify_messages(
 ) -> tuple[list[Message], Truncation]:
     """The verify prompt for candidate ``step``: its nearest dependencies, itself and the failure step.
 
-    Args:
-        trajectory: the run.
-        types: `type_steps` of the run.
-        graph: `link_steps` of the run.
-        failure_point: the located failure.
-        candidates: the walk's candidates by step (the dependency path to the failure is read from them).
-        step: the candidate to verify.
-        llm: whose context window the prompt is fitted to.
-        templates: the prompt texts.
-        task: the task as shown (`rcarun.methods.context.task_text`).
-        ground_truth: the ground-truth line, or "" (`rcarun.methods.context.ground_truth_line`).
-        max_parents: the most direct dependencies shown, nearest first (``max_context_parents``).
-        max_chars: the characters of step text shown in all (``verify_context_chars``).
-        max_tokens: the output budget the prompt leaves room for.
-        policy: the truncation policy (`rcarun.methods.context.TRUNCATION_POLICIES`).
+    ``candidates`` are the walk's, by step (the dependency path to the failure is read from them);
+    ``max_parents`` (``max_context_parents``) dependencies are shown, nearest first, within ``max_chars``
+    (``verify_context_chars``) characters of step text. The rest as in `locate_messages`.
     """
     steps = trajectory.steps
     parent_edges = graph.parents(step)[:max_parents]
@@ -185,29 +159,19 @@ def verify_messages(
     allocated = weighted_caps([len(steps[s].content) for s in shown], weights, max_chars)
     alloc = dict(zip(shown, allocated, strict=True))
 
-    def link_note(edge: Edge) -> str:
-        note = f"-- step {step} depends on it by: {', '.join(edge.kinds)}"
-        if edge.shared:
-            note += f" (shared: {', '.join(edge.shared[:SHOWN_TOKENS])})"
-        return note
-
     def render(cap: int | None) -> str:
         def line(index: int) -> str:
             return render_step(steps[index], types[index].type, _min_cap(alloc[index], cap))
 
-        parents = "\n".join(f"{link_note(edge)}\n{line(edge.depends_on)}" for edge in parent_edges)
+        parents = "\n".join(f"{_link_note(edge, step)}\n{line(edge.depends_on)}" for edge in parent_edges)
         cut = cap is not None or any(a is not None and len(steps[s].content) > a for s, a in alloc.items())
         note = "\nSome long steps were cut in the middle; their step numbers are kept.\n" if cut else ""
-        if failure_point.fallback:
-            failure_note = f"The failure is taken to be visible at the last step, step {failure}."
-        else:
-            failure_note = f"The failure first becomes visible at step {failure}: {failure_point.reason}"
         path = " -> ".join(str(s) for s in path_to_failure(candidates, step))
         return templates.verify.substitute(
             task=task,
             ground_truth=ground_truth,
             n_steps=trajectory.n_steps,
-            failure_note=failure_note,
+            failure_note=_failure_note(failure_point),
             candidate=step,
             candidate_type=types[step].type,
             candidate_agent=_speaker(steps[step]),
@@ -228,3 +192,18 @@ def verify_messages(
         policy=policy,
     )
     return [Message("system", templates.system), Message("user", fitted.text)], fitted.truncation
+
+
+def _link_note(edge: Edge, step: int) -> str:
+    """How the candidate ``step`` depends on a parent shown above it: the link kinds and shared tokens."""
+    note = f"-- step {step} depends on it by: {', '.join(edge.kinds)}"
+    if edge.shared:
+        note += f" (shared: {', '.join(edge.shared[:SHOWN_TOKENS])})"
+    return note
+
+
+def _failure_note(failure_point: FailurePoint) -> str:
+    """Where the failure is visible, as the locate stage found it or as its fallback took it."""
+    if failure_point.fallback:
+        return f"The failure is taken to be visible at the last step, step {failure_point.step}."
+    return f"The failure first becomes visible at step {failure_point.step}: {failure_point.reason}"

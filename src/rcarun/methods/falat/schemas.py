@@ -1,10 +1,7 @@
 """The answers of FALAT's two LLM stages: their JSON schemas and strict readers (stages 3 and 6).
 
-Stage 3 (locate) asks where the failure becomes visible, stage 6 (verify) asks whether one candidate
-introduced it. Each call is constrained by a schema built here, and each answer is read into a frozen
-dataclass without repair: an unusable locate answer is the documented last-step fallback
-(`FailurePoint.fallback`), a malformed verdict is recorded as not ``valid`` and never counts as verified. The
-rules are in the package docstring (`rcarun.methods.falat`, stages 3 and 6).
+Answers are read into frozen dataclasses without repair: an unusable locate answer is the documented last-step
+fallback, a malformed verdict never counts as verified (``docs/methods/falat.md``).
 """
 
 from __future__ import annotations

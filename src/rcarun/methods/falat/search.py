@@ -1,10 +1,7 @@
 """FALAT stages 4 to 6 without the model: backward walk, pruning of carriers, verification search, decision.
 
-These are the rules that make FALAT a dependency-guided search rather than one judgement: which steps are
-candidates (stage 4, `walk_back`), which of them only carry an earlier candidate's content and are never
-verified (stage 5, `prune_carriers`), in which order the rest are verified and when the search stops (stage 6,
-`search_sources`, which takes the verification call as a function), and which step is chosen from the verdicts
-(`decide`). All are deterministic; the rules are in the package docstring (`rcarun.methods.falat`).
+The rules that make FALAT a dependency-guided search rather than one judgement, all deterministic
+(``docs/methods/falat.md``, stages 4–6); `search_sources` takes the verification call as a function.
 """
 
 from __future__ import annotations
@@ -172,7 +169,7 @@ async def search_sources(
     min_confidence: float,
     reinstate: bool = False,
 ) -> SearchResult:
-    """Verify source-most candidates earliest first, stopping at the first verified one (package docstring).
+    """Verify source-most candidates earliest first, stopping at the first verified one (docs/methods/falat.md).
 
     Args:
         pruning: the candidates after `prune_carriers`.
@@ -180,7 +177,7 @@ async def search_sources(
         max_calls: the most verifications made.
         min_confidence: the confidence a positive verdict needs.
         reinstate: put a carrier back into the queue once every candidate it carries from was cleared (the
-            ``reinstate_carriers`` option, off by default: not in the description, see the package docstring).
+            ``reinstate_carriers`` option, off by default: not in the description, see docs/methods/falat.md).
     """
     queue = list(pruning.kept)
     heapq.heapify(queue)

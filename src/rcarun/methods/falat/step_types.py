@@ -1,9 +1,7 @@
 """FALAT stage 1, typing: each step is a decision, a tool call, a tool output or a message (no LLM).
 
-The dependencies FALAT traces are typed by what their ends are, so every later stage reads these types: a tool
-output is linked to the call it answers, and prompts show each step's type. The rules, in the order they are
-tried, are written in the package docstring (`rcarun.methods.falat`, stage 1); `TypedStep.rule` names the
-clause that matched so that a surprising type can be traced to its rule.
+Every later stage reads these types. The rules, in the order tried, are in ``docs/methods/falat.md`` (stage 1);
+`TypedStep.rule` names the clause that matched, so a surprising type can be traced.
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ class TypedStep:
 
 
 def type_step(step: Step) -> TypedStep:
-    """Type one step by the first matching rule of the package docstring (stage 1)."""
+    """Type one step by the first matching rule of docs/methods/falat.md (stage 1)."""
     speaker = re.sub(r"[\s_\-]+", "", step.agent).casefold()
     content = step.content
     if speaker in _TERMINAL_AGENTS:

@@ -1,43 +1,7 @@
 """Candidate pooling: which proposed steps become RCTA's base candidates, in which order (A1, LongRCA App. H).
 
-Segment summaries and the trajectory outline guide candidate retrieval (paper abstract, Sec. 4.1; summary App. F:
-RCTA "retrieves source steps from summaries and phases"). Before handoff augmentation (A2) RCTA pools their step
-hints into at most 80 base candidates whose original text the attribution call will read. The order matters only
-for which hints survive the cap; it says nothing about the final root decision.
-
-Where the hints come from:
-
-- Local summaries: every ``proposed_steps`` entry, with its tags and note (source ``"summary"``).
-- The outline: for every phase, the step ids of each of its ``failure_signals`` (note: the signal's severity and
-  description) and the first three of its ``supporting_step_ids`` (note: the phase it supports) — source
-  ``"outline"``. Which outline ids count is the release's rule (release notes 3.6: "every ID in every phase's
-  failure_signals; the first 3 supporting_step_ids of each phase"); the paper says only that the phases supply
-  source steps. Outline hints carry no candidate tag: the outline does not classify steps, so on their own they
-  are "other candidates" (priority 3, rule 2), and a step a summary also proposed keeps the summary's tags. The
-  one-phase-per-summary fallback outline has no failure signals or supporting ids and adds nothing.
-
-Rules (paper App. H "Candidate ordering and role matching"; the release pipeline has none of them — it takes the
-sorted union of all hinted ids with no priority and no cap, release notes 3.6 / 3.13 item 1 — so the paper is
-followed throughout):
-
-1. Hints are deduplicated by integer step id. Merging keeps every distinct value of the hint fields the paper
-   names, in order of first appearance (the summaries in segment order and answer order, then the outline's
-   phases in order): the *role* of a hint is its tag (the part it plays in the failure chain: manifestation,
-   root, terminal context, other), its *source* where it came from — ``Candidate.source`` is ``"summary"``,
-   ``"outline"`` or ``"both"``, and ``Candidate.proposed_by`` names each proposer (``"local:<segment id>"``,
-   ``"outline:<phase id>"``) — and its *note* the reason given (empty notes dropped).
-2. Base priority: possible_manifestation 0, possible_root 1, terminal_context 2, other 3. The tags are matched in
-   exactly that order and the first one the merged hint carries sets the base priority (so it is the smallest
-   number among its tags). A hint whose tags include none of the four (only ``recovered_noise``, unknown tags
-   the reader kept and flagged, or an outline hint with no tag) counts as "other candidates": 3.
-3. A hint tagged ``recovered_noise`` adds 3 — once, however many of the merged hints carry the tag.
-4. Ties are broken by ascending step id.
-5. The first ``cap`` (80) candidates are kept.
-6. Only ids present in the trajectory become base candidates. The paper applies this when excerpts are built,
-   after the cap ("the first 80 candidates are retained ... actual excerpts contain only IDs present in the
-   trajectory"), and so do we: an id outside the trajectory can take a slot and is then dropped (recorded in
-   ``dropped``). The stage schemas restrict ids to the trajectory (a summary's to its segment's own steps), so
-   this happens only when a model ignores its schema.
+The summaries' and the outline's step hints are merged, prioritised by tag and capped (80) before handoff
+augmentation. Sources and rules: ``docs/methods/rcta.md`` ("Candidate pooling").
 """
 
 from __future__ import annotations
@@ -83,16 +47,10 @@ HintSource = Literal["summary", "outline", "both"]
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One pooled step with its merged hints.
+    """One pooled step with its merged hints, each kind distinct in order of first appearance.
 
-    Attributes:
-        step_id: the proposed step.
-        tags: the distinct tags (the hints' roles) in order of first appearance; empty for an outline-only hint.
-        proposed_by: the distinct proposers in order of first appearance: ``"local:<segment id>"`` for a local
-            summary, ``"outline:<phase id>"`` for a phase of the outline.
-        notes: the distinct non-empty notes, in order of first appearance.
-        base_priority: from the first matching tag (rule 2 of the module docstring).
-        priority: ``base_priority`` plus 3 for recovered noise; lower is retrieved first.
+    ``proposed_by`` names ``"local:<segment id>"`` or ``"outline:<phase id>"``; ``priority`` is
+    ``base_priority`` (docs/methods/rcta.md, rule 2) plus 3 for recovered noise, lower retrieved first.
     """
 
     step_id: int
@@ -118,14 +76,10 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class CandidatePool:
-    """The base candidates and what was left out, for diagnostics (candidate retention, App. H).
+    """The base candidates in retrieval order and what was left out, for diagnostics (App. H).
 
-    Attributes:
-        candidates: the kept candidates in retrieval order (priority, then step id).
-        overflow: candidates ranked beyond the cap, in retrieval order.
-        dropped: ids within the cap that are not steps of the trajectory, in retrieval order.
-        n_proposals: hints read from the summaries before deduplication.
-        n_outline_hints: hints read from the outline before deduplication.
+    ``overflow``: ranked beyond the cap; ``dropped``: ids within the cap that are no step of the trajectory;
+    the counts are hints before deduplication.
     """
 
     candidates: tuple[Candidate, ...]
@@ -179,14 +133,7 @@ def pool_candidates(
     outline: Outline | None = None,
     cap: int = DEFAULT_CAP,
 ) -> CandidatePool:
-    """Pool, prioritise and cap the steps the local summaries and the outline hint at (module docstring).
-
-    Args:
-        local_summaries: the read summaries, in segment order.
-        trajectory: decides which ids exist.
-        outline: the outline used for attribution (a fallback outline adds nothing); None pools summaries only.
-        cap: how many candidates are kept (80 in the paper).
-    """
+    """Pool, prioritise and cap (80 in the paper) the steps the summaries and the outline hint at."""
     if cap < 0:
         raise ValueError("cap must not be negative")
     merged: dict[int, _Merged] = {}
@@ -220,7 +167,7 @@ def pool_candidates(
 
 
 def _outline_hints(outline: Outline | None) -> list[tuple[int, str, str]]:
-    """The outline's step hints as ``(step id, proposer, note)``, phase by phase (module docstring)."""
+    """The outline's step hints as ``(step id, proposer, note)``, phase by phase."""
     if outline is None:
         return []
     hints: list[tuple[int, str, str]] = []

@@ -1,67 +1,7 @@
 """Step enrichment: the per-step facts RCTA's deterministic parts read (release notes 3.3; no LLM).
 
-Why: the segmenter cuts on finish actions, verifier PASS/FAIL flips and role-class shifts, and the later stages
-show heads/tails, fingerprints and handoff targets. Computing those facts once, from the recorded name, role and
-text only, keeps every consumer in agreement and makes each rule testable alone.
-
-Fields of an `EnrichedStep` (one per `rcarun.data.Step`):
-
-- ``step_id`` = `Step.index`; ``role`` = `Step.role` (the chat role in LongRCA and AG2, the raw Magentic-One
-  role such as ``"Orchestrator (thought)"`` in Who&When hand_crafted); ``agent_raw`` = `Step.agent`;
-  ``role_class`` = `role_class(agent_raw)` with the PAPER's App. H list (`rcarun.methods.rcta.roles`), not the
-  release's narrower one (the paper is the default where the two differ).
-- ``content`` in full; ``head`` = the first 500 characters; ``tail`` = the last 500 characters, or ``""`` when
-  the content is at most 500 characters long (the release's choice: the tail never repeats a short head);
-  ``content_len`` = ``len(content)`` in code points (the unit every character limit of RCTA uses).
-- ``delegate_target`` = `Step.handoff`'s recipient (the name's ``(-> X)`` first, else the role's), else None.
-
-``action_type``, the first rule that matches (the release's order; its ``action_finish`` / ``action_bash`` /
-``action_python`` are called ``finish`` / ``bash`` / ``python`` here):
-
-1. chat role exactly ``"user"`` and class ``human`` → ``message``;
-2. chat role exactly ``"user"`` and class ``terminal`` → ``observation``;
-3. a delegate target → ``delegate``;
-4. class ``verifier`` → ``judge``;
-5. the content contains ``finish(`` (a word boundary before ``finish``, optional whitespace before the
-   parenthesis, any case) → ``finish``;
-6. a fenced block opened as ```` ```bash ````, ```` ```shell ```` or ```` ```sh ```` (any case, optional
-   whitespace after the backticks) → ``bash``;
-7. a fenced block opened as ```` ```python ```` → ``python``;
-8. the content contains the literal ``<think>`` and, with every closed ``<think>...</think>`` block removed
-   (any case, across lines) and the rest trimmed, fewer than 80 characters remain → ``thinking`` (the text of
-   an unclosed block counts as outside it);
-9. otherwise ``message``.
-
-Rules 1 and 2 compare the chat role as recorded, as the release does, so they never fire on Who&When
-hand_crafted, whose roles are Magentic-One labels (``"human"``, ``"ComputerTerminal"``); those steps fall
-through to the later rules.
-
-``exit_code``: the first match of ``exit code`` / ``exit_code`` / ``exitcode`` / ``return code`` /
-``return_code`` / ``returncode`` followed by ``:`` or ``=`` and an integer (any case, optional whitespace
-around the separator; this already covers AG2's ``"exitcode: 1 (execution failed)"``); only when that pattern
-is absent anywhere, the first ``exited with code N``. The release's precedence: the first pattern wins even
-when the second occurs earlier. Forms without a separator (``"exit code 1"``) are not parsed.
-
-``success``: ``exit_code == 0`` when an exit code was parsed; else False when a whole-word, case-sensitive
-error token ``Error``, ``Traceback``, ``Exception``, ``FAIL`` or ``fatal`` appears (so ``"TypeError"`` alone
-does not count, a traceback does); else None (unknown).
-
-``verifier_signal``: only for steps of class ``verifier`` or ``terminal``, else None. FAIL phrases are tested
-first, then PASS phrases, all case-insensitive, ``\\s`` standing for any whitespace run:
-
-- FAIL: ``verdict[:=]fail``, ``verify[:=]fail`` (whitespace allowed around the separator), ``test(s) failed``,
-  ``assertion error`` / ``AssertionError``, ``verification fail...``;
-- PASS: ``verdict[:=]pass``, ``verify[:=]pass``, ``test(s) passed``, ``all tests pass...``,
-  ``verification success...``.
-
-These are the release's lists, kept because the paper only says the markers are optional boundary cues. They
-are crude on purpose (``"0 tests failed"`` reads as FAIL) and never used as a judgement of the run.
-
-``step_hash``: the first 16 hex digits of SHA-1 over the UTF-8 bytes of
-``f"{step_id}|{agent_raw}|{head200}|{tail200}"``, where ``head200`` is the first 200 characters of the content
-and ``tail200`` the last 200 characters when the content is longer than 200, else ``""`` (the release's
-layout). Characters UTF-8 cannot encode (lone surrogates) become ``?``. The hash fingerprints a step for
-caches and audit trails; it is not a security device.
+Computed once, from the recorded name, role and text only, so that every consumer agrees and each rule is
+tested alone. The fields and their rules: ``docs/methods/rcta.md`` ("Step enrichment").
 """
 
 from __future__ import annotations
@@ -69,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from rcarun.data import Step, Trajectory
 
@@ -95,16 +35,7 @@ __all__ = [
 ]
 
 ActionType = Literal["message", "observation", "delegate", "judge", "finish", "bash", "python", "thinking"]
-ACTION_TYPES: tuple[ActionType, ...] = (
-    "message",
-    "observation",
-    "delegate",
-    "judge",
-    "finish",
-    "bash",
-    "python",
-    "thinking",
-)
+ACTION_TYPES: tuple[ActionType, ...] = get_args(ActionType)
 VerifierSignal = Literal["PASS", "FAIL"]
 
 HEAD_CHARS = 500
@@ -136,23 +67,10 @@ _ERROR_TOKEN = re.compile(r"\b(?:Error|Traceback|Exception|FAIL|fatal)\b")
 
 @dataclass(frozen=True, slots=True)
 class EnrichedStep:
-    """One step with the facts RCTA's deterministic stages read (rules in the module docstring).
+    """One step with the facts RCTA's deterministic stages read (each field's rule: docs/methods/rcta.md).
 
-    Attributes:
-        step_id: the step's 0-based index, the id methods predict.
-        role: the recorded chat role (`Step.role`).
-        agent_raw: the recorded agent name (`Step.agent`), possibly a handoff form.
-        role_class: the App. H class of `agent_raw`.
-        action_type: what the step does, by the nine-rule decision order.
-        content: the full text.
-        head: the first 500 characters.
-        tail: the last 500 characters, ``""`` when the content is at most 500 characters.
-        content_len: ``len(content)``.
-        step_hash: 16 hex digits fingerprinting id, name and the content's ends.
-        exit_code: the parsed exit/return code, or None.
-        success: True/False from the exit code or error tokens, None when unknown.
-        verifier_signal: ``"PASS"``/``"FAIL"`` for verifier and terminal steps that say so, else None.
-        delegate_target: the recipient of the step's explicit handoff, or None.
+    ``role`` and ``agent_raw`` are `Step.role` and `Step.agent` as recorded; ``tail`` is ``""`` for content of
+    at most 500 characters; ``success`` is None when unknown.
     """
 
     step_id: int
@@ -172,7 +90,7 @@ class EnrichedStep:
 
 
 def classify_action(role: str, klass: RoleClass, content: str, delegate_target: str | None) -> ActionType:
-    """The action type by the decision order 1-9 of the module docstring."""
+    """The action type by the decision order 1-9 in docs/methods/rcta.md."""
     if role == "user" and klass == "human":
         return "message"
     if role == "user" and klass == "terminal":

@@ -1,32 +1,7 @@
 """Quote grounding: does a quote cited from a handoff really come from that handoff's logged text?
 
-Why: when RCTA's attribution claims that an executor faithfully implemented a flawed instruction and moves the
-root up to the handoff, validation (A4) checks the provenance of the cited instruction text: the quote must match
-the logged instruction (paper Sec. 4.2, "checks ... the provenance of cited handoff evidence"; App. F: "a textual
-provenance check matches the cited text to the logged instruction but does not verify that it contains the same
-causal error"). The paper gives no rule; this module implements the release's (notes 3.10, ``_quote_grounded``).
-
-Normalisation (for the substring rule): runs of whitespace (any ``str.isspace`` character: spaces, tabs,
-newlines) become one space, leading and trailing whitespace is removed, and the text is lowercased with
-``str.lower`` (not ``casefold``: ``"ß"`` stays ``"ß"``). Punctuation is NOT touched: ``"run the tests,"`` is
-not a substring of ``"run the tests;"``. No Unicode normalisation.
-
-Words (for the word rule): maximal ASCII runs ``[A-Za-z_][A-Za-z0-9_]*`` of at least 4 characters, lowercased,
-taken as a SET of distinct words (a repeated word counts once). A word "occurs in the source" when the source's
-word set contains it: whole-word matching, not substring (``"test"`` does not occur in ``"tests"``). Letters
-outside ASCII split words (``"naïve"`` yields no word of 4+ characters), as in the release.
-
-Rule, in the release's order (`quote_is_grounded`):
-
-1. The normalised quote must be at least 15 characters long; a shorter quote is never grounded.
-2. ``substring``: the normalised quote occurs in the normalised source.
-3. ``words``: the quote has at least 4 distinct words and at least 80% of them occur in the source
-   (compared exactly in integers: ``5 * shared >= 4 * words``; 4 of 5 passes, 3 of 4 does not).
-
-The 15-character gate of step 1 never decides the word rule in practice: 4 distinct words of 4+ characters need
-at least 3 separators, so such a quote is at least 19 characters long. The brief's phrase "4+ letters" is
-implemented as the release's identifier-like words (letters, digits and underscores, starting with a letter or
-underscore).
+A4 checks the provenance of cited instruction text (paper Sec. 4.2, App. F) with the release's rule (notes
+3.10). Normalisation, words and thresholds: ``docs/methods/rcta.md`` ("Quote grounding").
 """
 
 from __future__ import annotations
@@ -59,16 +34,9 @@ _WORD_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class GroundingDetail:
-    """Why a quote is or is not grounded, with the numbers behind it.
+    """Why a quote is or is not grounded: the rule that did (``"substring"`` tried first) and the counts.
 
-    Attributes:
-        grounded: the verdict of `quote_is_grounded`.
-        rule: the rule that grounded it (``"substring"`` tried first), or None.
-        quote_chars: the length of the normalised quote.
-        substring: whether the normalised quote occurs in the normalised source (computed even when too short).
-        quote_words: how many distinct words of 4+ characters the quote has.
-        shared_words: how many of them occur in the source's words.
-        word_share: ``shared_words / quote_words``, or None when the quote has no such word.
+    ``substring`` is computed even for a quote too short to count; ``word_share`` is None without words.
     """
 
     grounded: bool
@@ -86,20 +54,12 @@ def normalize_quote_text(text: str) -> str:
 
 
 def quote_words(text: str) -> frozenset[str]:
-    """The distinct lowercased words of 4+ characters of ``text`` (definition in the module docstring)."""
+    """The distinct lowercased words of 4+ characters of ``text`` (docs/methods/rcta.md)."""
     return frozenset(word.lower() for word in _WORD_RUN.findall(text) if len(word) >= MIN_WORD_CHARS)
 
 
 def grounding_detail(quote: str, source_text: str) -> GroundingDetail:
-    """Apply the grounding rule and report which part of it matched, with the numbers.
-
-    Args:
-        quote: the text the attribution cites.
-        source_text: the logged text it claims to come from (the handoff step's content).
-
-    Returns:
-        The verdict, the rule that matched and the counts behind both rules.
-    """
+    """Apply the grounding rule to a cited ``quote`` and the handoff text it claims; report what matched."""
     quote_norm = normalize_quote_text(quote)
     substring = bool(quote_norm) and quote_norm in normalize_quote_text(source_text)
     words = quote_words(quote)
@@ -125,5 +85,5 @@ def grounding_detail(quote: str, source_text: str) -> GroundingDetail:
 
 
 def quote_is_grounded(quote: str, source_text: str) -> bool:
-    """True when ``quote`` is grounded in ``source_text`` by the rule in the module docstring."""
+    """True when ``quote`` is grounded in ``source_text`` by the rule in docs/methods/rcta.md."""
     return grounding_detail(quote, source_text).grounded

@@ -1,59 +1,7 @@
 """Handoff evidence retrieval (RCTA's A2): which logged instruction each candidate step is compared with.
 
-Why: a late, visible error often only carries out a flawed instruction given earlier. RCTA therefore adds, for
-every base candidate, the nearest earlier handoff that plausibly instructed it, so that the attribution call can
-judge whether the decisive error was already in the instruction (LongRCA Sec. 4.2; App. H "Candidate ordering and
-role matching"; release notes 3.7). This module is pure and deterministic; it never calls an LLM.
-
-What a handoff is: a step that announces an explicit handoff, `rcarun.data.Step.handoff` — a trailing
-``(-> X)`` / ``(→ X)`` in the step's agent name first (LongRCA, ``"DiagnostAgent (-> ActionAgent)"``), else in
-its raw role (Who&When Magentic-One, ``"Orchestrator (-> WebSurfer)"``). `handoffs_of` lists them as
-`HandoffRecord` values. Handoffs are only ever read from the log: nothing is synthesised, inferred from content
-or guessed from a role class.
-
-The rule for one candidate step ``c`` (`nearest_handoff_for`):
-
-1. The candidate's raw agent name is ``Step.agent`` exactly as loaded (LongRCA: the recorded ``name``, possibly
-   itself a handoff form; Who&When hand-crafted: the role without its suffix, e.g. ``"WebSurfer"``). Its class is
-   `rcarun.methods.rcta.roles.role_class` of that name (a handoff form is classified by its sender).
-2. Executor or verifier class: the nearest handoff at a step ``< c`` whose recipient equals the raw agent name,
-   compared case-sensitively and without trimming or normalising either side beyond what the data layer already
-   did (``"ActionAgent"`` never matches a handoff to ``"actionagent"``). When none exists the answer is None:
-   there is NO fallback to a handoff addressed to someone else, even when one exists.
-3. Any other class (planner, terminal, human, unknown): the nearest handoff at a step ``< c``, whoever the
-   recipient is ("plan context").
-4. A step id outside ``0 <= c < n_steps`` gets None.
-
-Consequences worth knowing:
-
-* "Nearest earlier" is STRICTLY earlier in both branches. The paper states "strictly earlier" only for the
-  executor/verifier branch and says "nearest earlier" for the others; the release (3.7, and its
-  ``_nearest_preceding_delegate``) uses the same strict comparison for both, which we follow where the paper is
-  silent. A handoff step that is itself a candidate is therefore paired with the PREVIOUS handoff, not with
-  itself, and a handoff after the candidate is never used.
-* An executor or verifier candidate whose raw name is itself a handoff form (``"ActionAgent (-> JudgeAgent)"``)
-  is matched against recipients with that full string, which no parsed recipient equals, so it gets None. Both
-  sources compare against the candidate's recorded name; we do not strip the suffix.
-* Who&When hand-crafted: the Orchestrator's step has agent ``"Orchestrator"`` and role ``"Orchestrator (->
-  WebSurfer)"``; its recipient ``"WebSurfer"`` equals the WebSurfer step's agent, so the executor branch finds it.
-
-Where paper and release differ, the paper is followed:
-
-* Role classes: the paper's App. H lists (`role_class`: WebSurfer, FileSurfer, Assistant, Coder, the TravelPlanner
-  agents, the ``*Expert`` rule, ...). The release's default profile knows only the OpenHands/Magentic names and
-  its Who&When profile gives every raw name its own class, so there Who&When executors and TravelPlanner agents
-  fall into the any-recipient branch; here they take the recipient-matching branch.
-* Which steps are handoffs: every step that announces one (paper: "a logged message in which a sender instructs a
-  recipient"). The release's enricher tests a ``user``-role human or terminal step for message/observation before
-  it looks for a delegate target, so such a step would not count as a delegate there; no Who&When step is such a
-  case (all of its handoffs are Orchestrator steps).
-
-Augmentation (`augment_with_handoffs`): the base ids are deduplicated; each base id that is a step of the
-trajectory gets at most one handoff by the rule above; the augmented set is the union, deduplicated and sorted
-ascending (release 3.7) with NO second cap (paper App. H: "the expanded set is deduplicated without a second
-80-step cap"). Added handoffs are not themselves augmented again; a candidate that is itself a handoff stays.
-Base ids that are not steps of the trajectory pass through unchanged and get no handoff (the release keeps them
-too; excerpts later contain only ids present in the trajectory, App. H).
+A late, visible error often only carries out a flawed instruction given earlier, so every base candidate
+gets the nearest earlier handoff that plausibly instructed it. Rules: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -84,15 +32,9 @@ MatchRule = Literal["recipient", "any"]
 
 @dataclass(frozen=True, slots=True)
 class HandoffRecord:
-    """One logged handoff instruction.
+    """One logged handoff instruction: its step, parsed sender and recipient, raw ``Step.agent``, and text.
 
-    Attributes:
-        step: the step id (0-based index) of the instructing step.
-        sender: the agent that hands off, as parsed (e.g. ``"DiagnostAgent"``, ``"Orchestrator"``).
-        recipient: the agent handed to, as parsed (e.g. ``"ActionAgent"``, ``"WebSurfer"``).
-        agent: the raw agent name of the step, ``Step.agent`` (LongRCA: the handoff form itself; Who&When:
-            ``"Orchestrator"``).
-        text: the full content of the step, the instruction text a quote is grounded in.
+    ``text`` is the step's full content, the instruction a quote is grounded in.
     """
 
     step: int
@@ -104,13 +46,7 @@ class HandoffRecord:
 
 @dataclass(frozen=True, slots=True)
 class HandoffLink:
-    """A candidate and the handoff retrieved for it.
-
-    Attributes:
-        candidate: the candidate's step id.
-        handoff: the retrieved handoff's step id (always ``< candidate``).
-        rule: which branch found it (``"recipient"`` for executor/verifier candidates, else ``"any"``).
-    """
+    """A candidate's step, the earlier handoff retrieved for it, and the `MatchRule` branch that found it."""
 
     candidate: int
     handoff: int
@@ -119,13 +55,10 @@ class HandoffLink:
 
 @dataclass(frozen=True, slots=True)
 class Augmentation:
-    """The base candidates with their handoff evidence added.
+    """The base candidates with their handoff evidence added; every id tuple is deduplicated and ascending.
 
-    Attributes:
-        base: the base candidate ids, deduplicated, ascending (ids outside the trajectory included).
-        ids: the augmented set, ``base`` plus every retrieved handoff, deduplicated, ascending, uncapped.
-        links: one link per base candidate that got a handoff, in ascending candidate order.
-        added: the ids in `ids` that are not in `base` (handoffs that were not already candidates), ascending.
+    ``ids`` is ``base`` plus every retrieved handoff, uncapped; ``added`` the handoffs not already in
+    ``base``; ``links`` one per base candidate that got a handoff.
     """
 
     base: tuple[int, ...]
@@ -139,7 +72,7 @@ class Augmentation:
 
 
 def handoffs_of(trajectory: Trajectory) -> tuple[HandoffRecord, ...]:
-    """Every explicit handoff the log records, in step order (see the module docstring for what counts)."""
+    """Every explicit handoff the log records, in step order."""
     return tuple(
         HandoffRecord(
             step=index,
@@ -153,7 +86,7 @@ def handoffs_of(trajectory: Trajectory) -> tuple[HandoffRecord, ...]:
 
 
 def match_rule(agent: str) -> MatchRule:
-    """The branch a candidate spoken by ``agent`` (a raw name) uses: by its role class, see the module docstring."""
+    """The branch a candidate spoken by ``agent`` (a raw name) uses: by its role class."""
     return "recipient" if role_class(agent) in ("executor", "verifier") else "any"
 
 
@@ -194,19 +127,11 @@ def _nearest(
 
 
 def nearest_handoff_for(
-    candidate_step_id: int,
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_step_id: int, trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> HandoffRecord | None:
-    """The handoff RCTA attaches to one candidate step (rule in the module docstring).
+    """The nearest strictly earlier matching handoff of a candidate step, or None (docs/methods/rcta.md).
 
-    Args:
-        candidate_step_id: the candidate's step id.
-        trajectory: the trajectory the candidate belongs to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        The nearest strictly earlier matching handoff, or None when there is none or the id is not a step.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     index = _HandoffIndex(handoffs_of(trajectory) if handoffs is None else handoffs)
     found = _nearest(candidate_step_id, trajectory, index)
@@ -214,20 +139,11 @@ def nearest_handoff_for(
 
 
 def augment_with_handoffs(
-    candidate_ids: Iterable[int],
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_ids: Iterable[int], trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> Augmentation:
-    """Add to the base candidates the handoff each of them is compared with (A2).
+    """Add to the base candidates (any order, duplicates allowed) the handoff each is compared with (A2).
 
-    Args:
-        candidate_ids: the base candidate step ids (already prioritised and capped upstream), any order,
-            duplicates allowed.
-        trajectory: the trajectory they belong to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        The deduplicated, uncapped, ascending augmented set with its links and added ids.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     base = tuple(sorted(set(candidate_ids)))
     index = _HandoffIndex(handoffs_of(trajectory) if handoffs is None else handoffs)
@@ -239,9 +155,4 @@ def augment_with_handoffs(
             links.append(HandoffLink(candidate=candidate, handoff=record.step, rule=rule))
     base_set = set(base)
     added = tuple(sorted({link.handoff for link in links} - base_set))
-    return Augmentation(
-        base=base,
-        ids=tuple(sorted(base_set.union(added))),
-        links=tuple(links),
-        added=added,
-    )
+    return Augmentation(base=base, ids=tuple(sorted(base_set.union(added))), links=tuple(links), added=added)

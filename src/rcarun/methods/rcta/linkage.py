@@ -1,41 +1,7 @@
-"""Deterministic "faithful implementation" linkage hints: executor steps that look like they carry out a handoff.
+"""Rule-based "faithful implementation" hints: executor steps that look like they carry out a handoff.
 
-Why: RCTA's backward reasoning (A3) asks whether an executor merely implemented a flawed instruction, in which
-case the root is the instruction. The authors' release gives the attribution call cheap, rule-based hints that
-point from an executor candidate to the handoff addressed to it, placed before the excerpts (release notes 3.8).
-The hints only direct attention; the model must still quote the copied defect, which A4 grounds
-(`rcarun.methods.rcta.grounding`). The A3 control (paper App. H) removes them: its caller simply does not build
-or send them. The paper names the hints but gives no rules, so every rule below is the release's.
-
-Rules (`linkage_hints`):
-
-1. Steps examined: the given candidate ids, which should be the handoff-AUGMENTED set (the release computes the
-   hints over the ids after augmentation). Ids are deduplicated and visited in ascending order; ids that are not
-   steps of the trajectory are skipped.
-2. Only executor candidates: `role_class` of the raw agent name (``Step.agent``) is ``"executor"`` (the paper's
-   App. H class lists, as in `rcarun.methods.rcta.handoffs`; the release's narrower lists are not used).
-3. The handoff: the nearest strictly earlier handoff whose recipient equals the raw agent name, case-sensitively
-   (the executor branch of `rcarun.methods.rcta.handoffs.nearest_handoff_for`). Without one, no hint — never a
-   handoff addressed to someone else. (So an executor whose raw name is a handoff form gets no hint.)
-4. ``cites_plan`` (the release's "strong" hint): the executor's content contains a plan-citation phrase,
-   searched case-insensitively and WITHOUT word boundaries, as the release does: "per the plan", "as delegated",
-   "as instructed", "as planned", "as specified", "as [the] plan says|states|requires|specifies|dictates",
-   "following the plan|delegation|instruction(s)|spec", "according to the plan", and the Chinese 按计划, 按照计划,
-   照计划, 按委派, 遵循计划, 依照计划. The first match in the text is recorded as written. Because there are no
-   word boundaries, "has specified" and "following the specification" fire too (release behaviour, kept).
-5. ``identifier_overlap`` (the release's "weak" hint): code identifiers are maximal ASCII runs
-   ``[A-Za-z_][A-Za-z0-9_]*`` of at least 6 characters that contain an underscore, an uppercase letter after
-   the first character, or a digit (``parse_config``, ``fetchData``, ``HTTPError``, ``utf8_text``, ``README``;
-   not ``Python`` or ``return``). Identifiers are compared case-sensitively as sets.
-   ``overlap = |shared| / |executor identifiers|``; the hint fires when the executor has at least 5
-   identifiers, at least 3 are shared with the handoff's text and ``overlap >= 0.34`` (compared exactly, in
-   integers: ``100 * shared >= 34 * executor``).
-6. One hint per executor candidate at most; when both rules fire the kind is ``cites_plan`` (strong). Overlap
-   numbers are recorded either way.
-
-Recorded per hint: executor step and agent, handoff step, agent and recipient, kind (with the release's
-strength word), the matched phrase, overlap rounded to 2 decimals, the shared count and the first 10 shared
-identifiers in sorted order. The release's free-text guidance note is prompt text and is left to the prompt.
+The release's hints (notes 3.8) direct the attribution call's attention from an executor candidate to the
+handoff addressed to it; the A3 control sends none. Rules: ``docs/methods/rcta.md`` ("Linkage hints").
 """
 
 from __future__ import annotations
@@ -84,19 +50,10 @@ _IDENTIFIER_RUN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class LinkageHint:
-    """A rule-based sign that an executor step carries out the handoff addressed to it.
+    """A rule-based sign that an executor step carries out the handoff addressed to it (docs/methods/rcta.md).
 
-    Attributes:
-        executor_step: the executor candidate's step id.
-        executor_agent: its raw agent name.
-        handoff_step: the step id of the nearest earlier handoff addressed to that exact name.
-        handoff_agent: the raw agent name of the handoff step.
-        handoff_recipient: the handoff's recipient (equal to `executor_agent`).
-        kind: ``"cites_plan"`` (a plan-citation phrase) or ``"identifier_overlap"`` (shared identifiers).
-        cites_plan: the matched phrase as written, or None.
-        overlap: shared identifiers / executor identifiers, rounded to 2 decimals (0.0 with none).
-        shared_count: how many identifiers the two texts share.
-        shared_identifiers: the first `MAX_SHARED_LISTED` shared identifiers, sorted.
+    ``overlap`` is shared / executor identifiers, rounded to 2 decimals (0.0 with none);
+    ``shared_identifiers`` the first `MAX_SHARED_LISTED` shared ones, sorted; ``cites_plan`` the phrase found.
     """
 
     executor_step: int
@@ -117,13 +74,13 @@ class LinkageHint:
 
 
 def plan_citation(text: str) -> str | None:
-    """The first plan-citation phrase in ``text`` as written, or None (phrases in the module docstring)."""
+    """The first plan-citation phrase in ``text`` as written, or None (phrases in docs/methods/rcta.md)."""
     match = _PLAN_CITATION.search(text)
     return None if match is None else match.group(0)
 
 
 def code_identifiers(text: str) -> frozenset[str]:
-    """The distinct code-identifier tokens of ``text`` (rule 5 of the module docstring), case preserved."""
+    """The distinct code-identifier tokens of ``text`` (rule 5 in docs/methods/rcta.md), case preserved."""
     return frozenset(
         token
         for token in _IDENTIFIER_RUN.findall(text)
@@ -141,19 +98,11 @@ def _overlap_fires(executor: int, shared: int) -> bool:
 
 
 def linkage_hints(
-    candidate_ids: Iterable[int],
-    trajectory: Trajectory,
-    handoffs: Sequence[HandoffRecord] | None = None,
+    candidate_ids: Iterable[int], trajectory: Trajectory, handoffs: Sequence[HandoffRecord] | None = None
 ) -> tuple[LinkageHint, ...]:
-    """The faithful-implementation hints for the executor candidates among ``candidate_ids``.
+    """At most one hint per executor among the handoff-augmented ``candidate_ids``, in ascending step order.
 
-    Args:
-        candidate_ids: the handoff-augmented candidate ids (any order, duplicates allowed).
-        trajectory: the trajectory they belong to.
-        handoffs: the trajectory's handoffs when already computed (`handoffs_of`); computed when None.
-
-    Returns:
-        At most one hint per executor candidate, in ascending executor step order.
+    ``handoffs``: the trajectory's, when already computed (`handoffs_of`).
     """
     records = handoffs_of(trajectory) if handoffs is None else tuple(handoffs)
     hints: list[LinkageHint] = []

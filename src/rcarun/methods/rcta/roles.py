@@ -1,22 +1,7 @@
-"""Role classes of recorded agent names, exactly as RCTA's step enricher assigns them (LongRCA App. H).
+"""Role classes of recorded agent names, as RCTA's step enricher assigns them (LongRCA App. H).
 
-The class of an agent decides which handoff an RCTA candidate is compared with (A2), where the segmenter may cut
-(a role-class shift) and whether a planner verdict may point at a step (A4). The rule works on the recorded name
-only, never on the content:
-
-1. Trim whitespace. A handoff name ``"Sender (-> Recipient)"`` / ``"Sender (→ Recipient)"`` is classified by its
-   sender (`rcarun.data.roles.parse_handoff`).
-2. Exact names: planner ``DiagnostAgent, Task_Planner, Orchestrator, manager_agent``; executor ``ActionAgent,
-   Action_Expert, WebSurfer, FileSurfer, Assistant, Coder, transport_agent, stay_agent, food_attr_agent``;
-   verifier ``JudgeAgent, Verification_Expert, verifier_agent``; terminal ``Computer_terminal,
-   ComputerTerminal``; human ``human``.
-3. An Orchestrator status suffix keeps the planner class: ``"Orchestrator (thought)"``, ``"Orchestrator
-   (termination condition)"``.
-4. Any other name ending in ``Expert`` or ``_Expert``: verifier if it contains ``verif`` or ``validat``
-   (case-insensitive), else executor.
-5. Anything else: unknown.
-
-Exact names are compared case-sensitively, as recorded (the release compares the literal strings).
+The class decides A2's handoff matching, the segmenter's cuts and A4's planner rule; the naming rules are in
+``docs/methods/rcta.md`` ("Role classes").
 """
 
 from __future__ import annotations
@@ -62,7 +47,7 @@ def sender_name(name: str) -> str:
 
 
 def role_class(name: str) -> RoleClass:
-    """The role class of a recorded agent name (rules in the module docstring)."""
+    """The role class of a recorded agent name (docs/methods/rcta.md)."""
     base = sender_name(name)
     exact = _EXACT.get(base)
     if exact is not None:

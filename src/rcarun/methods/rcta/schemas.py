@@ -1,63 +1,16 @@
-"""The answers of RCTA's three LLM stages: their JSON schemas and readers that turn an answer into values.
+"""The answers of RCTA's three LLM stages: the JSON schema each call is constrained by, and the typed values.
 
-RCTA makes m + 2 calls per trajectory (one local summary per segment, one trajectory outline, one final
-attribution; LongRCA paper Sec. 4, App. H). Each call is constrained by a schema built here from what the stage
-may legally answer (the segment's own step ids, the recorded agents, the step range), and each answer is read
-into frozen dataclasses by a ``parse_*`` function. Readers never repair: a value of the wrong type is left out
-(``None`` / skipped item) and an out-of-range value is kept as answered; either way a `FieldError` records it.
-Deciding what an invalid answer means (retry, fallback, abstain) is the caller's business (A4 lives in
-`rcarun.methods.rcta.validate`).
-
-Local summary (paper Sec. 4.1; release notes 3.4). Fields as released: ``segment_id``, ``step_range`` (first and
-last own id), ``segment_goal``, ``key_events`` (3–8, each ``{event, step_ids}``), ``verifier_findings``
-(``{step_ids, result: PASS|FAIL|UNKNOWN, note}``) and ``uncertainties``. The release's ``candidate_failures``
-(failure *types*) is replaced by the paper's tagged proposals (release notes 3.13 item 2; the paper wins):
-``proposed_steps`` is a list of ``{step_id, tags, note}`` where ``tags`` is a non-empty set drawn from
-``possible_manifestation, possible_root, terminal_context, other, recovered_noise``. Every step id in the answer
-is constrained to the segment's own ids (overlap ids are context, not answerable; release 3.2). Choices where
-the sources are silent: one proposal per step id, ``recovered_noise`` is one more tag (the paper calls it a hint
-that adds 3 to the priority), and ``note`` is the "why" the release asks for. Neither source caps how many steps
-one summary may propose, and neither do we: only the pooled base candidates are capped (80, App. H).
-
-Outline (paper Sec. 4.1; release 3.5): ``phases`` of ``{phase_id, step_range, phase_goal, involved_agents,
-sub_phases, failure_signals, supporting_step_ids (3–10)}`` and ``conflicts`` (``{description, segment_ids,
-step_ids}``). The prompt asks for 3 to 8 phases, as the release's does, but neither the schema nor the reader
-enforces the count: the release never checked it and the paper's implementation left 308 of 1,140 outlines
-outside that range (summary App. E). A readable outline of any length is used as answered and
-`Outline.phase_count_in_range` records whether it has 3–8 phases (the method stores it in its diagnostics).
-When the answer cannot be read (not a JSON object, or no list of phase objects), `fallback_outline` gives one
-phase per local summary with ``fallback=True`` — the paper's summary says the fallback is recorded, which the
-release does not do (release 3.5, 3.13 item 7; we record it).
-
-Attribution (paper Sec. 4.2, App. D–F; release 3.9), field names as the rcarun issue fixes them: ``root_cause``
-``{agent, step}``, ``reason``, ``evidence_step_ids`` (0–10), ``abstain``, ``primary_category`` (one code of the
-15-code failure taxonomy), ``contributing_factors`` (codes), ``analysis`` ``{delegation_trace {checked,
-faithful_implementation, prescribing_step, quote, defect_in_quote}, failure_chain, counterfactual, confidence}``.
-Paper vs release: the release lets ``agent`` be SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED and
-``step`` be ``"system_evaluation"`` (or a digit string); the paper allows only recorded roles (never ENVIRONMENT)
-and existing steps, and keeps the system evaluation only as an unscored terminal node of the failure chain. We
-follow the paper: ``agent`` is an enum of the recorded agents (minus any literally named ENVIRONMENT), ``step`` an
-integer in ``[0, n_steps)`` (a digit string is read as one, below), and a failure-chain node with ``step: null`` stands for the system evaluation. The failure
-chain is the release's list of nodes ``{step, agent, role, description}`` with ``role`` in ``root_cause,
-propagation, exposure, terminal``. ``prescribing_step`` is ``integer | null`` as released.
-
-Step ids are read as numbers: wherever an answer gives a step id (``root_cause.step``, evidence ids, chain nodes,
-``prescribing_step``, proposals, events, findings, phases, conflicts, step ranges), a string of decimal digits
-with an optional sign (``"12"``, ``" 7 "``) is read as that integer — the paper fails only "missing, nonnumeric, or
-out-of-range steps" (Sec. 5.1) and the release parses its step strings as integers (release 3.12), while JSON-mode
-providers answer without the schema's types. Anything else (``true``, ``12.0``, ``"12a"``, ``"step 12"``) is not a
-step id: it is left out and recorded. Counts and other ids (``segment_id``, ``phase_id``) must be JSON integers.
+A schema allows what the stage may legally answer (the segment's own step ids, the recorded agents, the step
+range); `readers` turns an answer into the values below. Fields and choices: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rcarun.data import Trajectory
-from rcarun.methods.base import is_int
 
 __all__ = [
     "CANDIDATE_TAGS",
@@ -84,9 +37,6 @@ __all__ = [
     "fallback_outline",
     "local_summary_schema",
     "outline_schema",
-    "parse_attribution",
-    "parse_local_summary",
-    "parse_outline",
     "scorable_agents",
 ]
 
@@ -105,19 +55,11 @@ CONFIDENCE_LEVELS: tuple[str, ...] = ("high", "medium", "low")
 
 # The release's 15-code failure taxonomy (release notes 3.9), with the group each code belongs to.
 FAILURE_CATEGORIES: Mapping[str, str] = {
-    "A1": "task understanding",
-    "A2": "task understanding",
-    "A3": "task understanding",
-    "B1": "reasoning",
-    "B2": "reasoning",
-    "C1": "planning / coordination",
-    "C2": "planning / coordination",
-    "C3": "planning / coordination",
-    "D1": "execution / tool use",
-    "D2": "execution / tool use",
-    "D3": "execution / tool use",
-    "E1": "verification / completion",
-    "E2": "verification / completion",
+    **dict.fromkeys(("A1", "A2", "A3"), "task understanding"),
+    **dict.fromkeys(("B1", "B2"), "reasoning"),
+    **dict.fromkeys(("C1", "C2", "C3"), "planning / coordination"),
+    **dict.fromkeys(("D1", "D2", "D3"), "execution / tool use"),
+    **dict.fromkeys(("E1", "E2"), "verification / completion"),
     "X1": "under-specified or contradictory input",
     "X2": "unrecoverable environment",
 }
@@ -125,228 +67,14 @@ FAILURE_CATEGORIES: Mapping[str, str] = {
 _ENVIRONMENT = "environment"
 _MAX_EVIDENCE = 10
 PHASE_RANGE: tuple[int, int] = (3, 8)  # the phase count the outline prompt asks for (never enforced)
-_STEP_STRING = re.compile(r"\s*[+-]?[0-9]+\s*")
-_MISSING: Any = object()  # a key absent from an answer, as opposed to a JSON null
-_ANALYSIS_FIELDS = ("delegation_trace", "failure_chain", "counterfactual", "confidence")
 
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
-    """One problem found in an answer.
-
-    Attributes:
-        field: the answer field it belongs to (a top-level name such as ``"agent"`` or ``"phases"``).
-        message: what is wrong, naming the JSON path.
-    """
+    """A problem in an answer: its top-level field (``"agent"``, ``"phases"``), a message naming the path."""
 
     field: str
     message: str
-
-
-# --- schemas ------------------------------------------------------------------------------------------------
-
-
-def scorable_agents(trajectory: Trajectory) -> tuple[str, ...]:
-    """The recorded agents an attribution may name: all of them except one literally called ENVIRONMENT."""
-    return tuple(a for a in trajectory.agents if a.strip().casefold() != _ENVIRONMENT)
-
-
-def _ids(valid_ids: Sequence[int]) -> dict[str, Any]:
-    return {"type": "integer", "enum": list(valid_ids)}
-
-
-def _id_list(valid_ids: Sequence[int], *, min_items: int | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "array", "items": _ids(valid_ids)}
-    if min_items is not None:
-        schema["minItems"] = min_items
-    return schema
-
-
-def _step(n_steps: int, *, nullable: bool = False) -> dict[str, Any]:
-    return {"type": ["integer", "null"] if nullable else "integer", "minimum": 0, "maximum": n_steps - 1}
-
-
-def _object(properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-def _range(low: int, high: int) -> dict[str, Any]:
-    bound = {"type": "integer", "minimum": low, "maximum": high}
-    return {"type": "array", "items": bound, "minItems": 2, "maxItems": 2}
-
-
-def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str, Any]:
-    """The schema of one segment's local summary.
-
-    Args:
-        segment_id: the segment's id, the only value ``segment_id`` may take.
-        valid_ids: the segment's own step ids (overlap excluded), the only ids the answer may cite.
-    """
-    if not valid_ids:
-        raise ValueError("a segment has at least one own step")
-    return _object(
-        {
-            "segment_id": {"type": "integer", "enum": [segment_id]},
-            "step_range": _range(min(valid_ids), max(valid_ids)),
-            "segment_goal": {"type": "string"},
-            "key_events": {
-                "type": "array",
-                "items": _object({"event": {"type": "string"}, "step_ids": _id_list(valid_ids, min_items=1)}),
-                "minItems": 3,
-                "maxItems": 8,
-            },
-            "proposed_steps": {
-                "type": "array",
-                "items": _object(
-                    {
-                        "step_id": _ids(valid_ids),
-                        "tags": {
-                            "type": "array",
-                            "items": {"type": "string", "enum": list(CANDIDATE_TAGS)},
-                            "minItems": 1,
-                            "maxItems": len(CANDIDATE_TAGS),
-                            "uniqueItems": True,
-                        },
-                        "note": {"type": "string"},
-                    }
-                ),
-                "minItems": 0,
-            },
-            "verifier_findings": {
-                "type": "array",
-                "items": _object(
-                    {
-                        "step_ids": _id_list(valid_ids, min_items=1),
-                        "result": {"type": "string", "enum": list(VERIFIER_RESULTS)},
-                        "note": {"type": "string"},
-                    }
-                ),
-                "minItems": 0,
-            },
-            "uncertainties": {"type": "array", "items": {"type": "string"}, "minItems": 0},
-        }
-    )
-
-
-def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
-    """The schema of the trajectory outline: phases over the whole trajectory, and conflicts.
-
-    The prompt asks for 3–8 phases; the schema asks for at least one and caps nothing (module docstring).
-
-    Args:
-        trajectory: gives the step bounds and the recorded agents (``involved_agents``).
-        segment_ids: the ids of the local summaries a conflict may name.
-    """
-    last = trajectory.n_steps - 1
-    step = _step(trajectory.n_steps)
-    steps = {"type": "array", "items": step}
-    return _object(
-        {
-            "phases": {
-                "type": "array",
-                "items": _object(
-                    {
-                        "phase_id": {"type": "integer", "minimum": 1},
-                        "step_range": _range(0, last),
-                        "phase_goal": {"type": "string"},
-                        "involved_agents": {
-                            "type": "array",
-                            "items": {"type": "string", "enum": list(trajectory.agents)},
-                            "minItems": 1,
-                            "uniqueItems": True,
-                        },
-                        "sub_phases": {
-                            "type": "array",
-                            "items": _object(
-                                {"step_range": _range(0, last), "description": {"type": "string"}}
-                            ),
-                            "minItems": 1,
-                        },
-                        "failure_signals": {
-                            "type": "array",
-                            "items": _object(
-                                {
-                                    "description": {"type": "string"},
-                                    "step_ids": {**steps, "minItems": 1},
-                                    "severity": {"type": "string", "enum": list(SEVERITIES)},
-                                }
-                            ),
-                            "minItems": 0,
-                        },
-                        "supporting_step_ids": {**steps, "minItems": 3, "maxItems": 10},
-                    }
-                ),
-                "minItems": 1,
-            },
-            "conflicts": {
-                "type": "array",
-                "items": _object(
-                    {
-                        "description": {"type": "string"},
-                        "segment_ids": {
-                            "type": "array",
-                            "items": {"type": "integer", "enum": list(segment_ids)},
-                        },
-                        "step_ids": steps,
-                    }
-                ),
-                "minItems": 0,
-            },
-        }
-    )
-
-
-def attribution_schema(trajectory: Trajectory) -> dict[str, Any]:
-    """The schema of the final attribution: explicit role and step fields, evidence, and the analysis."""
-    step = _step(trajectory.n_steps)
-    agents = list(scorable_agents(trajectory))
-    return _object(
-        {
-            "root_cause": _object({"agent": {"type": "string", "enum": agents}, "step": step}),
-            "reason": {"type": "string"},
-            "evidence_step_ids": {"type": "array", "items": step, "minItems": 0, "maxItems": _MAX_EVIDENCE},
-            "abstain": {"type": "boolean"},
-            "primary_category": {"type": "string", "enum": list(FAILURE_CATEGORIES)},
-            "contributing_factors": {
-                "type": "array",
-                "items": {"type": "string", "enum": list(FAILURE_CATEGORIES)},
-                "minItems": 0,
-                "uniqueItems": True,
-            },
-            "analysis": _object(
-                {
-                    "delegation_trace": _object(
-                        {
-                            "checked": {"type": "boolean"},
-                            "faithful_implementation": {"type": "boolean"},
-                            "prescribing_step": _step(trajectory.n_steps, nullable=True),
-                            "quote": {"type": "string"},
-                            "defect_in_quote": {"type": "string"},
-                        }
-                    ),
-                    "failure_chain": {
-                        "type": "array",
-                        "items": _object(
-                            {
-                                "step": _step(trajectory.n_steps, nullable=True),
-                                "agent": {"type": "string"},
-                                "role": {"type": "string", "enum": list(CHAIN_ROLES)},
-                                "description": {"type": "string"},
-                            }
-                        ),
-                        "minItems": 2,
-                    },
-                    "counterfactual": {"type": "string"},
-                    "confidence": {"type": "string", "enum": list(CONFIDENCE_LEVELS)},
-                }
-            ),
-        }
-    )
 
 
 # --- values -------------------------------------------------------------------------------------------------
@@ -360,13 +88,7 @@ class KeyEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepProposal:
-    """One step a local summary proposes as failure-relevant.
-
-    Attributes:
-        step_id: the proposed id, as answered (it may lie outside the segment; that is an error, kept).
-        tags: the tags as answered, in answer order, duplicates removed (unknown tags kept and flagged).
-        note: why the step was proposed.
-    """
+    """A step a local summary proposes as failure-relevant, as answered (tags deduplicated, unknown kept)."""
 
     step_id: int
     tags: tuple[str, ...]
@@ -382,12 +104,7 @@ class VerifierFinding:
 
 @dataclass(frozen=True, slots=True)
 class LocalSummary:
-    """One segment's local summary as answered.
-
-    Attributes:
-        segment_id: the segment the summary was asked for (the caller's id, not the answer's echo).
-        errors: every problem found; empty when the answer matches its schema.
-    """
+    """One segment's local summary as answered; ``segment_id`` is the one asked for, not the answer's echo."""
 
     segment_id: int
     step_range: tuple[int, int] | None
@@ -436,13 +153,9 @@ class Conflict:
 
 @dataclass(frozen=True, slots=True)
 class Outline:
-    """The trajectory outline.
+    """The trajectory outline; unless ``readable`` (phase objects found) `fallback_outline` replaces it.
 
-    Attributes:
-        readable: the answer was a JSON object with a non-empty list of phase objects. When False the caller
-            replaces it with `fallback_outline`.
-        fallback: this outline is the one-phase-per-summary fallback, not a model answer.
-        errors: every problem found (a phase count outside 3–8 is not one: see `phase_count_in_range`).
+    A phase count outside 3–8 is no error: `phase_count_in_range` records it.
     """
 
     phases: tuple[Phase, ...]
@@ -466,12 +179,8 @@ class Outline:
 class DelegationTrace:
     """The model's check of the instruction behind its root (A3), as answered.
 
-    Attributes:
-        checked: whether a preceding handoff was examined.
-        faithful_implementation: the claim that the root's recipient faithfully carried out a flawed instruction.
-        prescribing_step: the handoff step that prescribed the behaviour, or None.
-        quote: the text cited from that handoff.
-        defect_in_quote: what is wrong in the quote.
+    ``faithful_implementation`` claims that the root's recipient faithfully carried out a flawed instruction,
+    given by the handoff at ``prescribing_step``, from which ``quote`` is cited.
     """
 
     checked: bool
@@ -513,280 +222,10 @@ class AttributionAnswer:
     errors: tuple[FieldError, ...] = ()
 
 
-# --- readers ------------------------------------------------------------------------------------------------
-
-
-def _step_id(value: object) -> int | None:
-    """``value`` as a step id: a JSON integer, or a string of decimal digits (optional sign); else None."""
-    if is_int(value):
-        return value
-    if isinstance(value, str) and _STEP_STRING.fullmatch(value):
-        return int(value)
-    return None
-
-
-class _Reader:
-    """Reads typed values out of decoded JSON, recording a `FieldError` for everything it cannot use."""
-
-    __slots__ = ("errors",)
-
-    def __init__(self) -> None:
-        self.errors: list[FieldError] = []
-
-    def error(self, field: str, message: str) -> None:
-        self.errors.append(FieldError(field, message))
-
-    def get(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> Any:
-        """The value at ``key``, or `_MISSING` (recorded) when the key is absent; a null is returned as None."""
-        if key not in obj:
-            self.error(field, f"{path}: missing")
-            return _MISSING
-        return obj[key]
-
-    def string(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> str | None:
-        value = self.get(obj, key, field, path)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, str):
-            self.error(field, f"{path}: expected a string, got {type(value).__name__}")
-            return None
-        return value
-
-    def boolean(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> bool | None:
-        value = self.get(obj, key, field, path)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, bool):
-            self.error(field, f"{path}: expected true or false, got {value!r}")
-            return None
-        return value
-
-    def integer(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> int | None:
-        value = self.get(obj, key, field, path)
-        if value is _MISSING:
-            return None
-        if not is_int(value):
-            self.error(field, f"{path}: expected an integer, got {value!r}")
-            return None
-        return int(value)
-
-    def step(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> int | None:
-        """A step id: a JSON integer, or a string of decimal digits read as one (module docstring)."""
-        value = self.get(obj, key, field, path)
-        if value is _MISSING:
-            return None
-        step = _step_id(value)
-        if step is None:
-            self.error(field, f"{path}: expected a step id (an integer), got {value!r}")
-        return step
-
-    def array(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> list[Any] | None:
-        value = self.get(obj, key, field, path)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, list):
-            self.error(field, f"{path}: expected a list, got {type(value).__name__}")
-            return None
-        return value
-
-    def objects(
-        self, obj: Mapping[str, Any], key: str, field: str, path: str
-    ) -> list[tuple[str, dict[str, Any]]]:
-        items = self.array(obj, key, field, path)
-        found: list[tuple[str, dict[str, Any]]] = []
-        for position, item in enumerate(items or ()):
-            if isinstance(item, dict):
-                found.append((f"{path}[{position}]", item))
-            else:
-                self.error(field, f"{path}[{position}]: expected an object, skipped")
-        return found
-
-    def ints(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, ...] | None:
-        items = self.array(obj, key, field, path)
-        if items is None:
-            return None
-        bad = [item for item in items if not is_int(item)]
-        if bad:
-            self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
-        return tuple(int(item) for item in items if is_int(item))
-
-    def strings(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[str, ...] | None:
-        items = self.array(obj, key, field, path)
-        if items is None:
-            return None
-        bad = [item for item in items if not isinstance(item, str)]
-        if bad:
-            self.error(field, f"{path}: non-string items {bad[:5]!r} left out")
-        return tuple(item for item in items if isinstance(item, str))
-
-    def step_ids(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, ...] | None:
-        """A list of step ids (digit strings read as integers); items that are no step id are left out."""
-        items = self.array(obj, key, field, path)
-        if items is None:
-            return None
-        read = [_step_id(item) for item in items]
-        bad = [item for item, step in zip(items, read, strict=True) if step is None]
-        if bad:
-            self.error(field, f"{path}: non-integer ids {bad[:5]!r} left out")
-        return tuple(step for step in read if step is not None)
-
-    def step_range(self, obj: Mapping[str, Any], key: str, field: str, path: str) -> tuple[int, int] | None:
-        items = self.array(obj, key, field, path)
-        if items is None:
-            return None
-        read = [_step_id(item) for item in items]
-        if len(read) != 2 or read[0] is None or read[1] is None:
-            self.error(field, f"{path}: expected [first, last] integers, got {items!r}")
-            return None
-        first, last = read[0], read[1]
-        if first > last:
-            self.error(field, f"{path}: first {first} is after last {last}")
-        return (first, last)
-
-    def enum(self, value: str | None, allowed: Iterable[str], field: str, path: str) -> None:
-        allowed = tuple(allowed)
-        if value is not None and value not in allowed:
-            self.error(field, f"{path}: {value!r} is not one of {', '.join(allowed)}")
-
-    def id_range(self, ids: Iterable[int], allowed: frozenset[int] | range, field: str, path: str) -> None:
-        outside = sorted({i for i in ids if i not in allowed})
-        if outside:
-            self.error(field, f"{path}: ids {outside[:10]} are not valid here")
-
-
-def parse_local_summary(answer: object, *, segment_id: int, valid_ids: Sequence[int]) -> LocalSummary:
-    """Read one local summary; ids outside ``valid_ids`` and unknown tags are kept and recorded as errors.
-
-    Args:
-        answer: the decoded JSON answer (anything: a non-object gives an empty, invalid summary).
-        segment_id: the segment the summary was asked for.
-        valid_ids: the segment's own step ids.
-    """
-    reader = _Reader()
-    if not isinstance(answer, dict):
-        reader.error("summary", "the answer is not a JSON object")
-        return LocalSummary(segment_id, None, "", (), (), (), (), tuple(reader.errors))
-    own = frozenset(valid_ids)
-    echoed = reader.integer(answer, "segment_id", "segment_id", "segment_id")
-    if echoed is not None and echoed != segment_id:
-        reader.error("segment_id", f"segment_id: answered {echoed}, asked for {segment_id}")
-    step_range = reader.step_range(answer, "step_range", "step_range", "step_range")
-    if step_range is not None:
-        reader.id_range(step_range, own, "step_range", "step_range")
-    goal = reader.string(answer, "segment_goal", "segment_goal", "segment_goal")
-
-    events: list[KeyEvent] = []
-    for path, item in reader.objects(answer, "key_events", "key_events", "key_events"):
-        ids = reader.step_ids(item, "step_ids", "key_events", f"{path}.step_ids") or ()
-        reader.id_range(ids, own, "key_events", f"{path}.step_ids")
-        events.append(KeyEvent(reader.string(item, "event", "key_events", f"{path}.event") or "", ids))
-    if "key_events" in answer and not 3 <= len(events) <= 8:
-        reader.error("key_events", f"key_events: expected 3–8 events, got {len(events)}")
-
-    proposals: list[StepProposal] = []
-    for path, item in reader.objects(answer, "proposed_steps", "proposed_steps", "proposed_steps"):
-        step_id = reader.step(item, "step_id", "proposed_steps", f"{path}.step_id")
-        tags = reader.strings(item, "tags", "proposed_steps", f"{path}.tags") or ()
-        note = reader.string(item, "note", "proposed_steps", f"{path}.note") or ""
-        if step_id is None:
-            continue
-        if step_id not in own:
-            reader.error("proposed_steps", f"{path}.step_id: {step_id} is not one of this segment's steps")
-        unknown = [tag for tag in tags if tag not in CANDIDATE_TAGS]
-        if unknown:
-            reader.error("proposed_steps", f"{path}.tags: unknown tags {unknown!r}")
-        if not tags:
-            reader.error("proposed_steps", f"{path}.tags: no tag")
-        proposals.append(StepProposal(step_id, tuple(dict.fromkeys(tags)), note))
-
-    findings: list[VerifierFinding] = []
-    for path, item in reader.objects(answer, "verifier_findings", "verifier_findings", "verifier_findings"):
-        ids = reader.step_ids(item, "step_ids", "verifier_findings", f"{path}.step_ids") or ()
-        reader.id_range(ids, own, "verifier_findings", f"{path}.step_ids")
-        result = reader.string(item, "result", "verifier_findings", f"{path}.result")
-        reader.enum(result, VERIFIER_RESULTS, "verifier_findings", f"{path}.result")
-        note = reader.string(item, "note", "verifier_findings", f"{path}.note") or ""
-        findings.append(VerifierFinding(ids, result or "", note))
-    uncertainties = reader.strings(answer, "uncertainties", "uncertainties", "uncertainties") or ()
-    return LocalSummary(
-        segment_id=segment_id,
-        step_range=step_range,
-        segment_goal=goal or "",
-        key_events=tuple(events),
-        proposals=tuple(proposals),
-        verifier_findings=tuple(findings),
-        uncertainties=uncertainties,
-        errors=tuple(reader.errors),
-    )
-
-
-def parse_outline(answer: object, *, trajectory: Trajectory, segment_ids: Sequence[int]) -> Outline:
-    """Read the trajectory outline; ``readable`` is False when there is no list of phase objects to read."""
-    reader = _Reader()
-    if not isinstance(answer, dict):
-        reader.error("phases", "the answer is not a JSON object")
-        return Outline((), (), readable=False, errors=tuple(reader.errors))
-    steps = range(trajectory.n_steps)
-    agents = frozenset(trajectory.agents)
-    phases: list[Phase] = []
-    for path, item in reader.objects(answer, "phases", "phases", "phases"):
-        step_range = reader.step_range(item, "step_range", "phases", f"{path}.step_range")
-        if step_range is not None:
-            reader.id_range(step_range, steps, "phases", f"{path}.step_range")
-        involved = reader.strings(item, "involved_agents", "phases", f"{path}.involved_agents") or ()
-        strangers = [a for a in involved if a not in agents]
-        if strangers:
-            reader.error("phases", f"{path}.involved_agents: {strangers!r} are not recorded agents")
-        sub_phases: list[SubPhase] = []
-        for sub_path, sub in reader.objects(item, "sub_phases", "phases", f"{path}.sub_phases"):
-            sub_range = reader.step_range(sub, "step_range", "phases", f"{sub_path}.step_range")
-            if sub_range is not None:
-                reader.id_range(sub_range, steps, "phases", f"{sub_path}.step_range")
-            text = reader.string(sub, "description", "phases", f"{sub_path}.description") or ""
-            sub_phases.append(SubPhase(sub_range, text))
-        signals: list[FailureSignal] = []
-        for sig_path, sig in reader.objects(item, "failure_signals", "phases", f"{path}.failure_signals"):
-            ids = reader.step_ids(sig, "step_ids", "phases", f"{sig_path}.step_ids") or ()
-            reader.id_range(ids, steps, "phases", f"{sig_path}.step_ids")
-            severity = reader.string(sig, "severity", "phases", f"{sig_path}.severity")
-            reader.enum(severity, SEVERITIES, "phases", f"{sig_path}.severity")
-            text = reader.string(sig, "description", "phases", f"{sig_path}.description") or ""
-            signals.append(FailureSignal(text, ids, severity or ""))
-        supporting = (
-            reader.step_ids(item, "supporting_step_ids", "phases", f"{path}.supporting_step_ids") or ()
-        )
-        reader.id_range(supporting, steps, "phases", f"{path}.supporting_step_ids")
-        phases.append(
-            Phase(
-                phase_id=reader.integer(item, "phase_id", "phases", f"{path}.phase_id"),
-                step_range=step_range,
-                phase_goal=reader.string(item, "phase_goal", "phases", f"{path}.phase_goal") or "",
-                involved_agents=involved,
-                sub_phases=tuple(sub_phases),
-                failure_signals=tuple(signals),
-                supporting_step_ids=supporting,
-            )
-        )
-    known_segments = frozenset(segment_ids)
-    conflicts: list[Conflict] = []
-    for path, item in reader.objects(answer, "conflicts", "conflicts", "conflicts"):
-        segs = reader.ints(item, "segment_ids", "conflicts", f"{path}.segment_ids") or ()
-        unknown = sorted({s for s in segs if s not in known_segments})
-        if unknown:
-            reader.error("conflicts", f"{path}.segment_ids: {unknown} are not segment ids")
-        ids = reader.step_ids(item, "step_ids", "conflicts", f"{path}.step_ids") or ()
-        reader.id_range(ids, steps, "conflicts", f"{path}.step_ids")
-        text = reader.string(item, "description", "conflicts", f"{path}.description") or ""
-        conflicts.append(Conflict(text, segs, ids))
-    return Outline(tuple(phases), tuple(conflicts), readable=bool(phases), errors=tuple(reader.errors))
-
-
 def fallback_outline(summaries: Sequence[LocalSummary]) -> Outline:
     """The outline used when the model's cannot be read: one phase per local summary, flagged ``fallback``.
 
-    Each phase takes the summary's segment id and step range, its goal (a placeholder when empty), one
-    sub-phase covering the range, and no failure signals or supporting ids; there are no conflicts
-    (release notes 3.5).
+    Each phase has the summary's id, range and goal, one sub-phase, no signals or supporting ids (release).
     """
     phases = tuple(
         Phase(
@@ -803,103 +242,135 @@ def fallback_outline(summaries: Sequence[LocalSummary]) -> Outline:
     return Outline(phases, (), readable=True, fallback=True)
 
 
-def _read_trace(reader: _Reader, analysis: Mapping[str, Any]) -> DelegationTrace | None:
-    raw = reader.get(analysis, "delegation_trace", "delegation_trace", "analysis.delegation_trace")
-    if raw is _MISSING:
-        return None
-    if not isinstance(raw, dict):
-        reader.error("delegation_trace", "analysis.delegation_trace: expected an object")
-        return None
-    before = len(reader.errors)
-    path = "analysis.delegation_trace"
-    checked = reader.boolean(raw, "checked", "delegation_trace", f"{path}.checked")
-    faithful = reader.boolean(
-        raw, "faithful_implementation", "delegation_trace", f"{path}.faithful_implementation"
+# --- schemas ------------------------------------------------------------------------------------------------
+
+
+def scorable_agents(trajectory: Trajectory) -> tuple[str, ...]:
+    """The recorded agents an attribution may name: all of them except one literally called ENVIRONMENT."""
+    return tuple(a for a in trajectory.agents if a.strip().casefold() != _ENVIRONMENT)
+
+
+def _string(enum: Iterable[str] | None = None) -> dict[str, Any]:
+    return {"type": "string"} if enum is None else {"type": "string", "enum": list(enum)}
+
+
+def _ids(valid_ids: Sequence[int]) -> dict[str, Any]:
+    return {"type": "integer", "enum": list(valid_ids)}
+
+
+def _array(
+    items: dict[str, Any], low: int | None = None, high: int | None = None, *, unique: bool = False
+) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "array", "items": items}
+    if low is not None:
+        schema["minItems"] = low
+    if high is not None:
+        schema["maxItems"] = high
+    if unique:
+        schema["uniqueItems"] = True
+    return schema
+
+
+def _step(n_steps: int, *, nullable: bool = False) -> dict[str, Any]:
+    return {"type": ["integer", "null"] if nullable else "integer", "minimum": 0, "maximum": n_steps - 1}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _range(low: int, high: int) -> dict[str, Any]:
+    return _array({"type": "integer", "minimum": low, "maximum": high}, 2, 2)
+
+
+def local_summary_schema(segment_id: int, valid_ids: Sequence[int]) -> dict[str, Any]:
+    """The schema of one segment's local summary; ``valid_ids``: the segment's own steps, overlap excluded."""
+    if not valid_ids:
+        raise ValueError("a segment has at least one own step")
+    tags = _array(_string(CANDIDATE_TAGS), 1, len(CANDIDATE_TAGS), unique=True)
+    proposal = _object({"step_id": _ids(valid_ids), "tags": tags, "note": _string()})
+    finding = _object(
+        {"step_ids": _array(_ids(valid_ids), 1), "result": _string(VERIFIER_RESULTS), "note": _string()}
     )
-    prescribing: int | None = None
-    if "prescribing_step" not in raw:
-        reader.error("delegation_trace", f"{path}.prescribing_step: missing")
-    elif raw["prescribing_step"] is not None:
-        prescribing = reader.step(raw, "prescribing_step", "delegation_trace", f"{path}.prescribing_step")
-    quote = reader.string(raw, "quote", "delegation_trace", f"{path}.quote")
-    defect = reader.string(raw, "defect_in_quote", "delegation_trace", f"{path}.defect_in_quote")
-    if len(reader.errors) > before or checked is None or faithful is None or quote is None or defect is None:
-        return None
-    return DelegationTrace(checked, faithful, prescribing, quote, defect)
+    return _object(
+        {
+            "segment_id": {"type": "integer", "enum": [segment_id]},
+            "step_range": _range(min(valid_ids), max(valid_ids)),
+            "segment_goal": _string(),
+            "key_events": _array(_object({"event": _string(), "step_ids": _array(_ids(valid_ids), 1)}), 3, 8),
+            "proposed_steps": _array(proposal, 0),
+            "verifier_findings": _array(finding, 0),
+            "uncertainties": _array(_string(), 0),
+        }
+    )
 
 
-def _read_chain(reader: _Reader, analysis: Mapping[str, Any]) -> tuple[ChainNode, ...] | None:
-    items = reader.array(analysis, "failure_chain", "failure_chain", "analysis.failure_chain")
-    if items is None:
-        return None
-    nodes: list[ChainNode] = []
-    before = len(reader.errors)
-    for position, item in enumerate(items):
-        path = f"analysis.failure_chain[{position}]"
-        if not isinstance(item, dict):
-            reader.error("failure_chain", f"{path}: expected an object")
-            continue
-        step: int | None = None
-        if "step" not in item:
-            reader.error("failure_chain", f"{path}.step: missing")
-        elif item["step"] is not None:
-            step = reader.step(item, "step", "failure_chain", f"{path}.step")
-        agent = reader.string(item, "agent", "failure_chain", f"{path}.agent")
-        role = reader.string(item, "role", "failure_chain", f"{path}.role")
-        description = reader.string(item, "description", "failure_chain", f"{path}.description")
-        nodes.append(ChainNode(step, agent or "", role or "", description or ""))
-    return None if len(reader.errors) > before else tuple(nodes)
+def outline_schema(trajectory: Trajectory, segment_ids: Sequence[int]) -> dict[str, Any]:
+    """The schema of the trajectory outline: at least one phase, no cap (the prompt asks for 3–8)."""
+    last = trajectory.n_steps - 1
+    step = _step(trajectory.n_steps)
+    signal = _object({"description": _string(), "step_ids": _array(step, 1), "severity": _string(SEVERITIES)})
+    phase = _object(
+        {
+            "phase_id": {"type": "integer", "minimum": 1},
+            "step_range": _range(0, last),
+            "phase_goal": _string(),
+            "involved_agents": _array(_string(trajectory.agents), 1, unique=True),
+            "sub_phases": _array(_object({"step_range": _range(0, last), "description": _string()}), 1),
+            "failure_signals": _array(signal, 0),
+            "supporting_step_ids": _array(step, 3, 10),
+        }
+    )
+    conflict = _object(
+        {
+            "description": _string(),
+            "segment_ids": _array({"type": "integer", "enum": list(segment_ids)}),
+            "step_ids": _array(step),
+        }
+    )
+    return _object({"phases": _array(phase, 1), "conflicts": _array(conflict, 0)})
 
 
-def parse_attribution(answer: object) -> AttributionAnswer:
-    """Read the final attribution answer; nothing is repaired (a digit-string step id is read as its integer)."""
-    reader = _Reader()
-    if not isinstance(answer, dict):
-        for name in ("agent", "step"):
-            reader.error(name, "the answer is not a JSON object")
-        return AttributionAnswer(
-            None, None, None, None, None, None, None, None, None, None, None, tuple(reader.errors)
-        )
-    agent: str | None = None
-    step: int | None = None
-    root = reader.get(answer, "root_cause", "agent", "root_cause")
-    if root is _MISSING:
-        reader.error("step", "root_cause: missing")
-    elif not isinstance(root, dict):
-        reader.error("agent", "root_cause: expected an object")
-        reader.error("step", "root_cause: expected an object")
-    else:
-        agent = reader.string(root, "agent", "agent", "root_cause.agent")
-        step = reader.step(root, "step", "step", "root_cause.step")
-    evidence = reader.step_ids(answer, "evidence_step_ids", "evidence_step_ids", "evidence_step_ids")
-    factors = reader.strings(answer, "contributing_factors", "contributing_factors", "contributing_factors")
-    trace: DelegationTrace | None = None
-    chain: tuple[ChainNode, ...] | None = None
-    counterfactual: str | None = None
-    confidence: str | None = None
-    analysis = answer.get("analysis")
-    if isinstance(analysis, dict):
-        trace = _read_trace(reader, analysis)
-        chain = _read_chain(reader, analysis)
-        counterfactual = reader.string(
-            analysis, "counterfactual", "counterfactual", "analysis.counterfactual"
-        )
-        confidence = reader.string(analysis, "confidence", "confidence", "analysis.confidence")
-    else:
-        problem = "missing" if "analysis" not in answer else "expected an object"
-        for name in _ANALYSIS_FIELDS:
-            reader.error(name, f"analysis: {problem}")
-    return AttributionAnswer(
-        agent=agent,
-        step=step,
-        reason=reader.string(answer, "reason", "reason", "reason"),
-        evidence_step_ids=evidence,
-        abstain=reader.boolean(answer, "abstain", "abstain", "abstain"),
-        primary_category=reader.string(answer, "primary_category", "primary_category", "primary_category"),
-        contributing_factors=factors,
-        delegation_trace=trace,
-        failure_chain=chain,
-        counterfactual=counterfactual,
-        confidence=confidence,
-        errors=tuple(reader.errors),
+def attribution_schema(trajectory: Trajectory) -> dict[str, Any]:
+    """The schema of the final attribution: explicit role and step fields, evidence, and the analysis."""
+    step = _step(trajectory.n_steps)
+    trace = _object(
+        {
+            "checked": {"type": "boolean"},
+            "faithful_implementation": {"type": "boolean"},
+            "prescribing_step": _step(trajectory.n_steps, nullable=True),
+            "quote": _string(),
+            "defect_in_quote": _string(),
+        }
+    )
+    node = _object(
+        {
+            "step": _step(trajectory.n_steps, nullable=True),
+            "agent": _string(),
+            "role": _string(CHAIN_ROLES),
+            "description": _string(),
+        }
+    )
+    return _object(
+        {
+            "root_cause": _object({"agent": _string(scorable_agents(trajectory)), "step": step}),
+            "reason": _string(),
+            "evidence_step_ids": _array(step, 0, _MAX_EVIDENCE),
+            "abstain": {"type": "boolean"},
+            "primary_category": _string(FAILURE_CATEGORIES),
+            "contributing_factors": _array(_string(FAILURE_CATEGORIES), 0, unique=True),
+            "analysis": _object(
+                {
+                    "delegation_trace": trace,
+                    "failure_chain": _array(node, 2),
+                    "counterfactual": _string(),
+                    "confidence": _string(CONFIDENCE_LEVELS),
+                }
+            ),
+        }
     )

@@ -1,54 +1,7 @@
 """Rule-based segmentation of an enriched trajectory for RCTA's local summaries (release notes 3.2; no LLM).
 
-Why: a long trajectory does not fit one summary call, and the local-summary stage must see consecutive steps
-with their original ids. The paper (Sec. 4.1, App. E) fixes the shape: consecutive recorded steps, character and
-step limits, at most 80 non-overlap steps, up to five preceding steps as overlap context, boundaries that may
-align with completion or handoff transitions and verifier PASS/FAIL markers used only as boundary cues. It is
-silent on the concrete rules, so this module takes the released pipeline's.
-
-Constants (`SegmentationConfig`, module constants as defaults; characters are code points of step contents):
-target 24,000 (`TARGET_CHARS`); hard cap 32,000 (`MAX_CHARS`) over the segment's OWN step contents, overlap
-excluded; at most 80 own steps (`MAX_STEPS`); at least 8 steps (`MIN_STEPS`) and 10,000 characters
-(`MIN_CHARS`) before a semantic cut; 5 overlap steps (`OVERLAP_STEPS`).
-
-The pass: the first step opens the first segment. Before appending each incoming step to the open segment,
-the rules below are checked in order and the first that holds cuts (``n`` = own steps so far, ``chars`` = their
-content length, ``last`` = the segment's last step; a class "change" compares the incoming step's role class
-with ``last``'s):
-
-(a) ``finish_signal``: ``last`` is a ``finish`` action, ``n >= 8`` and ``chars >= 10,000``;
-(b) ``verifier_signal_change``: the incoming step has a verifier signal, the segment's most recent signal
-    (the last non-None one among its own steps) exists and differs (PASS↔FAIL), and ``chars >= 10,000``
-    (no step minimum, as released);
-(c) ``agent_shift``: the class changes, the incoming step is a ``delegate`` or ``finish`` action, ``n >= 8``
-    and ``chars >= 10,000``;
-(d) ``max_length``: ``chars + incoming length > 32,000``;
-(e) ``max_steps``: ``n >= 80``;
-(f) ``soft_agent_shift_at_target``: ``chars >= 24,000`` and the class changes.
-
-On a cut the open segment is closed with that reason and the incoming step opens the next one; otherwise the
-step is appended. The last segment's reason is ``"end_of_trace"`` (the release's word). Consequences: a
-segment never holds more than 80 own steps; a segment of two or more steps never exceeds the cap, because
-(d) is checked before every append; a single step longer than the cap is its own, oversized segment (the
-step after it is always cut off by (d), or by an earlier rule).
-
-Overlap: every segment after the first carries the last ``min(5, n)`` own steps of the segment before it as
-read-only context (the release's choice; the paper's "up to five preceding steps" does not say whether to
-reach further back when the previous segment is shorter, e.g. a lone oversized step, and the release does
-not). Overlap ids are not valid outputs of that segment (`Segment.valid_ids`) and do not count toward its
-characters or steps.
-
-Post-pass (`split_oversized`, the release's safety net): every segment still over the character cap with
-more than one own step is split once at ``n // 2``; the left half keeps the original overlap and is marked
-``"split_in_half_left"``, the right half takes the left half's last ``min(5, n // 2)`` steps as overlap and is
-marked ``"split_in_half_right"``; the segment after them keeps its overlap. Then segments are renumbered from 0.
-Because of rule (d) no segment the pass builds can qualify, whatever the configuration, so the post-pass never
-changes `segment`'s output; it is implemented faithfully anyway and tested on hand-built segments.
-
-Where paper and release differ, the paper wins: role classes are the paper's App. H list
-(`rcarun.methods.rcta.roles`), so rule (c) and (f) see classes such as Orchestrator=planner and
-WebSurfer=executor that the release's default profile calls ``unknown``. Step ids must be strictly increasing;
-`enrich` gives ``0..n-1``.
+A long trajectory does not fit one summary call; the paper fixes the segments' shape (Sec. 4.1, App. E)
+and the release the rules. Constants, cut rules, overlap and post-pass: ``docs/methods/rcta.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, get_args
 
 from .enrich import EnrichedStep, VerifierSignal
 from .roles import RoleClass
@@ -95,31 +48,12 @@ CutReason = Literal[
     "split_in_half_left",
     "split_in_half_right",
 ]
-CUT_REASONS: tuple[CutReason, ...] = (
-    "finish_signal",
-    "verifier_signal_change",
-    "agent_shift",
-    "max_length",
-    "max_steps",
-    "soft_agent_shift_at_target",
-    "end_of_trace",
-    "split_in_half_left",
-    "split_in_half_right",
-)
+CUT_REASONS: tuple[CutReason, ...] = get_args(CutReason)
 
 
 @dataclass(frozen=True, slots=True)
 class SegmentationConfig:
-    """The segmenter's limits (meanings in the module docstring; characters are code points).
-
-    Attributes:
-        target_chars: the soft target of rule (f).
-        max_chars: the hard cap of rule (d) over own step contents.
-        max_steps: the most own steps a segment holds (rule (e)).
-        min_steps: own steps needed before a semantic cut (rules (a), (c)).
-        min_chars: characters needed before a semantic cut (rules (a), (b), (c)).
-        overlap_steps: how many of the previous segment's last steps the next one carries as context.
-    """
+    """The segmenter's limits (code points, steps); the cut rules (a)–(f) using them: docs/methods/rcta.md."""
 
     target_chars: int = TARGET_CHARS
     max_chars: int = MAX_CHARS
@@ -143,18 +77,8 @@ DEFAULT_CONFIG = SegmentationConfig()
 class Segment:
     """Consecutive own steps with their original ids, plus read-only overlap context.
 
-    Attributes:
-        segment_id: the 0-based position among the trajectory's segments (after renumbering).
-        step_ids: the own steps' ids, consecutive and in order; the only ids this segment may output.
-        overlap_ids: the ids of the preceding steps carried as context (empty for the first segment).
-        char_count: the summed content length of the own steps (overlap excluded).
-        cut_reason: the rule that closed the segment, ``"end_of_trace"`` for the last one, or a
-            ``"split_in_half_*"`` mark from the post-pass.
-        role_classes: the own steps' role classes, distinct, in order of first appearance.
-        agents: the own steps' raw agent names, distinct, in order of first appearance.
-        verifier_signals: the own steps' non-None verifier signals, in order.
-        steps: the own steps.
-        overlap_steps: the overlap steps.
+    Only the own steps (``step_ids``) may be cited and count toward ``char_count``; ``role_classes`` and
+    ``agents`` are distinct, in order of first appearance; ``cut_reason`` is the rule that closed the segment.
     """
 
     segment_id: int
@@ -247,15 +171,7 @@ def _cut_reason(
 def split_oversized(
     segments: Sequence[Segment], *, config: SegmentationConfig = DEFAULT_CONFIG
 ) -> tuple[Segment, ...]:
-    """The release's post-pass: halve each multi-step segment over the cap once, then renumber from 0.
-
-    Args:
-        segments: segments in trajectory order.
-        config: supplies the character cap and the overlap length.
-
-    Returns:
-        The segments with every qualifying one replaced by its two halves, ``segment_id`` = position.
-    """
+    """The release's post-pass: halve each multi-step segment over the cap once, then renumber from 0."""
     result: list[Segment] = []
     for seg in segments:
         if seg.char_count > config.max_chars and seg.n_steps > 1:
@@ -273,14 +189,7 @@ def split_oversized(
 def segment(
     enriched_steps: Sequence[EnrichedStep], *, config: SegmentationConfig = DEFAULT_CONFIG
 ) -> tuple[Segment, ...]:
-    """Cut a trajectory into segments by the rules of the module docstring.
-
-    Args:
-        enriched_steps: the trajectory's steps from `enrich`, in order.
-        config: the limits; the module constants by default.
-
-    Returns:
-        The segments, numbered from 0; every step is an own step of exactly one segment. Empty for no steps.
+    """Cut a trajectory into segments numbered from 0, every step the own step of one (docs/methods/rcta.md).
 
     Raises:
         ValueError: the step ids are not strictly increasing.

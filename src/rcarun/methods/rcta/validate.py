@@ -1,72 +1,14 @@
 """A4, output and evidence validation: check the attribution field by field, retry once, keep what was valid.
 
-RCTA's final answer names the responsible role and the root step in separate fields, with an explanatory chain
-and cited handoff evidence beside them. A4 (LongRCA paper Sec. 4.2, App. H, App. L.1/L.3; summary App. E–F;
-release notes 3.10) checks each field on its own so that one bad field costs only itself: invalid fields trigger
-one retry carrying the validation feedback, valid fields are kept independently, and when the essential fields
-stay missing the output abstains and is flagged. No LLM call happens here; the method module sends the retry.
-
-Field checks (`validate_attribution`); every error names its field. Each check looks at its own field only (the
-paper keeps role and step independent: Sec. 3.1, summary App. D "the selected step's emitter does not determine
-the predicted role"), except where a rule below names the other field it reads:
-
-- ``agent``: a string that is one of the trajectory's recorded agents, and never ENVIRONMENT (compared after
-  trimming, case-insensitively, so a recorded agent literally called "environment" is not scorable either)
-  (paper: summary App. E). The release also accepts SYSTEM/TOOL/PLATFORM/ENVIRONMENT/USER_INTENT_UNDERSPECIFIED;
-  the paper does not, and wins.
-- ``step``: an integer that is a step of the trajectory (paper: summary App. E). The reader reads a digit string
-  as its integer and leaves out anything else (`rcarun.methods.rcta.schemas`). The release also accepts
-  ``"system_evaluation"``; the paper allows the system evaluation only as an unscored terminal chain node.
-- ``reason``, ``counterfactual``: strings.
-- ``evidence_step_ids``: steps of the trajectory, at most 10, non-empty unless the answer abstains (release).
-- ``abstain``: a boolean.
-- ``primary_category``: one code of the failure taxonomy. ``contributing_factors``: valid codes, unique, not
-  repeating the primary (release).
-- ``delegation_trace`` (cited handoff evidence, textual provenance only): a cited ``prescribing_step`` must be a
-  step of the trajectory that is a handoff step (a key of ``handoff_texts_by_step``), and a non-empty ``quote``
-  cited from it must be grounded in that step's logged instruction text (``quote_grounded(quote, text)``). The
-  paper checks "the provenance of cited handoff evidence" (Sec. 4.2; summary App. F); the release checks the
-  quote only under a faithful claim — we check any quote that cites a handoff step. A faithful-implementation
-  claim must cite a prescribing handoff step and a non-empty quote (release).
-- ``failure_chain`` (explanatory-chain structure; the rules are the release's): at least one ``root_cause`` and
-  one ``terminal`` node, roles from the enum, node steps inside the trajectory; a node without a step (the
-  system evaluation) only in the ``terminal`` role (paper: summary App. E).
-- ``confidence``: high/medium/low, and ``low`` when abstaining (release).
-- ``consistency``: empty by default. The paper has no cross-field rule. The release's ones are available as a
-  release-only option (``release_consistency_rules=True``, method option ``release_consistency_rules``), and
-  then take part in validity (so in the retry) and in ``needs_review``, never in coverage: a
-  faithful-implementation claim puts the root at the prescribing step (``step == prescribing_step``), names as
-  agent a handoff form or the prescribing step's sender, and has primary category C1 or A2; a planner-class
-  agent (`role_class`, handoff forms by their sender) points at a step whose speaker is planner-class and has no
-  D*/E*/X* primary category (all release notes 3.10). Only fields that passed their own check take part.
-
-Merging the two attempts (`merge_fields`), field-preserving (paper: summary App. E–F, "an invalid field does not
-overwrite a valid one"): for every field the retry's value is used when it is valid, otherwise the first
-attempt's when that is valid, otherwise the field is missing. When both are valid the retry wins: the release
-replaces the first answer by the retry as a whole (release 3.10) and the paper only adds that an invalid field
-never overwrites a valid one. So an invalid step in the retry never replaces a valid first step, and a valid
-first role survives an invalid retry role. Under the release-only option the consistency rules are checked again
-on the merged values (they may come from different attempts); a violation is flagged for review but, as in the
-release's coercion ("the step is left as it is"), changes no value. If ``agent`` or ``step`` is still missing
-the output abstains and is flagged (``needs_review``). Abstention is also whatever the model answered in the
-field kept for ``abstain``; a model that abstains keeps the valid role and step it gave (release 3.12:
-"abstaining outputs still carry whatever agent and step they have"), so scoring can count them or not. The
-release's coercion (unknown agent → SYSTEM, clearing categories) is not used: the paper keeps invalid fields
-invalid (release 3.13 item 8).
-
-Coverage (paper App. L.1, L.3: "non-abstaining outputs that pass the validation checks for their condition.
-These checks cover recorded role names, root-step validity, explanatory-chain structure, and cited handoff
-evidence"): ``covered`` is exactly those four checks on the merged output — not abstaining, and ``agent``,
-``step``, ``failure_chain`` and ``delegation_trace`` each valid in the attempt it was kept from
-(`COVERAGE_CHECKS`; the method drops the ``delegation_trace`` check for the A3 control, as App. H says). The
-other fields and the release-only consistency rules do not enter it. For the A4 control (no retry) call
-``merge_fields(first)``.
+One bad field costs only itself: invalid fields trigger one retry with feedback, valid fields are kept per
+field, and missing essential fields make the output abstain. No LLM call happens here. The checks, the merge
+and coverage: ``docs/methods/rcta.md`` ("A4").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from rcarun.data import Trajectory, parse_handoff
@@ -92,22 +34,12 @@ __all__ = [
     "Validation",
     "feedback_text",
     "merge_fields",
+    "retry_feedback",
     "validate_attribution",
 ]
 
-FIELDS: tuple[str, ...] = (
-    "agent",
-    "step",
-    "reason",
-    "evidence_step_ids",
-    "abstain",
-    "primary_category",
-    "contributing_factors",
-    "delegation_trace",
-    "failure_chain",
-    "counterfactual",
-    "confidence",
-)
+# The answer's fields in `AttributionAnswer`'s order, each checked on its own.
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AttributionAnswer) if f.name != "errors")
 CONSISTENCY = "consistency"
 ESSENTIAL_FIELDS: tuple[str, ...] = ("agent", "step")
 # App. L.1's four coverage checks, by name, and the field each reads.
@@ -140,14 +72,7 @@ class FieldCheck:
 
 @dataclass(frozen=True, slots=True)
 class Validation:
-    """One attempt's answer with the verdict on each field.
-
-    Attributes:
-        answer: the answer as read.
-        trajectory: the trajectory it was checked against (the merge re-checks consistency on it).
-        checks: one `FieldCheck` per name in `FIELDS`, then one for ``consistency``.
-        release_consistency_rules: the release-only cross-field rules were applied (module docstring).
-    """
+    """One attempt's answer with one `FieldCheck` per name in `FIELDS`, then one for ``consistency``."""
 
     answer: AttributionAnswer
     trajectory: Trajectory
@@ -178,20 +103,11 @@ Source = Literal["first", "retry"]
 
 @dataclass(frozen=True, slots=True)
 class FinalFields:
-    """The attribution after A4: the fields kept, where each came from, and the flags.
+    """The attribution after A4: the fields kept, the attempt each came from (``sources``), and the flags.
 
-    Attributes:
-        agent: the responsible role (the prediction reads the role from here, never from the step's speaker).
-        step: the root step.
-        sources: for each name in `FIELDS`, ``"first"``/``"retry"`` for the attempt it came from, or None when
-            no attempt had it valid (then the value is None).
-        model_abstained: the kept ``abstain`` field said so.
-        abstain: the model abstained or an essential field (agent, step) is missing.
-        needs_review: an essential field is missing, a field stayed invalid, or (release-only rules) the merged
-            fields are inconsistent.
-        coverage_checks: each of App. L.1's four checks (`COVERAGE_CHECKS`) by name: whether it passed.
-        covered: counts toward coverage: not abstaining and every check in ``coverage_checks`` passed.
-        errors: what is still wrong: the missing fields' last errors and the merged consistency errors.
+    A field no attempt had valid is None with source None. ``abstain``: the model abstained or agent or step
+    is missing; ``covered``: not abstaining and each of App. L.1's four ``coverage_checks`` passed;
+    ``errors``: the missing fields' last errors and the merged consistency errors.
     """
 
     agent: str | None
@@ -382,11 +298,9 @@ def validate_attribution(
     quote_grounded: QuoteGrounded,
     release_consistency_rules: bool = False,
 ) -> Validation:
-    """Check every field of one attribution answer (rules in the module docstring).
+    """Check every field of one attribution answer (docs/methods/rcta.md).
 
     Args:
-        answer: the answer as read by `rcarun.methods.rcta.schemas.parse_attribution`.
-        trajectory: the trajectory attributed.
         handoff_texts_by_step: the logged instruction text of every handoff step, by step id.
         quote_grounded: ``quote_grounded(quote, source)`` decides whether a quote is grounded in a text.
         release_consistency_rules: also apply the release's cross-field rules (off: the paper has none).
@@ -429,28 +343,28 @@ def validate_attribution(
     )
 
 
-def feedback_text(validation: Validation) -> str:
-    """The note appended to the single retry: what failed, field by field (first 30 errors, as released)."""
-    errors = validation.errors
-    if not errors:
-        return ""
+def retry_feedback(errors: Sequence[str], *, limit: int, note: str = "") -> str:
+    """The note appended to any stage's validation retry: the first ``limit`` errors, one a line (release)."""
     lines = [
         "Your previous answer did not pass validation. Answer again with the complete JSON object, "
-        "correcting these problems (fields not listed were valid):"
+        f"correcting these problems{note}:"
     ]
-    lines += [f"- {error}" for error in errors[:_MAX_FEEDBACK]]
-    if len(errors) > _MAX_FEEDBACK:
-        lines.append(f"- ... and {len(errors) - _MAX_FEEDBACK} more")
+    lines += [f"- {error}" for error in errors[:limit]]
+    if len(errors) > limit:
+        lines.append(f"- ... and {len(errors) - limit} more")
     return "\n".join(lines)
 
 
-def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFields:
-    """Keep each field from the attempt where it is valid, the retry first (rules in the module docstring).
+def feedback_text(validation: Validation) -> str:
+    """The note appended to the attribution's single retry: what failed, field by field (first 30 errors)."""
+    errors = validation.errors
+    return (
+        retry_feedback(errors, limit=_MAX_FEEDBACK, note=" (fields not listed were valid)") if errors else ""
+    )
 
-    Args:
-        first: the validated first answer.
-        retry: the validated retry, or None when no retry was made (first valid, or the A4 control).
-    """
+
+def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFields:
+    """Keep each field from the attempt where it is valid, the retry first; ``retry`` None: none was sent."""
     values: dict[str, Any] = {}
     sources: dict[str, Source | None] = {}
     missing_errors: list[str] = []
@@ -479,17 +393,9 @@ def merge_fields(first: Validation, retry: Validation | None = None) -> FinalFie
     abstain = model_abstained or essentials_missing
     coverage_checks = {check: sources[name] is not None for check, name in COVERAGE_CHECKS.items()}
     covered = not abstain and all(coverage_checks.values())
+    del values["abstain"]  # kept as model_abstained
     return FinalFields(
-        agent=values["agent"],
-        step=values["step"],
-        reason=values["reason"],
-        evidence_step_ids=values["evidence_step_ids"],
-        primary_category=values["primary_category"],
-        contributing_factors=values["contributing_factors"],
-        delegation_trace=values["delegation_trace"],
-        failure_chain=values["failure_chain"],
-        counterfactual=values["counterfactual"],
-        confidence=values["confidence"],
+        **values,
         sources=sources,
         model_abstained=model_abstained,
         abstain=abstain,

@@ -1,34 +1,7 @@
 """SOAP's score and rescoring by name: the method itself and the cheap alternatives of its ablations.
 
-The paper compares its spectral base score with seven alternatives (Table 3, App. B.5) and its
-attention-guided rescoring with attention-free corrections and position heuristics (Table 4, App. A.3). The
-cheap ones are here, selected by `SoapConfig.base` and `SoapConfig.rescoring`, so an ablation is a
-configuration, not new code. Every score is "larger = more likely the decisive error".
-
-Base scores (`base_scores`):
-
-- ``spectral``: SOAP, inverse projection energy onto the configured band (`rcarun.methods.soap.spectral`).
-- ``leading`` / ``tail``: the same score on another subspace of the same width: the leading directions
-  ``[0, width)`` or the last ``[rank - width, rank)`` (Table 3's "other projection subspaces"; same width so
-  the comparison is about where the band lies, not how wide it is).
-- ``perplexity``: the step's mean negative log-likelihood, the log of its perplexity (same ranking, a tamer
-  scale for rescoring); a surprising step scores high.
-- ``norm``: the L2 norm of the step representation at the configured layer.
-- ``unit-norm``: the distance between the unit-normalised representation and the unit-normalised reference
-  mean (our reading of App. B.5's "unit-norm" score: a norm once length is taken out of the vector).
-- ``length``: the step's token count (App. B.5's longest-step baseline).
-
-Rescorings (`rank_with`):
-
-- ``attention``: SOAP's dependency-aware rescoring (`rcarun.methods.soap.dependency`).
-- ``none``: the base score alone.
-- ``earliest-of-top-k``: the earliest of the k highest base scores (A.3; k = 5): the ranking puts those k
-  steps first in step order, then the rest by base score.
-- ``temporal``: ``base[j] - strength · j / (n - 1)``, a penalty growing linearly to ``strength`` at the last
-  step (A.3 "temporal bias penalizes later positions"; the paper gives no form, the linear one is ours).
-
-Ties (every ranking, `rank_order`): a higher score first; equal scores, the earlier step first (the decisive
-error is the earliest failure-related step, §2). A score that is not a number ranks last.
+Selected by `SoapConfig.base` and `SoapConfig.rescoring`, so an ablation (Tables 3–4) is a configuration, not
+new code; every score is "larger = more likely the decisive error". The list: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -93,7 +66,7 @@ def _spectral(
 def base_scores(
     features: TrajectoryFeatures, reference: SpectralReference | None, config: SoapConfig
 ) -> npt.NDArray[np.float64]:
-    """``[n_steps]`` the configured base score of every step (module docstring).
+    """``[n_steps]`` the configured base score of every step (docs/methods/soap.md).
 
     Raises:
         ValueError: a score that needs the reference has none, or the reference was fitted at another layer.
@@ -135,7 +108,7 @@ def _unit_distance(rows: npt.NDArray[np.float64], mean: npt.NDArray[np.float64])
 
 
 def rank_with(features: TrajectoryFeatures, base: npt.NDArray[np.floating], config: SoapConfig) -> Ranking:
-    """The configured rescoring of ``base`` (module docstring) as a ranking."""
+    """The configured rescoring of ``base`` (docs/methods/soap.md) as a ranking."""
     scores = np.asarray(base, dtype=np.float64)
     n = scores.size
     name = config.rescoring

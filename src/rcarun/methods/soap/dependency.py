@@ -1,31 +1,8 @@
 """SOAP's dependency-aware rescoring (paper 004, §3.2, A.3, B.1): attention routes late evidence upstream.
 
-A decisive error contaminates the steps after it, and those later steps often look more anomalous than the
-error itself. The frozen model's attention says which earlier steps a step reads from; SOAP turns that into
-soft dependencies and adds to each step the base scores of the steps that depend on it, so an early step whose
-dependents are anomalous rises above them.
-
-Rules, with the paper's section and our choice where it is open:
-
-1. Attention mass (§3.2, A.3): the attention from step ``i`` to step ``j`` averaged over the selected decoder
-   layers (`average_attention`; layers without softmax attention, NaN from the model side, are left out);
-   heads are averaged by the model side (`rcarun.methods.forward`). The attention
-   bands offered for selection are the earliest, middle and latest thirds of the layers and all of them
-   (`attention_band`; the paper's Table 4 found the earliest band best).
-2. Eligible predecessors (§3.2, B.1): steps ``j < i`` retained in ``i``'s own pass (the task segment never
-   counts), within the ``window`` nearest positions ``i - window … i - 1`` (``None`` = all; the paper's
-   ``w``). Of those, the ``top`` with the largest mass are kept (A.3 "retains top-mass predecessors"; ``None``
-   keeps all); equal masses prefer the nearer predecessor.
-3. Dependency weights (§3.2): a step's masses to its kept predecessors divided by their sum, so each step's
-   outgoing weights sum to 1 (0 for a step with no eligible predecessor or no mass to any).
-4. Rescoring (§3.2): ``rescored[j] = base[j] + γ · incoming[j] / norm[j]`` with ``incoming[j] = Σ_i W[i, j] ·
-   base[i]`` over the dependents ``i`` of ``j`` (one hop: the base scores of direct dependents, not their
-   rescored values). ``norm`` (the paper only says it prevents many dependents from inflating the correction):
-   ``"capped"`` (default) ``max(1, Σ_i W[i, j])``: weak dependencies give small corrections, and beyond a
-   total weight of one the correction is the weighted mean of the dependents' base scores, so it never exceeds
-   the largest of them however many dependents ``j`` has; ``"weight"`` ``Σ_i W[i, j]``, always the weighted
-   mean; ``"count"`` the number of dependents with a positive weight; ``"none"`` 1 (no normalisation, to show
-   the inflation). No dependents: no correction. γ = 0.6 by default, the paper's best (§4.3).
+Later steps contaminated by a decisive error often look more anomalous than the error itself; adding to each
+step the base scores of the steps that attend to it lifts the early cause. The rules and our choices where the
+paper is open: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """What SOAP keeps of a trajectory's forward passes: per step, from the pass that scored it (paper 004, A.3).
 
-Everything SOAP and its alternatives compute afterwards (the spectral reference, base scores, dependency
-weights, rescoring, and every configuration tried by hyperparameter selection) is arithmetic on these arrays,
-so the model runs once per trajectory, not once per configuration. Each pass is reduced to its targets' rows
-as soon as it returns, which keeps memory at one pass plus the per-step arrays even when a long trajectory
-needs many windows.
-
-Per target step ``t`` the attention row comes from ``t``'s own pass (`InputPlan.pass_of`):
-``attention[l, t, j]`` is the attention from ``t`` to step ``j`` in that pass, defined for the retained
-predecessors (``retained[t, j]``: ``j < t`` and ``j`` inside ``t``'s window) and 0 elsewhere; the attention to
-the task segment is kept apart (``task_attention``), since the dependency weights use steps only.
+Everything later (reference, scores, rescoring, every configuration tried) is arithmetic on these arrays, so
+the model runs once per trajectory; each pass is reduced to its targets' rows as soon as it returns.
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """SOAP's inputs (paper 004, App. A.2): a trajectory's text segments and the forward passes that score them.
 
-The paper gives every scored step its own prompt: one user turn, no system prompt, the task description and
-the steps up to the target, each step with its agent name and step number; at the model's limit (8,192 tokens)
-the oldest steps are dropped while the task and the target stay. Run literally, that is one forward pass per
-step. `rcarun.methods.forward` tokenizes segments one by one, so with a causal model the states and attentions
-of a segment depend only on the segments before it: a pass over ``[task, s_a … s_b]`` gives every target ``t``
-in ``a … b`` exactly what its own prompt ``[task, s_a … s_t]`` would, as long as ``a`` is also the first step
-that prompt keeps. This module plans the passes on that equivalence.
-
-Rules (`plan_passes`):
-
-1. A pass holds ``template_tokens + task + its steps`` tokens and must not exceed ``context_tokens``.
-2. The window of target ``t`` starts at ``a(t)``, the smallest ``a`` with ``task + steps[a..t]`` inside the
-   limit: the paper's prompt for ``t`` after dropping its oldest steps. ``a(t)`` never decreases with ``t``.
-3. Targets are grouped by their window start. Every target with ``a(t) = 0`` is scored from one pass over the
-   longest prefix that fits (the whole trajectory when it all fits: one pass). Later targets with the same
-   start share one pass ending at the last of them (``sharing="grouped"``, the default), which is exactly
-   equivalent by the argument above; ``sharing="prefix"`` gives each later target its own pass and
-   ``sharing="none"`` gives every step its own pass (the paper's literal procedure, kept to check the
-   equivalence on a real model).
-
-Segment text (`task_segment`, `step_segment`): the task as ``Task: …`` followed by a blank line and
-``Steps:``, each step as ``[step k] agent: content`` on its own line (the rendering every other method of
-rcarun uses, `rcarun.methods.context.render_steps`), so the segments concatenate into one readable user turn.
-
-Oversized segments (`prepare_segments`; the paper leaves them open): with ``oversize="cut"`` (the default) a
-task that leaves no room for the longest step is cut in the middle as far as that step needs but never below
-half of the room a pass has, and a step that still does not fit beside the task is cut in the middle to fit
-(head and tail kept, the number of elided characters stated, as the shared context policy cuts); what was cut
-is recorded. With ``oversize="error"`` such a trajectory raises `DataError` naming it and the step.
+One causal pass over ``[task, s_a … s_b]`` gives every target in ``a … b`` what its own prompt would, so the
+passes are planned on that equivalence (`plan_passes`); oversized segments are cut or refused
+(`prepare_segments`). The rules: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -131,7 +105,7 @@ def prepare_segments(
     template_tokens: int,
     oversize: Oversize = "cut",
 ) -> Segments:
-    """The segments of ``trajectory``, cut where one would not fit in a pass (rules in the module docstring).
+    """The segments of ``trajectory``, cut where one would not fit in a pass (rules in docs/methods/soap.md).
 
     Raises:
         ValueError: ``context_tokens`` leaves no room beside the template, or ``oversize`` is unknown.
@@ -154,20 +128,7 @@ def prepare_segments(
         return Segments((task, *steps), (task_tokens, *step_tokens))
 
     if oversize == "error":
-        if task_tokens >= room:
-            raise DataError(
-                f"the task takes {task_tokens} tokens, {template_tokens} more go to the chat template and "
-                f"the model's limit is {context_tokens}: no step fits beside it (oversize='error')",
-                record=trajectory.qid,
-                field="task",
-            )
-        worst = step_tokens.index(longest)
-        raise DataError(
-            f"step {worst} takes {longest} tokens; with the task ({task_tokens}) and the chat template "
-            f"({template_tokens}) its pass exceeds the model's limit of {context_tokens} (oversize='error')",
-            record=trajectory.qid,
-            field=f"history[{worst}]",
-        )
+        raise _oversize_error(trajectory.qid, task_tokens, step_tokens, template_tokens, context_tokens)
 
     task_cut = False
     task_limit = max(room // 2, room - longest)
@@ -204,6 +165,27 @@ def prepare_segments(
         step_tokens[index] = count_tokens(steps[index])
         steps_cut.append(index)
     return Segments((task, *steps), (task_tokens, *step_tokens), task_cut, tuple(steps_cut))
+
+
+def _oversize_error(
+    qid: str, task_tokens: int, step_tokens: Sequence[int], template_tokens: int, context_tokens: int
+) -> DataError:
+    """``oversize="error"``: the task, or else the longest step beside it, that does not fit in a pass."""
+    if task_tokens >= context_tokens - template_tokens:
+        return DataError(
+            f"the task takes {task_tokens} tokens, {template_tokens} more go to the chat template and "
+            f"the model's limit is {context_tokens}: no step fits beside it (oversize='error')",
+            record=qid,
+            field="task",
+        )
+    longest = max(step_tokens)
+    worst = step_tokens.index(longest)
+    return DataError(
+        f"step {worst} takes {longest} tokens; with the task ({task_tokens}) and the chat template "
+        f"({template_tokens}) its pass exceeds the model's limit of {context_tokens} (oversize='error')",
+        record=qid,
+        field=f"history[{worst}]",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +279,7 @@ def plan_passes(
     template_tokens: int,
     sharing: Sharing = "grouped",
 ) -> InputPlan:
-    """The forward passes for one trajectory (rules in the module docstring).
+    """The forward passes for one trajectory (rules in docs/methods/soap.md).
 
     Args:
         task_tokens: tokens of the task segment.

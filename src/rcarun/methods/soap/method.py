@@ -1,24 +1,8 @@
 """SOAP as a method of a sweep (``[[methods]] name = "soap"``): splits, reference and selection owned by the run.
 
-SOAP answers from a frozen model's internals (`rcarun.methods.forward.ForwardModel`), so it runs on a local
-backbone (``provider = "local"``) and declares ``reads_model``. Before a realization's items, the runner calls
-`SoapMethod.prepare` once with the sweep's trajectory ids; per source (the paper splits each benchmark subset,
-§4.1), it:
-
-1. splits the source's ids with seed ``seed + realization`` (`rcarun.methods.soap.selection.split_trajectories`:
-   so repeated realizations are repeated split seeds, and their spread is SOAP's repeatability);
-2. runs the model over the reference trajectories (labels unused) and the validation trajectories, keeping
-   only the layers the selection grid needs (stages ``forward/reference`` and ``forward/validation``);
-3. chooses the hyperparameters on the validation split (two stages, App. A.3), or takes the fixed ones the
-   options give (every fixed value narrows its dimension of the grid to that value; when nothing is left to
-   choose, no validation is needed), and fits the reference at the chosen layer;
-4. returns the source's test ids as the items to answer: reference and validation trajectories are never
-   predicted, so nothing a split learnt from is scored.
-
-A source whose preparation fails (no labelled validation trajectory, no band that fits its reference) does not
-stop the others: its test items fail with the reason. What was chosen (splits, configuration, both stages'
-tables, the reference's size) is returned as the preparation's detail, which the runner stores with the run.
-Called with a chat `LLM` (`attribute`), SOAP refuses: it has nothing to read.
+It reads a frozen model (``reads_model``), so it runs on a ``provider = "local"`` backbone; `SoapMethod.prepare`
+splits each source, fits and selects, and returns only the test ids as items. The steps:
+``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +16,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from rcarun.data import Trajectory
 from rcarun.errors import ConfigError
-from rcarun.methods._options import MethodOptions, TupleOf, parse_options
+from rcarun.methods._options import MethodOptions, TupleOf
 from rcarun.methods.base import Attribution, Method, ModelFor, Preparation, TrajectorySet
 from rcarun.methods.forward import ForwardModel
 from rcarun.methods.llm import LLM
@@ -92,6 +76,8 @@ class SoapOptions(MethodOptions):
         top_k: steps kept in a prediction's ranked list.
     """
 
+    method_name = "soap"
+
     seed: int = 0
     train_fraction: Fraction = 0.3
     validation_fraction: Fraction = 0.2
@@ -130,10 +116,6 @@ class SoapOptions(MethodOptions):
             raise ValueError("layers must name at least one layer")
         return self
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> SoapOptions:
-        return parse_options("soap", cls, options)
-
 
 @dataclass(frozen=True, slots=True)
 class _SourcePlan:
@@ -149,7 +131,7 @@ class _SourcePlan:
 class SoapMethod(Method):
     """SOAP: spectral scoring with attention-guided propagation over a frozen local model's internals (paper 004).
 
-    Runs on a local backbone only; see the module docstring for what a realization's preparation does.
+    Runs on a local backbone only; see docs/methods/soap.md for what a realization's preparation does.
     """
 
     reads_model = True
@@ -166,7 +148,7 @@ class SoapMethod(Method):
     async def prepare(
         self, trajectories: TrajectorySet, model_for: ModelFor, realization: int
     ) -> Preparation:
-        """Split, read, select and fit per source (module docstring); the items are the test splits."""
+        """Split, read, select and fit per source (docs/methods/soap.md); the items are the test splits."""
         options = self.options
         by_source: dict[str, list[str]] = defaultdict(list)
         for qid, source in zip(trajectories.ids, trajectories.sources, strict=True):
@@ -211,6 +193,33 @@ class SoapMethod(Method):
             else:
                 assert record.reference is not None and record.reference.step is not None
                 validation[plan.source].append(LabelledFeatures(features, record.reference.step))
+        scorers, details = self._fit_sources(plans, reference, validation, unlabelled, problems)
+
+        async def attribute(trajectory: Trajectory, model: ForwardModel) -> Attribution:
+            scorer = scorers.get(trajectory.source)
+            if not isinstance(scorer, SoapScorer):
+                # The options cannot work on this source's trajectories (too few to split, nothing to choose with).
+                raise ConfigError(
+                    scorer or f"{trajectory.qid}: source {trajectory.source!r} was not prepared"
+                )
+            return await scorer.attribute(trajectory, model)
+
+        items = tuple(qid for qid in trajectories.ids if role.get(qid) is None and qid not in _unused(plans))
+        return Preparation(
+            items=items,
+            detail={"model": probe.name, "seed": options.seed + realization, "sources": details},
+            attribute=attribute,
+        )
+
+    def _fit_sources(
+        self,
+        plans: Mapping[str, _SourcePlan],
+        reference: Mapping[str, list[TrajectoryFeatures]],
+        validation: Mapping[str, list[LabelledFeatures]],
+        unlabelled: Mapping[str, int],
+        problems: Mapping[str, str],
+    ) -> tuple[dict[str, SoapScorer | str], dict[str, Any]]:
+        """Each source's scorer, or why it could not be prepared, and the detail stored with the run."""
         scorers: dict[str, SoapScorer | str] = {}
         details: dict[str, Any] = {}
         for source, plan in plans.items():
@@ -228,22 +237,7 @@ class SoapMethod(Method):
                 scorers[source] = reason
                 detail["failed"] = reason
             details[source] = detail
-
-        async def attribute(trajectory: Trajectory, model: ForwardModel) -> Attribution:
-            scorer = scorers.get(trajectory.source)
-            if not isinstance(scorer, SoapScorer):
-                # The options cannot work on this source's trajectories (too few to split, nothing to choose with).
-                raise ConfigError(
-                    scorer or f"{trajectory.qid}: source {trajectory.source!r} was not prepared"
-                )
-            return await scorer.attribute(trajectory, model)
-
-        items = tuple(qid for qid in trajectories.ids if role.get(qid) is None and qid not in _unused(plans))
-        return Preparation(
-            items=items,
-            detail={"model": probe.name, "seed": options.seed + realization, "sources": details},
-            attribute=attribute,
-        )
+        return scorers, details
 
     def _plan(self, source: str, ids: Sequence[str], realization: int, n_layers: int) -> _SourcePlan:
         options = self.options

@@ -1,13 +1,8 @@
 """SOAP applied to one trajectory: plan the passes, run them, rank the steps, answer as every method answers.
 
-`SoapScorer` is what a run holds once the reference is fitted and the hyperparameters are chosen
-(`rcarun.methods.soap.selection`). It is not a registered `Method`: SOAP needs a `ForwardModel` rather than
-the chat `LLM`, and its reference and validation splits belong to the run, so the runner wires it in.
-
-The answer (`rcarun.methods.base.Attribution`): the top-ranked step and its speaker as the responsible agent
-(paper §2: the agent is identified by the decisive step), validity by `speaker_attribution`; ``output`` keeps
-the ranked list (top ``config.top_k``, with final and base scores and each step's agent), the passes and
-tokens the model read, what was cut to fit, the model's name and the configuration.
+`SoapScorer` is what a run holds once the reference is fitted and the hyperparameters chosen; it is not a
+registered `Method` (it needs a `ForwardModel`, and its splits belong to the run). Its output:
+``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -106,7 +101,7 @@ class SoapScorer:
         )
 
     async def attribute(self, trajectory: Trajectory, model: ForwardModel) -> Attribution:
-        """Run ``model`` over ``trajectory`` and answer with its top-ranked step (module docstring); the
+        """Run ``model`` over ``trajectory`` and answer with its top-ranked step (docs/methods/soap.md); the
         arguments are in `rcarun.methods.base.Method.attribute`'s order."""
         if trajectory.n_steps == 0:
             return abstention({"reason": "the trajectory has no steps", "model": model.name, "passes": 0})

@@ -1,34 +1,7 @@
 """SOAP's data splits and two-stage hyperparameter selection (paper 004, §4.1, §4.3, App. A.3, B.4).
 
-SOAP learns nothing from step labels except its hyperparameters. The paper splits each subset at the
-trajectory level: a training split (30%) whose trajectories, labels hidden, build the spectral reference (one
-third of it suffices, §4.3); a labelled validation split that chooses the hyperparameters; a test split for
-the result. Selection works on precomputed `TrajectoryFeatures`, so the model runs once per trajectory, not
-per configuration.
-
-Splits (`split_trajectories`), a pure function of (ids, seed, fractions), so a run can store and redo them:
-
-- ids are ordered by SHA-256 of ``"{seed}:{id}"`` (no random generator whose stream could change between
-  library versions); the first ``round(train_fraction · n)`` form the training split, the next
-  ``round(validation_fraction · n)`` the validation split, the rest the test split (round half up).
-- the reference is the first ``round(reference_fraction · n_train)`` of the training split in that order (at
-  least one when the training split has any and the fraction is positive), so a smaller fraction is a subset
-  of a larger one with the same seed; the rest of the training split is recorded as unused.
-- defaults: 30% training (the paper), 20% validation (the summary gives no figure: ours), 50% test.
-- a split is per subset: the caller passes the ids of one source (the paper splits each benchmark subset).
-
-Two stages (`select_hyperparameters`, A.3):
-
-1. The representation layer and the spectral band, by the base score's step accuracy on the validation split
-   (the top-ranked base score is the gold step). The reference is refitted per layer on the reference
-   trajectories; bands reaching past its rank are skipped and counted.
-2. With that layer and band fixed, the attention layers, window ``w`` and γ, by the rescored step accuracy.
-   Skipped (the template's values kept) when the template's rescoring is not ``attention``.
-
-Ties: a configuration replaces the best so far only with strictly higher accuracy, so among equals the first
-in the grid's order wins. `default_grid` orders layers from the last to the first (later layers did best in
-the paper, §4.3), bands by start then width (narrower first), attention bands early → middle → late → all (the
-earliest did best), windows from narrow to all and γ ascending (on a tie, the weaker correction).
+Splits are a pure function of (ids, seed, fractions), so a run can store and redo them; selection works on
+precomputed `TrajectoryFeatures`, so the model runs once per trajectory. The rules: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -115,7 +88,7 @@ def split_trajectories(
     validation_fraction: float = 0.2,
     reference_fraction: float = 1.0,
 ) -> SoapSplit:
-    """The seeded trajectory-level split (rules in the module docstring).
+    """The seeded trajectory-level split (rules in docs/methods/soap.md).
 
     Raises:
         ValueError: duplicate ids, or fractions outside ``[0, 1]`` or summing past 1.
@@ -178,7 +151,7 @@ class SelectionGrid:
 
 
 def default_grid(n_layers: int) -> SelectionGrid:
-    """The grid used when a run names none (ordering in the module docstring)."""
+    """The grid used when a run names none (ordering in docs/methods/soap.md)."""
     bands = tuple(Band(lo, lo + width) for lo in _BAND_STARTS for width in _BAND_WIDTHS)
     attention: list[tuple[int, ...]] = []
     for name in _ATTENTION_BANDS:
@@ -251,7 +224,7 @@ def select_hyperparameters(
     *,
     template: SoapConfig | None = None,
 ) -> SelectionResult:
-    """Two-stage selection (module docstring).
+    """Two-stage selection (docs/methods/soap.md).
 
     Args:
         reference: features of the reference trajectories (they must keep every layer of ``grid.layers``).

@@ -1,26 +1,7 @@
 """SOAP's spectral reference and base score (paper 004, §3.1).
 
-Failed trajectories are mostly ordinary steps with a few failure-related ones, so the dominant directions of
-their step representations describe ordinary steps. A step that puts little of its energy into those
-directions is unusual, and the paper scores it by inverse projection energy onto a selected spectral band:
-neither only the leading directions (frequent shared patterns, e.g. the template and agent boilerplate) nor
-the tail (noise).
-
-Choices where the paper is open, each a parameter:
-
-- Preprocessing (`fit_reference`): rows are optionally L2-normalised (``normalize``, default off: mean pooling
-  already averages token norms away and the energy below is a ratio) and then centred by the reference mean
-  (``center``, default on, as in the projection scores SOAP builds on, Du et al.). A scored step gets the same
-  preprocessing with the reference's mean, never its own trajectory's.
-- The spectrum: right singular vectors of the preprocessed reference matrix by descending singular value, in
-  float64; there are ``min(rows, hidden)`` of them, so a band indexes ``0 … rank - 1``.
-- Energy (`band_energy`): relative, ``||V_band (x - mu)||² / ||x - mu||²`` in ``[0, 1]``, so a step's length
-  or norm does not decide its score by itself. A step equal to the reference mean (nothing to project) is as
-  ordinary as a step can be: energy 1.
-- Base score (`spectral_scores`): ``form="complement"`` (default) ``1 - energy``, in ``[0, 1]``, which keeps
-  the base on one scale across trajectories, so the rescoring weight γ means the same everywhere;
-  ``form="reciprocal"`` ``1 / max(energy, eps)``, the literal inverse, which ranks steps identically but lets
-  one near-orthogonal step dominate the rescoring sums.
+A step that puts little of its energy into the band of directions that describe ordinary steps is unusual.
+Preprocessing, energy and score forms are parameters: ``docs/methods/soap.md``.
 """
 
 from __future__ import annotations
@@ -137,7 +118,7 @@ def _unit_rows(rows: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
 def fit_reference(
     matrix: Matrix, *, center: bool = True, normalize: bool = False, layer: int | None = None
 ) -> SpectralReference:
-    """SVD of the reference step representations (``[rows, hidden]``), preprocessed per the module docstring.
+    """SVD of the reference step representations (``[rows, hidden]``), preprocessed per docs/methods/soap.md.
 
     Raises:
         ValueError: the matrix is empty or not two-dimensional.

@@ -1,55 +1,15 @@
-"""A strict sliding-window rate-limit server of the bench's own: the outside measurement's server, in loopback.
+"""A strict sliding-window rate-limit server of the bench's own: a provider's per-minute limits, in loopback.
 
-rcarun's simulator (`rcarun.mock`) enforces limits as token buckets with a 1-s burst, so the resets its
-``x-ratelimit-reset-*`` headers state are under a second. OpenAI counts requests and tokens per minute and
-states as the reset the time until the limit is back to its initial state: tens of seconds. An outside
-measurement against such a server found that one 429 stopped rcarun for about a minute (issue 17), which the
-simulator never showed. This server is written independently of the simulator (it shares only its stats
-record, `rcarun.mock.MockStats`, so that the bench reads both alike) and enforces exactly this:
-
-    an arrival is refused when the requests — or the tokens — accepted in the last ``window_s`` seconds,
-    this one included, would exceed the limit.
-
-Refused arrivals count against nothing. Limits are given per minute (``rpm``, ``tpm``), as clients are told them;
-the window admits ``rpm × window_s / 60`` requests (and the same share of ``tpm``), so a ``window_s`` below 60
-(the bench's ``--quick``) is the same rate in a shorter window, and the headers still state the per-minute
-limit while ``remaining`` and ``reset`` describe the shorter window.
-
-Tokens: a prompt costs ⌈characters / ``chars_per_token``⌉ per message + 4 per message (the simulator's and the
-aiolimiter peer's count at the default 4.0; another ratio, e.g. 3.0, is a provider whose tokenizer counts more
-than the client estimates). The charge at arrival (``metering``):
-    - "usage": prompt + the completion tokens the answer will have (what ``usage`` then reports);
-    - "max_tokens": prompt + the request's whole ``max_completion_tokens`` / ``max_tokens``, used or not, as
-      OpenAI meters it ("your rate limit is calculated as the maximum of max_tokens and the estimated number
-      of tokens based on the character count of your request", https://platform.openai.com/docs/guides/rate-limits).
-
-How a refusal is signalled (``signal``):
-    - "openai-headers": a 429 with ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` on every response,
-      200 and 429 alike, and no ``Retry-After``, as OpenAI documents them
-      (https://platform.openai.com/docs/guides/rate-limits): limit per minute, remaining now, and reset as the
-      time until the limit is back to its initial state — here until everything now counted has left the
-      window, tens of seconds — in OpenAI's Go-style durations ("59.87s", "1m2s", "200ms").
-    - "retry-after": a 429 with only ``Retry-After``: whole seconds until one more request would fit (RFC 9110
-      section 10.2.3); no x-ratelimit headers on any response.
-    - "both": the OpenAI headers on every response and ``Retry-After`` on a 429 (a provider that sends both).
-    - "bare": a 429 with no header at all, as DeepSeek answers ("429 Rate Limit Reached", no rate-limit
-      headers; https://api-docs.deepseek.com/quick_start/error_codes, the ``deepseek`` preset in
-      `rcarun.backends.presets`).
-    - "overload-503": a 503 whose body is ``{"error": {"type": "engine_overloaded_error", ...}}`` and no header,
-      as Kimi / Moonshot answer an overload (https://www.kimi.com/help/kimi-api/api-rate-limits; the ``kimi``
-      preset treats 503 as a rate-limit signal, after inspect_ai PR #4572).
-
-Every arrival is counted with its time (seconds since the first arrival after a reset), its status and the
-tokens metered for it: `GET /window/stats` returns the counters in `MockStats`' shape plus that list of
-arrivals, the ground truth of the measurement (`rcarun.bench.metrics.window_figures`). Answers are
-non-streaming chat completions (rcarun and every peer of the bench send ``stream`` absent): a JSON object
-filled from the request's ``response_format`` schema, or from the last fenced JSON schema in the prompt.
+The simulator's limits are token buckets with a 1-s burst; a provider counts per minute and states resets of
+tens of seconds. This server refuses an arrival when the requests — or the tokens — accepted in the last
+``window_s`` seconds, this one included, would exceed the limit; refused arrivals count against nothing. Limits
+are per minute (the window admits ``rpm × window_s / 60``). Tokens are charged at arrival (``metering``) and a
+refusal is signalled one of five ways (``signal``), each after a provider: see "Against a provider's 60-s
+window" in docs/performance.md and benchmarks/README.md. It logs every arrival (`GET /window/stats`), the ground
+truth of `rcarun_bench.metrics.window_figures`, and shares only its stats record with the simulator.
 
     async with WindowServer(WindowConfig(rpm=300)) as server:     # in this event loop
-        ... server.base_url, server.stats(), server.arrivals(), server.reset()
-
     with WindowServerProcess(WindowConfig(rpm=300)) as server:    # in a child process
-        ... the same, over HTTP
 """
 
 from __future__ import annotations
@@ -57,32 +17,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import math
 import os
 import re
-import select
 import signal as signals
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 
 from rcarun.mock import MockStats
+from rcarun.mock.process import ServerProcess, child_environment
 
 from .metrics import Arrival
-from .scenarios import SIGNALS, Metering, Signal
+from .scenarios import Metering, Signal, WindowConfig
 
 __all__ = [
     "Metering",
@@ -105,57 +61,8 @@ _REASON = (
     "on that result, so the agent that produced it is responsible."
 )
 _FENCED_JSON = re.compile(r"```json\s*(.*?)```", re.DOTALL)
-_STDERR_TAIL_CHARS = 4000
-
-
-@dataclass(frozen=True, slots=True)
-class WindowConfig:
-    """How the window server behaves.
-
-    Attributes:
-        rpm / tpm: requests and tokens per minute (None: no such limit).
-        window_s: the sliding window's length; it admits ``rpm × window_s / 60`` requests.
-        latency_s: the answer time of every accepted request.
-        metering: how a request's tokens are charged at arrival ("usage" or "max_tokens").
-        chars_per_token: characters per token, prompt and answer alike, as this server counts them.
-        signal: how a refusal is signalled (module docstring).
-        model: the model name answers report.
-    """
-
-    rpm: int | None = None
-    tpm: int | None = None
-    window_s: float = 60.0
-    latency_s: float = 0.05
-    metering: Metering = "usage"
-    chars_per_token: float = 4.0
-    signal: Signal = "openai-headers"
-    model: str = "window-bench"
-
-    def __post_init__(self) -> None:
-        if self.window_s <= 0 or self.latency_s < 0 or self.chars_per_token <= 0:
-            raise ValueError("window_s and chars_per_token must be positive and latency_s not negative")
-        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
-            if value is not None and value * self.window_s / 60 < 1:
-                raise ValueError(f"{name}={value} admits less than one per {self.window_s:g}-s window")
-        if self.signal not in SIGNALS:
-            raise ValueError(f"unknown signal {self.signal!r}; known: {', '.join(SIGNALS)}")
-        if self.metering not in ("usage", "max_tokens"):
-            raise ValueError(f"unknown metering {self.metering!r}; known: usage, max_tokens")
-
-    @property
-    def requests_per_window(self) -> int | None:
-        return None if self.rpm is None else math.floor(self.rpm * self.window_s / 60)
-
-    @property
-    def tokens_per_window(self) -> int | None:
-        return None if self.tpm is None else math.floor(self.tpm * self.window_s / 60)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> WindowConfig:
-        return cls(**values)
+# The directory that holds the `rcarun_bench` package, for the child's PYTHONPATH.
+_BENCH_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 class SlidingWindow:
@@ -403,7 +310,7 @@ class WindowServer:
         return list(self._arrivals)
 
     def stats(self) -> MockStats:
-        """The counters in the simulator's shape (what `rcarun.bench.throughput.result_row` reads).
+        """The counters in the simulator's shape (what `rcarun_bench.throughput.result_row` reads).
 
         ``rejected_429`` counts 429s only; a 503 ("overload-503") is in ``errors_5xx``. ``max_requests_60s`` /
         ``max_tokens_60s`` are the most accepted in any window of ``window_s``; ``overshoot_requests`` /
@@ -609,122 +516,44 @@ def _most_in_window(arrivals: Sequence[Arrival], window_s: float, by_tokens: boo
 # ----------------------------------------------------------------------------------------------- process
 
 
-class WindowServerProcess:
+class WindowServerProcess(ServerProcess):
     """The window server in a child process (``with``), so that it has a core of its own, as the simulator.
 
-    ``python -m rcarun.bench.window_server --config-json ... --port 0 --watch-stdin`` prints its address as
-    its first stdout line, ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``, and exits when
-    its stdin closes, so a parent that dies leaves no server behind.
+    ``python -m rcarun_bench.window_server --config-json ... --port 0 --watch-stdin`` prints its address as
+    its first stdout line and exits when its stdin closes (`rcarun.mock.process.ServerProcess`).
     """
 
-    def __init__(self, config: WindowConfig, *, startup_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self, config: WindowConfig, *, host: str = "127.0.0.1", startup_timeout_s: float = 20.0
+    ) -> None:
+        super().__init__(
+            "window server process", "/window/stats", host=host, startup_timeout_s=startup_timeout_s
+        )
         self.config = config
-        self.startup_timeout_s = startup_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._base_url: str | None = None
 
-    @property
-    def pid(self) -> int:
-        if self._process is None:
-            raise RuntimeError("the window server process is not started")
-        return self._process.pid
-
-    @property
-    def base_url(self) -> str:
-        if self._base_url is None:
-            raise RuntimeError("the window server process is not started")
-        return self._base_url
-
-    def start(self) -> None:
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        config_json = json.dumps(self.config.to_dict(), separators=(",", ":"))
         command = [
             sys.executable,
             "-m",
-            "rcarun.bench.window_server",
+            "rcarun_bench.window_server",
+            "--host",
+            self.host,
             "--port",
             "0",
             "--watch-stdin",
-            "--config-json",
-            json.dumps(self.config.to_dict(), separators=(",", ":")),
         ]
-        env = dict(os.environ)
-        # The child must import this very package, installed or not.
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child, closed in stop()
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
-        )
-        try:
-            assert self._process.stdout is not None
-            ready, _, _ = select.select([self._process.stdout], [], [], self.startup_timeout_s)
-            line = self._process.stdout.readline() if ready else b""
-            try:
-                announcement = json.loads(line)
-                self._base_url = str(announcement["base_url"])
-            except (ValueError, KeyError, TypeError):
-                raise RuntimeError(
-                    self._failure(f"did not announce its address (got {line[:200]!r})")
-                ) from None
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            if process.stdin is not None:
-                process.stdin.close()
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=5.0)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=5.0)
-            if process.stdout is not None:
-                process.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-        self._base_url = None
+        return [*command, "--config-json", config_json], child_environment([_BENCH_ROOT])
 
     def stats(self) -> MockStats:
-        return MockStats.from_dict(self._call("GET", "/window/stats"))
+        return MockStats.from_dict(self._call("GET", "/window/stats", timeout_s=30.0))
 
     def arrivals(self) -> list[Arrival]:
-        rows = self._call("GET", "/window/stats")["arrivals"]
+        rows = self._call("GET", "/window/stats", timeout_s=30.0)["arrivals"]
         return [Arrival(at=float(at), status=int(status), tokens=int(tokens)) for at, status, tokens in rows]
 
     def reset(self) -> None:
-        self._call("POST", "/window/reset")
-
-    def __enter__(self) -> WindowServerProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _call(self, method: str, path: str) -> dict[str, Any]:
-        root = self.base_url.removesuffix("/v1")
-        request = urllib.request.Request(root + path, method=method, data=b"" if method == "POST" else None)
-        with urllib.request.urlopen(request, timeout=30.0) as response:
-            body: dict[str, Any] = json.loads(response.read())
-        return body
-
-    def _failure(self, what: str) -> str:
-        tail = ""
-        if self._stderr is not None:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            tail = self._stderr.read().decode(errors="replace")[-_STDERR_TAIL_CHARS:]
-        return f"window server process {what}" + (f"; its stderr ends with:\n{tail}" if tail.strip() else "")
+        self._call("POST", "/window/reset", timeout_s=30.0)
 
 
 async def _serve(config: WindowConfig, host: str, port: int, watch_stdin: bool) -> None:
@@ -752,7 +581,7 @@ async def _serve(config: WindowConfig, host: str, port: int, watch_stdin: bool) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rcarun.bench.window_server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rcarun_bench.window_server", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one")
     parser.add_argument("--config-json", default="{}", help="a JSON object of WindowConfig fields")

@@ -1,6 +1,6 @@
 """All-at-once that notes when each item first asks for its call: the rcarun client's probe for queueing delay.
 
-A module of its own so that the peers' processes, which import `rcarun.bench.clients`, never load
+A module of its own so that the peers' processes, which import `rcarun_bench.clients`, never load
 `rcarun.methods` (their RSS must not include it); only the rcarun client imports it.
 """
 

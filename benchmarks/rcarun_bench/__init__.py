@@ -1,12 +1,9 @@
 """Performance benchmarks: `rcarun bench throughput [--json|--markdown] [--quick]`.
 
 Timing claims belong here, not in timed tests (STYLE.md): the benchmark runs rcarun's real runner beside its
-peers (two plain-asyncio loops and, where the ``bench`` extra is installed, LiteLLM's Router) on the same
-workload against the same server process — rcarun's simulator, or the bench's own strict sliding-window server
-(`rcarun.bench.window_server`) that behaves like a provider's per-minute limits — and reports what the *server*
-counted (429s, limit overshoot, goodput in its window) beside what each client achieved, so that "as fast as the
-limits allow" is a measured claim. Scenarios, ceilings and metrics are described in benchmarks/README.md; the
-last measured table is in docs/performance.md.
+peers on the same workload against the same server process (the simulator, or the bench's strict sliding-window
+server) and reports what the *server* counted beside what each client achieved, so that "as fast as the limits
+allow" is a measured claim. How it works: benchmarks/README.md; the figures: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """The clients the benchmark compares, each running one scenario's workload against the scenario's server.
 
-- ``rcarun``: rcarun's real runner end to end — `rcarun.runner.run_sweep` over the synthetic dataset with the
-  all-at-once method and one backbone of the scenario's provider preset (``simulated`` against the simulator;
-  the provider's own against the window server) whose limits are declared as the scenario says (and priced,
-  so that its own cost accounting can be checked against the server's), into a fresh results.db. Against the
-  window server its burst is rcarun's default, as a user leaves it. Nothing is bypassed: dataset loading, the
-  session, the gate, the aiohttp backend, the store writer. The method is all-at-once wrapped only to note
-  when it asks for its call (`rcarun.bench.timed`), for the queueing delay.
-- ``naive-gather``: the plain AsyncOpenAI + semaphore loop (issue 17's "plain SDK") — `asyncio.gather` over
-  every call, an `asyncio.Semaphore` around `AsyncOpenAI.chat.completions.create` (``max_retries=0``), and on a
-  429 (or a 503 overload, Kimi's way of saying the same) a sleep of Retry-After (or 1 s) and a retry. No
-  pacing: it learns about limits only from refusals. A length stop is taken as the answer (which then fails to
-  parse): the script checks nothing.
-- ``aiolimiter-loop``: what a careful engineer writes — one `aiohttp.ClientSession` (pool as large as the
-  concurrency), worker tasks pulling from one iterator, `aiolimiter.AsyncLimiter` for requests per second and a
-  second one acquired with each call's estimated token weight for tokens per second. The estimate is the exact
-  prompt count the way the simulator counts it (characters / 4 per message + 4 per message, what a tokenizer
-  gives) plus the running mean of completion tokens seen so far — aiolimiter cannot take back an
-  over-reservation, so reserving the full ``max_tokens`` (8,000) would waste most of the budget. A 429 (or
-  503), should one come, is retried after ``retry-after-ms`` (or Retry-After, or 1 s). A length stop is sent
-  again unchanged, up to the same number of length retries rcarun is allowed (the minimal fix: a random cut
-  usually does not recur).
-- ``litellm-router``: LiteLLM's `Router` as its documentation sets up rate limits — one deployment
-  (``openai/<model>`` at the server's base URL) whose ``rpm`` / ``tpm`` are the scenario's declared limits,
-  ``routing_strategy="usage-based-routing-v2"`` (the strategy that enforces them: it counts requests and
-  tokens per deployment per wall-clock minute and refuses a call that would exceed them with a RateLimitError
-  carrying ``retry-after: 60``), the Router's own retries (``num_retries``, 10 here so that no call of a
-  bench run gives up; each waits the answer's Retry-After, or an exponential backoff) and its default
-  cooldowns, and an `asyncio.Semaphore` of the scenario's concurrency around ``Router.acompletion``. Each
-  answered attempt's send and answer times, and every failed attempt, come from LiteLLM's own callbacks.
-
-The peers send the very bodies rcarun sends (`rcarun.bench.workload.request_bodies`, with the scenario's
-preset), built before the clock starts for the peers' requests but inside the measured run, as rcarun reads
-its dataset inside `run_sweep`. Each returns what it saw (`ClientOutcome`); the caller (`rcarun.bench.client`)
-times the run and measures the process. Every client prices its tokens with the same `PRICES`, so its own cost
-can be compared with the server's accounting. The peers that need a package outside rcarun's own
-dependencies (the ``bench`` extra: aiolimiter, litellm) name it in `OPTIONAL_PACKAGES`; where it is
-not installed the benchmark skips the client with a one-line reason (`unavailable_reason`).
+``rcarun`` (its real runner end to end, into a fresh results.db), ``rcarun-unstreamed``, ``naive-gather`` (the
+plain AsyncOpenAI + semaphore loop), ``aiolimiter-loop`` (what a careful engineer writes) and
+``litellm-router`` (LiteLLM's Router as its documentation sets up rate limits): each described in
+benchmarks/README.md, "Clients". The peers send the very bodies rcarun sends (`rcarun_bench.workload`); every
+client prices its tokens with the same `PRICES`. A peer whose package is missing (`OPTIONAL_PACKAGES`, the
+``peers`` extra of rcarun-bench) is skipped with a one-line reason (`unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -94,7 +63,7 @@ OPTIONAL_PACKAGES: dict[str, str] = {
     "aiolimiter-loop": "aiolimiter",
     "litellm-router": "litellm",
 }
-"""The module each peer needs beyond rcarun's dependencies (the ``bench`` extra installs them)."""
+"""The module each peer needs beyond rcarun's dependencies (rcarun-bench's ``peers`` extra installs them)."""
 
 
 def unavailable_reason(client: str) -> str | None:
@@ -102,7 +71,7 @@ def unavailable_reason(client: str) -> str | None:
     module = OPTIONAL_PACKAGES.get(client)
     if module is None or importlib.util.find_spec(module) is not None:
         return None
-    return f"{client}: {module} is not installed (pip install -e '.[bench]')"
+    return f"{client}: {module} is not installed (pip install -e './benchmarks[peers]')"
 
 
 def import_optional_packages(client: str) -> None:
@@ -181,9 +150,9 @@ ClientRunner = Callable[[Scenario, Path, str, Path], Coroutine[Any, Any, ClientO
 
 def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool | None = None) -> Any:
     # Imported here: the peers' processes never load the runner (their RSS must not include it).
-    from rcarun.bench.timed import TIMED_METHOD
     from rcarun.runner import BackboneConfig, LimitsConfig, MethodConfig, SweepConfig, SweepSection
     from rcarun.runner.config import PricesConfig, StageConfig
+    from rcarun_bench.timed import TIMED_METHOD
 
     # Against the window server rcarun is configured as a user would for that provider: its preset, the default
     # burst (the simulator's scenarios declare the simulator's own 1-s burst), and the window the provider counts
@@ -200,7 +169,7 @@ def _sweep_config(scenario: Scenario, dataset: Path, base_url: str, stream: bool
                 provider=scenario.provider,
                 model=MODEL,
                 base_url=base_url,
-                # The window server answers unstreamed requests only (`rcarun.bench.window_server`).
+                # The window server answers unstreamed requests only (`rcarun_bench.window_server`).
                 stream=False if scenario.server == "window" else stream,
                 limits=LimitsConfig(
                     concurrency=scenario.concurrency,
@@ -257,8 +226,8 @@ async def run_rcarun(
 
     ``stream`` None streams (the preset's default); False asks for whole bodies (``rcarun-unstreamed``).
     """
-    from rcarun.bench.timed import asked_at, register_timed_method
     from rcarun.runner import run_sweep
+    from rcarun_bench.timed import asked_at, register_timed_method
 
     register_timed_method()
     asked_at.clear()

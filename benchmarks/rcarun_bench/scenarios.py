@@ -1,62 +1,10 @@
 """Every benchmark scenario, each named by what binds it, with ceilings two cores can serve.
 
-A scenario fixes everything the clients must agree on: what the simulator enforces, what the clients are told
-(usually the same limits, declared), the concurrency every client may use, how many calls make up the workload
-and how large their prompts are. Every client runs the same scenario against the same simulator process, so a
-difference in the results is a difference between clients.
-
-The ceiling is always what the *server* allows (`rcarun.bench.metrics.nominal_ceiling_rps`): the server's
-concurrency (the clients' when the server has no cap) / latency, capped by the server's request and token
-rates. Ceilings stay within what this 2-core machine serves with client and server together (about 1,000
-req/s):
-    - latency-bound: no limits; 64 / 0.1 s = 640 req/s. The 100-ms latency (the limited scenarios use 50 ms)
-      keeps the fixed cost of a loopback round trip on two shared cores (the simulator's request handling,
-      TCP, timer granularity: about 2.5 ms per call, whatever the client) from dominating a ratio that is
-      meant to measure the client. Real provider latencies are seconds.
-    - requests-bound: 18,000 requests/min (300 req/s), declared; concurrency alone would allow 640 req/s.
-    - tokens-bound: 12,000,000 tokens/min (200,000 tokens/s), declared, over heavy-tailed (lognormal) prompts;
-      the token rate divided by the mean tokens per call as the server charges them, about 130 req/s.
-    - 429-storm: the clients are told 18,000 requests/min but the server enforces 12,600 (30 % less): the
-      ceiling is the server's 210 req/s, and what matters is how fast a client stops provoking 429s.
-    - length-retries: no limits; 20 % of accepted requests are cut with finish_reason "length"
-      (`MockConfig.length_rate`); the ceiling counts attempts (a truncated answer is work the server did).
-    - concurrency-cap: a DeepSeek-style cap of 32 generating requests, the rest queued FIFO with keep-alive
-      blank lines, no rate limits, no rate-limit headers; the clients are told the cap. 32 / 0.1 s = 320 req/s.
-    - vllm-queue: a vLLM-style server with 32 generation slots and a queue, no 429s at all; the clients are
-      told only that they may keep 64 requests open, not the slot count. 32 / 0.1 s = 320 req/s.
-    - fairness: tokens-bound with a heavier tail (sigma 1.3), where a limiter that lets light calls overtake
-      heavy ones would starve the longest prompts; its headline is the queueing-delay ratio.
-    - large-scale: 1,000 trajectories x 100 realizations = 100,000 queued items (500 with --quick), no
-      limits, 64 / 0.1 s = 640 req/s as latency-bound (a rate two cores sustain with the simulator, so that
-      memory and loop lag are those of a long sweep, not of a starved CPU); its headline is peak RSS and
-      event-loop lag.
-
-The window scenarios run against the bench's own strict sliding-window server (`rcarun.bench.window_server`)
-instead of the simulator: a provider's 60-s window, where the outside measurement of issue 17 saw one 429
-stop rcarun for about a minute. Each client is configured as its user would configure it for that provider:
-rcarun's backbone uses the provider's preset (``provider``: "openai" where the server speaks OpenAI's headers
-and meters like OpenAI, "kimi" for a 503 overload, "openai-compatible" otherwise — a bare 429 included: a
-per-minute limit told by a bare 429 is what this scenario is about, while DeepSeek's preset reads its bare 429
-as a concurrency limit and learns no rate from it)
-and rcarun's default burst; every peer sends the very bodies that preset builds. Concurrency 32, 0.5 s per
-answer (64 req/s, many times every limit: the limit binds). The headline is the goodput as a share of the
-server's *real* limit over the window [W/3, 4W/3) from the first arrival ([20, 80) s at W = 60 s), with the
-server's refusals and the time from the first refusal back to 0.95 of the limit (`rcarun.bench.metrics.
-window_figures`). ``--quick`` keeps every rate and shrinks the window to 10 s (every span scales with it:
-[3.3, 13.3) s): a smoke test of the plumbing, not the measurement, because LiteLLM counts its rpm/tpm per wall-clock
-minute whatever the provider's window (rcarun is told the window, `LimitsConfig.window_s`, as a user of a
-provider with another window would tell it). Each run holds 2.1 windows of the server's limit, so that no client, however early it
-spends its allowance, runs out of work before the measured window ends (a client at the limit takes about
-2.1 windows; one that stalls takes longer):
-    - window-requests: 300 requests/min enforced and declared, OpenAI headers; 630 calls (105 with --quick).
-    - window-undeclared: the server enforces 200 requests/min, the clients are told 400 (twice the real limit),
-      OpenAI headers; one scenario per way of signalling a refusal (``window-undeclared-retry-after``,
-      ``-both``, ``-bare``, ``-503``), so that each is its own row; 420 calls (70).
-    - window-tokens: 1,200,000 tokens/min enforced and declared, metered as prompt + the whole max_tokens
-      (8,000) at arrival, as OpenAI meters them: about 8,650 tokens a call, 139 calls/min; 292 calls (49).
-    - window-tokens-ratio: 280,000 tokens/min enforced and declared, metered from usage but with prompts
-      counted at 3 characters a token while the clients estimate 4: about 940 tokens a call as the server
-      counts them (300 calls/min), 710 as the clients do; 630 calls (105).
+A scenario fixes everything the clients must agree on: what the server enforces, what the clients are told, the
+concurrency they may use, the workload's size and prompt sizes. Every client runs it against the same server
+process, so a difference in the results is a difference between clients. The ceiling is what the *server*
+allows (`rcarun_bench.metrics.nominal_ceiling_rps`). The scenarios and their ceilings are tabled in
+benchmarks/README.md; the window scenarios (against `rcarun_bench.window_server`) in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -64,13 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rcarun.mock import MockConfig
-
-if TYPE_CHECKING:
-    from .window_server import WindowConfig
 
 __all__ = [
     "SCENARIO_NAMES",
@@ -79,15 +25,16 @@ __all__ = [
     "PromptSizes",
     "Scenario",
     "Signal",
+    "WindowConfig",
     "get_scenario",
     "scenarios",
 ]
 
 Signal = Literal["openai-headers", "retry-after", "both", "bare", "overload-503"]
-"""How the window server signals a refusal (`rcarun.bench.window_server`)."""
+"""How the window server signals a refusal (`rcarun_bench.window_server`)."""
 SIGNALS: tuple[Signal, ...] = ("openai-headers", "retry-after", "both", "bare", "overload-503")
 Metering = Literal["usage", "max_tokens"]
-"""How the window server charges a request's tokens at arrival (`rcarun.bench.window_server`)."""
+"""How the window server charges a request's tokens at arrival (`rcarun_bench.window_server`)."""
 
 SCENARIO_NAMES = (
     "latency-bound",
@@ -150,6 +97,56 @@ class PromptSizes:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowConfig:
+    """How the window server behaves.
+
+    Attributes:
+        rpm / tpm: requests and tokens per minute (None: no such limit).
+        window_s: the sliding window's length; it admits ``rpm × window_s / 60`` requests.
+        latency_s: the answer time of every accepted request.
+        metering: how a request's tokens are charged at arrival ("usage" or "max_tokens").
+        chars_per_token: characters per token, prompt and answer alike, as this server counts them.
+        signal: how a refusal is signalled (benchmarks/README.md, "The window server").
+        model: the model name answers report.
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    window_s: float = 60.0
+    latency_s: float = 0.05
+    metering: Metering = "usage"
+    chars_per_token: float = 4.0
+    signal: Signal = "openai-headers"
+    model: str = "window-bench"
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.latency_s < 0 or self.chars_per_token <= 0:
+            raise ValueError("window_s and chars_per_token must be positive and latency_s not negative")
+        for name, value in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if value is not None and value * self.window_s / 60 < 1:
+                raise ValueError(f"{name}={value} admits less than one per {self.window_s:g}-s window")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"unknown signal {self.signal!r}; known: {', '.join(SIGNALS)}")
+        if self.metering not in ("usage", "max_tokens"):
+            raise ValueError(f"unknown metering {self.metering!r}; known: usage, max_tokens")
+
+    @property
+    def requests_per_window(self) -> int | None:
+        return None if self.rpm is None else math.floor(self.rpm * self.window_s / 60)
+
+    @property
+    def tokens_per_window(self) -> int | None:
+        return None if self.tpm is None else math.floor(self.tpm * self.window_s / 60)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> WindowConfig:
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """One benchmark scenario.
 
@@ -177,7 +174,7 @@ class Scenario:
         skip_clients: clients that sit this scenario out (each with its reason where the scenario is defined);
             ``rcarun-unstreamed`` sits out every scenario but those that name the clients they skip (what
             streaming costs is measured where answers are long, not repeated everywhere).
-        server: "simulator" (`rcarun.mock`) or "window" (`rcarun.bench.window_server`).
+        server: "simulator" (`rcarun.mock`) or "window" (`rcarun_bench.window_server`).
         provider: rcarun's backbone preset, and the preset every client's request bodies are built with.
         window_s / signal / metering / server_chars_per_token: the window server's window length, how it
             signals a refusal, how it charges tokens at arrival and its characters per prompt token.
@@ -287,9 +284,6 @@ class Scenario:
 
     def window_config(self) -> WindowConfig:
         """The window server for this scenario: its limits, window, latency, metering and signalling."""
-        # Imported here: the window server imports this module's vocabulary.
-        from .window_server import WindowConfig
-
         return WindowConfig(
             rpm=self.server_rpm if self.server_rpm is not None else self.rpm,
             tpm=self.server_tpm if self.server_tpm is not None else self.tpm,
@@ -313,14 +307,28 @@ _HEAVIER_TAILED_PROMPTS = PromptSizes(kind="lognormal", low=200, high=60_000, me
 def scenarios(quick: bool) -> tuple[Scenario, ...]:
     """Every scenario: about 10 s of work per client at the ceiling (the storm 25 s, large-scale about 100 s),
     or about a second with ``quick``."""
+    return (*_simulator_scenarios(quick), *_window_scenarios(quick))
+
+
+def _simulator_scenarios(quick: bool) -> tuple[Scenario, ...]:
+    """The scenarios against the simulator (module docstring)."""
+    # 64 in flight at 100 ms (latency-bound and its kin), 32 at 50 ms (where a limit binds).
+    unlimited: dict[str, Any] = {
+        "concurrency": _LATENCY_BOUND_CONCURRENCY,
+        "latency_s": _LATENCY_BOUND_LATENCY_S,
+        "sizes": _SMALL_PROMPTS,
+    }
+    limited: dict[str, Any] = {"concurrency": _CONCURRENCY, "latency_s": _LATENCY_S}
+    slots: dict[str, Any] = {
+        "binding": "slots",
+        "calls": 160 if quick else 3_200,
+        "latency_s": _LATENCY_BOUND_LATENCY_S,
+        "sizes": _SMALL_PROMPTS,
+        "max_concurrency": _SLOTS,
+        "headers": "none",
+    }
     latency_bound = Scenario(
-        name="latency-bound",
-        binding="latency",
-        calls=320 if quick else 6_400,
-        concurrency=_LATENCY_BOUND_CONCURRENCY,
-        latency_s=_LATENCY_BOUND_LATENCY_S,
-        sizes=_SMALL_PROMPTS,
-        seed=101,
+        name="latency-bound", binding="latency", calls=320 if quick else 6_400, seed=101, **unlimited
     )
     return (
         latency_bound,
@@ -342,104 +350,76 @@ def scenarios(quick: bool) -> tuple[Scenario, ...]:
         # The same, with one core taken by a process that spins: what a shared machine (a notebook, a CI
         # runner, another job) leaves a client. A client's CPU per call is what decides it.
         dataclasses.replace(latency_bound, name="latency-bound-contended", cpu_burners=1),
+        # The first ~600 calls ride on the 1-s burst and fall outside the steady window; add them.
         Scenario(
             name="requests-bound",
             binding="requests",
-            # The first ~600 calls ride on the 1-s burst and fall outside the steady window; add them.
             calls=300 if quick else 3_600,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             rpm=18_000,
             sizes=_SMALL_PROMPTS,
             seed=102,
+            **limited,
         ),
         Scenario(
             name="tokens-bound",
             binding="tokens",
             calls=120 if quick else 1_450,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             tpm=12_000_000,
             sizes=_HEAVY_TAILED_PROMPTS,
             seed=103,
+            **limited,
         ),
+        # 25 s at the server's 210 req/s (2 s with quick): 15 s after the first 10 to measure the tail in.
         Scenario(
             name="429-storm",
             binding="requests",
-            # 25 s at the server's 210 req/s (2 s with quick): 15 s after the first 10 to measure the tail in.
             calls=420 if quick else 5_250,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             rpm=18_000,
             sizes=_SMALL_PROMPTS,
             seed=104,
             server_rpm=round(18_000 * _STORM_SERVER_FRACTION),
             settle_after_s=1.0 if quick else 10.0,
             headline="storm",
+            **limited,
         ),
+        # Enough length retries that a call cut four times running (1 in 625) still gets its answer.
         Scenario(
             name="length-retries",
             binding="latency",
             calls=320 if quick else 3_200,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
             seed=105,
             length_rate=0.2,
-            # Enough that a call cut four times running (1 in 625) still gets its answer.
             length_retries=4,
             headline="length",
+            **unlimited,
         ),
+        Scenario(name="concurrency-cap", concurrency=_SLOTS, seed=106, **slots),
         Scenario(
-            name="concurrency-cap",
-            binding="slots",
-            calls=160 if quick else 3_200,
-            concurrency=_SLOTS,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=106,
-            max_concurrency=_SLOTS,
-            headers="none",
-        ),
-        Scenario(
-            name="vllm-queue",
-            binding="slots",
-            calls=160 if quick else 3_200,
-            concurrency=2 * _SLOTS,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
-            seed=107,
-            max_concurrency=_SLOTS,
-            keepalive_s=_SILENT_KEEPALIVE_S,
-            headers="none",
+            name="vllm-queue", concurrency=2 * _SLOTS, seed=107, keepalive_s=_SILENT_KEEPALIVE_S, **slots
         ),
         Scenario(
             name="fairness",
             binding="tokens",
             calls=120 if quick else 1_500,
-            concurrency=_CONCURRENCY,
-            latency_s=_LATENCY_S,
             tpm=12_000_000,
             sizes=_HEAVIER_TAILED_PROMPTS,
             seed=108,
             headline="fairness",
+            **limited,
         ),
+        # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five minutes
+        # on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends several times
+        # that per call.
         Scenario(
             name="large-scale",
             binding="latency",
             calls=500 if quick else 100_000,
-            concurrency=_LATENCY_BOUND_CONCURRENCY,
-            latency_s=_LATENCY_BOUND_LATENCY_S,
-            sizes=_SMALL_PROMPTS,
             seed=109,
             realizations=100,
             headline="scale",
-            # At 3 ms of CPU per call (the openai SDK on httpx) 100,000 calls take naive-gather over five
-            # minutes on two cores, longer than the rest of the benchmark together; LiteLLM's Router spends
-            # several times that per call.
             skip_clients=("rcarun-unstreamed", "naive-gather", "litellm-router"),
+            **unlimited,
         ),
-        *_window_scenarios(quick),
     )
 
 

@@ -1,18 +1,18 @@
 """The benchmark's workload: a synthetic Who&When-shaped dataset, and the exact request bodies it turns into.
 
 Every client must send the same requests. rcarun reads the dataset through its own runner; the peers get their
-bodies from `request_bodies`, which builds them with the same prompt builder (the all-at-once method) and the
-same request builder (`rcarun.backends.build_body` with the scenario's preset, ``simulated`` unless a window
-scenario names its provider) that rcarun's runner uses, so messages, the output budget, ``temperature`` and
-``response_format`` are identical byte for byte. The simulator
-answers deterministically at temperature 0, so completions (and the tokens charged) match across clients too.
+bodies from `request_bodies`, which asks the all-at-once method (built through the registry) for its call and
+builds the body with rcarun's request builder and the scenario's preset, so messages, the output budget,
+``temperature`` and ``response_format`` are identical byte for byte. The simulator answers deterministically at
+temperature 0, so completions (and the tokens charged) match across clients too.
 
-Texts are cut from one fixed pseudo-random word stream at seeded offsets: cheap to make (the dataset of the
-full run is written in well under a second) and distinct per trajectory.
+Texts are cut from one fixed pseudo-random word stream at seeded offsets: cheap to make and distinct per
+trajectory.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
@@ -23,8 +23,8 @@ from typing import Any
 
 from rcarun.backends import BackendSettings, ChatMessage, ChatRequest, build_body, get_preset
 from rcarun.data import Trajectory, iter_dataset
-from rcarun.methods import Message, Reply, create_method
-from rcarun.methods.all_at_once import AllAtOnce, answer_schema
+from rcarun.methods import LLM, Message, Method, Reply, create_method
+from rcarun.methods.registry import BUILT_IN_METHODS
 
 from .scenarios import PromptSizes, Scenario
 
@@ -39,6 +39,10 @@ _VOCABULARY = (
     "number source website link download parse code run test failed success verify final compute list"
 )
 _STREAM_CHARS = 200_000
+_METHOD = "all-at-once"
+# The method's module is imported with this one, so that a peer's measured run does not pay for it (tens of ms:
+# a quarter of a millisecond a call in a --quick scenario).
+importlib.import_module(BUILT_IN_METHODS[_METHOD])
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,44 +125,63 @@ def write_dataset(scenario: Scenario, root: Path) -> Path:
     return root
 
 
-class _PromptOnly:
-    """The little of the `LLM` protocol the prompt builder reads: no context window, so no truncation."""
+class _FirstCall(Exception):
+    """Carries a method's first request out of `Method.attribute` (`_RecordingLLM`)."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        super().__init__("the benchmark builds requests only")
+        self.request = request
+
+
+class _RecordingLLM:
+    """An `LLM` without a context window (so no truncation) that stops the method at its first call."""
 
     context_window: int | None = None
+    backbone = "bench"
+
+    def for_backbone(self, name: str) -> LLM:
+        return self
 
     def estimate_tokens(self, text: str) -> int:
         return math.ceil(len(text) / 4)
 
-    async def chat(self, messages: Sequence[Message], **kwargs: Any) -> Reply:
-        raise NotImplementedError("the benchmark builds prompts only")
+    async def chat(
+        self, messages: Sequence[Message], *, stage: str, max_tokens: int, **options: Any
+    ) -> Reply:
+        raise _FirstCall(
+            ChatRequest(
+                messages=tuple(ChatMessage(m.role, m.content) for m in messages),
+                max_tokens=max_tokens,
+                temperature=options.get("temperature"),
+                schema=options.get("schema"),
+                reasoning=options.get("reasoning"),
+            )
+        )
 
 
-def _all_at_once() -> AllAtOnce:
-    method = create_method("all-at-once", label="all-at-once", options={})
-    assert isinstance(method, AllAtOnce)
-    return method
+def _first_request(method: Method, trajectory: Trajectory) -> ChatRequest:
+    """The request ``method`` sends first for ``trajectory``. No event loop is needed: the recording LLM
+    raises at the first call, before the coroutine ever suspends."""
+    coroutine = method.attribute(trajectory, _RecordingLLM())
+    try:
+        coroutine.send(None)
+    except _FirstCall as first:
+        return first.request
+    finally:
+        coroutine.close()
+    raise RuntimeError(f"method {method.label!r} answered without calling its LLM")
 
 
 def request_bodies(dataset: Path, base_url: str, provider: str = "simulated") -> Iterator[BenchRequest]:
     """The request body of every trajectory in ``dataset``, in dataset order, as rcarun's runner sends it to a
     backbone with the preset ``provider`` (the scenario's: e.g. ``max_completion_tokens`` for "openai")."""
-    method = _all_at_once()
-    options = method.options
+    method = create_method(_METHOD, label=_METHOD, options={})
     settings = BackendSettings(name="bench", provider=provider, model=MODEL, base_urls=(base_url,))
     preset = get_preset(provider)
-    llm = _PromptOnly()
     for record in iter_dataset(dataset):
-        trajectory: Trajectory = record.trajectory
-        messages, _ = method.build_messages(trajectory, llm)
-        request = ChatRequest(
-            messages=tuple(ChatMessage(m.role, m.content) for m in messages),
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            schema=answer_schema(trajectory),
-            reasoning=options.reasoning,
-        )
+        request = _first_request(method, record.trajectory)
         yield BenchRequest(
             body=build_body(request, settings, preset),
             prompt_chars=request.prompt_chars(),
-            messages=len(messages),
+            messages=len(request.messages),
         )

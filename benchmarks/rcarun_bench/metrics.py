@@ -1,51 +1,11 @@
 """What one client run measured, and the one definition of achieved throughput that every client is held to.
 
-Steady-state rate. A run starts with a ramp (the first answers take one latency to come back, and a declared
-limit's bucket starts full, so a burst goes through at once) and ends with a drain (the last calls finishing one
-by one). Neither says how fast the client goes. So, with the successful calls' completion times sorted, the
-steady window ends at the completion of the call 10 % from the end and starts at the later of
-    - the completion of the call 10 % from the start, and
-    - when a declared limit binds: the completion of the first call at which the simulator's bucket, replayed
-      from the send time and charge of every accepted call (capacity B = burst_s seconds of quota, refilled at
-      the limit's rate r), is within 5 % of B of its lowest level in the first half of the run.
-Without a binding limit, ``achieved_rps`` is the slope of the completions counted against their completion
-times inside the window (least squares). Counting calls between the window's two ends would do for a smooth
-stream, but answers come in clumps — a server with a queue frees its slots together, and a slot's answers
-then stay in step — and each end can fall anywhere inside a clump of up to a slot count of answers: about
-1 % of a 10-s window either way, by where the ends fall rather than by the client. The slope weighs every
-completion in the window and leaves that out.
-
-With a binding limit, counting calls is not enough: what a window holds is r·T plus the replayed bucket's
-level at its start minus its level at its end, and that difference (up to B, a whole second of quota at
-burst_s = 1) swings a 7-to-10-s window by several per cent either way — against a client whose level
-floats (rcarun reserves each call's whole output budget and is refunded on settling, so its headroom rises
-and falls with the calls in flight) and for one that rides its burst at the window's start. So the window's
-rate is *level-corrected*: allowance used = r·T − U, where U is the quota the replayed bucket could not hold —
-refill that arrived while it was full, because the client was not asking — between the window's start and
-end. ``ratio`` = (r·T − U) / (r·T), the share of the server's allowance the client used, and
-``achieved_rps`` = ratio × ceiling. It cannot exceed 1: sending more than the limit buys 429s (counted by
-the server), not throughput. A client that always has a call waiting at the limit wastes nothing and scores
-1; one that pauses, backs off too far or cannot keep up lets the bucket fill and scores what it left.
-Every client is measured with exactly this rule, from times taken the same way: just before the request is
-sent and when its response has been read (for rcarun, the ``started_at`` and ``ended_at`` of its own ``calls``
-rows, which bracket exactly the backend call).
-
-Ceilings are what the *server* allows. Latency-bound: concurrency (the server's slots when it has fewer) /
-latency. Requests-bound: the server's requests per second (the declared rate, except in the 429 storm, where
-the server enforces 30 % less than the clients were told). Tokens-bound: the tokens per second divided by the
-mean tokens per call *of the calls completed in the window*, as the server charged them (prompt + completion,
-read back from each response's ``usage``, which is the simulator's own count). Heavy-tailed prompts make the
-mean of any subset of calls noisy; dividing by the mean of the very calls counted makes ``ratio`` exactly
-"tokens per second achieved / tokens per second allowed". Every answered attempt counts as a completion,
-length stops included: a truncated answer is work the server did.
-
-The scenario-specific figures, each defined where it is computed:
-    - `storm_figures`: 429s per request after the first ``settle_after_s`` seconds, and the time to settle.
-    - `delay_ratio`: the longest-prompt decile's median queueing delay over the median of all calls.
-    - `lag_summary`: the event loop's lateness (p50, p99, max) from a periodic timer in the client process.
-    - `window_figures`: against the window server, from the server's own log of arrivals: goodput as a share
-      of its real limit in [W/3, 4W/3) from the first arrival, refusals before and after 30 s (W/2) past the
-      first one, and the time from the first refusal back to 0.95 of the limit.
+The steady window leaves out the ramp and the drain (10 % of completions each, and the opening burst where a
+limit binds). Without a binding limit the rate is the slope of the completions in it; with one, ``ratio`` is
+the share of the server's allowance the client used, from the server's bucket replayed over the window, so it
+cannot exceed 1. Ceilings are what the server allows. The rules and every row field are in
+benchmarks/README.md ("Metrics", "Steady window"); the scenario-specific figures (`storm_figures`,
+`delay_ratio`, `lag_summary`, `window_figures`) are defined where they are computed.
 """
 
 from __future__ import annotations
@@ -366,7 +326,7 @@ def storm_figures(attempts: Sequence[Attempt], settle_after_s: float) -> StormFi
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One chat request as the window server counted it (`rcarun.bench.window_server`).
+    """One chat request as the window server counted it (`rcarun_bench.window_server`).
 
     Attributes:
         at: seconds since the first arrival after the server's reset.
@@ -552,7 +512,7 @@ def peak_rss_mb_now() -> float:
 
 @dataclass(frozen=True, slots=True)
 class ClientRun:
-    """What a client's own process reports about one run (one JSON line from ``rcarun.bench.client``).
+    """What a client's own process reports about one run (one JSON line from ``rcarun_bench.client``).
 
     Attributes:
         calls: successful calls (the workload's size when nothing failed).

@@ -1,16 +1,16 @@
 """`rcarun bench throughput`: rcarun's runner beside its peers, on one server per scenario, in one command.
 
 For each scenario its server — the simulator, or for the window scenarios the bench's strict sliding-window
-server (`rcarun.bench.window_server`) — is started once in its own process (so the server has a core of its
+server (`rcarun_bench.window_server`) — is started once in its own process (so the server has a core of its
 own) and every client runs the same workload against it in turn, each in a fresh subprocess
-(`rcarun.bench.client`) so that CPU time and peak RSS belong to that client alone. The server's counters are
+(`rcarun_bench.client`) so that CPU time and peak RSS belong to that client alone. The server's counters are
 reset before each client and read after it: 429s and limit overshoot are what the server saw, not what a client
 says about itself; against the window server every figure of the headline comes from its log of arrivals.
-A peer whose package is not installed (`rcarun.bench.clients.unavailable_reason`) is skipped with a one-line
+A peer whose package is not installed (`rcarun_bench.clients.unavailable_reason`) is skipped with a one-line
 reason.
 
 Output: ``--json`` prints ``{"scenarios": [row, ...], "skipped_clients": {client: reason}}`` on stdout (one row
-per scenario × client, fields of `rcarun.bench.metrics.ResultRow`); ``--markdown`` prints the one table of
+per scenario × client, fields of `rcarun_bench.metrics.ResultRow`); ``--markdown`` prints the one table of
 docs/performance.md; otherwise a text table with, per scenario, rcarun's ratio to the ceiling relative to the
 best peer's, and its CPU per call relative to the leanest peer's. Progress goes to stderr.
 """
@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from rcarun.mock import MockProcess, MockStats
+from rcarun.mock.process import child_environment
 
 from .clients import CLIENTS, PRICES, RCARUN_CLIENTS, unavailable_reason
 from .metrics import (
@@ -111,7 +112,7 @@ def _run_client(scenario: Scenario, client: str, mock: _Server, dataset: Path, w
     command = [
         sys.executable,
         "-m",
-        "rcarun.bench.client",
+        "rcarun_bench.client",
         scenario.to_json(),
         client,
         "--base-url",
@@ -121,10 +122,8 @@ def _run_client(scenario: Scenario, client: str, mock: _Server, dataset: Path, w
         "--workdir",
         str(workdir),
     ]
-    env = dict(os.environ)
-    # The child must import this very package, installed or not.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    # The child must import this very code, installed or not.
+    env = child_environment([str(Path(__file__).resolve().parents[1])])
     timeout_s = _CLIENT_TIMEOUT_S
     if scenario.server == "window":
         timeout_s = max(timeout_s, _WINDOW_TIMEOUT_WINDOWS * scenario.window_s)

@@ -1,10 +1,10 @@
 """One client's run in a process of its own, so that its CPU time and peak RSS are its own.
 
-``python -m rcarun.bench.client SCENARIO_JSON CLIENT --base-url URL --dataset DIR --workdir DIR`` runs the
-client once and prints one JSON line (`rcarun.bench.metrics.ClientRun`) on stdout. CPU time is
+``python -m rcarun_bench.client SCENARIO_JSON CLIENT --base-url URL --dataset DIR --workdir DIR`` runs the
+client once and prints one JSON line (`rcarun_bench.metrics.ClientRun`) on stdout. CPU time is
 ``time.process_time`` (every thread of the process, so rcarun's store-writer thread counts) from just before the
 run to just after (rcarun's: to the end of its sweep, before its calls are read back for the figures). A peer's
-optional package (`rcarun.bench.clients.OPTIONAL_PACKAGES`: litellm takes seconds to import) is imported before
+optional package (`rcarun_bench.clients.OPTIONAL_PACKAGES`: litellm takes seconds to import) is imported before
 that span; the modules a client imports inside its run function (openai for naive-gather, rcarun's runner for
 rcarun) are inside it. Every client runs on asyncio's loop (`asyncio.run`), as `rcarun sweep` does. Peak RSS
 is the process's high-water mark (``VmHWM``), imports included, read when the client's own work ends (rcarun's
@@ -105,7 +105,7 @@ def measure(scenario: Scenario, client: str, base_url: str, dataset: Path, workd
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rcarun.bench.client", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rcarun_bench.client", description=__doc__)
     parser.add_argument("scenario", help="the scenario as JSON (`Scenario.to_json`)")
     parser.add_argument("client", choices=sorted(CLIENTS))
     parser.add_argument("--base-url", required=True, help="the simulator's OpenAI base URL (…/v1)")
