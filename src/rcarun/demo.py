@@ -1,31 +1,19 @@
 """The embedded default sweep behind `rcarun sweep` with no config (and `make demo`).
 
-It runs the bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
-./results.db (SOAP on a local tiny random model instead, below). The backbones are rcarun's own mock servers on loopback, each with a different limit style a real
-provider has, so the demo exercises the whole engine — adaptive concurrency on 429s, header-driven rate limits,
-two-tier request limits, a queueing server with replicas, length retries, retries of injected faults — without a
-key or a network:
-
-- ``sim-deepseek``: a concurrency cap with 429 above it and no rate-limit headers (DeepSeek's style); the client
-  is configured one slot too optimistic, so adaptive concurrency has something to do.
-- ``sim-gpt``: requests/min and tokens/min with ``x-ratelimit-*`` headers (OpenAI's style), limits declared.
-- ``sim-kimi``: a two-tier request limit (per second and per minute) with Moonshot-style headers and a few 503s.
-- ``sim-qwen``: a managed vLLM backbone (``[serve]``): the runner starts two replicas of the fake ``vllm``
-  command (``python -m rcarun.mock.fake_vllm``, the simulator behind vLLM's face, its behaviour handed over in
-  ``RCARUN_FAKE_VLLM``), checks them, balances over them, stops them and charges their GPU time at an
-  illustrative GPU-hour price; they queue instead of refusing, put reasoning text in ``reasoning`` and think
-  long enough that the first output budget stops on length and is retried doubled.
-
-SOAP, the method that reads a model's internals instead of chatting, runs on a fifth backbone,
-``tiny-random-local``: a 3-layer model with seeded random weights built in code (no download), on the CPU, with
-1,024-token passes so that the sample's long trajectories are read in windows. Its accuracy means nothing: it
-shows SOAP's path through the engine (splits, selection, forward passes recorded and cached beside results.db).
-It is left out when the ``local`` extra (torch, transformers) is not installed.
+The bundled Who&When sample × every registered method × four simulated backbones × 2 realizations into
+./results.db, without a key or a network. Each backbone is rcarun's simulator with the limit style of a real
+provider, so that the demo exercises the whole engine: sim-deepseek (a concurrency cap, 429s, no headers; the
+client one slot too optimistic), sim-gpt (rpm and tpm with OpenAI headers), sim-kimi (two-tier request limits,
+Moonshot headers, a few 503s) and sim-qwen (a managed vLLM backbone: two fake ``vllm`` replicas started,
+balanced, stopped and charged by GPU time, which queue and think long enough for the length retry). SOAP runs on
+a fifth, ``tiny-random-local`` (a 3-layer model with seeded random weights, on the CPU; its accuracy means
+nothing), when the ``local`` extra is installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -55,6 +43,21 @@ DEMO_LOCAL_BACKBONE = "tiny-random-local"
 # 61,000 tokens, read in windows; a pass's cost grows with the square of its length.
 _DEMO_CONTEXT_TOKENS = 1024
 
+
+_SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
+_EVERY_BACKBONE = object()  # stands for the names of every backbone of the demo
+# All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
+# Continuation read the log with tools, as in the paper (the simulator calls them for a few rounds); the judge
+# panel sits every backbone of the demo (four judges, as in the Continual Search paper's panel). Other methods
+# keep their own options.
+_DEMO_METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "all-at-once": _SHORT_ATTRIBUTION,
+    "continual-search": {"reading": "agentic", "base_options": _SHORT_ATTRIBUTION},
+    "passive-continuation": {"reading": "agentic", "base_options": _SHORT_ATTRIBUTION},
+    "self-consistency": {"base_options": _SHORT_ATTRIBUTION},
+    "judge-panel": {"judges": _EVERY_BACKBONE, "base_options": _SHORT_ATTRIBUTION},
+    "soap": {"context_tokens": _DEMO_CONTEXT_TOKENS},
+}
 
 # What the fake vllm command sets itself from its flags (served name, weights, window) or never takes from here.
 _SET_BY_FAKE_VLLM = frozenset(("model", "model_root", "context_window", "server_version", "api_key"))
@@ -169,32 +172,37 @@ def demo_backbones() -> tuple[SimulatedBackbone, ...]:
                 "retry": {"base_s": 0.2, "cap_s": 2.0},
             },
         ),
-        SimulatedBackbone(
-            "sim-qwen",
-            tuple(
-                MockConfig(
-                    model="sim-qwen3.5-35b-a3b",
-                    latency_s=0.1,
-                    max_concurrency=2,
-                    over_concurrency="queue",
-                    headers="none",
-                    reasoning_tokens=1500,
-                    reasoning_field="reasoning",
-                    context_window=32_768,
-                    seed=14 + replica,
-                )
-                for replica in range(2)
-            ),
-            {
-                "provider": "vllm",
-                "context_window": 32_768,
-                "max_output_tokens": 16_384,
-                "limits": {"concurrency": 8},
-                # Of the order of a rented data-centre GPU's hourly price; the GPU time is the fake's wall time.
-                "prices": {"gpu_hour_usd": 2.5},
-            },
-            serve={"model": "sim/Qwen3.5-35B-A3B", "startup_timeout_s": 60.0, "grace_s": 5.0, "restarts": 1},
+        _sim_qwen(),
+    )
+
+
+def _sim_qwen() -> SimulatedBackbone:
+    """A managed vLLM backbone: two replicas that queue, think long and are charged by GPU time."""
+    return SimulatedBackbone(
+        "sim-qwen",
+        tuple(
+            MockConfig(
+                model="sim-qwen3.5-35b-a3b",
+                latency_s=0.1,
+                max_concurrency=2,
+                over_concurrency="queue",
+                headers="none",
+                reasoning_tokens=1500,
+                reasoning_field="reasoning",
+                context_window=32_768,
+                seed=14 + replica,
+            )
+            for replica in range(2)
         ),
+        {
+            "provider": "vllm",
+            "context_window": 32_768,
+            "max_output_tokens": 16_384,
+            "limits": {"concurrency": 8},
+            # Of the order of a rented data-centre GPU's hourly price; the GPU time is the fake's wall time.
+            "prices": {"gpu_hour_usd": 2.5},
+        },
+        serve={"model": "sim/Qwen3.5-35B-A3B", "startup_timeout_s": 60.0, "grace_s": 5.0, "restarts": 1},
     )
 
 
@@ -222,9 +230,6 @@ async def simulated_backbones(model_suffix: str = "") -> AsyncIterator[dict[str,
         yield configs
 
 
-_SHORT_ATTRIBUTION: dict[str, Any] = {"max_tokens": 1024}
-
-
 def local_extra_installed() -> bool:
     """torch and transformers can be imported (the ``local`` extra), without importing them."""
     return all(importlib.util.find_spec(module) is not None for module in ("torch", "transformers"))
@@ -241,32 +246,20 @@ def _demo_local_backbone() -> BackboneConfig:
 
 
 def _demo_method_options(name: str, backbones: dict[str, BackboneConfig]) -> dict[str, Any]:
-    """All-at-once, and every method built on it, starts at 1,024 output tokens; Continual Search and Passive
-    Continuation read the log with tools; the judge panel sits every backbone of the demo (four judges, as in the
-    Continual Search paper's panel)."""
-    if name == "all-at-once":
-        return dict(_SHORT_ATTRIBUTION)
-    if name in ("continual-search", "passive-continuation"):
-        # The paper's setting: a judge that reads the log with tools (the simulator calls them for a few rounds).
-        return {"reading": "agentic", "base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "self-consistency":
-        return {"base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "judge-panel":
-        return {"judges": list(backbones), "base_options": dict(_SHORT_ATTRIBUTION)}
-    if name == "soap":
-        return {"context_tokens": _DEMO_CONTEXT_TOKENS}
-    return {}
+    """The demo's options for method ``name`` (`_DEMO_METHOD_OPTIONS`), the judges filled in."""
+    return {
+        key: list(backbones) if value is _EVERY_BACKBONE else copy.deepcopy(value)
+        for key, value in _DEMO_METHOD_OPTIONS.get(name, {}).items()
+    }
 
 
 def demo_sweep_config(backbones: dict[str, BackboneConfig]) -> SweepConfig:
     """Bundled sample × every registered method × the given backbones × 2 realizations.
 
-    All-at-once's budget starts at 1,024 tokens (the original Who&When scripts' budget) so that sim-qwen's long
-    thinking runs out of room and the length retry doubles it, as a real thinking model would need (step-by-step
-    and binary search default to 1,024 too), and so do the methods that run All-at-once inside them (Continual
-    Search, Passive Continuation, self-consistency, the judge panel). Every other method keeps its own budgets
-    (RCTA's preset). The judge panel's items run once per trajectory and realization, under its first judge.
-    SOAP runs on `DEMO_LOCAL_BACKBONE` (module docstring), when the ``local`` extra is installed.
+    All-at-once starts at 1,024 output tokens (the original Who&When scripts' budget), so that sim-qwen's long
+    thinking runs out of room and the length retry doubles it, and so do the methods built on it
+    (`_DEMO_METHOD_OPTIONS`). The judge panel's items run once per trajectory and realization, under its first
+    judge. SOAP runs on `DEMO_LOCAL_BACKBONE` when the ``local`` extra is installed.
     """
     local = local_extra_installed()
     names = [name for name in registered_methods() if local or name != "soap"]

@@ -1,24 +1,16 @@
-"""Rendering JSON on the per-call path through orjson, with exactly the standard library's bytes.
+"""Rendering and parsing JSON on the per-call path through orjson, with exactly the standard library's results.
 
-Every call renders its request twice over the whole prompt: the canonical JSON that is hashed and stored, and
-the body sent. With the standard library (``ensure_ascii=False``) the two take 18.6 us for a bench request of
-800 prompt characters and 3.9 ms for a 350-KB prompt; here 7.5 us and 0.17 ms (`benchmarks/per_call_parts.py`).
+Every call renders its request twice (the canonical JSON hashed and stored, and the body sent): 18.6 us with the
+standard library for a bench request, 7.5 us here (`benchmarks/per_call_parts.py`). The results must not change:
+the canonical JSON's SHA-256 is the call cache's key. orjson and ``json`` (compact, ``ensure_ascii=False``)
+render strings, integers, booleans and null alike; they differ on floats with an exponent, numbers beyond 64
+bits, NaN, non-string keys and unpaired surrogates, so a value holding any of those (or anything but dicts,
+lists, tuples and those scalars) is rendered by ``json`` instead. `tests/test_jsonfast.py` checks the agreement
+on random values.
 
-The results must not change: the canonical JSON's SHA-256 is the call cache's key, so a rendering that
-differed by one byte would miss every answer an older results.db holds. orjson and ``json`` (compact
-separators, ``ensure_ascii=False``) render strings, integers, booleans and null alike; they differ on floats
-written with an exponent (``1e-05`` against ``1e-5``), on numbers beyond 64 bits, on NaN, on keys that are not
-strings and on unpaired surrogates. A value holding any of those, or anything but dicts, lists, tuples and those
-scalars, is rendered by ``json`` instead (which also raises its own errors). `tests/test_jsonfast.py` checks
-the agreement on random values.
-
-Parsing (`loads`) goes the same way: a sweep parses three documents a call (the trajectory file, the provider's
-answer body, the model's JSON answer), 2.9 us each with ``json`` for a bench body of 1.3 KB, 1.9 with orjson
-behind its screen. What ``json`` reads and orjson does not (NaN, 1e400, an unpaired surrogate escape, a
-byte-order mark, UTF-16), orjson refuses, and the standard library then parses it, raising its own errors; the
-one thing orjson reads differently without refusing it is an integer beyond 64 bits (as a float), so a text
-holding 19 digits in a row anywhere (one pass of ``bytes.translate``, about 0.5 us a kilobyte) is parsed by
-``json`` too.
+Parsing (`loads`) goes the same way: what orjson refuses (NaN, 1e400, an unpaired surrogate escape, a BOM,
+UTF-16) the standard library parses, raising its own errors; the one thing orjson reads differently without
+refusing it, an integer beyond 64 bits, is screened for (19 digits in a row anywhere) and parsed by ``json``.
 """
 
 from __future__ import annotations

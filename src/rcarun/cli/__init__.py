@@ -1,13 +1,8 @@
 """The `rcarun` command: argument parsing, signal handling and printing; the work happens in the packages below.
 
 Settings follow one precedence, implemented once in `_setting`: flag > environment variable > config file >
-default.
-
-Exit statuses of `rcarun sweep` (the README's "When things go wrong"): 0 when every item of the run has a
-prediction; 3 when the run stopped early and can be resumed (a budget, Ctrl-C, a backbone stopped); 4 when it
-ran to the end but items failed for good (`--retry-failed` runs them again); 5 when it ran to the end but not one
-answer of some backbone could be read (a wrong model or endpoint, not a finding); 130 when cancelled; 2 when the
-config, the data or results.db cannot be used.
+default. `rcarun sweep`'s exit statuses (`cli.summary`, the README's "When things go wrong") are listed in its
+``--help``.
 """
 
 from __future__ import annotations
@@ -17,25 +12,24 @@ import asyncio
 import contextlib
 import importlib.metadata
 import os
-import re
 import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
-from rcarun.cli.data import cmd_data_check, cmd_data_sample_mini
+from rcarun.cli.data import add_data_commands, cmd_data_check, cmd_data_sample_mini
 from rcarun.cli.db import DB_COMMANDS, add_db_commands, run_db_command
 from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.cli.output import silence_closed_output, survives_closed_stdout
 from rcarun.cli.serve import add_serve_command, cmd_serve
+from rcarun.cli.summary import exit_status, print_accuracy, print_summary
 from rcarun.cli.terminal import SafeStdout
 from rcarun.cli.tuning import tuned_interpreter
-from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE
 from rcarun.errors import ConfigError, RcarunError, StoreError
 from rcarun.runner import (
     StopController,
@@ -45,7 +39,7 @@ from rcarun.runner import (
     narrow_sweep,
     run_sweep,
 )
-from rcarun.store import BackboneSummary, RunBusy, Store, open_store
+from rcarun.store import RunBusy
 from rcarun.text import terminal_safe
 
 __all__ = ["main"]
@@ -55,17 +49,6 @@ _DEFAULT_DB = "results.db"
 _DESCRIPTION = (
     "Find where and who broke a failed multi-agent run: root-cause attribution methods over failed agent "
     "trajectories, across many LLM backbones at once, every call and prediction kept in one SQLite file."
-)
-EXIT_FINISHED = 0
-EXIT_STOPPED = 3
-EXIT_ITEMS_FAILED = 4
-EXIT_NOTHING_READABLE = 5
-# One example message per cause in the closing summary is cut to this many characters.
-_EXAMPLE_CHARS = 160
-_HTTP_STATUS = re.compile(r"HTTP (\d{3})")
-_BANNER = (
-    "SIMULATED BACKBONES — every backbone below is rcarun's mock server on loopback, or a local model with "
-    "random weights (tiny); the numbers show the engine at work, not any model's accuracy."
 )
 
 
@@ -175,130 +158,6 @@ async def _demo(db: Path, run: str, args: argparse.Namespace) -> SweepOutcome:
         return await _run_with_signals(demo_sweep_config(backbones), db, run, args)
 
 
-def _cause(error: str | None) -> str:
-    """A failed item's cause for grouping: the error class, with the HTTP status when there was one."""
-    text = error or "no message"
-    head = text.split(":", 1)[0].strip()
-    if head.startswith("unexpected "):
-        return head
-    kind = head if head.isidentifier() else "other"
-    status = _HTTP_STATUS.search(text)
-    return f"{kind} (HTTP {status.group(1)})" if status else kind
-
-
-def _print_summary(db: Path, outcome: SweepOutcome, simulated: bool, resume: str) -> None:
-    with open_store(db) as store:
-        rows = store.backbone_summary(outcome.run_id)
-        items = store.items(outcome.run_id)
-        invalid = _invalid_predictions(store, outcome.run_id)
-    if simulated:
-        print(_BANNER)
-    print(
-        f"run {outcome.run_name!r} (id {outcome.run_id}) {outcome.status}: {outcome.trajectories} trajectories, "
-        f"{outcome.data_problems} data problems, results in {db}"
-    )
-    header = (
-        f"{'backbone':<16} {'items':>6} {'failed':>6} {'skipped':>7} {'left':>6} {'calls':>6} {'attempts':>8} "
-        f"{'cached':>6} {'tokens':>10} {'USD':>9} {'429s':>5} {'len-retry':>9} {'preds':>6} {'invalid':>7}"
-    )
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        counters = outcome.counters.get(row.backbone)
-        planned = counters.items_total if counters is not None else 0
-        left = max(0, planned - row.items_done - row.items_failed)
-        print(
-            f"{row.backbone:<16} {row.items_done:>6} {row.items_failed:>6} {row.items_skipped:>7} {left:>6} "
-            f"{row.calls:>6} {row.attempts:>8} {row.cached_calls:>6} {row.total_tokens:>10,} "
-            f"{row.cost_usd:>9.4f} {row.rate_limited:>5} {row.length_retries:>9} {row.predictions:>6} "
-            f"{invalid.get(row.backbone, 0):>7}"
-        )
-    failed = [item for item in items if item.status == "failed"]
-    if failed:
-        print()
-        print("failed items by cause (one example each):")
-        causes: dict[tuple[str, str], list[str]] = {}
-        for item in failed:
-            causes.setdefault((item.backbone, _cause(item.error)), []).append(item.error or "")
-        for (backbone, cause), errors in sorted(
-            causes.items(), key=lambda entry: (entry[0][0], -len(entry[1]))
-        ):
-            example = " ".join(errors[0].split())
-            head, _, rest = example.partition(": ")
-            if rest and cause.startswith(head):
-                example = rest  # the cause already names the class
-            if len(example) > _EXAMPLE_CHARS:
-                example = example[: _EXAMPLE_CHARS - 1] + "…"
-            print(f"  {backbone:<16} {len(errors):>5}  {cause}: {example}")
-    if invalid:
-        print(
-            f"{sum(invalid.values())} predictions come from answers that could not be read (predictions.error); "
-            "rcarun report counts them per method"
-        )
-    unreadable = _unreadable_backbones(rows, invalid)
-    for row in rows:
-        if row.backbone in unreadable:
-            print(
-                f"backbone {row.backbone!r}: not one of its {row.predictions} answers could be read; check its "
-                "model, provider and base_url (rcarun show prints an answer as it came)"
-            )
-    for reason in outcome.stop_reasons:
-        print(f"stopped early: {reason}")
-    skipped = sum(row.items_skipped for row in rows)
-    if skipped:
-        print(
-            f"{skipped} items were skipped when a budget was reached: raise it in the config before resuming"
-        )
-    if outcome.status != "finished":
-        print(f"resume with: {resume}")
-    if failed:
-        print(
-            f"retry the {len(failed)} failed items (after fixing their cause) with: {resume} --retry-failed"
-        )
-
-
-def _exit_status(db: Path, outcome: SweepOutcome) -> int:
-    if outcome.status != "finished":
-        return EXIT_STOPPED
-    with open_store(db) as store:
-        rows = store.backbone_summary(outcome.run_id)
-        invalid = _invalid_predictions(store, outcome.run_id)
-    if any(row.items_failed for row in rows):
-        return EXIT_ITEMS_FAILED
-    return EXIT_NOTHING_READABLE if _unreadable_backbones(rows, invalid) else EXIT_FINISHED
-
-
-def _invalid_predictions(store: Store, run_id: int) -> dict[str, int]:
-    """Predictions per backbone that come from answers that could not be read."""
-    return {
-        str(row[0]): int(row[1])
-        for row in store.connection.execute(
-            "SELECT backbone, count(*) FROM predictions WHERE run_id = ? AND error IS NOT NULL GROUP BY backbone",
-            (run_id,),
-        )
-    }
-
-
-def _unreadable_backbones(rows: Sequence[BackboneSummary], invalid: Mapping[str, int]) -> set[str]:
-    """Backbones with predictions of which not one came from an answer that could be read."""
-    return {
-        row.backbone for row in rows if row.predictions and invalid.get(row.backbone, 0) >= row.predictions
-    }
-
-
-def _print_accuracy(db: Path, outcome: SweepOutcome) -> None:
-    """The report's accuracy table (Table 3 layout), with a pointer to the full report."""
-    from rcarun.analysis import ReportOptions, build_report, render_text
-
-    with open_store(db) as store:
-        report = build_report(store, outcome.run_id, ReportOptions(resamples=1))
-    lines = render_text(report, sections=("accuracy",)).splitlines()
-    body = lines[next(i for i, line in enumerate(lines) if line.startswith("Accuracy")) :]
-    print()
-    print("\n".join(body))
-    print(f"full report: rcarun report --db {db} --run {outcome.run_name} [--html report.html]")
-
-
 def _resume_command(args: argparse.Namespace, db: Path, run: str) -> str:
     """The same sweep command (its slice included), to resume the run, quoted for a POSIX shell."""
     parts = ["rcarun", "sweep"]
@@ -332,8 +191,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise StoreError(f"{exc}; once fixed, resume with: {_resume_command(args, db, run)}") from None
 
         def show() -> None:
-            _print_summary(db, outcome, simulated=True, resume=_resume_command(args, db, run))
-            _print_accuracy(db, outcome)
+            print_summary(db, outcome, simulated=True, resume=_resume_command(args, db, run))
+            print_accuracy(db, outcome)
 
         _tell_outcome(show)
     else:
@@ -351,9 +210,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             b.provider == "simulated" for b in config.backbones.values()
         )
         _tell_outcome(
-            lambda: _print_summary(db, outcome, simulated=simulated, resume=_resume_command(args, db, run))
+            lambda: print_summary(db, outcome, simulated=simulated, resume=_resume_command(args, db, run))
         )
-    return _exit_status(db, outcome)
+    return exit_status(db, outcome)
 
 
 def _hand_late_signals_to_exit(loop: asyncio.AbstractEventLoop) -> None:
@@ -387,35 +246,7 @@ def _tell_outcome(show: Callable[[], object]) -> None:
         silence_closed_output()
 
 
-def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from rcarun.mock.cli import main as mock_main
-
-    return mock_main(list(rest))
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    # The benchmarks are a distribution of their own (benchmarks/), found by name where they are installed.
-    import importlib
-
-    try:
-        bench = importlib.import_module("rcarun_bench")
-    except ModuleNotFoundError as exc:
-        if exc.name != "rcarun_bench":
-            raise
-        print(
-            "rcarun bench: the benchmarks are not installed (pip install -e ./benchmarks from a checkout)",
-            file=sys.stderr,
-        )
-        return 2
-    status: int = bench.main(args)
-    return status
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rcarun", description=_DESCRIPTION)
-    parser.add_argument("-V", "--version", action="version", version=f"rcarun {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_sweep_command(commands: Any) -> None:
     sweep = commands.add_parser(
         "sweep",
         help="run a sweep (no --config: the embedded simulated demo)",
@@ -458,27 +289,40 @@ def build_parser() -> argparse.ArgumentParser:
         "(5%% less CPU a call on the bench's latency-bound scenario; docs/performance.md)",
     )
 
+
+def _cmd_mock_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from rcarun.mock.cli import main as mock_main
+
+    return mock_main(list(rest))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    # The benchmarks are a distribution of their own (benchmarks/), found by name where they are installed.
+    import importlib
+
+    try:
+        bench = importlib.import_module("rcarun_bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "rcarun_bench":
+            raise
+        print(
+            "rcarun bench: the benchmarks are not installed (pip install -e ./benchmarks from a checkout)",
+            file=sys.stderr,
+        )
+        return 2
+    status: int = bench.main(args)
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rcarun", description=_DESCRIPTION)
+    parser.add_argument("-V", "--version", action="version", version=f"rcarun {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_sweep_command(commands)
     commands.add_parser("mock-server", help="run the OpenAI-compatible simulator on loopback", add_help=False)
 
-    data = commands.add_parser("data", help="check a dataset, draw a Mini manifest")
-    data_commands = data.add_subparsers(dest="data_command", required=True)
-    check = data_commands.add_parser(
-        "check", help="validate a dataset; list every problem by file, record, field"
-    )
-    check.add_argument("path", help="dataset directory or .jsonl file")
-    check.add_argument(
-        "--manifest",
-        help="verify the records a manifest lists, file by file (SHA-256); 'longrca-mini': the official list",
-    )
-    check.add_argument("--json", action="store_true", help="print the report as JSON")
-    sample = data_commands.add_parser(
-        "sample-mini", help="draw a LongRCA-Mini style manifest (App. A protocol)"
-    )
-    sample.add_argument("path", help="dataset directory or .jsonl file")
-    sample.add_argument("--size", type=int, default=DEFAULT_MINI_SIZE, help=f"default {DEFAULT_MINI_SIZE}")
-    sample.add_argument("--seed", type=int, default=DEFAULT_MINI_SEED, help=f"default {DEFAULT_MINI_SEED}")
-    sample.add_argument("--out", help="write the manifest here (default: print it)")
-
+    add_data_commands(commands)
     add_analysis_commands(commands, _DEFAULT_DB)
     add_estimate_command(commands)
     add_methods_command(commands)

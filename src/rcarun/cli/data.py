@@ -6,13 +6,14 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import Any
 
 from rcarun.cli.output import survives_closed_stdout
-from rcarun.data import CheckReport
+from rcarun.data import DEFAULT_MINI_SEED, DEFAULT_MINI_SIZE, CheckReport
 from rcarun.errors import ConfigError, RcarunError
 from rcarun.text import terminal_safe
 
-__all__ = ["cmd_data_check", "cmd_data_sample_mini"]
+__all__ = ["add_data_commands", "cmd_data_check", "cmd_data_sample_mini"]
 
 
 @survives_closed_stdout
@@ -101,3 +102,25 @@ def cmd_data_sample_mini(args: argparse.Namespace) -> int:
         print(json.dumps(manifest.to_json(), indent=2))
         print(f"{len(manifest.records)} trajectories (seed {args.seed}): {quotas}", file=sys.stderr)
     return 0
+
+
+def add_data_commands(commands: Any) -> None:
+    """``rcarun data check`` and ``rcarun data sample-mini``."""
+    data = commands.add_parser("data", help="check a dataset, draw a Mini manifest")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    check = data_commands.add_parser(
+        "check", help="validate a dataset; list every problem by file, record, field"
+    )
+    check.add_argument("path", help="dataset directory or .jsonl file")
+    check.add_argument(
+        "--manifest",
+        help="verify the records a manifest lists, file by file (SHA-256); 'longrca-mini': the official list",
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    sample = data_commands.add_parser(
+        "sample-mini", help="draw a LongRCA-Mini style manifest (App. A protocol)"
+    )
+    sample.add_argument("path", help="dataset directory or .jsonl file")
+    sample.add_argument("--size", type=int, default=DEFAULT_MINI_SIZE, help=f"default {DEFAULT_MINI_SIZE}")
+    sample.add_argument("--seed", type=int, default=DEFAULT_MINI_SEED, help=f"default {DEFAULT_MINI_SEED}")
+    sample.add_argument("--out", help="write the manifest here (default: print it)")

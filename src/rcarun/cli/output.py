@@ -1,14 +1,9 @@
 """A reader that stops reading is not an error: `rcarun report | head` ends quietly.
 
-When the process at the other end of stdout goes away (``head``, a pager quit early), the next write raises
-`BrokenPipeError` (Python ignores SIGPIPE). Left alone it becomes a traceback, and the interpreter's own flush of
-stdout at exit raises it again ("Exception ignored ..."), exit status 120. `survives_closed_stdout` catches it
-around a command, points stdout (and stderr, when that was the closed one) at the null device so nothing can
-raise again, and returns `CLOSED_PIPE_STATUS`.
-
-The status is 141, 128 + SIGPIPE: what a shell reports for ``cat`` or ``grep`` in the same place. Without
-``set -o pipefail`` a pipeline's status is its last command's (``head``: 0), so ``rcarun report | head`` is a
-success as usual; with it, the shortened output is reported exactly as any Unix tool's would be.
+When the other end of stdout goes away, the next write raises `BrokenPipeError`, and the interpreter's own flush
+at exit raises it again (exit status 120). `survives_closed_stdout` catches it around a command, points stdout
+(and stderr, when that was the closed one) at the null device and returns `CLOSED_PIPE_STATUS`: 141, 128 +
+SIGPIPE, what a shell reports for ``grep`` in the same place (a success without ``set -o pipefail``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """`rcarun sweep --tune-interpreter`: process-wide interpreter settings for one sweep, asked for on the command line.
 
 The switch interval and the garbage collector belong to the whole process, so `rcarun.runner.run_sweep` never
-touches them: a program that calls it keeps its own. The command may, since the process is its own. On the bench's
-latency-bound scenario (6,400 calls, 64 in flight, 100 ms; docs/performance.md, "CPU per call") nine alternating
-pairs of runs gave it a median 5 % less CPU a call and 0.025 more of the ceiling than without; against a provider
-answering in seconds CPU is not what bounds a sweep, hence off by default.
+touches them; the command may, since the process is its own. On the bench's latency-bound scenario it saves a
+median 5 % CPU a call (docs/performance.md, "CPU per call"); against a provider answering in seconds CPU is not
+what bounds a sweep, hence off by default.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Schema-valid answers out of nothing but the request, so methods can be exercised without a real model.
 
-The simulator reads the JSON schema a request carries — ``response_format`` of type ``json_schema`` or,
-failing that, the last ```json fenced schema block in the last user message — and draws a value that satisfies
-it (enum, types and nullable unions, bounds, array lengths, required keys, nesting, local ``$ref``). It never
-reads anything else of the prompt, so it cannot know a reference label: any accuracy it reaches is chance.
-
-A request that offers tools (OpenAI function calling) may get tool calls instead (`simulate_tool_calls`): the
-conversation is given a seeded number of tool rounds, and each round calls one or two of the offered functions
-with arguments drawn from their parameter schemas. It is a pure function of the request and a seed, so the
-dry-run estimator draws its rounds by the very rule the simulator serves them by (with seeds of its own: it
-predicts how many rounds to expect, not which).
-
-Token counting lives here too because the answer's size decides ``finish_reason`` and usage. So do the two
-hostile rewrites of an answer's content (`with_huge_step`, `with_lone_surrogate`): they need to know where in
-an answer its step and its free text are.
+The simulator draws a value satisfying the JSON schema a request carries (``response_format``, else the last
+```json block of the last user message). It reads nothing else of the prompt, so any accuracy it reaches is
+chance. A request that offers tools may get tool calls instead (`simulate_tool_calls`), a pure function of the
+request and a seed that the dry-run estimator shares. Token counting lives here because the answer's size
+decides ``finish_reason`` and usage.
 """
 
 from __future__ import annotations
@@ -28,10 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "CONTROL_SEQUENCES",
     "DEFAULT_TOOL_ROUNDS_MAX",
-    "HUGE_STEP",
-    "LONE_SURROGATE",
     "answer_seed",
     "count_text_tokens",
     "filler_sentence",
@@ -43,77 +31,20 @@ __all__ = [
     "simulate_tool_calls",
     "tool_calls_text",
     "tool_prompt_chars",
-    "with_control_sequences",
-    "with_huge_step",
-    "with_lone_surrogate",
 ]
 
 DEFAULT_TOOL_ROUNDS_MAX = 3
 """Most tool rounds a simulated conversation makes before it answers (the draw is uniform in 0..max)."""
 
-_WORDS = [
-    "the",
-    "agent",
-    "reviewed",
-    "each",
-    "step",
-    "and",
-    "found",
-    "that",
-    "the",
-    "plan",
-    "drifted",
-    "after",
-    "an",
-    "early",
-    "tool",
-    "result",
-    "was",
-    "read",
-    "without",
-    "checking",
-    "its",
-    "source",
-    "so",
-    "later",
-    "steps",
-    "inherited",
-    "a",
-    "wrong",
-    "assumption",
-    "about",
-    "the",
-    "task",
-    "state",
-    "while",
-    "the",
-    "orchestrator",
-    "kept",
-    "delegating",
-    "work",
-    "that",
-    "depended",
-    "on",
-    "it",
-]
+# The filler vocabulary, in the order filler text cycles through it.
+_FILLER_SOURCE = (
+    "the agent reviewed each step and found that the plan drifted after an early tool result was read without "
+    "checking its source so later steps inherited a wrong assumption about the task state while the "
+    "orchestrator kept delegating work that depended on it"
+)
+_WORDS = _FILLER_SOURCE.split()
 
 # Long enough for tens of thousands of reasoning tokens; sliced, never rebuilt per request.
-HUGE_STEP = 10**26
-"""The step a "huge_step" answer states: past SQLite's 64-bit integers and float's exact integers alike."""
-
-LONE_SURROGATE = "\ud800"
-"""A high surrogate with no low one after it, as when an answer is cut in the middle of an emoji."""
-
-CONTROL_SEQUENCES = (
-    "\x1b[2J\x1b[H"  # clear the screen, cursor home
-    "\x1b]0;pwned\x07"  # set the window title
-    "\x1b]52;c;cm0gLXJmIH4K\x07"  # write the clipboard (OSC 52)
-    "\x1b]8;;https://example.invalid\x1b\\link\x1b]8;;\x1b\\"  # a hyperlink
-    "\x9b31m"  # C1 CSI: red, where a terminal reads 8-bit controls
-    "hidden\r\x08\x08"  # overwrite what came before
-)
-"""What a "control" answer carries: sequences a terminal obeys instead of showing."""
-
 _FILLER_CORPUS = " ".join(_WORDS[i % len(_WORDS)] for i in range(40_000))
 
 _FENCED_JSON = re.compile(r"```json[ \t]*\r?\n(.*?)```", re.DOTALL)
@@ -181,11 +112,8 @@ def message_text(message: Mapping[str, Any]) -> str:
 
 
 def schema_from_request(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The answer schema a chat request carries, or None.
-
-    ``response_format`` of type ``json_schema`` wins; otherwise the last qualifying ```json block of the last
-    user message.
-    """
+    """The answer schema a chat request carries (``response_format`` of type ``json_schema``, else the last
+    qualifying ```json block of the last user message), or None."""
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
         wrapper = response_format.get("json_schema")
@@ -232,20 +160,11 @@ def simulate_tool_calls(
 ) -> list[dict[str, Any]] | None:
     """The tool calls a simulated model makes in answer to ``body``, in OpenAI wire shape, or None to answer.
 
-    The rule, a function of the request alone:
-    - no tools offered, ``tool_choice`` "none", or ``rounds_max`` 0: None (answer normally);
-    - rounds done = assistant messages with ``tool_calls`` after the last user message;
-    - rounds planned = a draw in [0, rounds_max] seeded by the conversation up to that user message, the model
-      and the ``seed`` parameter, so every round of one conversation sees the same plan;
-    - while rounds done < planned (always, under ``tool_choice`` "required" or a named function): 1–2 calls of
-      the offered functions (only the named one when ``tool_choice`` names one), arguments from
-      `generate_arguments`, ids ``call_<16 hex>`` drawn from ``rng``.
-
-    Args:
-        body: the chat request as sent (``messages``, ``tools``, ``tool_choice``, ``seed``).
-        model: the model answering (part of the plan's seed).
-        rounds_max: most rounds a conversation makes unless forced.
-        rng: draws which functions, their arguments and call ids (seeded by the full request by the caller).
+    None when no tools are offered, ``tool_choice`` is "none" or ``rounds_max`` is 0. Otherwise the conversation
+    plans a draw in [0, rounds_max] of rounds (seeded by the conversation up to its last user message, the model
+    and ``seed``, so every round sees the same plan); while fewer assistant tool-call messages follow that user
+    message (always, under "required" or a named function), 1–2 calls of the offered (or named) functions with
+    arguments from `generate_arguments` and ids drawn from ``rng``.
     """
     choice = body.get("tool_choice")
     functions = _offered_functions(body.get("tools"))
@@ -286,8 +205,7 @@ def simulate_tool_calls(
 
 def generate_arguments(parameters: Any, rng: random.Random) -> dict[str, Any]:
     """Arguments for a function whose ``parameters`` is an object schema: every required property, each optional
-    one with probability 1/2, values by `generate_value` (type, enum, minimum/maximum and the rest honoured).
-    """
+    one with probability 1/2, values by `generate_value`."""
     if not isinstance(parameters, dict):
         return {}
     properties = parameters.get("properties")
@@ -309,9 +227,8 @@ def tool_calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
 
 
 def tool_prompt_chars(body: Mapping[str, Any]) -> int:
-    """Prompt characters beyond message texts: the compact JSON of the offered tools and the names and arguments
-    of earlier tool calls in the conversation (providers bill both as prompt tokens).
-    """
+    """Prompt characters beyond message texts: the offered tools' compact JSON and earlier tool calls' names and
+    arguments (providers bill both as prompt tokens)."""
     chars = 0
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
@@ -343,12 +260,8 @@ def _role(message: Any) -> str:
 
 
 def generate_value(schema: Mapping[str, Any], rng: random.Random) -> Any:
-    """A value that satisfies ``schema`` (the subset of JSON Schema that structured outputs use).
-
-    Supports enum, const, type (including lists such as ["integer", "null"]), anyOf/oneOf/allOf, local $ref
-    into $defs/definitions, minimum/maximum (and exclusive forms), minLength/maxLength, minItems/maxItems,
-    uniqueItems over enums, required and nested properties.
-    """
+    """A value that satisfies ``schema``: the subset of JSON Schema that structured outputs use (enum, const,
+    type lists, anyOf/oneOf/allOf, local $ref, bounds, lengths, item counts, uniqueItems over enums, nesting)."""
     return _Generator(schema, rng).value(schema, 0)
 
 
@@ -538,82 +451,3 @@ def _number_field(schema: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     return None
-
-
-def with_huge_step(answer: str) -> tuple[str, list[str]] | None:
-    """``answer`` (JSON text) with every integer field named like a step set to `HUGE_STEP`.
-
-    A field is a step when its name contains "step" and its value is an integer: ``root_step``,
-    ``failure_step``, ``mistake_step``, ``step_index``, ``step_id``, ``root_cause.step``; arrays of steps
-    (``step_ids``, ``step_range``) are left alone. Everything else stays as it was, so the answer is valid but for
-    that number.
-
-    Returns:
-        The new text and the dotted paths of the fields changed, or None when the answer is not JSON or has no
-        such field.
-    """
-    try:
-        value = json.loads(answer)
-    except ValueError:
-        return None
-    paths: list[str] = []
-    _replace_steps(value, "", paths)
-    if not paths:
-        return None
-    return json.dumps(value, ensure_ascii=False), paths
-
-
-def _replace_steps(value: Any, prefix: str, paths: list[str]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{prefix}{key}"
-            if isinstance(item, int) and not isinstance(item, bool) and "step" in str(key).casefold():
-                value[key] = HUGE_STEP
-                paths.append(path)
-            else:
-                _replace_steps(item, path + ".", paths)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _replace_steps(item, f"{prefix}{index}.", paths)
-
-
-def with_lone_surrogate(answer: str) -> tuple[str, str]:
-    """``answer`` with `LONE_SURROGATE` at the end of its longest string field (the free text: a reason, a
-    note), or at the end of the text itself when it is not JSON or holds no string.
-
-    The JSON is rewritten unescaped, so the content string itself holds the surrogate; a body written with
-    ASCII escapes then carries it as ``\\ud800``.
-
-    Returns:
-        The new text and the dotted path of the field changed (``(text)`` for the text itself).
-    """
-    try:
-        value = json.loads(answer)
-    except ValueError:
-        return answer + LONE_SURROGATE, "(text)"
-    strings: list[tuple[int, str, Any, Any]] = []  # (length, path, container, key)
-    _collect_strings(value, "", strings)
-    if not strings:
-        return answer + LONE_SURROGATE, "(text)"
-    # The longest string, the first of equals: a free-text field rather than an enum value.
-    _, path, container, key = max(strings, key=lambda found: found[0])
-    container[key] += LONE_SURROGATE
-    return json.dumps(value, ensure_ascii=False), path
-
-
-def with_control_sequences(answer: str) -> tuple[str, str]:
-    """``answer`` after a line of `CONTROL_SEQUENCES`, as prose before the JSON (which methods read past); the
-    log detail. Raw in the content: inside a JSON string they would arrive escaped."""
-    return f"{CONTROL_SEQUENCES}\n{answer}", "(prefix)"
-
-
-def _collect_strings(value: Any, prefix: str, found: list[tuple[int, str, Any, Any]]) -> None:
-    items: Any = (
-        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    )
-    for key, item in items:
-        path = f"{prefix}{key}"
-        if isinstance(item, str):
-            found.append((len(item), path, value, key))
-        else:
-            _collect_strings(item, path + ".", found)

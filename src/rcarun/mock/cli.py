@@ -1,16 +1,15 @@
-"""``python -m rcarun.mock`` (and, wired by the lead, ``rcarun mock-server``): the simulator as a process.
+"""``python -m rcarun.mock`` (and ``rcarun mock-server``): the simulator as a process.
 
-The benchmark runs the server in its own process so that it has a core to itself; `MockProcess` starts it
-through this entry point with ``--config-json`` and ``--port 0`` and reads the chosen address from the first
-stdout line, a JSON object ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``. Nothing else
-is written to stdout. Hosts other than loopback are refused: the simulator is a test fixture, never a public
-service.
+`MockProcess` starts it with ``--config-json`` and ``--port 0`` and reads the address from the first stdout
+line, a JSON object ``{"event": "listening", "base_url": ..., "port": ..., "pid": ...}``; nothing else is
+written to stdout. Hosts other than loopback are refused: the simulator is a test fixture, never a service.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -23,6 +22,9 @@ from .config import MockConfig
 from .server import MockServer, is_loopback_host
 
 __all__ = ["build_parser", "config_from_args", "main"]
+
+# Flags named otherwise than their MockConfig field; every other flag that names a field sets it.
+_RENAMED_FLAGS = {"latency": "latency_s", "latency_per_token": "latency_per_token_s", "burst": "burst_s"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,36 +103,11 @@ def config_from_args(args: argparse.Namespace) -> MockConfig:
     values: dict[str, Any] = {}
     if args.config_json:
         values.update(MockConfig.from_json(args.config_json).to_dict())
-    flag_fields = {
-        "model": args.model,
-        "latency_s": args.latency,
-        "latency_per_token_s": args.latency_per_token,
-        "rpm": args.rpm,
-        "tpm": args.tpm,
-        "rps": args.rps,
-        "burst_s": args.burst,
-        "max_concurrency": args.max_concurrency,
-        "over_concurrency": args.over_concurrency,
-        "headers": args.headers,
-        "reasoning_tokens": args.reasoning_tokens,
-        "usage_style": args.usage_style,
-        "context_window": args.context_window,
-        "seed": args.seed,
-        "rate_limit_rate": args.rate_limit_rate,
-        "length_rate": args.length_rate,
-        "huge_step_rate": args.huge_step_rate,
-        "surrogate_rate": args.surrogate_rate,
-        "bad_usage_rate": args.bad_usage_rate,
-        "long_pause_rate": args.long_pause_rate,
-        "stream_stall_rate": args.stream_stall_rate,
-        "stream_drop_rate": args.stream_drop_rate,
-        "bare_rate_limit_rate": args.bare_rate_limit_rate,
-        "control_rate": args.control_rate,
-        "tokens_per_chunk": args.tokens_per_chunk,
-        "refuse_stream": args.refuse_stream,
-        "request_log_size": args.request_log_size,
-    }
-    values.update({name: value for name, value in flag_fields.items() if value is not None})
+    known = {field.name for field in dataclasses.fields(MockConfig)}
+    for dest, value in vars(args).items():
+        name = _RENAMED_FLAGS.get(dest, dest)
+        if value is not None and name in known and name != "reasoning_field":
+            values[name] = value
     if args.reasoning_field is not None:
         values["reasoning_field"] = None if args.reasoning_field == "none" else args.reasoning_field
     if args.fault_rate is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -31,23 +31,21 @@ UsageStyle = Literal["openai", "deepseek"]
 # ``vllm:kv_cache_usage_perc``); the simulator serves either, so clients are tested against both.
 KvCacheMetric = Literal["kv_cache_usage_perc", "gpu_cache_usage_perc"]
 
-_FAULT_RATE_FIELDS = (
+# The order of the one fault draw per request: kinds are only ever appended, so that a seed's requests meet the
+# same earlier faults whatever the later rates are (and rate 0 leaves a kind out).
+FAULT_RATE_FIELDS = (
     "error_500_rate",
     "error_503_rate",
     "timeout_rate",
     "reset_rate",
     "malformed_rate",
     "rate_limit_rate",
-    # Appended after the original kinds: one draw per request walks this table in order, so a request that met
-    # an original fault meets the same one whatever these rates are (and rate 0 leaves them out entirely).
     "huge_step_rate",
     "surrogate_rate",
     "bad_usage_rate",
     "long_pause_rate",
-    # Appended after those for the same reason: a seed's earlier faults stay where they were.
     "stream_stall_rate",
     "stream_drop_rate",
-    # And these after those (the second outside campaign's kinds).
     "bare_rate_limit_rate",
     "control_rate",
 )
@@ -55,96 +53,45 @@ _FAULT_RATE_FIELDS = (
 
 @dataclass(frozen=True, slots=True)
 class MockConfig:
-    """How the simulated backbone behaves.
+    """How the simulated backbone behaves (docs/simulator.md tells what each behaviour looks like on the wire).
 
     Attributes:
         model: the model name listed by ``/v1/models`` and reported when a request names none.
         seed: seeds the server's own random draws (faults, sampling noise) so that a run is reproducible.
-        latency_s: base time to answer an accepted request, in seconds, counted from its arrival (or from the
-            moment its queue slot came free), so the server's own handling is inside it.
+        latency_s: seconds to answer an accepted request, counted from its arrival (or from when its queue slot
+            came free), so the server's own handling is inside it.
         latency_per_token_s: extra seconds per generated (completion) token.
         chars_per_token: characters per token when counting prompt and completion tokens.
-        rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second;
-            None disables that limit. Each is a token bucket refilled at limit/period.
+        rpm / tpm / rps: requests per minute, tokens per minute (prompt + completion), requests per second, each
+            a token bucket refilled at limit/period; None disables it.
         burst_s: bucket capacity in seconds of quota (rpm 600 with burst 1 s admits 10 requests at once).
         max_concurrency: most requests generating at once; None for no cap.
-        over_concurrency: "429" rejects requests above the cap at once; "queue" holds them FIFO and keeps the
-            connection alive with blank lines, as DeepSeek does.
-        keepalive_s: interval of the blank lines written while a request is queued.
+        over_concurrency: "429" rejects requests above the cap; "queue" holds them FIFO, kept alive with blank
+            lines every ``keepalive_s``, as DeepSeek does.
         headers: which rate-limit headers every chat response carries ("none" like DeepSeek).
-        error_500_rate / error_503_rate / timeout_rate / reset_rate / malformed_rate / rate_limit_rate:
-            probability of each fault per request (their sum at most 1). Faulted requests are not charged
-            against limits. A "rate_limit" fault is a 429 with Retry-After whatever the limits say, as a
-            provider answers when it is overloaded.
-        huge_step_rate / surrogate_rate / bad_usage_rate / long_pause_rate: probability of each hostile answer
-            per request, drawn with the faults above (all rates together at most 1; these four come after the
-            others in the draw, so they never shift which requests meet the others). The first three are normal
-            200 answers, admitted and charged against limits like any answer:
-            - "huge_step": every integer field named like a step (``root_step``, ``failure_step``, ``step``,
-              ``step_id``, ``mistake_step`` ...) of the JSON answer says ``10**26``, written as a JSON integer;
-              an answer with no such field (or tool calls) is served plainly;
-            - "surrogate": a lone UTF-16 surrogate (``\\ud800`` in the body) ends the answer's longest string
-              field, or the answer text when it is not JSON, as when an answer is cut mid-emoji; tool calls are
-              served plainly;
-            - "bad_usage": ``usage`` is nonsense, one of (a seeded draw): missing, ``prompt_tokens`` 10**20,
-              ``prompt_tokens`` written ``Infinity``, negative counts; the stats count what would have been
-              billed.
-            A "huge_step" or "surrogate" answer that the output budget cuts before the fault is served as a
-            plain one. "long_pause" is a 429 whose ``Retry-After`` asks for far longer than any client should
-            wait ("86400", an HTTP date in 2099, or "1e400"; a seeded draw), as in an outage; not charged.
-        stream_stall_rate / stream_drop_rate: probability of an answer cut off on the wire, drawn after all the
-            kinds above (so a seed's earlier faults never move). The answer is admitted and charged like any
-            (the provider generated it); a streamed one stops after about half of its chunks and then either
-            goes silent for ``hang_s`` before the connection is dropped ("stream_stall") or has its connection
-            closed at once, without ``[DONE]`` ("stream_drop"). An unstreamed one sends the first half of its
-            JSON body (Content-Length says the whole) and then stalls or closes the same way. The request log
-            says how many completion tokens went out before the cut (``completion_tokens_sent``).
-        bare_rate_limit_rate / control_rate: drawn after all the kinds above. "bare_rate_limit" is a 429 with
-            no Retry-After and no rate-limit headers, as a gateway answers when briefly overloaded (not charged);
-            "control" is a 200 answer whose text starts with a line of terminal control sequences (prose before
-            the JSON, which methods read past): clear screen, a window title, a clipboard write (OSC 52), a hyperlink, a C1 CSI,
-            a carriage return and backspaces, as a trajectory or a model can quote them.
-        rate_limit_retry_after_s: the Retry-After of a "rate_limit" fault, in seconds.
-        hang_s: how long a "timeout" fault holds the request before dropping the connection.
+        error_500_rate ... control_rate: the probability of each fault kind per request (together at most 1),
+            one draw walking `FAULT_RATE_FIELDS` in order; ``rate_limit_retry_after_s`` is a "rate_limit"
+            fault's Retry-After, ``hang_s`` how long a "timeout" or "stream_stall" holds the connection.
         length_rate: probability that an accepted answer is cut short with finish_reason "length" at a tenth of
-            its budget (``max_tokens``, or the whole answer when none is given), as if the model had rambled;
-            drawn from its own random stream, so it shifts neither fault draws nor sampling.
-        request_log_size: keep the last this many chat requests in a log served at ``GET /mock/log`` (0: no
-            log). Each entry says what the request was and what it got, so a client's own records can be
-            reconciled against what the server really served.
-        reasoning_tokens: simulated thinking tokens per answer.
-        reasoning_field: message field carrying the thinking text; None hides it (usage still counts it).
+            its budget, as if the model had rambled (its own random stream: it shifts no other draw).
+        request_log_size: keep the last this many chat requests in the log at ``GET /mock/log`` (0: no log).
+        reasoning_tokens: simulated thinking tokens per answer, carried in ``reasoning_field`` (None hides the
+            text; usage still counts it).
         usage_style: "openai" (prompt/completion_tokens_details) or "deepseek" (prompt_cache_hit/miss_tokens).
         context_window: vLLM-style context limit in tokens; None for no limit.
         api_key: when set, requests must carry ``Authorization: Bearer <api_key>`` (never shown in reprs).
         quota_exhausted: every chat request gets OpenAI's ``insufficient_quota`` 429.
-        tool_rounds_max: most tool rounds a conversation offered tools makes before answering (a seeded draw
-            in 0..max per conversation; see `rcarun.mock.answers.simulate_tool_calls`).
-
-    Streaming (a request with ``"stream": true`` is answered as server-sent events in OpenAI's chunk shape; see
-    `rcarun.mock.server`):
-        tokens_per_chunk: completion tokens (``chars_per_token`` characters each) per content-bearing chunk. The
-            first one goes out ``latency_s`` (plus the prefill) after arrival, each further token
-            ``latency_per_token_s`` later, so a stream ends when the unstreamed answer would have.
-        refuse_stream: answer ``"stream": true`` with a 400 naming ``stream``, as a server that cannot stream;
-            unstreamed requests are served as usual.
-
-    The vLLM face (``/health``, ``/version``, ``/metrics``, and ``max_model_len`` in ``/v1/models``):
-        startup_delay_s: ``/health`` answers 503 for this long after the server starts, as a server that listens
-            before its engine is ready.
-        model_root: the ``root`` of the ``/v1/models`` card (vLLM: the model path behind a served name); None
-            repeats ``model``.
-        server_version: what ``GET /version`` reports.
-        kv_cache_tokens: KV-cache capacity in tokens: ``/metrics`` reports the prompt and completion tokens of the
-            requests generating over it. None: the share of ``max_concurrency`` slots in use (0 without a cap).
-        kv_cache_metric: the KV-cache gauge's name (vLLM renamed it; see `KvCacheMetric`).
-
-    The prefix cache (off by default, so that nothing else changes; it exists to measure prefix affinity):
-        prefix_cache_entries: how many distinct first messages (role + text: the prefix a trajectory's calls
-            share) this replica keeps, least recently used evicted first. 0: no capacity model; every first
-            message seen is reported as cached in ``usage`` and none makes a request faster.
-        latency_per_prompt_token_s: extra seconds per prompt token not served from the prefix cache (the
-            prefill), so that a hit on a long first message answers sooner and frees its slot sooner.
+        tool_rounds_max: most tool rounds a conversation offered tools makes before answering.
+        tokens_per_chunk: completion tokens per content-bearing chunk of a streamed answer.
+        refuse_stream: answer ``"stream": true`` with a 400 naming ``stream``, as a server that cannot stream.
+        startup_delay_s: ``/health`` answers 503 for this long after the start, as vLLM loading its engine.
+        model_root / server_version: the ``root`` of the ``/v1/models`` card (None: ``model``) and what
+            ``GET /version`` reports, as vLLM's.
+        kv_cache_tokens: KV-cache capacity in tokens that ``/metrics`` reports usage against (None: the share of
+            ``max_concurrency`` slots in use); ``kv_cache_metric`` names the gauge (vLLM renamed it).
+        prefix_cache_entries: distinct first messages this replica keeps, least recently used evicted first (0:
+            every first message seen counts as cached and none makes a request faster).
+        latency_per_prompt_token_s: extra seconds per prompt token not served from the prefix cache.
     """
 
     model: str = "sim-model"
@@ -196,85 +143,14 @@ class MockConfig:
     refuse_stream: bool = False
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        for name in (
-            "latency_s",
-            "latency_per_token_s",
-            "hang_s",
-            "rate_limit_retry_after_s",
-            "startup_delay_s",
-            "latency_per_prompt_token_s",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                problems.append(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("chars_per_token", "burst_s", "keepalive_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("rpm", "tpm", "rps", "max_concurrency", "context_window", "kv_cache_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                problems.append(f"{name} must be a positive integer or None, got {value!r}")
-        if isinstance(self.reasoning_tokens, bool) or not isinstance(self.reasoning_tokens, int):
-            problems.append(f"reasoning_tokens must be an integer, got {self.reasoning_tokens!r}")
-        elif self.reasoning_tokens < 0:
-            problems.append(f"reasoning_tokens must be >= 0, got {self.reasoning_tokens}")
-        rates = [getattr(self, name) for name in _FAULT_RATE_FIELDS]
-        for name, rate in zip(_FAULT_RATE_FIELDS, rates, strict=True):
-            if not (0.0 <= rate <= 1.0):
-                problems.append(f"{name} must be within [0, 1], got {rate!r}")
-        if not (0.0 <= self.length_rate <= 1.0):
-            problems.append(f"length_rate must be within [0, 1], got {self.length_rate!r}")
-        if sum(rates) > 1.0 + 1e-9:
-            problems.append(f"fault rates sum to {sum(rates):.3f}, more than 1")
-        if (
-            isinstance(self.prefix_cache_entries, bool)
-            or not isinstance(self.prefix_cache_entries, int)
-            or self.prefix_cache_entries < 0
-        ):
-            problems.append(
-                f"prefix_cache_entries must be an integer >= 0, got {self.prefix_cache_entries!r}"
-            )
-        if (
-            isinstance(self.request_log_size, bool)
-            or not isinstance(self.request_log_size, int)
-            or self.request_log_size < 0
-        ):
-            problems.append(f"request_log_size must be an integer >= 0, got {self.request_log_size!r}")
-        choices: dict[str, tuple[Any, ...]] = {
-            "over_concurrency": get_args(OverConcurrency),
-            "headers": get_args(HeaderStyle),
-            "reasoning_field": (*get_args(ReasoningField), None),
-            "usage_style": get_args(UsageStyle),
-            "kv_cache_metric": get_args(KvCacheMetric),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                problems.append(f"{name} must be one of {allowed!r}, got {getattr(self, name)!r}")
-        if not self.model:
-            problems.append("model must be a non-empty string")
-        if self.model_root is not None and not self.model_root:
-            problems.append("model_root must be None or a non-empty string")
-        if isinstance(self.tool_rounds_max, bool) or not isinstance(self.tool_rounds_max, int):
-            problems.append(f"tool_rounds_max must be an integer, got {self.tool_rounds_max!r}")
-        elif self.tool_rounds_max < 0:
-            problems.append(f"tool_rounds_max must be >= 0, got {self.tool_rounds_max}")
-        if (
-            isinstance(self.tokens_per_chunk, bool)
-            or not isinstance(self.tokens_per_chunk, int)
-            or self.tokens_per_chunk < 1
-        ):
-            problems.append(f"tokens_per_chunk must be a positive integer, got {self.tokens_per_chunk!r}")
-        if not isinstance(self.refuse_stream, bool):
-            problems.append(f"refuse_stream must be true or false, got {self.refuse_stream!r}")
+        problems = [problem for check in _CHECKS for problem in check(self)]
         if problems:
             raise ValueError("invalid MockConfig: " + "; ".join(problems))
 
     @property
     def fault_rate(self) -> float:
         """Probability that a request meets any fault."""
-        return float(sum(getattr(self, name) for name in _FAULT_RATE_FIELDS))
+        return float(sum(getattr(self, name) for name in FAULT_RATE_FIELDS))
 
     def replace(self, **changes: Any) -> MockConfig:
         """A copy with ``changes`` applied (validated like a new config)."""
@@ -316,3 +192,103 @@ class MockConfig:
         if not isinstance(values, dict):
             raise ValueError("config JSON must be an object")
         return cls.from_mapping(values)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_durations(config: MockConfig) -> Iterator[str]:
+    for name in _NON_NEGATIVE_NUMBERS:
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value >= 0):
+            yield f"{name} must be a finite number >= 0, got {value!r}"
+    for name in _POSITIVE_NUMBERS:
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value > 0):
+            yield f"{name} must be a finite number > 0, got {value!r}"
+
+
+def _check_limits(config: MockConfig) -> Iterator[str]:
+    for name in _POSITIVE_INTEGERS_OR_NONE:
+        value = getattr(config, name)
+        if value is not None and not (_is_int(value) and value >= 1):
+            yield f"{name} must be a positive integer or None, got {value!r}"
+
+
+def _non_negative_integer(name: str) -> Callable[[MockConfig], Iterator[str]]:
+    def check(config: MockConfig) -> Iterator[str]:
+        value = getattr(config, name)
+        if not _is_int(value):
+            yield f"{name} must be an integer, got {value!r}"
+        elif value < 0:
+            yield f"{name} must be >= 0, got {value}"
+
+    return check
+
+
+def _check_rates(config: MockConfig) -> Iterator[str]:
+    rates = [getattr(config, name) for name in FAULT_RATE_FIELDS]
+    for name, rate in [*zip(FAULT_RATE_FIELDS, rates, strict=True), ("length_rate", config.length_rate)]:
+        if not (0.0 <= rate <= 1.0):
+            yield f"{name} must be within [0, 1], got {rate!r}"
+    if sum(rates) > 1.0 + 1e-9:
+        yield f"fault rates sum to {sum(rates):.3f}, more than 1"
+
+
+def _check_sizes(config: MockConfig) -> Iterator[str]:
+    for name in ("prefix_cache_entries", "request_log_size"):
+        value = getattr(config, name)
+        if not (_is_int(value) and value >= 0):
+            yield f"{name} must be an integer >= 0, got {value!r}"
+
+
+def _check_choices(config: MockConfig) -> Iterator[str]:
+    for name, allowed in _CHOICES.items():
+        if getattr(config, name) not in allowed:
+            yield f"{name} must be one of {allowed!r}, got {getattr(config, name)!r}"
+
+
+def _check_names(config: MockConfig) -> Iterator[str]:
+    if not config.model:
+        yield "model must be a non-empty string"
+    if config.model_root is not None and not config.model_root:
+        yield "model_root must be None or a non-empty string"
+
+
+def _check_streaming(config: MockConfig) -> Iterator[str]:
+    if not (_is_int(config.tokens_per_chunk) and config.tokens_per_chunk >= 1):
+        yield f"tokens_per_chunk must be a positive integer, got {config.tokens_per_chunk!r}"
+    if not isinstance(config.refuse_stream, bool):
+        yield f"refuse_stream must be true or false, got {config.refuse_stream!r}"
+
+
+_NON_NEGATIVE_NUMBERS = (
+    "latency_s",
+    "latency_per_token_s",
+    "hang_s",
+    "rate_limit_retry_after_s",
+    "startup_delay_s",
+    "latency_per_prompt_token_s",
+)
+_POSITIVE_NUMBERS = ("chars_per_token", "burst_s", "keepalive_s")
+_POSITIVE_INTEGERS_OR_NONE = ("rpm", "tpm", "rps", "max_concurrency", "context_window", "kv_cache_tokens")
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "over_concurrency": get_args(OverConcurrency),
+    "headers": get_args(HeaderStyle),
+    "reasoning_field": (*get_args(ReasoningField), None),
+    "usage_style": get_args(UsageStyle),
+    "kv_cache_metric": get_args(KvCacheMetric),
+}
+# Each names what is wrong; all problems are reported at once, in this order.
+_CHECKS: tuple[Callable[[MockConfig], Iterator[str]], ...] = (
+    _check_durations,
+    _check_limits,
+    _non_negative_integer("reasoning_tokens"),
+    _check_rates,
+    _check_sizes,
+    _check_choices,
+    _check_names,
+    _non_negative_integer("tool_rounds_max"),
+    _check_streaming,
+)

@@ -1,33 +1,8 @@
 """A stand-in for the ``vllm`` command: ``serve`` starts the simulator with vLLM's face, so that rcarun's managed
 replicas (start, health wait, checks, death and restart, shutdown) are tested on machines without a GPU.
 
-    python -m rcarun.mock.fake_vllm serve MODEL --port P --tensor-parallel-size N --max-model-len L \\
-        --served-model-name NAME [any other vllm serve flag]
-    python -m rcarun.mock.fake_vllm --version
-
-It takes the flags rcarun passes (``--host``, ``--port``, ``--served-model-name``, ``--max-model-len``,
-``--tensor-parallel-size``) as ``vllm serve`` does and serves the served name with ``max_model_len`` as its
-context window. Any other flag (``--gpu-memory-utilization``, ``--enable-prefix-caching`` ...) is accepted and
-logged as ignored, where real vLLM would apply it: a backbone's ``extra_args`` are meant for the real command,
-and a test must be able to pass them through. The API key comes from ``VLLM_API_KEY``, as vLLM reads it.
-
-How it misbehaves is set by one environment variable, ``RCARUN_FAKE_VLLM``, a JSON object (every key optional):
-
-- ``startup_s``: seconds before it listens at all (vLLM loads weights and profiles memory before its API
-  server binds the port);
-- ``die_after``: exit with status 1, abruptly, when this many chat requests have arrived (the connections of
-  the requests in flight are reset, as when vLLM's engine core dies); ``die_once_file``: only when this file
-  does not exist yet (it is created), so a restarted replica lives;
-- ``ignore_sigterm``: log SIGTERM and go on, so that the caller must escalate to SIGKILL;
-- ``spawn_child``: start a child process that sleeps (vLLM's engine and workers are processes of their own), so
-  that the caller's process-group kill is tested;
-- ``pid_dir``: write ``<pid>.pid`` there, holding the child's pid too when there is one;
-- ``mock``: `MockConfig` fields (latency, concurrency ...); ``report_model`` / ``report_max_model_len``: what
-  ``/v1/models`` says instead of the flags' values (a server that is not what was asked for);
-- ``devices``: per ``CUDA_VISIBLE_DEVICES`` value, an object of the keys above overriding them for the replica
-  on those GPUs (one variable drives replicas that differ).
-
-It logs to stderr the way vLLM does, including ``Application startup complete.``.
+It takes the flags rcarun passes as ``vllm serve`` does, accepts (and logs as ignored) any other, and misbehaves
+as the ``RCARUN_FAKE_VLLM`` JSON object says: docs/simulator.md lists its keys.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Rate-limit headers in the dialects real backbones speak, so clients' header parsing is tested against them.
-
-- "openai": ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``; resets are durations in OpenAI's
-  (Go-like) format: "20ms", "1s", "1.5s", "6m0s".
-- "moonshot": Kimi's documentation names ``X-RateLimit-Limit``, ``X-RateLimit-Remaining`` and
-  ``X-RateLimit-Reset`` (https://www.kimi.com/help/kimi-api/api-rate-limits) without saying how the reset is
-  written or naming token headers. Our choice, documented here: those three describe the request limit, the
-  reset is seconds until the bucket is full as a plain decimal number ("0.5", "6"), and the token limit uses
-  the same names with a ``-Tokens`` suffix (``X-RateLimit-Limit-Tokens`` ...).
-- "none": no rate-limit headers at all, as DeepSeek.
-
-Values describe the token bucket truthfully: "remaining" is how many whole requests (tokens) would be admitted
-right now, "reset" is the time until the bucket is full again, "limit" is the declared per-period limit. The
-request headers describe the rpm bucket when rpm is declared, else the rps bucket (then "limit" is per
-second). A 429 additionally carries ``Retry-After`` (whole seconds, at least 1) and ``retry-after-ms``.
+"""Rate-limit headers in the dialects real backbones speak ("openai", "moonshot", "none"), so that clients'
+header parsing is tested against them; docs/simulator.md spells each out. Values describe the token bucket
+truthfully; a 429 adds ``Retry-After`` (whole seconds, at least 1) and ``retry-after-ms``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from .config import HeaderStyle
 from .limits import BucketState
@@ -51,24 +40,15 @@ def rate_limit_headers(
 ) -> dict[str, str]:
     """The rate-limit headers of one response in ``style`` (empty for "none" or when no limit is declared)."""
     headers: dict[str, str] = {}
-    if style == "openai":
-        if requests is not None:
-            headers["x-ratelimit-limit-requests"] = str(requests.spec.limit)
-            headers["x-ratelimit-remaining-requests"] = str(requests.remaining)
-            headers["x-ratelimit-reset-requests"] = format_openai_duration(requests.reset_s)
-        if tokens is not None:
-            headers["x-ratelimit-limit-tokens"] = str(tokens.spec.limit)
-            headers["x-ratelimit-remaining-tokens"] = str(tokens.remaining)
-            headers["x-ratelimit-reset-tokens"] = format_openai_duration(tokens.reset_s)
-    elif style == "moonshot":
-        if requests is not None:
-            headers["X-RateLimit-Limit"] = str(requests.spec.limit)
-            headers["X-RateLimit-Remaining"] = str(requests.remaining)
-            headers["X-RateLimit-Reset"] = _trim_decimal(requests.reset_s)
-        if tokens is not None:
-            headers["X-RateLimit-Limit-Tokens"] = str(tokens.spec.limit)
-            headers["X-RateLimit-Remaining-Tokens"] = str(tokens.remaining)
-            headers["X-RateLimit-Reset-Tokens"] = _trim_decimal(tokens.reset_s)
+    dialect = _DIALECTS.get(style)
+    if dialect is None:
+        return headers
+    names, write_reset = dialect
+    for state, (limit, remaining, reset) in zip((requests, tokens), names, strict=True):
+        if state is not None:
+            headers[limit] = str(state.spec.limit)
+            headers[remaining] = str(state.remaining)
+            headers[reset] = write_reset(state.reset_s)
     return headers
 
 
@@ -78,3 +58,23 @@ def retry_after_headers(wait_s: float) -> dict[str, str]:
         "Retry-After": str(max(1, math.ceil(wait_s))),
         "retry-after-ms": str(max(1, math.ceil(wait_s * 1000))),
     }
+
+
+# style: the (limit, remaining, reset) header names of the request bucket and the token bucket, and how a reset
+# is written.
+_DIALECTS: dict[str, tuple[tuple[tuple[str, str, str], ...], Callable[[float], str]]] = {
+    "openai": (
+        tuple(
+            (f"x-ratelimit-limit-{unit}", f"x-ratelimit-remaining-{unit}", f"x-ratelimit-reset-{unit}")
+            for unit in ("requests", "tokens")
+        ),
+        format_openai_duration,
+    ),
+    "moonshot": (
+        tuple(
+            (f"X-RateLimit-Limit{suffix}", f"X-RateLimit-Remaining{suffix}", f"X-RateLimit-Reset{suffix}")
+            for suffix in ("", "-Tokens")
+        ),
+        _trim_decimal,
+    ),
+}

@@ -1,16 +1,11 @@
 """Rate limits as a provider enforces them, and the same limits as a yardstick for what a client offered.
 
-Each declared limit (rpm, rps, tpm) is a token bucket: it refills at limit/period and holds ``burst_s``
-seconds of quota. Admission takes every bucket's charge or none (a request is never partially charged). A
-request whose cost exceeds a bucket's capacity is admitted only when that bucket is full and drives it into
-debt, which is then repaid at the refill rate — so large requests are possible yet the long-run rate stays
-exact.
-
-`OfferedLoad` replays every arrival through unenforced copies of the same buckets: its largest deficit says by
-how much the client asked for more than the limit allowed, measured by the server rather than reported by the
-client. `FifoSlots` is the concurrency cap with first-come-first-served hand-off.
-
-Every method takes ``now`` (seconds on a monotonic clock), so the logic is tested with plain numbers.
+Each declared limit (rpm, rps, tpm) is a token bucket refilled at limit/period, holding ``burst_s`` seconds of
+quota. Admission charges every bucket or none. A request costing more than a bucket holds is admitted only into a
+full bucket and drives it into debt, repaid at the refill rate, so the long-run rate stays exact. `OfferedLoad`
+replays every arrival through unenforced copies of the buckets: its largest deficit is how far the client asked
+beyond the limits. `FifoSlots` is the concurrency cap, first come first served. Every method takes ``now``
+(monotonic seconds), so the logic is tested with plain numbers.
 """
 
 from __future__ import annotations

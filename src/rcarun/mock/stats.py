@@ -1,12 +1,8 @@
 """What the server saw, so that throughput and limit compliance are measured at the server, not self-reported.
 
-`StatsRecorder` is updated on the request path, so each update is O(1) amortised and memory stays bounded on
-long runs: per-second counters (one int per second since reset) and sliding-window deques that only ever hold
-the last 60 s of accepted requests. `MockStats` is the frozen snapshot served at ``GET /mock/stats``.
-
-`RequestLog` is the optional, bounded per-request record served at ``GET /mock/log``: counters say how many
-requests got what, the log says which ones, so a client's own record of its attempts (rcarun's ``calls``
-table) can be reconciled entry by entry against what the server really served — in both directions.
+`StatsRecorder` is updated on the request path: O(1) amortised updates and memory bounded on long runs.
+`MockStats` is its snapshot at ``GET /mock/stats``; `RequestLog` the optional, bounded per-request record at
+``GET /mock/log``, against which a client's own records can be reconciled entry by entry.
 """
 
 from __future__ import annotations
@@ -17,6 +13,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from .config import FAULT_RATE_FIELDS
 
 __all__ = [
     "FAULT_KINDS",
@@ -29,22 +27,7 @@ __all__ = [
     "request_digest",
 ]
 
-FAULT_KINDS = (
-    "error_500",
-    "error_503",
-    "timeout",
-    "reset",
-    "malformed",
-    "rate_limit",
-    "huge_step",
-    "surrogate",
-    "bad_usage",
-    "long_pause",
-    "stream_stall",
-    "stream_drop",
-    "bare_rate_limit",
-    "control",
-)
+FAULT_KINDS = tuple(name.removesuffix("_rate") for name in FAULT_RATE_FIELDS)
 REJECTION_KINDS = ("rpm", "rps", "tpm", "concurrency", "quota")
 
 
@@ -60,14 +43,9 @@ class MockStats:
         rejected_by: 429s by cause: rpm, rps, tpm, concurrency, quota.
         errors_4xx: 400/401 answers (bad JSON, context overflow, wrong key).
         errors_5xx: injected 500 and 503 answers.
-        faults: injected faults by kind: error_500, error_503, timeout, reset, malformed, rate_limit (a 429
-            that no limit asked for; not in ``rejected_429``, which counts the limits' own), long_pause (a 429
-            asking for an absurd wait; not in ``rejected_429`` either), and the hostile answers huge_step,
-            surrogate and bad_usage (200 answers, also counted in ``accepted`` and its tokens), and the answers
-            cut off on the wire, stream_stall and stream_drop (admitted and charged too: counted in
-            ``accepted`` with every token generated, whatever reached the client); bare_rate_limit (a 429 with
-            no Retry-After and no limit headers; not in ``rejected_429``) and control (a 200 answer carrying
-            terminal control sequences, counted in ``accepted``).
+        faults: injected faults by kind. The 429 kinds (rate_limit, long_pause, bare_rate_limit) are not in
+            ``rejected_429``, which counts the limits' own; the answer kinds (huge_step, surrogate, bad_usage,
+            control, stream_stall, stream_drop) are also counted in ``accepted`` with their tokens.
         length_stops: accepted answers cut by max_tokens (finish_reason "length"), ``length_faults`` included.
         length_faults: accepted answers cut short by the ``length_rate`` fault.
         max_in_flight: most chat requests open at once (queued and hanging ones included).
@@ -242,11 +220,8 @@ class StatsRecorder:
 
 
 def request_digest(messages: Sequence[Mapping[str, Any]], max_tokens: int | None) -> str:
-    """A chat request's identity in the request log: SHA-256 of its messages (role, content) and max_tokens.
-
-    A client computes the same digest from what it sent (sorted keys, no whitespace, UTF-8 unescaped), so an
-    attempt it recorded can be found in the server's log even when the server's answer carried no id.
-    """
+    """A chat request's identity in the request log: SHA-256 of its messages (role, content) and max_tokens,
+    which a client computes alike from what it sent, so that an attempt is found even when no answer came."""
     payload = {
         "messages": [{"role": m.get("role"), "content": m.get("content")} for m in messages],
         "max_tokens": max_tokens,
@@ -264,27 +239,16 @@ class RequestLogEntry:
         arrived_at: wall-clock time (Unix seconds) when the request arrived.
         at: wall-clock time (Unix seconds) when the answer left or the connection was dropped.
         status: the HTTP status sent; None when the connection was dropped without an answer.
-        outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>`` (a limit's 429),
-            ``bad_request``, ``stream_refused`` (``"stream": true`` to a server set to refuse it),
-            ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued, or went away in
-            the middle of a streamed answer). ``huge_step``, ``surrogate`` and ``bad_usage`` are 200 answers
-            like ``ok`` (their ``finish_reason`` may still be "length" when the budget cut them);
-            ``stream_stall`` and ``stream_drop`` are 200 answers cut off on the wire.
+        outcome: ``ok``, ``length``, a fault kind (`FAULT_KINDS`), ``rejected_<limit>``, ``bad_request``,
+            ``stream_refused``, ``unauthorized``, ``context_overflow`` or ``client_left`` (gave up while queued,
+            or went away during a stream).
         request_digest: `request_digest` of the request; None when its body did not parse.
         max_tokens: the output budget asked for.
-        completion_id: the ``id`` of the completion body or chunks sent (ok, length, the three hostile answers,
-            the two cut off on the wire, and a stream the client left).
-        detail: which variant a fault took, where it has several: the fields a ``huge_step`` changed
-            (``root_step``, ``root_cause.step``), the field a ``surrogate`` ended (``reason``, or ``(text)``),
-            the ``bad_usage`` kind (``missing``, ``huge``, ``infinity``, ``negative``), the ``Retry-After`` of
-            a ``long_pause``; None otherwise.
-        completion_tokens_sent: completion tokens that reached the wire, counted as ``usage`` counts them: the
-            whole ``completion_tokens`` of an answer sent whole (streamed or not, the true count even when a
-            ``bad_usage`` answer misreports it); for a stream cut off (``stream_stall``, ``stream_drop``) or
-            left by its client, the tokens generated up to the last chunk written (thinking tokens a hidden
-            ``reasoning_field`` kept off the wire included); 0 for an unstreamed body cut in half (no
-            completion a client could read); None where no answer was generated (faults, rejections, 4xx, a
-            request left while queued).
+        completion_id: the ``id`` of the completion sent, where one was generated.
+        detail: which variant a fault took (docs/simulator.md), None otherwise.
+        completion_tokens_sent: completion tokens that reached the wire as ``usage`` counts them: all of an
+            answer sent whole, those up to the last chunk written of a stream cut off or left, 0 for a body cut
+            in half, None where no answer was generated.
     """
 
     seq: int
@@ -308,11 +272,8 @@ class RequestLogEntry:
 
 
 class RequestLog:
-    """The last ``size`` chat requests, in arrival order; memory is bounded by ``size`` however long the run.
-
-    ``total`` counts every request logged since reset, so a reader knows how many fell off the front
-    (``total - len(entries)``) and never mistakes a truncated log for a complete one.
-    """
+    """The last ``size`` chat requests, in arrival order. ``total`` counts every request logged since reset, so
+    that a reader knows how many fell off the front and never mistakes a truncated log for a complete one."""
 
     __slots__ = ("_entries", "total")
 

@@ -4,7 +4,7 @@ goes out.
 `stream_plan` turns one composed answer into its events (a role chunk, thinking deltas in the style's field,
 content or tool-call deltas, the last choice chunk, the usage chunk or Kimi's usage inside the last choice,
 ``[DONE]``), each with the count of tokens generated before it; `write_on_time` writes them as they fall due.
-Kept apart from `rcarun.mock.server`, which decides what is answered and holds the request's slot meanwhile.
+Kept apart from `rcarun.mock.chat`, which decides what is answered and holds the request's slot meanwhile.
 """
 
 from __future__ import annotations
