@@ -1,7 +1,7 @@
 """A sweep of chat methods never loads numpy: only model-reading methods (SOAP) and the analysis need it.
 
 numpy costs a process about 10 MB of resident memory and 45 ms of start-up, which a sweep that only sends chat
-requests would pay for nothing (docs/performance.md, "Reading ahead"); the `rcarun` command loads the analysis
+requests would pay for nothing (docs/performance.md, "CPU per call"); the `rcarun` command loads the analysis
 (numpy with it) only for the commands that use it. Checked in a fresh interpreter that runs a real sweep of the
 bundled sample against the simulator, since this one has long since imported numpy.
 """

@@ -24,7 +24,7 @@ from rcarun.errors import ConfigError, DataError, RcarunError
 from rcarun.methods import Method, create_method, home_backbone
 from rcarun.runner.config import BackboneConfig, SweepConfig
 from rcarun.runner.dryrun import EstimatingLLM, Tally
-from rcarun.runner.scheduler import build_prices, check_method_backbones
+from rcarun.runner.wiring import build_prices, check_method_backbones
 
 __all__ = ["CHANCE_DRAWS", "ChanceRange", "EstimateRow", "EstimatingLLM", "SweepEstimate", "estimate_sweep"]
 

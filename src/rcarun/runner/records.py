@@ -14,7 +14,7 @@ __all__ = ["iter_records", "load_sweep_manifest", "read_ahead"]
 
 # A producer loads this many records (or this many characters of steps, whichever comes first) before it queues
 # their items: with the loader's code and data warm, a call of the bench's latency-bound run takes 0.945 of the
-# CPU (docs/performance.md, "Reading ahead"). Both bounds cap what the read-ahead adds to a producer's memory.
+# CPU (docs/performance.md, "CPU per call"). Both bounds cap what the read-ahead adds to a producer's memory.
 _READ_AHEAD_RECORDS = 256
 _READ_AHEAD_CHARS = 4 * 2**20
 

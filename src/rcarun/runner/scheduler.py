@@ -49,10 +49,6 @@ from rcarun.runner.wiring import (
     methods_run_by,
     stage_budget_notes,
 )
-
-# `rcarun.runner.estimate` imports these two from here until the merge points it at `rcarun.runner.wiring`.
-from rcarun.runner.wiring import build_prices as build_prices
-from rcarun.runner.wiring import check_method_backbones as check_method_backbones
 from rcarun.serving import ManagedReplicas, replica_log_dir
 from rcarun.store import (
     EventRow,
