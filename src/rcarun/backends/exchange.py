@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any, Protocol
 
 from rcarun.backends.settings import BackendSettings, Secret, redact_secrets
@@ -81,12 +80,7 @@ class WholeResponse:
     async def __aenter__(self) -> WholeResponse:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         return None
 
     def chunks(self) -> AsyncIterator[bytes]:

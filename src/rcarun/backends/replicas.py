@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
 
 import aiohttp
 
@@ -228,12 +227,7 @@ class MetricsPoller:
         self._task = asyncio.create_task(self._run(), name="rcarun-replica-metrics")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

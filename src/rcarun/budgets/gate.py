@@ -12,7 +12,6 @@ import math
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
 
 from rcarun.backends.types import PromptSize, RateLimitInfo, Usage
 from rcarun.errors import BudgetExhausted, CallError, ConfigError, RateLimited
@@ -220,12 +219,7 @@ class _Admission:
         self._slot, self._ticket = slot, ticket
         return ticket
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         gate, ticket, slot = self._gate, self._ticket, self._slot
         assert ticket is not None and slot is not None, "left an admission that was never entered"
         try:

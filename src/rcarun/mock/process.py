@@ -22,7 +22,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from .config import MockConfig
@@ -147,24 +146,14 @@ class ServerProcess:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.to_thread(self.stop)
 
     def _read_announcement(self, deadline: float) -> dict[str, Any]:

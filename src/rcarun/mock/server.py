@@ -14,7 +14,6 @@ import asyncio
 import ipaddress
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -138,12 +137,7 @@ class MockServer:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     # ---------------------------------------------------------------------------------------- measurement
