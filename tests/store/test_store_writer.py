@@ -199,16 +199,16 @@ async def test_a_full_batch_commits_at_once_and_a_partial_one_waits_for_its_inte
 async def test_rows_added_one_by_one_within_an_interval_commit_together(
     db_path: Path, run_id: int, make_call: RowMaker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rcarun.store import writer as writer_module
+    from rcarun.store.batch import BatchWriter
 
     batches: list[int] = []
-    original = writer_module._BatchWriter.write
+    original = BatchWriter.write
 
     def counting_write(self: Any, batch: Any) -> None:
         batches.append(len(batch))
         original(self, batch)
 
-    monkeypatch.setattr(writer_module._BatchWriter, "write", counting_write)
+    monkeypatch.setattr(BatchWriter, "write", counting_write)
     async with StoreWriter(db_path, run_id, batch_size=500, flush_interval_s=0.5) as writer:
         for attempt in range(1, 41):
             writer.add_call(make_call(run_id, attempt=attempt))

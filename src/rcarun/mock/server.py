@@ -63,7 +63,7 @@ class MockServer:
     ) -> None:
         if not is_loopback_host(host):
             raise ValueError(f"the mock server only listens on loopback, not on {host!r}")
-        self.config = config if config is not None else MockConfig()
+        self._config = config if config is not None else MockConfig()
         self.host = host
         self._requested_port = port
         self._clock = clock
@@ -76,6 +76,17 @@ class MockServer:
             f"Bearer {self.config.api_key}".encode() if self.config.api_key is not None else None
         )
         self._chat = ChatRoute(self.config, clock, self._slots, self._expected_authorization)
+
+    @property
+    def config(self) -> MockConfig:
+        """How the simulated backbone behaves. Replacing it between requests changes how the next ones are
+        answered (a test gives the server a larger model, say); faults' rates and slots stay as first built."""
+        return self._config
+
+    @config.setter
+    def config(self, config: MockConfig) -> None:
+        self._config = config
+        self._chat.config = config
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
