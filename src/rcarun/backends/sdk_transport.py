@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
-from types import SimpleNamespace, TracebackType
+from types import SimpleNamespace
 from typing import Any
 
 import httpx2
@@ -239,15 +239,10 @@ class _SDKExchange:
         self.headers = self._response.headers
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         context, self._context = self._context, None
         if context is not None:
-            await context.__aexit__(exc_type, exc, traceback)
+            await context.__aexit__(*exc_info)
 
     async def gather(self, seconds: float) -> None:
         # No pause: httpx hands on one HTTP chunk (one token of a stream) per read, so a pause between reads would

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rcarun.backends import get_preset, parse_completion
+from rcarun.backends import get_preset, replay_completion
 from rcarun.cli.analysis import check_names, open_results
 from rcarun.cli.output import survives_closed_stdout
 from rcarun.data.roles import role_matches
@@ -57,7 +57,7 @@ class AnswerReader:
         try:
             # A local backbone's forward pass has no preset: its body (a JSON summary) is shown as stored.
             preset = get_preset(self.providers.get(str(call["backbone"]), "openai-compatible"))
-            result = parse_completion(200, {}, body, preset, 0.0, "", backbone=str(call["backbone"]))
+            result = replay_completion(body, preset, str(call["backbone"]))
         except (RcarunError, KeyError, ValueError):
             return body.decode("utf-8", "replace"), None
         answer = result.text

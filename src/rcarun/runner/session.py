@@ -191,21 +191,15 @@ class ItemSession:
             except CallError:
                 return None  # a stored body that no longer parses is no answer: call again
             text, reasoning_text, tool_calls = replayed.text, replayed.reasoning_text, replayed.tool_calls
-        now = utc_timestamp()
-        self._context.writer.add_call(
-            CallRow(
-                **self._base_row(stage, attempt, planned),
-                status="cached",
-                started_at=now,
-                ended_at=now,
-                finish_reason=cached.finish_reason,
-                response_sha256=cached.response_sha256,
-                response_text_sha256=cached.response_text_sha256,
-                reasoning_text_sha256=cached.reasoning_text_sha256,
-                latency_ms=0.0,
-            )
+        self._record_cached(
+            stage,
+            attempt,
+            planned,
+            finish_reason=cached.finish_reason,
+            response_sha256=cached.response_sha256,
+            response_text_sha256=cached.response_text_sha256,
+            reasoning_text_sha256=cached.reasoning_text_sha256,
         )
-        self._runtime.counters.cached_calls += 1
         return ChatResult(
             text=text,
             reasoning_text=reasoning_text,
@@ -235,6 +229,18 @@ class ItemSession:
             if result is not None:
                 break
             # The leader gave up; another waiter may have taken the lead meanwhile: look again.
+        self._record_cached(
+            stage,
+            attempt,
+            planned,
+            finish_reason=result.finish_reason,
+            response_sha256=blob_sha256(result.raw_body) if result.raw_body else None,
+            response_text_sha256=None if result.raw_body else blob_sha256(result.text.encode()),
+        )
+        return result
+
+    def _record_cached(self, stage: str, attempt: int, planned: PlannedRequest, **answer: Any) -> None:
+        """A ``calls`` row for an answer served without a call (from results.db or another item's call)."""
         now = utc_timestamp()
         self._context.writer.add_call(
             CallRow(
@@ -242,14 +248,11 @@ class ItemSession:
                 status="cached",
                 started_at=now,
                 ended_at=now,
-                finish_reason=result.finish_reason,
-                response_sha256=blob_sha256(result.raw_body) if result.raw_body else None,
-                response_text_sha256=None if result.raw_body else blob_sha256(result.text.encode()),
                 latency_ms=0.0,
+                **answer,
             )
         )
         self._runtime.counters.cached_calls += 1
-        return result
 
 
 def _reply(result: ChatResult, plan: CallPlan, attempts: int, totals: Usage) -> Reply:

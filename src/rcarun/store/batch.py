@@ -20,7 +20,7 @@ from typing import Any, Final
 from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns
 from rcarun.store.connect import open_connection
-from rcarun.store.rows import CallRow, EventRow, ItemRow, PredictionRow, TrajectoryRow
+from rcarun.store.rows import CallRow, EventRow, ItemRow, PredictionRow, TrajectoryRow, WorkKey
 from rcarun.text import repair_surrogates
 
 __all__ = ["TABLES", "BatchWriter", "Blob", "Row", "answered_calls"]
@@ -69,7 +69,7 @@ def _insert(table: str, row_type: type, *, unique: tuple[str, ...] = ()) -> _Ins
 
 
 _WORK_KEY = ("run_id", "backbone", "method", "qid", "realization")
-_WorkKey = tuple[int, str, str, str, int]
+_RunWorkKey = tuple[int, WorkKey]
 
 # Within one transaction the order of tables does not matter (the commit is atomic); within a table the
 # enqueue order is kept, so call_ids follow enqueue order and the last upsert of a key wins.
@@ -94,9 +94,9 @@ TABLES: Final[dict[type, str]] = {
 }
 
 
-def _work_key(row: Row) -> _WorkKey | None:
+def _work_key(row: Row) -> _RunWorkKey | None:
     if isinstance(row, CallRow | PredictionRow | ItemRow):
-        return (row.run_id, row.backbone, row.method, row.qid, row.realization)
+        return (row.run_id, WorkKey(row.backbone, row.method, row.qid, row.realization))
     return None
 
 
@@ -133,7 +133,7 @@ class BatchWriter:
     def __init__(self, path: Path, busy_timeout_s: float, run_id: int | None) -> None:
         self.connection = open_connection(path, busy_timeout_s=busy_timeout_s)
         # Work items one of whose rows was rejected: their item row must say failed, never done.
-        self.failed_items: dict[_WorkKey, str] = {}
+        self.failed_items: dict[_RunWorkKey, str] = {}
         if run_id is not None:
             found = self.connection.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if found is None:
@@ -212,7 +212,9 @@ class BatchWriter:
         """``row`` as it may be stored once a row of its item was rejected: the item failed, no prediction."""
         if not isinstance(row, ItemRow | PredictionRow):
             return row
-        reason = self.failed_items.get((row.run_id, row.backbone, row.method, row.qid, row.realization))
+        reason = self.failed_items.get(
+            (row.run_id, WorkKey(row.backbone, row.method, row.qid, row.realization))
+        )
         if reason is None:
             return row
         if isinstance(row, PredictionRow):

@@ -19,7 +19,7 @@ from rcarun.errors import StoreError
 from rcarun.store.blobs import blob_columns, stored_bytes
 from rcarun.store.connect import open_connection, open_read_only
 from rcarun.store.lease import DEFAULT_LEASE_STALE_S, live_holder
-from rcarun.store.reader import WorkKey
+from rcarun.store.rows import WorkKey
 
 __all__ = ["MergeConflict", "MergeSummary", "Reconcile", "merge_databases"]
 
@@ -86,11 +86,11 @@ def _rows(connection: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) 
 
 
 def _work_key(row: sqlite3.Row) -> WorkKey:
-    return (str(row["backbone"]), str(row["method"]), str(row["qid"]), int(row["realization"]))
+    return WorkKey(str(row["backbone"]), str(row["method"]), str(row["qid"]), int(row["realization"]))
 
 
 def _shown(key: WorkKey) -> str:
-    return f"{key[0]}/{key[1]}/{key[2]}/r{key[3]}"
+    return f"{key.backbone}/{key.method}/{key.qid}/r{key.realization}"
 
 
 def _prediction_text(values: tuple[Any, ...]) -> str:

@@ -35,14 +35,13 @@ from rcarun.store.rows import (
     RunRow,
     RunStatus,
     TrajectoryRow,
+    WorkKey,
     WorkNames,
     utc_timestamp,
 )
 
 __all__ = ["BackboneSummary", "CachedCall", "RunRow", "Store", "WorkKey", "WorkNames", "open_store"]
 
-# (backbone, method, qid, realization): what identifies one work item within a run.
-WorkKey = tuple[str, str, str, int]
 
 _T = TypeVar("_T")
 
@@ -277,7 +276,7 @@ class Store:
             f"WHERE run_id = ? AND status IN {_finished_statuses(include_failed)}",
             (run_id, run_id),
         )
-        return {(row[0], row[1], row[2], int(row[3])) for row in rows}
+        return {WorkKey(row[0], row[1], row[2], int(row[3])) for row in rows}
 
     def count_finished_items(self, run_id: int, backbone: str, *, include_failed: bool = True) -> int:
         """How many of the run's items on ``backbone`` resume must skip, counted in SQLite (`finished_item_keys`)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 __all__ = [
     "CALL_STATUSES",
@@ -29,9 +29,20 @@ __all__ = [
     "RunStatus",
     "TrajectoryRow",
     "UsageSource",
+    "WorkKey",
     "WorkNames",
     "utc_timestamp",
 ]
+
+
+class WorkKey(NamedTuple):
+    """One work item within a run: resume, merge and the writer's poisoned items key by it."""
+
+    backbone: str
+    method: str
+    qid: str
+    realization: int
+
 
 CallStatus = Literal["ok", "length", "rate_limited", "error", "cached", "cancelled"]
 # "estimated": the provider sent no usage, or usage no bill can be (see `rcarun.budgets.implausible_usage`).
