@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rcarun.data import bundled_sample_path
 from rcarun.mock import MockConfig, MockProcess
 
@@ -79,6 +81,7 @@ def _wait_for_predictions(db: Path, at_least: int, process: subprocess.Popen[str
     )
 
 
+@pytest.mark.slow
 def test_first_ctrl_c_drains_in_flight_calls_and_the_run_resumes(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     with MockProcess(MockConfig(latency_s=0.4)) as server:

@@ -53,6 +53,7 @@ def _rcarun(
 # -- an archived results.db -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_cost_and_export_read_a_read_only_file_in_a_read_only_directory(
     methods_db: Path, shared_dir: Path
 ) -> None:
@@ -141,6 +142,7 @@ def _into_closed_pipe(args: list[str], cwd: Path) -> subprocess.CompletedProcess
         os.close(write_end)
 
 
+@pytest.mark.slow
 def test_every_printing_command_ends_quietly_with_141_when_stdout_is_closed(
     methods_db: Path, tmp_path: Path
 ) -> None:

@@ -113,6 +113,7 @@ def test_holm_rejects_invalid_p_values() -> None:
         holm([math.nan])
 
 
+@pytest.mark.slow
 def test_holm_matches_statsmodels_on_random_families() -> None:
     rng = random.Random(7)
     for _ in range(40):  # multipletests costs ~20 ms a call

@@ -18,6 +18,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from faults.conftest import backbone, item_statuses, run_cli, sweep_args, write_sweep
 from faults.hostile import HostileServer, Reply, Request, db_rows, ok, slow, status
 
@@ -33,6 +35,7 @@ def _events(db: Path, prefix: str) -> list[tuple[str, dict[str, object]]]:
     return [(str(row[0]), json.loads(row[1])) for row in rows]
 
 
+@pytest.mark.slow
 def test_one_bare_429_on_the_first_request_leaves_the_sweep_at_full_speed(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -65,6 +68,7 @@ def test_one_bare_429_on_the_first_request_leaves_the_sweep_at_full_speed(
     assert not any("holding it to" in line for line in result.stderr_lines()), result.describe()
 
 
+@pytest.mark.slow
 def test_a_rate_learned_from_many_bare_429s_is_said_once_and_recorded(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -67,6 +67,7 @@ def test_spend_stays_within_the_budget_when_prompts_bill_above_chars_over_4(
     _check_spend(server, tmp_path / "results.db")
 
 
+@pytest.mark.slow
 def test_spend_stays_within_the_budget_when_the_provider_reports_no_usage(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:

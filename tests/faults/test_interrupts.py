@@ -117,6 +117,7 @@ def _resume(server: HostileServer, config: Path, db: Path, tmp_path: Path) -> No
     assert again == [], f"{len(again)} answers paid again although stored (of {len(before)} requests before)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_one_signal_during_slow_calls(
     signum: int,
@@ -131,6 +132,7 @@ def test_one_signal_during_slow_calls(
     _resume(server, config, db, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("methods", "backbones"),
     [

@@ -12,6 +12,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from faults.conftest import Child, backbone, item_statuses, run_cli, sweep_args, write_sweep
 from faults.hostile import (
     HostileServer,
@@ -40,6 +42,7 @@ def _setup(
     return server, config, tmp_path / "db" / "results.db"
 
 
+@pytest.mark.slow
 def test_a_second_sweep_on_the_same_run_is_refused(
     serve: Callable[..., HostileServer],
     dataset: Callable[..., Path],
@@ -73,6 +76,7 @@ def test_a_second_sweep_on_the_same_run_is_refused(
     )
 
 
+@pytest.mark.slow
 def test_a_killed_sweeps_run_is_taken_over(
     serve: Callable[..., HostileServer],
     dataset: Callable[..., Path],
@@ -94,6 +98,7 @@ def test_a_killed_sweeps_run_is_taken_over(
     assert again == [], f"{len(again)} stored answers paid again after the takeover"
 
 
+@pytest.mark.slow
 def test_a_merge_into_a_run_a_live_sweep_holds_is_refused(
     serve: Callable[..., HostileServer],
     dataset: Callable[..., Path],

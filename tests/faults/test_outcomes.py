@@ -106,6 +106,7 @@ def test_what_will_not_heal_stops_the_backbone_after_a_handful_of_calls(
     assert "failed" not in item_statuses(db), "a backbone-wide refusal fails no item for good"
 
 
+@pytest.mark.slow
 def test_items_that_fail_for_good_exit_4_with_their_cause_and_the_retry_command(
     serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -52,6 +52,7 @@ def _leaky_policy() -> Callable[[Request], Reply]:
     return policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["aiohttp", "openai-sdk"])
 def test_a_quoted_key_is_nowhere(
     transport: str, serve: Callable[..., HostileServer], dataset: Callable[..., Path], tmp_path: Path

@@ -41,6 +41,7 @@ def _first_of_each_digest_is_rate_limited() -> Callable[[Request], Reply]:
     return policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "methods",
     [["rcta", "rcta/no-a1"], ["rcta", "rcta/no-a1", "rcta/no-a2"]],

@@ -36,6 +36,7 @@ def _hold_write_lock(db: Path, seconds: float, held: threading.Event) -> None:
         connection.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("hold_s", "wait_s", "status"), [(1.5, 30, "finished"), (3.0, 0.5, "stopped")])
 def test_a_write_lock_pauses_the_sweep_and_it_finishes_once_the_lock_goes(
     hold_s: float,

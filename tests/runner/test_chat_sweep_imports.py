@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rcarun.data import bundled_sample_path
 from rcarun.mock import MockConfig, MockProcess
 
@@ -59,6 +61,7 @@ print(json.dumps({"code": code, "loaded": loaded}))
 """
 
 
+@pytest.mark.slow
 def test_the_rcarun_command_runs_a_sweep_without_loading_the_analysis(tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
     with MockProcess(MockConfig(latency_s=0.001)) as server:

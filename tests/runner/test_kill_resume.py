@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers.sweeps import make_config, rows
 from rcarun.mock import MockConfig, MockProcess
 from rcarun.runner import run_sweep
@@ -38,6 +40,7 @@ def _predictions(db: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 async def test_sigkill_then_rerun_gives_exactly_one_prediction_per_item(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     tests_dir = str(Path(__file__).resolve().parents[1])

@@ -40,6 +40,7 @@ async def test_declared_rpm_and_tpm_are_never_exceeded_in_any_server_window(tmp_
     assert stats.max_requests_1s <= 5 + 5  # capacity (1 s of quota) + refill within any 1-s window
 
 
+@pytest.mark.slow
 async def test_a_429_pauses_only_its_own_backbone(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     # "slow" serves one request at a time and refuses the rest with 429 + Retry-After (DeepSeek's style); the

@@ -177,6 +177,7 @@ def test_a_missing_local_extra_is_one_config_error_line(tmp_path: Path) -> None:
 # -- end to end ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_soap_beside_all_at_once_answers_only_its_test_split_and_records_every_pass(
     tmp_path: Path, sample_qids: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -264,6 +265,7 @@ async def test_soap_beside_all_at_once_answers_only_its_test_split_and_records_e
     assert all(0 < a["n"] < 5 for a in repeat["agreement"])  # the split seeds' test splits overlap in part
 
 
+@pytest.mark.slow
 async def test_without_the_cache_every_pass_runs_and_float32_answers_as_no_cache(tmp_path: Path) -> None:
     soap = {"layer": 3, "band": [0, 4], "attention": "early", "window": 2, "gamma": 0.6}
     kept = tmp_path / "kept.db"
@@ -292,6 +294,7 @@ async def test_without_the_cache_every_pass_runs_and_float32_answers_as_no_cache
     assert rows(kept, "SELECT count(*) FROM calls WHERE stage = 'forward/validation'") == [(0,)]
 
 
+@pytest.mark.slow
 async def test_a_source_that_cannot_be_prepared_fails_its_test_items_in_one_line(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     # No validation split and nothing fixed: there is nothing to choose the hyperparameters with.
@@ -307,6 +310,7 @@ async def test_a_source_that_cannot_be_prepared_fails_its_test_items_in_one_line
     )
 
 
+@pytest.mark.slow
 async def test_a_resumed_sweep_answers_only_what_is_left_from_the_cache(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     config = _config(None, soap={"layer": 3, "band": [0, 4], "attention": "early", "window": 2, "gamma": 0.6})
