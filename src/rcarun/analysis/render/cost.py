@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..report.model import Report
 from .model import (
     DASH,
     _Columns,
     _count,
     _has_gpu,
     _keyed_row,
+    _listed,
     _num,
     _Row,
     _row,
-    _rows,
     _Section,
     _Table,
     _text,
@@ -46,8 +47,8 @@ def _cost_cells(row: Mapping[str, Any], gpu: bool = False) -> tuple[list[str], l
     return usage, money
 
 
-def _cost_section(report: Mapping[str, Any]) -> _Section:
-    cost = _rows(report, "cost")
+def _cost_section(report: Report) -> _Section:
+    cost = _listed(report.cost)
     title = "Cost"
     if not cost:
         return _Section("cost", title, notes=("No cost rows in this report (no recorded calls).",))
@@ -110,10 +111,10 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
     return _Section("cost", title, (usage_table, money_table), notes)
 
 
-def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
+def _call_timing_section(report: Report) -> _Section | None:
     """Per backbone: streamed answers, time to first token, decode rate and cut generations (``call_timing``,
-    in newer report dicts only)."""
-    timing = _rows(report, "call_timing")
+    in reports of newer runs only)."""
+    timing = _listed(report.call_timing)
     if not timing:
         return None
     columns: _Columns = (

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..report.model import Report
 from .cost import _TOKENS, _sum
 from .model import (
     _OUTCOME_KEYS,
@@ -15,10 +16,11 @@ from .model import (
     _count,
     _has_gpu,
     _int,
+    _listed,
     _num,
     _pct,
     _protocol,
-    _rows,
+    _run,
     _text,
     _unique,
     _usd,
@@ -55,29 +57,28 @@ def _failure_causes(rows: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _summary(report: Mapping[str, Any]) -> list[_Fact]:
-    """The page's first section: what ran, what became of it and what it cost, in numbers from the dict."""
-    found = report.get("run")
-    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+def _summary(report: Report) -> list[_Fact]:
+    """The page's first section: what ran, what became of it and what it cost, in the report's numbers."""
+    run = _run(report)
     facts = [
         _Fact(
             "Run",
-            f"{_text(run, 'name') or 'unnamed run'} (id {_text(run, 'run_id') or DASH}, "
-            f"{_text(run, 'status') or DASH}, created {_text(run, 'created_at') or DASH})",
+            f"{run.name or 'unnamed run'} (id {run.run_id or DASH}, {run.status or DASH}, "
+            f"created {run.created_at or DASH})",
         ),
         _Fact(
             "Simulated",
             "yes: every backbone was rcarun's mock server or a random-weight local model; the numbers exercise "
             "the engine, not any model"
-            if report.get("simulated")
+            if report.simulated
             else "no",
         ),
     ]
-    metrics, outcomes = _rows(report, "metrics"), _rows(report, "outcomes")
-    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_rows(report, "cost")))
-    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    metrics, outcomes = _listed(report.metrics), _listed(report.outcomes)
+    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_listed(report.cost)))
+    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_listed(report.cost)))
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
-    facts += [_served_fact(served) for served in _rows(report, "served_by")]
+    facts += [_served_fact(served) for served in _listed(report.served_by)]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
     if protocol.get("name"):
@@ -87,20 +88,20 @@ def _summary(report: Mapping[str, Any]) -> list[_Fact]:
                 "Protocol",
                 f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
                 f"{_count(resamples)} bootstrap resamples; reference method "
-                f"{_text(report, 'reference_method') or DASH} (every rule under Protocol and settings)",
+                f"{report.reference_method or DASH} (every rule under Protocol and settings)",
             )
         )
-    expected = _num(report, "expected")
+    expected = None if report.expected is None else float(report.expected)
     if expected is not None:
         facts.append(
             _Fact(
                 "Trajectories",
                 f"{_count(expected)} labelled, each expected in every cell; "
-                f"{_count(_num(report, 'unlabelled') or 0)} unlabelled, left out",
+                f"{_count(report.unlabelled or 0)} unlabelled, left out",
             )
         )
     facts += _outcome_facts(outcomes)
-    cost = _rows(report, "cost")
+    cost = _listed(report.cost)
     if cost:
         facts.append(_spend_fact(report, cost))
     return facts
@@ -156,7 +157,7 @@ def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
     return facts
 
 
-def _spend_fact(report: Mapping[str, Any], cost: Sequence[Mapping[str, Any]]) -> _Fact:
+def _spend_fact(report: Report, cost: Sequence[Mapping[str, Any]]) -> _Fact:
     """API spend (and GPU time when cost rows carry it), tokens, calls and cache hits."""
     api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
     money = f"{_usd(api)} USD API"
