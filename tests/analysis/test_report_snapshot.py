@@ -19,7 +19,6 @@ import pytest
 from analysis.builders import Pred, Traj, build_run
 from analysis.test_render import make_report
 from rcarun.analysis import ReportOptions, build_report, render_html, render_text
-from rcarun.analysis.report import report_json
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 _PNG = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")  # a plot is pinned by its digest
@@ -95,7 +94,7 @@ def test_hand_built_run_report(tmp_path: Path) -> None:
         report = build_report(store, run_id, ReportOptions(resamples=200, length_groups=2))
     finally:
         store.close()
-    found = report_json(report)
+    found = report.to_json()
     _check("hand.json", json.dumps(_volatile(found), indent=2))
     text = render_text(report)
     _check("hand.txt", text)
@@ -111,7 +110,7 @@ def test_sweep_report(methods_db: Path) -> None:
     finally:
         store.close()
     # The simulator's answers vary with the order of concurrent calls, so only the shape is pinned here.
-    _check("sweep.json", json.dumps(_shape(_volatile(report_json(report))), indent=2))
+    _check("sweep.json", json.dumps(_shape(_volatile(report.to_json())), indent=2))
 
 
 def test_renderer_fixture() -> None:

@@ -24,7 +24,6 @@ from .report import (
     build_report,
     cell_status,
     metrics_json,
-    report_json,
 )
 from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
 from .scoring import (
@@ -152,7 +151,6 @@ __all__ = [
     "references_from_dataset",
     "render_html",
     "render_text",
-    "report_json",
     "resolve_protocol",
     "resolve_run",
     "sample_size_calibration",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .build import build_report
 from .cells import cell_status, metrics_json
-from .model import Report, RunInfo, report_json
+from .model import Report, RunInfo
 from .options import (
     CALIBRATION_SEED,
     DEFAULT_DRAWS,
@@ -32,5 +32,4 @@ __all__ = [
     "build_report",
     "cell_status",
     "metrics_json",
-    "report_json",
 ]

@@ -7,7 +7,7 @@ in docs/analysis.md), so `Report.to_json` is exactly the document ``rcarun repor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 Rows = Sequence[Mapping[str, Any]]
@@ -37,7 +37,10 @@ class RunInfo:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """One run's report. A field left at its default is a part the report does not have (a hand-built one)."""
+    """One run's report. A field left at its default is a part the report does not have (a hand-built one).
+
+    The fields' order is the JSON's key order (`to_json`): add a field where its key belongs.
+    """
 
     run: RunInfo | None = None
     db: str | None = None
@@ -70,48 +73,15 @@ class Report:
     call_timing: Rows = ()  # streamed or not, time to first token, decode rate, cut generations per backbone
 
     def to_json(self) -> dict[str, Any]:
-        """The report as ``rcarun report --json`` prints it (key order included)."""
-        return {
-            "run": None if self.run is None else self.run.to_json(),
-            "db": self.db,
-            "simulated": self.simulated,
-            "aggregate": self.aggregate,
-            "reference_method": self.reference_method,
-            "expected": self.expected,
-            "unlabelled": self.unlabelled,
-            "protocol": _part(self.protocol),
-            "outcomes": _rows(self.outcomes),
-            "excluded": _rows(self.excluded),
-            "metrics": _rows(self.metrics),
-            "paired": _rows(self.paired),
-            "paired_backbones": _rows(self.paired_backbones),
-            "paired_across": _rows(self.paired_across),
-            "complementarity": _rows(self.complementarity),
-            "components": _part(self.components),
-            "repeatability": _rows(self.repeatability),
-            "recall": _rows(self.recall),
-            "turns": _rows(self.turns),
-            "task_clusters": _part(self.task_clusters),
-            "leave_one_source_out": _part(self.leave_one_source_out),
-            "length_groups": _rows(self.length_groups),
-            "length_contrasts": _rows(self.length_contrasts),
-            "fidelity": _part(self.fidelity),
-            "calibration": _part(self.calibration),
-            "label_sensitivity": _part(self.label_sensitivity),
-            "cost": _rows(self.cost),
-            "served_by": _rows(self.served_by),
-            "call_timing": _rows(self.call_timing),
-        }
+        """The report as ``rcarun report --json`` prints it: the fields in order, each as JSON."""
+        return {field.name: _json(getattr(self, field.name)) for field in fields(self)}
 
 
-def report_json(report: Report) -> dict[str, Any]:
-    """The report as ``rcarun report --json`` prints it."""
-    return report.to_json()
-
-
-def _rows(rows: Rows) -> list[dict[str, Any]]:
-    return [dict(row) for row in rows]
-
-
-def _part(part: Part) -> dict[str, Any] | None:
-    return None if part is None else dict(part)
+def _json(value: object) -> object:
+    if isinstance(value, RunInfo):
+        return value.to_json()
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, list | tuple):
+        return [dict(row) for row in value]
+    return value
