@@ -136,7 +136,7 @@ def test_the_report_has_call_timing_and_renders_it(timed_db: Path) -> None:
         {**entry, "cut_usd": round(entry["cut_usd"], 10)}
         for entry in json.loads(json.dumps(report.to_json()))["call_timing"]
     ] == [entry.to_json() for entry in EXPECTED]
-    assert report.call_timing[0] == {
+    assert report.call_timing[0].to_json() == {
         "backbone": "alpha",
         "attempts": 9,
         "streamed_calls": 8,

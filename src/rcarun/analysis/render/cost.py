@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..report.model import Report
 from .model import (
     DASH,
-    _Columns,
     _count,
     _has_gpu,
-    _keyed_row,
     _listed,
     _num,
     _Row,
@@ -114,16 +113,17 @@ def _cost_section(report: Report) -> _Section:
 def _call_timing_section(report: Report) -> _Section | None:
     """Per backbone: streamed answers, time to first token, decode rate and cut generations (``call_timing``,
     in reports of newer runs only)."""
-    timing = _listed(report.call_timing)
-    if not timing:
+    if not report.call_timing:
         return None
-    columns: _Columns = (
-        *(("backbone", None), ("attempts", _count), ("streamed_calls", _count)),
-        *(("ttft_p50_s", _seconds), ("ttft_p95_s", _seconds)),
-        *(("decode_p50_tokens_per_s", _rate), ("decode_p95_tokens_per_s", _rate)),
-        *(("cut_calls", _count), ("cut_usd", _usd)),
+    rows = tuple(
+        _row(
+            *(t.backbone, _count(t.attempts), _count(t.streamed_calls)),
+            *(_seconds(t.ttft_p50_s), _seconds(t.ttft_p95_s)),
+            *(_rate(t.decode_p50_tokens_per_s), _rate(t.decode_p95_tokens_per_s)),
+            *(_count(t.cut_calls), _usd(t.cut_usd)),
+        )
+        for t in report.call_timing
     )
-    rows = tuple(_keyed_row(row, columns) for row in timing)
     table = _Table(
         columns=(
             *("Backbone", "Attempts", "Streamed", "TTFT p50 s", "TTFT p95 s"),
@@ -144,8 +144,8 @@ def _call_timing_section(report: Report) -> _Section | None:
 
 
 def _seconds(value: float | None) -> str:
-    return DASH if value is None else f"{value:.2f}"
+    return DASH if value is None or not math.isfinite(value) else f"{value:.2f}"
 
 
 def _rate(value: float | None) -> str:
-    return DASH if value is None else f"{value:.1f}"
+    return DASH if value is None or not math.isfinite(value) else f"{value:.1f}"

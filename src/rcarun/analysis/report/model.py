@@ -1,7 +1,7 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level and the run are typed; each section keeps the rows its builder makes (JSON-shaped mappings, schema
-in docs/analysis.md), so `Report.to_json` is exactly the document ``rcarun report --json`` prints.
+The top level, the run and the call timing are typed; each other section keeps the rows its builder makes
+(JSON-shaped mappings, schema in docs/analysis.md), so `Report.to_json` is exactly the document ``rcarun report --json`` prints.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
+
+from ..timing import CallTiming
 
 Rows = Sequence[Mapping[str, Any]]
 """A section's rows, each a JSON object."""
@@ -70,7 +72,9 @@ class Report:
     label_sensitivity: Part = None
     cost: Rows = ()
     served_by: Rows = ()  # what served each managed backbone (vLLM version, command lines) and its GPU charge
-    call_timing: Rows = ()  # streamed or not, time to first token, decode rate, cut generations per backbone
+    call_timing: Sequence[
+        CallTiming
+    ] = ()  # per backbone: streamed or not, time to first token, decode rate, cuts
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``rcarun report --json`` prints it: the fields in order, each as JSON."""
@@ -83,5 +87,5 @@ def _json(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, list | tuple):
-        return [dict(row) for row in value]
+        return [row.to_json() if isinstance(row, CallTiming) else dict(row) for row in value]
     return value
