@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rcarun.analysis.cost import ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
 
@@ -586,19 +587,8 @@ def test_fourteen_methods_plot_with_readable_labels() -> None:
 
 def test_served_replicas_and_gpu_cost_when_present() -> None:
     report = make_failing_report()
-    served_by = [
-        {
-            "backbone": "mock-pro",
-            "vllm_version": "0.8.5",
-            "replicas": 2,
-            "gpus": 4,
-            "gpu_usd": 1.5,
-            "commands": [
-                f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}",
-                "vllm serve Qwen/Qwen3-8B --port 8002",
-            ],
-        }
-    ]
+    commands = (f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}", "vllm serve Qwen/Qwen3-8B --port 8002")
+    served_by = [ServedBy("mock-pro", "0.8.5", 2, 4, commands, 1, 0, 0.75, 2.0, 1.5, 0, None, ())]
     report = replace(report, served_by=served_by)
     for row in report.cost:
         row["gpu_usd"] = 0.75 if row["backbone"] == "mock-pro" else 0.0

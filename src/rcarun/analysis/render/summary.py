@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cost import ServedBy
 from ..report.model import Report
 from .cost import _TOKENS, _sum
 from .model import (
@@ -78,7 +79,7 @@ def _summary(report: Report) -> list[_Fact]:
     backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_listed(report.cost)))
     methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_listed(report.cost)))
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
-    facts += [_served_fact(served) for served in _listed(report.served_by)]
+    facts += [_served_fact(served) for served in report.served_by]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
     if protocol.get("name"):
@@ -107,21 +108,11 @@ def _summary(report: Report) -> list[_Fact]:
     return facts
 
 
-def _served_fact(served: Mapping[str, Any]) -> _Fact:
+def _served_fact(served: ServedBy) -> _Fact:
     """How a self-hosted backbone was served: vLLM version, replicas, GPUs, GPU time and the commands."""
-    text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
-    text += _plural(_int(served, "replicas"), "replica")
-    if _num(served, "gpus") is not None:
-        text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
-    if _num(served, "gpu_usd") is not None:
-        text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
-    commands = served.get("commands")
-    listed = (
-        tuple(str(c) for c in commands)
-        if isinstance(commands, Sequence) and not isinstance(commands, str)
-        else ()
-    )
-    return _Fact("Served by", text, listed)
+    text = f"{served.backbone}: served by vLLM {served.vllm_version or '?'}, {_plural(served.replicas, 'replica')}"
+    text += f" on {_plural(served.gpus, 'GPU')}, GPU time {_usd(served.gpu_usd)} USD"
+    return _Fact("Served by", text, tuple(served.commands))
 
 
 def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:

@@ -134,7 +134,7 @@ def build_report(
         calibration=_calibration(scores, members, options),
         label_sensitivity=_label_sensitivity(scores, reference, members, options),
         cost=[row.to_json() for row in cost_rows(store, run_id)],
-        served_by=[served.to_json() for served in served_by(store, run_id)],
+        served_by=tuple(served_by(store, run_id)),
         call_timing=tuple(call_timing(store, run_id)),
     )
 

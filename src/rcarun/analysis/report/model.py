@@ -1,7 +1,8 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run and the call timing are typed; each other section keeps the rows its builder makes
-(JSON-shaped mappings, schema in docs/analysis.md), so `Report.to_json` is exactly the document ``rcarun report --json`` prints.
+The top level, the run, what served the backbones and the call timing are typed; each other section keeps the
+rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
+document ``rcarun report --json`` prints.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..cost import ServedBy
 from ..timing import CallTiming
 
 Rows = Sequence[Mapping[str, Any]]
@@ -71,7 +73,9 @@ class Report:
     calibration: Part = None
     label_sensitivity: Part = None
     cost: Rows = ()
-    served_by: Rows = ()  # what served each managed backbone (vLLM version, command lines) and its GPU charge
+    served_by: Sequence[
+        ServedBy
+    ] = ()  # what served each managed backbone (vLLM, command lines), its GPU charge
     call_timing: Sequence[
         CallTiming
     ] = ()  # per backbone: streamed or not, time to first token, decode rate, cuts
@@ -87,5 +91,5 @@ def _json(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, list | tuple):
-        return [row.to_json() if isinstance(row, CallTiming) else dict(row) for row in value]
+        return [row.to_json() if isinstance(row, CallTiming | ServedBy) else dict(row) for row in value]
     return value
