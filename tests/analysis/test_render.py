@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rcarun.analysis.cost import ServedBy
+from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
 
@@ -63,26 +63,27 @@ def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]
     }
 
 
-def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> dict[str, Any]:
-    return {
-        "backbone": backbone,
-        "method": method,
-        "stage": stage,
-        "items": 80,
-        "calls": 80,
-        "attempts": 83,
-        "length_retries": 2,
-        "rate_limited": 1,
-        "prompt_tokens": 1_234_567,
-        "cached_tokens": 200_000,
-        "completion_tokens": 45_678,
-        "reasoning_tokens": 0,
-        "cost_usd": None if usd is None else usd * 80,
-        "usd_per_trajectory": usd,
-        "latency_p50_ms": 812.0,
-        "latency_p95_ms": 2301.0,
-        "budget_use": 0.125,
-    }
+def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> CostRow:
+    return CostRow(
+        backbone=backbone,
+        method=method,
+        stage=stage,
+        items=80,
+        calls=80,
+        attempts=83,
+        length_retries=2,
+        rate_limited=1,
+        cached_calls=0,
+        prompt_tokens=1_234_567,
+        cached_tokens=200_000,
+        completion_tokens=45_678,
+        reasoning_tokens=0,
+        cost_usd=None if usd is None else usd * 80,  # type: ignore[arg-type]  # a row without a USD figure
+        usd_per_trajectory=usd,
+        latency_p50_ms=812.0,
+        latency_p95_ms=2301.0,
+        budget_use=0.125,
+    )
 
 
 def make_report(*, simulated: bool = True) -> Report:
@@ -456,8 +457,8 @@ def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
         "decided by a fallback); cells: 10 complete, 1 partial, not shown: 1 failed"
     )
     cost = report.cost
-    usd = sum(r["cost_usd"] for r in cost if r["cost_usd"] is not None)
-    prompt = sum(r["prompt_tokens"] for r in cost)
+    usd = sum(r.cost_usd for r in cost if r.cost_usd is not None)
+    prompt = sum(r.prompt_tokens for r in cost)
     assert facts["Spend"].startswith(f"{usd:.4f} USD API; tokens: {prompt:,} prompt (1,200,000 cached)")
     assert "GPU" not in page  # no self-hosted charge in this report
     assert facts["Backbones"] == "2: mock-flash, mock-pro"
@@ -589,13 +590,12 @@ def test_served_replicas_and_gpu_cost_when_present() -> None:
     report = make_failing_report()
     commands = (f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}", "vllm serve Qwen/Qwen3-8B --port 8002")
     served_by = [ServedBy("mock-pro", "0.8.5", 2, 4, commands, 1, 0, 0.75, 2.0, 1.5, 0, None, ())]
-    report = replace(report, served_by=served_by)
-    for row in report.cost:
-        row["gpu_usd"] = 0.75 if row["backbone"] == "mock-pro" else 0.0
+    cost = [replace(row, gpu_usd=0.75 if row.backbone == "mock-pro" else 0.0) for row in report.cost]
+    report = replace(report, served_by=served_by, cost=cost)
     page = render_html(report)
     facts = _summary_facts(page)
     assert facts["Served by"] == "mock-pro: served by vLLM 0.8.5, 2 replicas on 4 GPUs, GPU time 1.5000 USD"
-    usd = sum(r["cost_usd"] for r in report.cost if r["cost_usd"] is not None)
+    usd = sum(r.cost_usd for r in report.cost if r.cost_usd is not None)
     assert facts["Spend"].startswith(f"{usd:.4f} USD API + 1.5000 USD GPU time = {usd + 1.5:.4f} USD;")
     assert f"--port 8001 {html_escaped(EVIL)}</pre>" in page
     cost = page.split('<section id="cost">', 1)[1].split("</section>", 1)[0]

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cost import CostRow
 from ..report.model import Report
 from ..scoring import metric_label
 from .cost import _sum
@@ -318,18 +319,17 @@ def _paired_lead(report: Report) -> tuple[_Table, ...]:
 
 def _cost_lead(report: Report) -> tuple[_Table, ...]:
     """USD and USD per trajectory (API, and GPU time when charged), one row per method, a group per backbone."""
-    cost = _listed(report.cost)
-    if not cost:
+    if not report.cost:
         return ()
     gpu = _has_gpu(report)
     per_trajectory = _usd_per_trajectory(report, with_gpu=gpu)
-    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for row in cost:
-        grouped.setdefault((_text(row, "backbone"), _text(row, "method")), []).append(row)
+    grouped: dict[tuple[str, str], list[CostRow]] = {}
+    for row in report.cost:
+        grouped.setdefault((row.backbone, row.method), []).append(row)
     cells: dict[tuple[str, str], Sequence[str]] = {}
     for key, mine in grouped.items():
-        charged = (_usd(_sum(mine, "gpu_usd")),) if gpu else ()
-        cells[key] = (_usd(_sum(mine, "cost_usd")), *charged, _usd(per_trajectory.get(key)))
+        charged = (_usd(_sum(r.gpu_usd for r in mine)),) if gpu else ()
+        cells[key] = (_usd(_sum(r.cost_usd for r in mine)), *charged, _usd(per_trajectory.get(key)))
     heads = ("API USD", "GPU USD", "per traj.") if gpu else ("USD", "per traj.")
     per = "API + GPU USD" if gpu else "USD"
     caption = (

@@ -36,6 +36,11 @@ def _num(row: Mapping[str, Any] | None, key: str) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _finite(value: float | None) -> float | None:
+    """The number, or None when it is missing or not finite (as `_num` reads a dict)."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
 def _text(row: Mapping[str, Any], key: str) -> str:
     value = row.get(key)
     return "" if value is None else str(value)
@@ -235,7 +240,7 @@ def _rule_note(report: Report, *, full: bool = False) -> tuple[str, ...]:
 
 def _has_gpu(report: Report) -> bool:
     """Whether any cost row charges self-hosted GPU time (``gpu_usd``, present in newer reports only)."""
-    return any(_num(row, "gpu_usd") for row in _listed(report.cost))
+    return any(_finite(row.gpu_usd) for row in report.cost)
 
 
 def _usd_per_trajectory(report: Report, *, with_gpu: bool = False) -> dict[tuple[str, str], float]:
@@ -244,13 +249,13 @@ def _usd_per_trajectory(report: Report, *, with_gpu: bool = False) -> dict[tuple
     totals: dict[tuple[str, str], float] = {}
     gpu: dict[tuple[str, str], float] = {}
     items: dict[tuple[str, str], float] = {}
-    for row in _listed(report.cost):
-        key = (_text(row, "backbone"), _text(row, "method"))
-        value = _num(row, "usd_per_trajectory")
+    for row in report.cost:
+        key = (row.backbone, row.method)
+        value = _finite(row.usd_per_trajectory)
         if value is not None:
             totals[key] = totals.get(key, 0.0) + value
-        gpu[key] = gpu.get(key, 0.0) + (_num(row, "gpu_usd") or 0.0)
-        items[key] = max(items.get(key, 0.0), _num(row, "items") or 0.0)
+        gpu[key] = gpu.get(key, 0.0) + (_finite(row.gpu_usd) or 0.0)
+        items[key] = max(items.get(key, 0.0), _finite(row.items) or 0.0)
     if with_gpu:
         for key, charge in gpu.items():
             if charge and items[key]:

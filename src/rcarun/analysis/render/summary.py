@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost import ServedBy
+from ..cost import CostRow, ServedBy
 from ..report.model import Report
-from .cost import _TOKENS, _sum
+from .cost import _sum, _sums, _tokens
 from .model import (
     _OUTCOME_KEYS,
     _WHY_CHARS,
@@ -76,8 +76,12 @@ def _summary(report: Report) -> list[_Fact]:
         ),
     ]
     metrics, outcomes = _listed(report.metrics), _listed(report.outcomes)
-    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_listed(report.cost)))
-    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_listed(report.cost)))
+    backbones = _unique(
+        [*(_text(r, "backbone") for r in (*metrics, *outcomes)), *(r.backbone for r in report.cost)]
+    )
+    methods = _unique(
+        [*(_text(r, "method") for r in (*metrics, *outcomes)), *(r.method for r in report.cost)]
+    )
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
     facts += [_served_fact(served) for served in report.served_by]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
@@ -102,9 +106,8 @@ def _summary(report: Report) -> list[_Fact]:
             )
         )
     facts += _outcome_facts(outcomes)
-    cost = _listed(report.cost)
-    if cost:
-        facts.append(_spend_fact(report, cost))
+    if report.cost:
+        facts.append(_spend_fact(report, report.cost))
     return facts
 
 
@@ -148,17 +151,17 @@ def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
     return facts
 
 
-def _spend_fact(report: Report, cost: Sequence[Mapping[str, Any]]) -> _Fact:
+def _spend_fact(report: Report, cost: Sequence[CostRow]) -> _Fact:
     """API spend (and GPU time when cost rows carry it), tokens, calls and cache hits."""
-    api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
+    api, gpu = _sum(r.cost_usd for r in cost) or 0.0, _sum(r.gpu_usd for r in cost) or 0.0
     money = f"{_usd(api)} USD API"
     if _has_gpu(report):
         money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
-    tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
+    prompt, cached, completion, reasoning = (round(total or 0) for total in _sums(cost, _tokens))
+    counts = _sums(cost, lambda r: (r.calls, r.attempts, r.cached_calls))
+    calls, attempts, hits = (round(total or 0) for total in counts)
     return _Fact(
         "Spend",
-        f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
-        f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
-        f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
-        "cache hits",
+        f"{money}; tokens: {prompt:,} prompt ({cached:,} cached), {completion:,} completion ({reasoning:,} "
+        f"reasoning); {calls:,} calls, {attempts:,} attempts, {hits:,} cache hits",
     )

@@ -133,7 +133,7 @@ def build_report(
         fidelity=_fidelity(store, run, scores, members, protocol, options, full_store),
         calibration=_calibration(scores, members, options),
         label_sensitivity=_label_sensitivity(scores, reference, members, options),
-        cost=[row.to_json() for row in cost_rows(store, run_id)],
+        cost=tuple(cost_rows(store, run_id)),
         served_by=tuple(served_by(store, run_id)),
         call_timing=tuple(call_timing(store, run_id)),
     )

@@ -1,6 +1,6 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, what served the backbones and the call timing are typed; each other section keeps the
+The top level, the run, the cost rows, what served the backbones and the call timing are typed; each other section keeps the
 rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..cost import ServedBy
+from ..cost import CostRow, ServedBy
 from ..timing import CallTiming
 
 Rows = Sequence[Mapping[str, Any]]
@@ -72,7 +72,7 @@ class Report:
     fidelity: Part = None
     calibration: Part = None
     label_sensitivity: Part = None
-    cost: Rows = ()
+    cost: Sequence[CostRow] = ()
     served_by: Sequence[
         ServedBy
     ] = ()  # what served each managed backbone (vLLM, command lines), its GPU charge
@@ -91,5 +91,7 @@ def _json(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, list | tuple):
-        return [row.to_json() if isinstance(row, CallTiming | ServedBy) else dict(row) for row in value]
+        return [
+            row.to_json() if isinstance(row, CostRow | CallTiming | ServedBy) else dict(row) for row in value
+        ]
     return value
