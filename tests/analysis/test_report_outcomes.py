@@ -226,7 +226,7 @@ def test_a_cell_without_predictions_is_not_scored_as_zero(report: dict[str, Any]
 
 def test_cells_whose_number_rests_on_nothing_are_left_out_of_comparisons(report: dict[str, Any]) -> None:
     assert report.reference_method == "alpha"
-    excluded = {(e["backbone"], e["method"]): e["status"] for e in report.excluded}
+    excluded = {(e.backbone, e.method): e.status for e in report.excluded}
     assert excluded == {
         ("bb", "beta"): "skipped",
         ("bb", "gamma"): "unreadable",

@@ -105,10 +105,7 @@ def _paired_section(report: Report) -> _Section:
     across = _listed(report.paired_backbones)  # the same method on two backbones, when the builder made them
     kinds = _listed(report.paired_across)  # a method on a local backbone against one on a chat backbone
     title = "Paired comparisons"
-    excluded = [
-        f"{_text(r, 'backbone')} · {_text(r, 'method')} ({_text(r, 'status')})"
-        for r in _listed(report.excluded)
-    ]
+    excluded = [f"{r.backbone} · {r.method} ({r.status})" for r in report.excluded]
     left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
     if not paired and not across and not kinds:
         notes_only = (

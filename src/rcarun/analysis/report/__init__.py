@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .build import build_report
 from .cells import cell_status, metrics_json
-from .model import Report, RunInfo
+from .model import Excluded, Report, RunInfo
 from .options import (
     CALIBRATION_SEED,
     DEFAULT_DRAWS,
@@ -26,6 +26,7 @@ __all__ = [
     "METRIC_NAMES",
     "MIN_READABLE_SHARE",
     "RECALL_SETS",
+    "Excluded",
     "Report",
     "ReportOptions",
     "RunInfo",

@@ -1,6 +1,6 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the cost rows, what served the backbones and the call timing are typed; each other section keeps the
+The top level, the run, the excluded cells, the cost rows, what served the backbones and the call timing are typed; each other section keeps the
 rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
 """
@@ -40,6 +40,18 @@ class RunInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Excluded:
+    """A realization-0 cell left out of the paired comparisons and complementarity: its number is not shown."""
+
+    backbone: str
+    method: str
+    status: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backbone": self.backbone, "method": self.method, "status": self.status}
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """One run's report. A field left at its default is a part the report does not have (a hand-built one).
 
@@ -55,7 +67,7 @@ class Report:
     unlabelled: int | None = None
     protocol: Part = None
     outcomes: Rows = ()
-    excluded: Rows = ()
+    excluded: Sequence[Excluded] = ()
     metrics: Rows = ()
     paired: Rows = ()
     paired_backbones: Rows = ()
@@ -92,6 +104,7 @@ def _json(value: object) -> object:
         return dict(value)
     if isinstance(value, list | tuple):
         return [
-            row.to_json() if isinstance(row, CostRow | CallTiming | ServedBy) else dict(row) for row in value
+            row.to_json() if isinstance(row, Excluded | CostRow | CallTiming | ServedBy) else dict(row)
+            for row in value
         ]
     return value
