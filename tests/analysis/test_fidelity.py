@@ -25,7 +25,15 @@ from typing import Any
 import pytest
 
 from analysis.builders import Pred, Traj, build_run
-from rcarun.analysis import Expected, Prediction, ReportOptions, build_report, render_text, score_items
+from rcarun.analysis import (
+    Expected,
+    Prediction,
+    Report,
+    ReportOptions,
+    build_report,
+    render_text,
+    score_items,
+)
 from rcarun.analysis.fidelity import CALIBRATION_SIZES, sample_size_calibration
 from rcarun.cli import main
 from rcarun.errors import ConfigError
@@ -76,7 +84,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _report(db: Path, run: str, **options: Any) -> dict[str, Any]:
+def _report(db: Path, run: str, **options: Any) -> Report:
     with open_store(db, read_only=True) as store:
         found = store.run_by_name(run)
         assert found is not None
@@ -89,8 +97,8 @@ def _rows(fidelity: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_mini_and_full_scores_side_by_side(db: Path) -> None:
     report = _report(db, "mini", calibrate_against="full")
-    assert report["aggregate"] == "macro"  # a manifest run: Mini's Macro
-    fidelity = report["fidelity"]
+    assert report.aggregate == "macro"  # a manifest run: Mini's Macro
+    fidelity = report.fidelity
     assert (fidelity["full_run"], fidelity["mini_run"], fidelity["cached"]) == ("full", "mini", True)
     assert fidelity["sources"] == {"a": {"full": 6, "mini": 3}, "b": {"full": 3, "mini": 2}}
     rows = _rows(fidelity)
@@ -123,7 +131,7 @@ def test_mini_and_full_scores_side_by_side(db: Path) -> None:
 
 
 def test_without_every_mini_trajectory_in_full_only_the_runs_own_predictions_compare(db: Path) -> None:
-    fidelity = _report(db, "stranger", calibrate_against="full")["fidelity"]
+    fidelity = _report(db, "stranger", calibrate_against="full").fidelity
     assert fidelity["cached"] is False
     assert all(row["mini_cached"] is None and row["abs_dev_cached"] is None for row in fidelity["rows"])
     assert fidelity["summary"][0]["mean_abs_dev_cached"] is None
@@ -232,7 +240,7 @@ def test_every_method_shares_the_draws_and_constant_sources_never_err() -> None:
 def test_paper_sizes_and_the_report_section(db: Path) -> None:
     assert CALIBRATION_SIZES == (75, 100, 125, 150, 175, 200, 225, 250, 300, 400, 600)
     report = _report(db, "full", calibration_sizes=(4, 9, 50), draws=300)
-    calibration = report["calibration"]
+    calibration = report.calibration
     assert (calibration["sizes"], calibration["skipped"], calibration["draws"]) == ([4, 9], [50], 300)
     assert calibration["seed"] == 20260820
     by_size = {row["size"]: row for row in calibration["rows"]}

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import base64
-import copy
 import io
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from typing import Any
 
 import pytest
 
+from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
+from rcarun.analysis.report import Report, RunInfo
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -61,29 +63,30 @@ def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]
     }
 
 
-def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> dict[str, Any]:
-    return {
-        "backbone": backbone,
-        "method": method,
-        "stage": stage,
-        "items": 80,
-        "calls": 80,
-        "attempts": 83,
-        "length_retries": 2,
-        "rate_limited": 1,
-        "prompt_tokens": 1_234_567,
-        "cached_tokens": 200_000,
-        "completion_tokens": 45_678,
-        "reasoning_tokens": 0,
-        "cost_usd": None if usd is None else usd * 80,
-        "usd_per_trajectory": usd,
-        "latency_p50_ms": 812.0,
-        "latency_p95_ms": 2301.0,
-        "budget_use": 0.125,
-    }
+def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> CostRow:
+    return CostRow(
+        backbone=backbone,
+        method=method,
+        stage=stage,
+        items=80,
+        calls=80,
+        attempts=83,
+        length_retries=2,
+        rate_limited=1,
+        cached_calls=0,
+        prompt_tokens=1_234_567,
+        cached_tokens=200_000,
+        completion_tokens=45_678,
+        reasoning_tokens=0,
+        cost_usd=None if usd is None else usd * 80,  # type: ignore[arg-type]  # a row without a USD figure
+        usd_per_trajectory=usd,
+        latency_p50_ms=812.0,
+        latency_p95_ms=2301.0,
+        budget_use=0.125,
+    )
 
 
-def make_report(*, simulated: bool = True) -> dict[str, Any]:
+def make_report(*, simulated: bool = True) -> Report:
     metrics = [_metrics_row(b, m, r) for r in (0, 1) for b in BACKBONES for m in METHODS]
     paired = [
         {
@@ -160,34 +163,34 @@ def make_report(*, simulated: bool = True) -> dict[str, Any]:
         {"backbone": "mock-pro", "method": "binary search", "low": 61, "high": 400, "n": 40}
         | {"step_acc": 0.26, "step_pm5": 0.4, "agent_acc": None},
     ]
-    return {
-        "run": {"name": "mini-sweep", "run_id": 7, "status": "done", "created_at": "2026-05-01T10:00:00Z"},
-        "db": "/tmp/results.db",
-        "simulated": simulated,
-        "aggregate": "macro",
-        "reference_method": "binary search",
-        "metrics": metrics,
-        "paired": paired,
-        "paired_backbones": paired_backbones,
-        "complementarity": complementarity,
-        "repeatability": repeatability,
-        "cost": cost,
-        "length_groups": length_groups,
-    }
+    return Report(
+        run=RunInfo("mini-sweep", 7, "done", "2026-05-01T10:00:00Z"),
+        db="/tmp/results.db",
+        simulated=simulated,
+        aggregate="macro",
+        reference_method="binary search",
+        metrics=metrics,
+        paired=paired,
+        paired_backbones=paired_backbones,
+        complementarity=complementarity,
+        repeatability=repeatability,
+        cost=cost,
+        length_groups=length_groups,
+    )
 
 
 @pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def report() -> Report:
     return make_report()
 
 
 @pytest.fixture(scope="module")
-def text(report: dict[str, Any]) -> str:
+def text(report: Report) -> str:
     return render_text(report)
 
 
 @pytest.fixture(scope="module")
-def page(report: dict[str, Any]) -> str:
+def page(report: Report) -> str:
     return render_html(report)
 
 
@@ -224,7 +227,7 @@ def test_table3_puts_each_backbone_in_its_columns(text: str) -> None:
 
 
 def test_table3_uses_the_pooled_numbers_when_asked(report: dict[str, Any]) -> None:
-    pooled = render_text(copy.deepcopy(report) | {"aggregate": "pooled"})
+    pooled = render_text(replace(report, aggregate="pooled"))
     assert _table3_row(pooled, "all-at-once") == ["40.5", "7.5", "48.0*", "11.5"]
     assert "pooled: every trajectory weighs the same" in pooled
     assert "Macro-2" in render_text(report)
@@ -251,7 +254,7 @@ def test_simulated_banner_only_when_simulated(text: str, page: str, report: dict
     assert "SIMULATED BACKBONES" in text.split("Accuracy (Table 3 layout)")[0]
     assert "not any model's accuracy" in text
     assert page.index("SIMULATED BACKBONES") < page.index('id="accuracy"')
-    real = copy.deepcopy(report) | {"simulated": False}
+    real = replace(report, simulated=False)
     assert "SIMULATED" not in render_text(real)
     assert "SIMULATED" not in render_html(real)
 
@@ -324,8 +327,7 @@ def html_escaped(value: str) -> str:
 
 
 def test_empty_sections_say_so_and_drop_plots(report: dict[str, Any]) -> None:
-    sparse = copy.deepcopy(report) | {"paired": [], "paired_backbones": [], "cost": []}
-    sparse |= {"complementarity": [], "length_groups": []}
+    sparse = replace(report, paired=[], paired_backbones=[], cost=[], complementarity=[], length_groups=[])
     text = render_text(sparse)
     assert "No paired comparisons in this report." in text
     assert "No cost rows in this report" in text
@@ -337,7 +339,7 @@ def test_empty_sections_say_so_and_drop_plots(report: dict[str, Any]) -> None:
 
 
 def test_empty_report_renders_without_plots() -> None:
-    empty = {"run": {"name": "blank", "run_id": 1, "status": "running", "created_at": ""}, "simulated": False}
+    empty = Report(run=RunInfo("blank", 1, "running", ""), simulated=False)
     assert "No accuracy metrics in this report." in render_text(empty)
     page = render_html(empty)
     assert "data:image/png" not in page
@@ -347,13 +349,13 @@ def test_empty_report_renders_without_plots() -> None:
 def test_single_backbone_method_and_source_still_plot() -> None:
     row = _metrics_row("mock-flash", "all-at-once", 0)
     row["per_source"] = {"TravelPlanner": row["per_source"]["TravelPlanner"]}
-    tiny = {
-        "run": {"name": "tiny", "run_id": 2, "status": "done", "created_at": ""},
-        "simulated": True,
-        "aggregate": "macro",
-        "metrics": [row],
-        "cost": [_cost_row("mock-flash", "all-at-once", "answer", 0.0)],
-    }
+    tiny = Report(
+        run=RunInfo("tiny", 2, "done", ""),
+        simulated=True,
+        aggregate="macro",
+        metrics=[row],
+        cost=[_cost_row("mock-flash", "all-at-once", "answer", 0.0)],
+    )
     page = render_html(tiny)
     assert len(_images(page)) == 3
     # A single value has nothing to beat: no marks.
@@ -389,7 +391,7 @@ def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dic
     }
 
 
-def make_failing_report() -> dict[str, Any]:
+def make_failing_report() -> Report:
     """`make_report` with outcomes: on each backbone, the cell whose Step Acc is highest did not rest on answers.
 
     mock-pro · binary search failed (70 of 80 items, its number not shown); mock-flash · binary search has 30
@@ -407,18 +409,15 @@ def make_failing_report() -> dict[str, Any]:
     outcomes.append(_outcome("mock-pro", "binary search", 0, failed=70))
     low = _outcome("mock-flash", "binary search", 0, failed=20, skipped_budget=25, invalid=5)
     outcomes.append(low | {"status": "partial", "shown": True, "readable": 30})
-    for row in report["metrics"]:
+    for row in report.metrics:
         if (row["backbone"], row["method"], row["realization"]) == ("mock-pro", "binary search", 0):
             row |= {"status": "failed", "shown": False}
         elif (row["backbone"], row["method"], row["realization"]) == ("mock-flash", "binary search", 0):
             row |= {"status": "partial", "shown": True}
         else:
             row |= {"status": "complete", "shown": True}
-    report["outcomes"] = outcomes
-    report["expected"] = 80
-    report["unlabelled"] = 3
-    report["protocol"] = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
-    return report
+    protocol = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
+    return replace(report, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
 
 
 def _summary_facts(page: str) -> dict[str, str]:
@@ -441,7 +440,7 @@ def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
     )
     assert page.index("<section") == page.index('<section id="summary">')
     facts = _summary_facts(page)
-    outcomes = report["outcomes"]
+    outcomes = report.outcomes
     total = {k: sum(r[k] for r in outcomes) for k in ("expected", "predictions", "failed", "skipped_budget")}
     assert total == {"expected": 960, "predictions": 845, "failed": 90, "skipped_budget": 25}
     assert facts["Items"] == (
@@ -457,9 +456,9 @@ def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
         f"{readable:,} of 960 expected answers readable ({readable / 960 * 100:.1f}%; 5 unreadable, 12 "
         "decided by a fallback); cells: 10 complete, 1 partial, not shown: 1 failed"
     )
-    cost = report["cost"]
-    usd = sum(r["cost_usd"] for r in cost if r["cost_usd"] is not None)
-    prompt = sum(r["prompt_tokens"] for r in cost)
+    cost = report.cost
+    usd = sum(r.cost_usd for r in cost if r.cost_usd is not None)
+    prompt = sum(r.prompt_tokens for r in cost)
     assert facts["Spend"].startswith(f"{usd:.4f} USD API; tokens: {prompt:,} prompt (1,200,000 cached)")
     assert "GPU" not in page  # no self-hosted charge in this report
     assert facts["Backbones"] == "2: mock-flash, mock-pro"
@@ -527,8 +526,8 @@ def test_table3_gives_each_number_its_interval(report: dict[str, Any], page: str
         len(numbers) + len(bolded) == 11
     )  # 12 cells, one of them (mock-flash Step of the <script> method) a dash
     assert "Cells: the number (%) and its 95% interval" in accuracy
-    pooled = render_html(copy.deepcopy(report) | {"aggregate": "pooled"})
-    row = next(r for r in report["metrics"] if r["backbone"] == "mock-pro" and r["method"] == "binary search")
+    pooled = render_html(replace(report, aggregate="pooled"))
+    row = next(r for r in report.metrics if r["backbone"] == "mock-pro" and r["method"] == "binary search")
     low, high = _interval([(40, 0.33), (40, 0.23)], pooled=True)
     assert row["step_acc"] == 0.28
     assert (
@@ -574,7 +573,7 @@ def test_fourteen_methods_plot_with_readable_labels() -> None:
         for i, method in enumerate(methods):
             row = _metrics_row("mock-flash", "all-at-once", 0) | {"backbone": backbone, "method": method}
             rows.append(row | {"macro": _metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)})
-    wide = {"run": {"name": "wide"}, "simulated": False, "aggregate": "macro", "metrics": rows}
+    wide = Report(run=RunInfo("wide", 0, "", ""), simulated=False, aggregate="macro", metrics=rows)
     page = render_html(wide)
     images = _images(page)
     assert len(images) == 2  # accuracy bars and the per-source heat map; no cost rows
@@ -589,25 +588,14 @@ def test_fourteen_methods_plot_with_readable_labels() -> None:
 
 def test_served_replicas_and_gpu_cost_when_present() -> None:
     report = make_failing_report()
-    report["served_by"] = [
-        {
-            "backbone": "mock-pro",
-            "vllm_version": "0.8.5",
-            "replicas": 2,
-            "gpus": 4,
-            "gpu_usd": 1.5,
-            "commands": [
-                f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}",
-                "vllm serve Qwen/Qwen3-8B --port 8002",
-            ],
-        }
-    ]
-    for row in report["cost"]:
-        row["gpu_usd"] = 0.75 if row["backbone"] == "mock-pro" else 0.0
+    commands = (f"vllm serve Qwen/Qwen3-8B --port 8001 {EVIL}", "vllm serve Qwen/Qwen3-8B --port 8002")
+    served_by = [ServedBy("mock-pro", "0.8.5", 2, 4, commands, 1, 0, 0.75, 2.0, 1.5, 0, None, ())]
+    cost = [replace(row, gpu_usd=0.75 if row.backbone == "mock-pro" else 0.0) for row in report.cost]
+    report = replace(report, served_by=served_by, cost=cost)
     page = render_html(report)
     facts = _summary_facts(page)
     assert facts["Served by"] == "mock-pro: served by vLLM 0.8.5, 2 replicas on 4 GPUs, GPU time 1.5000 USD"
-    usd = sum(r["cost_usd"] for r in report["cost"] if r["cost_usd"] is not None)
+    usd = sum(r.cost_usd for r in report.cost if r.cost_usd is not None)
     assert facts["Spend"].startswith(f"{usd:.4f} USD API + 1.5000 USD GPU time = {usd + 1.5:.4f} USD;")
     assert f"--port 8001 {html_escaped(EVIL)}</pre>" in page
     cost = page.split('<section id="cost">', 1)[1].split("</section>", 1)[0]

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from analysis.builders import Pred, Traj, build_run
-from rcarun.analysis import ReportOptions, build_report, render_html, render_text
+from rcarun.analysis import Report, ReportOptions, build_report, render_html, render_text
+from rcarun.analysis.report import Excluded
 from rcarun.store import open_store
 
 TRAJS = [Traj(f"q{i}", "s1" if i < 6 else "s2", ref_step=5) for i in range(12)]
@@ -77,7 +78,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _report(db: Path, run: str, **options: Any) -> dict[str, Any]:
+def _report(db: Path, run: str, **options: Any) -> Report:
     with open_store(db, read_only=True) as store:
         found = store.run_by_name(run)
         assert found is not None
@@ -90,8 +91,8 @@ def _key(entry: dict[str, Any]) -> tuple[str, str, str, str, str]:
 
 def test_soap_is_compared_with_the_reference_on_each_chat_backbone_on_its_test_split(db: Path) -> None:
     report = _report(db, "with-soap")
-    assert report["reference_method"] == "rcta" and report["aggregate"] == "macro"
-    across = {_key(e): e for e in report["paired_across"]}
+    assert report.reference_method == "rcta" and report.aggregate == "macro"
+    across = {_key(e): e for e in report.paired_across}
     assert sorted(across) == [
         ("rcta", backbone, "soap", "qwen", metric)
         for backbone in ("c1", "c2")
@@ -111,18 +112,18 @@ def test_soap_is_compared_with_the_reference_on_each_chat_backbone_on_its_test_s
         assert c1["delta"] == pytest.approx(5 / 6) and c2["delta"] == pytest.approx(0.5)
         assert c1["ci_low"] <= c1["delta"] <= c1["ci_high"]
         assert c1["family"] == c2["family"] == f"across/{metric}" and c1["p_holm_joint"] is None
-    families = {f["family"]: f["tests"] for f in report["protocol"]["families"]}
+    families = {f["family"]: f["tests"] for f in report.protocol["families"]}
     assert families["across/step_acc"] == families["across/agent_acc"] == 2
     # No SOAP in the per-backbone comparisons, which are exactly those of the run without SOAP: a family of
     # its own leaves their Holm p-values as they were.
-    assert {e["method_b"] for e in report["paired"]} == {"aao"}
-    assert report["paired"] == _report(db, "chat-only")["paired"]
-    assert _report(db, "chat-only")["paired_across"] == []
+    assert {e["method_b"] for e in report.paired} == {"aao"}
+    assert report.paired == _report(db, "chat-only").paired
+    assert _report(db, "chat-only").paired_across == []
 
 
 def test_with_soap_as_the_reference_every_chat_method_is_compared_with_it(db: Path) -> None:
     report = _report(db, "with-soap", reference_method="soap")
-    across = {_key(e): e for e in report["paired_across"] if e["metric"] == "step_acc"}
+    across = {_key(e): e for e in report.paired_across if e["metric"] == "step_acc"}
     assert sorted(across) == [
         ("soap", "qwen", method, backbone, "step_acc")
         for method in ("aao", "rcta")
@@ -138,23 +139,23 @@ def test_with_soap_as_the_reference_every_chat_method_is_compared_with_it(db: Pa
     # Holm over the four of the metric: 0.0625 (rcta@c1), then three at 0.25.
     holm = sorted(e["p_holm"] for e in across.values())
     assert holm == pytest.approx([0.25, 0.75, 0.75, 0.75])
-    assert report["paired"] == []  # nothing runs on SOAP's backbone beside it
+    assert report.paired == []  # nothing runs on SOAP's backbone beside it
 
 
 def test_holm_family_metric_and_all_take_the_comparisons_in(db: Path) -> None:
     by_metric = _report(db, "with-soap", holm_family="metric")
-    assert {e["family"] for e in by_metric["paired_across"]} == {"metric/agent_acc", "metric/step_acc"}
-    tests = {f["family"]: f["tests"] for f in by_metric["protocol"]["families"]}
+    assert {e["family"] for e in by_metric.paired_across} == {"metric/agent_acc", "metric/step_acc"}
+    tests = {f["family"]: f["tests"] for f in by_metric.protocol["families"]}
     assert tests["metric/step_acc"] == 4  # rcta vs aao on c1 and c2, rcta vs soap from c1 and c2
     everything = _report(db, "with-soap", holm_family="all")
-    assert {e["family"] for e in everything["paired_across"]} == {"all"}
-    assert [f["tests"] for f in everything["protocol"]["families"]] == [8]
+    assert {e["family"] for e in everything.paired_across} == {"all"}
+    assert [f["tests"] for f in everything.protocol["families"]] == [8]
 
 
 def test_a_soap_cell_without_a_shown_number_is_compared_with_nothing(db: Path) -> None:
     report = _report(db, "soap-short")
-    assert report["paired_across"] == []
-    assert {"backbone": "qwen", "method": "soap", "status": "not run"} in report["excluded"]
+    assert report.paired_across == []
+    assert Excluded("qwen", "soap", "not run") in report.excluded
 
 
 def test_the_text_and_the_page_show_the_comparisons(db: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
 from analysis.builders import Pred, Traj, build_run
-from rcarun.analysis import ReportOptions, build_report, render_html, render_text
+from rcarun.analysis import Report, ReportOptions, build_report, render_html, render_text
 from rcarun.analysis.stats import cluster_paired_bootstrap, stratified_paired_bootstrap
 from rcarun.cli import main
 from rcarun.store import open_store
@@ -56,7 +56,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(db: Path) -> dict[str, Any]:
+def report(db: Path) -> Report:
     with open_store(db, read_only=True) as store:
         run = store.run_by_name("intervals")
         assert run is not None
@@ -68,9 +68,9 @@ def _right(backbone: str, method: str) -> list[float]:
 
 
 def test_the_task_cluster_bootstrap_draws_the_fixtures_tasks(report: dict[str, Any]) -> None:
-    found = report["task_clusters"]
+    found = report.task_clusters
     assert (found["trajectories"], found["tasks"], found["without_task"]) == (24, 12, 0)
-    assert report["aggregate"] == "macro"  # equal source sizes
+    assert report.aggregate == "macro"  # equal source sizes
     tasks = [f"{t.source}/{int(t.qid.split('-')[1]) // 2}" for t in TRAJS]
     for row, backbone in zip(found["rows"], BACKBONES, strict=True):
         assert (row["backbone"], row["method_a"], row["method_b"], row["n"], row["tasks"]) == (
@@ -92,12 +92,12 @@ def test_the_task_cluster_bootstrap_draws_the_fixtures_tasks(report: dict[str, A
             (expected.delta, expected.low, expected.high)
         )
         # The same Δ as the paired comparison, with an interval from another resampling unit.
-        paired = next(p for p in report["paired"] if p["backbone"] == backbone and p["metric"] == "step_acc")
+        paired = next(p for p in report.paired if p["backbone"] == backbone and p["metric"] == "step_acc")
         assert paired["delta"] == pytest.approx(row["delta"])
 
 
 def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(report: dict[str, Any]) -> None:
-    rows = report["leave_one_source_out"]["rows"]
+    rows = report.leave_one_source_out["rows"]
     assert [(r["excluded"], r["n"], r["backbones"]) for r in rows] == [
         (None, 24, ["a", "b"]),
         *((s, 16, ["a", "b"]) for s in SOURCES),
@@ -120,7 +120,7 @@ def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(repo
 
 def test_each_cell_carries_the_interval_of_its_headlines(report: dict[str, Any]) -> None:
     z = NormalDist().inv_cdf(0.975)
-    for row in (r for r in report["metrics"] if r["realization"] == 0):
+    for row in (r for r in report.metrics if r["realization"] == 0):
         hits = [
             sum(RIGHT[row["backbone"], row["method"], t.qid] for t in TRAJS if t.source == s) for s in SOURCES
         ]
@@ -134,16 +134,16 @@ def test_each_cell_carries_the_interval_of_its_headlines(report: dict[str, Any])
             assert headline["intervals"]["step_acc"] == pytest.approx(expected)
     # The page lays out the carried intervals; a dict without them gets the same from its per-source counts.
     stripped = copy.deepcopy(report)
-    for row in stripped["metrics"]:
+    for row in stripped.metrics:
         row["intervals"] = row["macro"]["intervals"] = None
     assert render_html(stripped) == render_html(report)
     moved = copy.deepcopy(report)
-    moved["metrics"][0]["macro"]["intervals"]["step_acc"] = [0.0, 1.0]
+    moved.metrics[0]["macro"]["intervals"]["step_acc"] = [0.0, 1.0]
     assert "[0.0, 100.0]" in render_html(moved)
 
 
 def test_length_groups_carry_wilson_intervals_and_newcombe_contrasts(report: dict[str, Any]) -> None:
-    groups = {(g["backbone"], g["method"], g["low"]): g for g in report["length_groups"]}
+    groups = {(g["backbone"], g["method"], g["low"]): g for g in report.length_groups}
     assert sorted({low for _, _, low in groups}) == [30, 90]
     for (backbone, method, low), group in groups.items():
         hits = sum(RIGHT[backbone, method, t.qid] for t in TRAJS if t.n_steps == low)
@@ -152,7 +152,7 @@ def test_length_groups_carry_wilson_intervals_and_newcombe_contrasts(report: dic
             assert group["intervals"][metric] == pytest.approx(
                 list(proportion_confint(hits, 12, method="wilson"))
             )
-    contrasts = report["length_contrasts"]
+    contrasts = report.length_contrasts
     assert len(contrasts) == 2 * 2 * 3
     for row in contrasts:
         assert (row["longest"], row["shortest"]) == ([90, 90], [30, 30])
@@ -176,11 +176,11 @@ def test_a_trajectory_without_a_task_is_a_task_of_its_own(tmp_path: Path) -> Non
         run = store.run_by_name("old")
         assert run is not None
         found = build_report(store, run.run_id, ReportOptions(resamples=RESAMPLES))
-    clusters = found["task_clusters"]
+    clusters = found.task_clusters
     assert (clusters["tasks"], clusters["without_task"]) == (24, 24)
     for row in clusters["rows"]:
         paired = next(
-            p for p in found["paired"] if p["backbone"] == row["backbone"] and p["metric"] == "step_acc"
+            p for p in found.paired if p["backbone"] == row["backbone"] and p["metric"] == "step_acc"
         )
         assert (row["ci_low"], row["ci_high"]) == (paired["ci_low"], paired["ci_high"])
     text = render_text(found, sections=("task-clusters",))
@@ -200,7 +200,7 @@ def test_the_text_html_and_json_show_them(
         and "Trajectories kept: 24 with every source; 16 without s1, 16 without s2, 16 without s3" in text
     )
     assert "with Wilson 95% intervals" in text and "Longest group minus shortest" in text
-    b_rcta = next(r for r in report["length_contrasts"] if (r["backbone"], r["method"]) == ("b", "rcta"))
+    b_rcta = next(r for r in report.length_contrasts if (r["backbone"], r["method"]) == ("b", "rcta"))
     shown = f"{b_rcta['delta'] * 100:+.1f} [{b_rcta['ci_low'] * 100:.1f}, {b_rcta['ci_high'] * 100:.1f}]"
     assert f"b rcta 90–90 30–30 {shown} {shown} {shown}" in text  # right answers are right on all three
     page = render_html(report)
@@ -210,5 +210,5 @@ def test_the_text_html_and_json_show_them(
         main(["report", "--db", str(db), "--json", "--resamples", str(RESAMPLES), "--run", "intervals"]) == 0
     )
     shown = json.loads(capsys.readouterr().out)
-    assert shown["task_clusters"] == report["task_clusters"]
-    assert shown["leave_one_source_out"] == report["leave_one_source_out"]
+    assert shown["task_clusters"] == report.task_clusters
+    assert shown["leave_one_source_out"] == report.leave_one_source_out

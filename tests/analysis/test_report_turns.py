@@ -30,7 +30,7 @@ async def test_turn_rows_agree_with_the_stored_turn_records(tmp_path: Path) -> N
         report = build_report(store, 1, ReportOptions(aggregate="pooled", resamples=100))
     finally:
         store.close()
-    rows = {(r["method"], r["turn"]): r for r in report["turns"]}
+    rows = {(r["method"], r["turn"]): r for r in report.turns}
     assert set(rows) == {(m, t) for m in ("continual-search", "passive-continuation") for t in (1, 2, 3)}
 
     with sqlite3.connect(db) as connection:

@@ -153,7 +153,7 @@ def test_the_report_section_and_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
         report = build_report(
             store, run.run_id, ReportOptions(resamples=20, annotations=ANNOTATIONS, draws=2000)
         )
-    found = report["label_sensitivity"]
+    found = report.label_sensitivity
     assert (found["n"], found["annotated"], found["unknown"], found["single"]) == (2, 4, 1, 1)
     assert (found["seed"], found["reference"]) == (20260918, "rcta")
     assert {row["backbone"] for row in found["rows"]} == {"bb"} and len(found["rows"]) == 6

@@ -4,8 +4,8 @@ Reads the store (read side) and the data layer; never calls a model and never wr
 `scoring` (the benchmark's metrics and aggregates), `stats` (McNemar, Holm, paired bootstrap, agreement),
 `submission` (the leaderboard's file formats), `results` (a run as scoring inputs), `cost` (the calls table
 summed), `protocol` (the paper's main and ablation protocols, resolved per report), `fidelity` (LongRCA-Mini
-against Full, App. A), `sensitivity` (root-step label sensitivity, App. K.1), `report` (all of it as one dict)
-and `render` (that dict as text or one HTML page).
+against Full, App. A), `sensitivity` (root-step label sensitivity, App. K.1), `report` (all of it as one
+`Report`) and `render` (that report as text or one HTML page).
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from .cost import ChargedCost, CostRow, charged_costs, cost_rows, nearest_rank
 from .fidelity import CALIBRATION_SIZES, mini_fidelity, sample_size_calibration
 from .protocol import MethodKind, Protocol, method_kinds, resolve_protocol, scoring_rule
 from .render import render_html, render_text
-from .report import METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions, build_report, cell_status, metrics_json
+from .report import (
+    METRIC_NAMES,
+    MIN_READABLE_SHARE,
+    Report,
+    ReportOptions,
+    build_report,
+    cell_status,
+    metrics_json,
+)
 from .results import Cell, Outcome, RunScores, load_run_scores, resolve_run
 from .scoring import (
     ABSTENTION_RULES,
@@ -104,6 +112,7 @@ __all__ = [
     "PredictionsFile",
     "ProportionInterval",
     "Protocol",
+    "Report",
     "ReportOptions",
     "RunScores",
     "SubmissionScore",

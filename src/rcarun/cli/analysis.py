@@ -630,7 +630,7 @@ def cmd_report(args: argparse.Namespace, db: Path, run_name: str | None) -> int:
         Path(args.html).write_text(render_html(report), encoding="utf-8")
         print(terminal_safe(f"rcarun: wrote {args.html}"), file=sys.stderr)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report.to_json(), indent=2))
     else:
         print(render_text(report))
     return 0

@@ -1,4 +1,4 @@
-"""Render a report dict as terminal tables (`text`) or as one self-contained HTML page (`html`, `plots`).
+"""Render a `Report` as terminal tables (`text`) or as one self-contained HTML page (`html`, `plots`).
 
 The report's numbers are built once (`rcarun.analysis.report`); this package only lays them out, so the text and
 the HTML never disagree about a number. Every section is built once as a `model._Section` of plain-text cells

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..report.model import Report
 from .model import (
     _MAX_OUTCOME_NOTES,
     _METRICS,
@@ -22,6 +23,7 @@ from .model import (
     _headline,
     _int,
     _interval,
+    _listed,
     _metric_value,
     _min_share,
     _num,
@@ -31,7 +33,6 @@ from .model import (
     _per_source,
     _Row,
     _row,
-    _rows,
     _rule_note,
     _Section,
     _sources,
@@ -53,7 +54,7 @@ def _accuracy_cell(
     return _Cell(_pct(value) + (_PARTIAL if partial else ""), best, interval=interval)
 
 
-def _accuracy_section(report: Mapping[str, Any]) -> _Section:
+def _accuracy_section(report: Report) -> _Section:
     first = _first_realizations(report)
     title = "Accuracy (Table 3 layout)"
     if not first:
@@ -95,7 +96,7 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
         "First realization of each backbone × method; see Repeatability. "
         "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric.",
     ]
-    if _rows(report, "outcomes"):
+    if _listed(report.outcomes):
         share = _min_share(report)
         notes.append(
             f"Rule: a number is shown when readable predictions cover at least {share:.0%} of the expected "
@@ -112,8 +113,8 @@ def _accuracy_section(report: Mapping[str, Any]) -> _Section:
     return _Section("accuracy", title, (table,), tuple(notes))
 
 
-def _outcomes_section(report: Mapping[str, Any]) -> _Section:
-    rows_in = _rows(report, "outcomes")
+def _outcomes_section(report: Report) -> _Section:
+    rows_in = _listed(report.outcomes)
     title = "Outcomes"
     if not rows_in:
         return _Section("outcomes", title, notes=("No items or predictions in this report.",))
@@ -187,12 +188,12 @@ def _reason_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return notes
 
 
-def _full_metrics_section(report: Mapping[str, Any]) -> _Section:
+def _full_metrics_section(report: Report) -> _Section:
     first = _first_realizations(report)
     title = "Full metrics"
     if not first:
         return _Section("full-metrics", title, notes=("No accuracy metrics in this report.",))
-    with_status = bool(_rows(report, "outcomes"))  # a report dict from before outcomes has no statuses
+    with_status = bool(_listed(report.outcomes))  # a report without outcomes (hand-built) has no statuses
     rows = []
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
@@ -250,7 +251,7 @@ def _coverage_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _per_source_section(report: Mapping[str, Any]) -> _Section:
+def _per_source_section(report: Report) -> _Section:
     first = _first_realizations(report)
     sources = _sources(report)
     title = "Per source"

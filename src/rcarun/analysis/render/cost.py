@@ -2,69 +2,89 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Iterable, Sequence
 
+from ..cost import CostRow
+from ..report.model import Report
 from .model import (
     DASH,
-    _Columns,
     _count,
+    _finite,
     _has_gpu,
-    _keyed_row,
-    _num,
     _Row,
     _row,
-    _rows,
     _Section,
     _Table,
-    _text,
     _unique,
     _usd,
 )
 
-_COUNTS = ("calls", "attempts", "length_retries", "rate_limited")
-_TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-_MONEY = ("cost_usd", "usd_per_trajectory", "budget_use")
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    found = [v for v in map(_finite, values) if v is not None]
+    return sum(found) if found else None
 
 
-def _sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    values = [v for v in (_num(r, key) for r in rows) if v is not None]
-    return sum(values) if values else None
+def _sums(rows: Sequence[CostRow], part: Callable[[CostRow], tuple[float | None, ...]]) -> list[float | None]:
+    """Each of the part's figures summed over the rows (None where no row has it)."""
+    return [_sum(column) for column in zip(*map(part, rows), strict=True)]
 
 
-def _cost_cells(row: Mapping[str, Any], gpu: bool = False) -> tuple[list[str], list[str]]:
-    usage = [_count(_num(row, k)) for k in ("items", *_COUNTS, *_TOKENS)]
-    budget = _num(row, "budget_use")
-    money = [
-        _usd(_num(row, "cost_usd")),
-        *((_usd(_num(row, "gpu_usd")),) if gpu else ()),
-        _usd(_num(row, "usd_per_trajectory")),
-        _count(_num(row, "latency_p50_ms")),
-        _count(_num(row, "latency_p95_ms")),
+def _usage(row: CostRow) -> tuple[float | None, ...]:
+    """Items, calls, attempts, length retries, rate limited; prompt, cached, completion, reasoning tokens."""
+    return (row.items, row.calls, row.attempts, row.length_retries, row.rate_limited, *_tokens(row))
+
+
+def _tokens(row: CostRow) -> tuple[float | None, ...]:
+    return (row.prompt_tokens, row.cached_tokens, row.completion_tokens, row.reasoning_tokens)
+
+
+def _money(row: CostRow) -> tuple[float | None, ...]:
+    """USD, GPU USD, USD per trajectory, latency p50 and p95 (ms), budget use."""
+    return (
+        row.cost_usd,
+        row.gpu_usd,
+        row.usd_per_trajectory,
+        row.latency_p50_ms,
+        row.latency_p95_ms,
+        row.budget_use,
+    )
+
+
+def _cost_cells(
+    usage: Sequence[float | None], money: Sequence[float | None], gpu: bool
+) -> tuple[list[str], list[str]]:
+    usd, gpu_usd, per_trajectory, p50, p95, budget = map(_finite, money)
+    cells = [
+        _usd(usd),
+        *((_usd(gpu_usd),) if gpu else ()),
+        _usd(per_trajectory),
+        _count(p50),
+        _count(p95),
         DASH if budget is None else f"{budget * 100:.1f}%",
     ]
-    return usage, money
+    return [_count(_finite(v)) for v in usage], cells
 
 
-def _cost_section(report: Mapping[str, Any]) -> _Section:
-    cost = _rows(report, "cost")
+def _cost_section(report: Report) -> _Section:
+    cost = report.cost
     title = "Cost"
     if not cost:
         return _Section("cost", title, notes=("No cost rows in this report (no recorded calls).",))
     gpu = _has_gpu(report)
     usage_rows: list[_Row] = []
     money_rows: list[_Row] = []
-    for backbone in _unique(_text(r, "backbone") for r in cost):
-        mine = [r for r in cost if _text(r, "backbone") == backbone]
+    for backbone in _unique(r.backbone for r in cost):
+        mine = [r for r in cost if r.backbone == backbone]
         for row in mine:
-            labels = (backbone, _text(row, "method"), _text(row, "stage"))
-            usage, money = _cost_cells(row, gpu)
+            labels = (backbone, row.method, row.stage)
+            usage, money = _cost_cells(_usage(row), _money(row), gpu)
             usage_rows.append(_row(*labels, *usage))
             money_rows.append(_row(*labels, *money))
         # Stage rows of one backbone × method add up to its USD per trajectory, so the sum over methods is the
         # cost of running every method once on one trajectory. Items and latencies do not add up.
-        totals = {k: _sum(mine, k) for k in (*_COUNTS, *_TOKENS, *_MONEY, "gpu_usd")}
-        usage, money = _cost_cells(totals, gpu)
+        usage, money = _cost_cells(_sums(mine, _usage), _sums(mine, _money), gpu)
         usage[0] = ""
         latency = 3 if gpu else 2
         money[latency : latency + 2] = ["", ""]
@@ -110,19 +130,20 @@ def _cost_section(report: Mapping[str, Any]) -> _Section:
     return _Section("cost", title, (usage_table, money_table), notes)
 
 
-def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
+def _call_timing_section(report: Report) -> _Section | None:
     """Per backbone: streamed answers, time to first token, decode rate and cut generations (``call_timing``,
-    in newer report dicts only)."""
-    timing = _rows(report, "call_timing")
-    if not timing:
+    in reports of newer runs only)."""
+    if not report.call_timing:
         return None
-    columns: _Columns = (
-        *(("backbone", None), ("attempts", _count), ("streamed_calls", _count)),
-        *(("ttft_p50_s", _seconds), ("ttft_p95_s", _seconds)),
-        *(("decode_p50_tokens_per_s", _rate), ("decode_p95_tokens_per_s", _rate)),
-        *(("cut_calls", _count), ("cut_usd", _usd)),
+    rows = tuple(
+        _row(
+            *(t.backbone, _count(t.attempts), _count(t.streamed_calls)),
+            *(_seconds(t.ttft_p50_s), _seconds(t.ttft_p95_s)),
+            *(_rate(t.decode_p50_tokens_per_s), _rate(t.decode_p95_tokens_per_s)),
+            *(_count(t.cut_calls), _usd(t.cut_usd)),
+        )
+        for t in report.call_timing
     )
-    rows = tuple(_keyed_row(row, columns) for row in timing)
     table = _Table(
         columns=(
             *("Backbone", "Attempts", "Streamed", "TTFT p50 s", "TTFT p95 s"),
@@ -143,8 +164,8 @@ def _call_timing_section(report: Mapping[str, Any]) -> _Section | None:
 
 
 def _seconds(value: float | None) -> str:
-    return DASH if value is None else f"{value:.2f}"
+    return DASH if value is None or not math.isfinite(value) else f"{value:.2f}"
 
 
 def _rate(value: float | None) -> str:
-    return DASH if value is None else f"{value:.1f}"
+    return DASH if value is None or not math.isfinite(value) else f"{value:.1f}"

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..cost import CostRow
+from ..report.model import Report
 from ..scoring import metric_label
 from .cost import _sum
 from .model import (
@@ -17,11 +19,11 @@ from .model import (
     _Cell,
     _confidence,
     _has_gpu,
+    _listed,
     _min_share,
     _num,
     _pct,
     _row,
-    _rows,
     _Section,
     _Table,
     _text,
@@ -169,7 +171,7 @@ def _rows_count(section: _Section) -> int:
     return sum(len(t.rows) for t in section.tables)
 
 
-def _html_part(part: _Part, report: Mapping[str, Any]) -> str:
+def _html_part(part: _Part, report: Report) -> str:
     section = part.section
     body: list[str] = []
     if part.legend:
@@ -209,7 +211,7 @@ def _html_part(part: _Part, report: Mapping[str, Any]) -> str:
     return "\n".join([f'<section id="{section.key}">', f"<h2>{title}</h2>", *body, *folded, "</section>"])
 
 
-def _parts(report: Mapping[str, Any]) -> list[_Part]:
+def _parts(report: Report) -> list[_Part]:
     sections = {s.key: s for s in _sections(report)}
     level = f"{_confidence(report):.0%}"
     legend = _LEGEND.format(level=level, partial=_PARTIAL, share=f"{_min_share(report):.0%}")
@@ -232,7 +234,7 @@ def _parts(report: Mapping[str, Any]) -> list[_Part]:
     return parts
 
 
-def _protocol_section(report: Mapping[str, Any]) -> _Section:
+def _protocol_section(report: Report) -> _Section:
     """The header's long lines (database, protocol, scoring rule, aggregate, statistics, totals), folded."""
     _, details = _header_lines(report)
     return _Section("protocol", "Protocol and settings", notes=tuple(d[0].upper() + d[1:] for d in details))
@@ -262,10 +264,10 @@ def _pivot(
     )
 
 
-def _repeatability_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+def _repeatability_lead(report: Report) -> tuple[_Table, ...]:
     """Step Acc over realizations and the root-step agreement, one row per method, a column group per backbone."""
     cells: dict[tuple[str, str], Sequence[str]] = {}
-    for row in _rows(report, "repeatability"):
+    for row in _listed(report.repeatability):
         found = row.get("metrics")
         metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         stats = metrics.get("step_acc")
@@ -283,10 +285,10 @@ def _repeatability_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
     return (_pivot(cells, ("Step", "Agree"), caption),)
 
 
-def _paired_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+def _paired_lead(report: Report) -> tuple[_Table, ...]:
     """The comparisons between methods with both metrics on one row: Δ and interval, W/L, Holm p each."""
     grouped: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
-    for row in _rows(report, "paired"):
+    for row in _listed(report.paired):
         key = (_text(row, "backbone"), f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}")
         grouped.setdefault(key, {})[_text(row, "metric")] = row
     if not grouped:
@@ -303,7 +305,7 @@ def _paired_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
             _, delta, interval, wl, _, holm, *_ = _paired_cells(entry)
             values += [f"{delta} {interval}", wl, holm]
         rows.append(_row(backbone, pair, *values))
-    reference = report.get("reference_method")
+    reference = report.reference_method
     table = _Table(
         columns=("Backbone", "A vs B", *(["Δ (pp) [95% CI]", "W/L", "p (Holm)"] * len(metrics))),
         rows=tuple(rows),
@@ -315,20 +317,19 @@ def _paired_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
     return (table,)
 
 
-def _cost_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
+def _cost_lead(report: Report) -> tuple[_Table, ...]:
     """USD and USD per trajectory (API, and GPU time when charged), one row per method, a group per backbone."""
-    cost = _rows(report, "cost")
-    if not cost:
+    if not report.cost:
         return ()
     gpu = _has_gpu(report)
     per_trajectory = _usd_per_trajectory(report, with_gpu=gpu)
-    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for row in cost:
-        grouped.setdefault((_text(row, "backbone"), _text(row, "method")), []).append(row)
+    grouped: dict[tuple[str, str], list[CostRow]] = {}
+    for row in report.cost:
+        grouped.setdefault((row.backbone, row.method), []).append(row)
     cells: dict[tuple[str, str], Sequence[str]] = {}
     for key, mine in grouped.items():
-        charged = (_usd(_sum(mine, "gpu_usd")),) if gpu else ()
-        cells[key] = (_usd(_sum(mine, "cost_usd")), *charged, _usd(per_trajectory.get(key)))
+        charged = (_usd(_sum(r.gpu_usd for r in mine)),) if gpu else ()
+        cells[key] = (_usd(_sum(r.cost_usd for r in mine)), *charged, _usd(per_trajectory.get(key)))
     heads = ("API USD", "GPU USD", "per traj.") if gpu else ("USD", "per traj.")
     per = "API + GPU USD" if gpu else "USD"
     caption = (
@@ -338,7 +339,7 @@ def _cost_lead(report: Mapping[str, Any]) -> tuple[_Table, ...]:
     return (_pivot(cells, heads, caption),)
 
 
-def _html_summary(report: Mapping[str, Any]) -> str:
+def _html_summary(report: Report) -> str:
     rows = []
     for fact in _summary(report):
         more = ""
@@ -358,7 +359,7 @@ def _html_summary(report: Mapping[str, Any]) -> str:
     )
 
 
-def render_html(report: Mapping[str, Any]) -> str:
+def render_html(report: Report) -> str:
     """Render a report as one self-contained HTML page that reads at a glance.
 
     A summary first (run, items and their failures by cause, coverage, spend, what served the backbones), then
@@ -368,7 +369,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     three plots are embedded PNGs, each replaced by a sentence when there is no data.
 
     Args:
-        report: the report dict built by ``rcarun report``.
+        report: the `Report` of ``build_report``.
 
     Returns:
         The HTML document.
@@ -386,7 +387,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         ),  # run and database; the rest is folded
         "</header>",
     ]
-    if report.get("simulated"):
+    if report.simulated:
         head.append(f'<div class="banner" role="alert">{html.escape(_SIMULATED)}</div>')
     first = [("summary", "Summary")] + [(p.section.key, p.section.title) for p in parts if not p.collapsed]
     folded = [(p.section.key, p.section.title) for p in parts if p.collapsed]

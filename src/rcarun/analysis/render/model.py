@@ -1,4 +1,4 @@
-"""The renderers' shared ground: number formats, the table model, and reading the report dict."""
+"""The renderers' shared ground: number formats, the table model, and reading the `Report`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..report.model import Report, Rows
 from ..scoring import METRIC_BY_NAME, METRICS
 from ..stats import stratified_interval
 
@@ -33,6 +34,11 @@ def _num(row: Mapping[str, Any] | None, key: str) -> float | None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def _finite(value: float | None) -> float | None:
+    """The number, or None when it is missing or not finite (as `_num` reads a dict)."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def _text(row: Mapping[str, Any], key: str) -> str:
@@ -126,9 +132,29 @@ def _keyed_row(row: Mapping[str, Any], columns: _Columns) -> _Row:
 # --- reading the report ----------------------------------------------------------------------------------------
 
 
-def _rows(report: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    value = report.get(key)
-    return [row for row in value if isinstance(row, Mapping)] if isinstance(value, Sequence) else []
+def _rows(part: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = part.get(key)
+    return _listed(value) if isinstance(value, Sequence) else []
+
+
+def _listed(rows: Rows) -> list[Mapping[str, Any]]:
+    """A report section's rows, less anything that is not a row (a hand-built report may hold anything)."""
+    return [row for row in rows if isinstance(row, Mapping)]
+
+
+@dataclass(frozen=True, slots=True)
+class _RunWords:
+    """The run's name, id, status and creation time as the header shows them ("" when the report has no run)."""
+
+    name: str = ""
+    run_id: str = ""
+    status: str = ""
+    created_at: str = ""
+
+
+def _run(report: Report) -> _RunWords:
+    run = report.run
+    return _RunWords() if run is None else _RunWords(run.name, str(run.run_id), run.status, run.created_at)
 
 
 def _presets(cell: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -140,14 +166,14 @@ def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-def _aggregate(report: Mapping[str, Any]) -> str:
-    return "pooled" if report.get("aggregate") == "pooled" else "macro"
+def _aggregate(report: Report) -> str:
+    return "pooled" if report.aggregate == "pooled" else "macro"
 
 
-def _first_realizations(report: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
+def _first_realizations(report: Report) -> dict[tuple[str, str], Mapping[str, Any]]:
     """(backbone, method) -> its metrics row with the lowest realization, in the report's order."""
     chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for row in _rows(report, "metrics"):
+    for row in _listed(report.metrics):
         key = (_text(row, "backbone"), _text(row, "method"))
         realization = _num(row, "realization") or 0.0
         if key not in chosen or realization < (_num(chosen[key], "realization") or 0.0):
@@ -155,7 +181,7 @@ def _first_realizations(report: Mapping[str, Any]) -> dict[tuple[str, str], Mapp
     return chosen
 
 
-def _headline(report: Mapping[str, Any], row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _headline(report: Report, row: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The metric dict of the report's aggregate: the ``macro`` sub-dict or the top-level (pooled) keys."""
     if _aggregate(report) == "pooled":
         return row
@@ -163,9 +189,9 @@ def _headline(report: Mapping[str, Any], row: Mapping[str, Any]) -> Mapping[str,
     return macro if isinstance(macro, Mapping) else None
 
 
-def _sources(report: Mapping[str, Any]) -> list[str]:
+def _sources(report: Report) -> list[str]:
     names: list[str] = []
-    for row in _rows(report, "metrics"):
+    for row in _listed(report.metrics):
         per_source = row.get("per_source")
         if isinstance(per_source, Mapping):
             names.extend(str(s) for s in per_source)
@@ -180,7 +206,7 @@ def _per_source(row: Mapping[str, Any], source: str) -> Mapping[str, Any] | None
     return metrics if isinstance(metrics, Mapping) else None
 
 
-def _aggregate_label(report: Mapping[str, Any]) -> str:
+def _aggregate_label(report: Report) -> str:
     if _aggregate(report) == "pooled":
         return "pooled: every trajectory weighs the same"
     k = len(_sources(report))
@@ -188,12 +214,12 @@ def _aggregate_label(report: Mapping[str, Any]) -> str:
     return f"{name}: each source's mean, then the unweighted mean over sources"
 
 
-def _protocol(report: Mapping[str, Any]) -> Mapping[str, Any]:
-    found = report.get("protocol")
+def _protocol(report: Report) -> Mapping[str, Any]:
+    found = report.protocol
     return found if isinstance(found, Mapping) else {}
 
 
-def _rule_note(report: Mapping[str, Any], *, full: bool = False) -> tuple[str, ...]:
+def _rule_note(report: Report, *, full: bool = False) -> tuple[str, ...]:
     """The scoring rule a table used, as a footnote: in full, or in short (none for a dict from before
     protocols)."""
     protocol = _protocol(report)
@@ -212,24 +238,24 @@ def _rule_note(report: Mapping[str, Any], *, full: bool = False) -> tuple[str, .
     return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
 
 
-def _has_gpu(report: Mapping[str, Any]) -> bool:
+def _has_gpu(report: Report) -> bool:
     """Whether any cost row charges self-hosted GPU time (``gpu_usd``, present in newer reports only)."""
-    return any(_num(row, "gpu_usd") for row in _rows(report, "cost"))
+    return any(_finite(row.gpu_usd) for row in report.cost)
 
 
-def _usd_per_trajectory(report: Mapping[str, Any], *, with_gpu: bool = False) -> dict[tuple[str, str], float]:
+def _usd_per_trajectory(report: Report, *, with_gpu: bool = False) -> dict[tuple[str, str], float]:
     """(backbone, method) -> USD per trajectory, summed over stages (stages without a figure are skipped); with
     ``with_gpu``, plus the cell's GPU charge over its work items (the most items any of its stages saw)."""
     totals: dict[tuple[str, str], float] = {}
     gpu: dict[tuple[str, str], float] = {}
     items: dict[tuple[str, str], float] = {}
-    for row in _rows(report, "cost"):
-        key = (_text(row, "backbone"), _text(row, "method"))
-        value = _num(row, "usd_per_trajectory")
+    for row in report.cost:
+        key = (row.backbone, row.method)
+        value = _finite(row.usd_per_trajectory)
         if value is not None:
             totals[key] = totals.get(key, 0.0) + value
-        gpu[key] = gpu.get(key, 0.0) + (_num(row, "gpu_usd") or 0.0)
-        items[key] = max(items.get(key, 0.0), _num(row, "items") or 0.0)
+        gpu[key] = gpu.get(key, 0.0) + (_finite(row.gpu_usd) or 0.0)
+        items[key] = max(items.get(key, 0.0), _finite(row.items) or 0.0)
     if with_gpu:
         for key, charge in gpu.items():
             if charge and items[key]:
@@ -255,11 +281,11 @@ _PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreada
 _MAX_OUTCOME_NOTES = 16
 
 
-def _outcomes(report: Mapping[str, Any]) -> dict[tuple[str, str, int], Mapping[str, Any]]:
+def _outcomes(report: Report) -> dict[tuple[str, str, int], Mapping[str, Any]]:
     """(backbone, method, realization) -> its outcome row."""
     return {
         (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0)): row
-        for row in _rows(report, "outcomes")
+        for row in _listed(report.outcomes)
     }
 
 
@@ -272,8 +298,8 @@ def _clean(row: Mapping[str, Any]) -> bool:
     return _int(row, "readable") == _int(row, "expected") and _int(row, "fallback") == 0
 
 
-def _min_share(report: Mapping[str, Any]) -> float:
-    found = report.get("protocol")
+def _min_share(report: Report) -> float:
+    found = report.protocol
     share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
     return 0.5 if share is None else share
 
@@ -287,7 +313,7 @@ class _Failure:
 
 
 def _failure(
-    report: Mapping[str, Any],
+    report: Report,
     row: Mapping[str, Any],
     outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
 ) -> _Failure | None:
@@ -320,15 +346,15 @@ def _failure(
 _WHY_CHARS = 72
 
 
-def _confidence(report: Mapping[str, Any]) -> float:
+def _confidence(report: Report) -> float:
     level = _num(_protocol(report), "confidence")
     return 0.95 if level is None or not 0 < level < 1 else level
 
 
-def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+def _interval(report: Report, row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
     """The report's interval for one cell's headline Agent or Step Acc; None when the cell has no number.
 
-    A report dict without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
+    A report without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
     its per-source counts, which is what the report computes.
     """
     headline = _headline(report, row)
@@ -359,9 +385,9 @@ def _interval(report: Mapping[str, Any], row: Mapping[str, Any], metric: str) ->
     return found.low, found.high
 
 
-def _totals(report: Mapping[str, Any]) -> str | None:
+def _totals(report: Report) -> str | None:
     """One line over every cell: expected items, predictions, unreadable, fallback, failed, skipped, unrun."""
-    rows = _rows(report, "outcomes")
+    rows = _listed(report.outcomes)
     if not rows:
         return None
     total = {k: sum(_int(r, k) for r in rows) for k in _OUTCOME_KEYS}
@@ -425,7 +451,7 @@ def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
     return text + "."
 
 
-def _outcome_notes(report: Mapping[str, Any], keys: Iterable[tuple[str, str, int]]) -> list[str]:
+def _outcome_notes(report: Report, keys: Iterable[tuple[str, str, int]]) -> list[str]:
     """The sentences of the cells among ``keys`` whose numbers count errors (or are not shown), capped, then a
     pointer to Outcomes. A cell whose every answer was read, some decided by a published fallback, has no note
     under the accuracy table (its number counts no error); the Outcomes section lists it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..report.model import Report
 from ..scoring import metric_label
 from .cells import _coverage_notes
 from .model import (
@@ -12,6 +13,7 @@ from .model import (
     _Cell,
     _count,
     _is_fraction,
+    _listed,
     _num,
     _p,
     _pct,
@@ -48,7 +50,7 @@ def _paired_cells(row: Mapping[str, Any], joint: bool = False, family: bool = Fa
     return (metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")), *extra)
 
 
-def _family_notes(report: Mapping[str, Any]) -> list[str]:
+def _family_notes(report: Report) -> list[str]:
     """The paired statistics' settings and every Holm family of the report, in words."""
     protocol = _protocol(report)
     notes = []
@@ -70,7 +72,7 @@ def _family_notes(report: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-def _not_compared_notes(report: Mapping[str, Any]) -> list[str]:
+def _not_compared_notes(report: Report) -> list[str]:
     """The methods the protocol leaves out of the paired comparisons, and why."""
     not_compared = _rows(_protocol(report), "not_compared")
     if not not_compared:
@@ -79,9 +81,9 @@ def _not_compared_notes(report: Mapping[str, Any]) -> list[str]:
     return [f"Not in these comparisons: {listed}."]
 
 
-def _methods_table(report: Mapping[str, Any], paired: Sequence[Mapping[str, Any]], family: bool) -> _Table:
+def _methods_table(report: Report, paired: Sequence[Mapping[str, Any]], family: bool) -> _Table:
     """Paired differences between methods on one backbone (against the reference method, when there is one)."""
-    reference = report.get("reference_method")
+    reference = report.reference_method
     against = f" against {reference}" if reference else ""
     joint = any(_num(r, "p_holm_joint") is not None for r in paired)
     rows = tuple(
@@ -98,15 +100,12 @@ def _methods_table(report: Mapping[str, Any], paired: Sequence[Mapping[str, Any]
     return _Table(heads, rows, label_columns=3, caption=caption)
 
 
-def _paired_section(report: Mapping[str, Any]) -> _Section:
-    paired = _rows(report, "paired")
-    across = _rows(report, "paired_backbones")  # the same method on two backbones, when the builder made them
-    kinds = _rows(report, "paired_across")  # a method on a local backbone against one on a chat backbone
+def _paired_section(report: Report) -> _Section:
+    paired = _listed(report.paired)
+    across = _listed(report.paired_backbones)  # the same method on two backbones, when the builder made them
+    kinds = _listed(report.paired_across)  # a method on a local backbone against one on a chat backbone
     title = "Paired comparisons"
-    excluded = [
-        f"{_text(r, 'backbone')} · {_text(r, 'method')} ({_text(r, 'status')})"
-        for r in _rows(report, "excluded")
-    ]
+    excluded = [f"{r.backbone} · {r.method} ({r.status})" for r in report.excluded]
     left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
     if not paired and not across and not kinds:
         notes_only = (
@@ -166,8 +165,8 @@ def _paired_section(report: Mapping[str, Any]) -> _Section:
     return _Section("paired", title, tuple(tables), tuple(notes))
 
 
-def _components_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("components")
+def _components_section(report: Report) -> _Section | None:
+    found = report.components
     if not isinstance(found, Mapping):
         return None
     rows_in = _rows(found, "rows")
@@ -240,8 +239,8 @@ def _components_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("components", title, (table,), tuple(notes))
 
 
-def _complementarity_section(report: Mapping[str, Any]) -> _Section:
-    rows_in = _rows(report, "complementarity")
+def _complementarity_section(report: Report) -> _Section:
+    rows_in = _listed(report.complementarity)
     title = "Complementarity"
     if not rows_in:
         return _Section("complementarity", title, notes=("No complementarity counts in this report.",))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..report.model import Report
 from ..scoring import metric_label
 from .model import (
     _DPI,
@@ -97,7 +98,7 @@ def _wrap(label: str, width: int = 14) -> str:
     return "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
 
 
-def _percent_axis(ax: Axes, metric: str, report: Mapping[str, Any]) -> None:
+def _percent_axis(ax: Axes, metric: str, report: Report) -> None:
     ax.set_ylabel(f"{metric_label(metric)} (%)")
     ax.set_ylim(0, 100)  # zero-based and the full scale: bar heights compare across backbones and pages
     ax.set_yticks(range(0, 101, 20))
@@ -109,7 +110,7 @@ def _percent_axis(ax: Axes, metric: str, report: Mapping[str, Any]) -> None:
     )
 
 
-def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
+def _accuracy_plot(report: Report) -> _Plot | str:
     first = _first_realizations(report)
     outcomes = _outcomes(report)
     failures = {key: _failure(report, row, outcomes) for key, row in first.items()}
@@ -183,7 +184,7 @@ def _accuracy_plot(report: Mapping[str, Any]) -> _Plot | str:
     )
 
 
-def _cost_plot(report: Mapping[str, Any]) -> _Plot | str:
+def _cost_plot(report: Report) -> _Plot | str:
     usd = _usd_per_trajectory(report, with_gpu=True)
     if not usd:
         return "Accuracy-versus-cost plot omitted: no USD per trajectory in this report."
@@ -289,7 +290,7 @@ def _cost_legend(
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
-def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
+def _source_plot(report: Report) -> _Plot | str:
     first = _first_realizations(report)
     sources = _sources(report)
     if not first or not sources:
@@ -330,7 +331,7 @@ def _source_plot(report: Mapping[str, Any]) -> _Plot | str:
 
 
 # Where each plot goes: after the tables of its section.
-_PLOTS: dict[str, Callable[[Mapping[str, Any]], _Plot | str]] = {
+_PLOTS: dict[str, Callable[[Report], _Plot | str]] = {
     "accuracy": _accuracy_plot,
     "per-source": _source_plot,
     "cost": _cost_plot,

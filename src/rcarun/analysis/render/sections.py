@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..report.model import Report
 from ..scoring import metric_label
 from .cells import _accuracy_section, _full_metrics_section, _outcomes_section, _per_source_section
 from .cost import _call_timing_section, _cost_section
@@ -16,6 +17,7 @@ from .model import (
     _count,
     _is_fraction,
     _keyed_row,
+    _listed,
     _num,
     _pct,
     _protocol,
@@ -23,6 +25,7 @@ from .model import (
     _row,
     _rows,
     _rule_note,
+    _run,
     _Section,
     _steps,
     _Table,
@@ -40,7 +43,7 @@ from .studies import (
 )
 
 
-def _sections(report: Mapping[str, Any]) -> list[_Section]:
+def _sections(report: Report) -> list[_Section]:
     sections = [
         _accuracy_section(report),
         _outcomes_section(report),
@@ -73,14 +76,12 @@ _HOLM_WORDS = {
 }
 
 
-def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
-    found = report.get("run")
-    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    title = f"rcarun report: {_text(run, 'name') or 'unnamed run'}"
+def _header_lines(report: Report) -> tuple[str, list[str]]:
+    run = _run(report)
+    title = f"rcarun report: {run.name or 'unnamed run'}"
     details = [
-        f"run {_text(run, 'run_id') or DASH}, status {_text(run, 'status') or DASH}, "
-        f"created {_text(run, 'created_at') or DASH}",
-        f"database: {_text(report, 'db') or DASH}",
+        f"run {run.run_id or DASH}, status {run.status or DASH}, created {run.created_at or DASH}",
+        f"database: {report.db or DASH}",
     ]
     protocol = _protocol(report)
     if protocol.get("name"):
@@ -103,14 +104,14 @@ def _header_lines(report: Mapping[str, Any]) -> tuple[str, list[str]]:
     totals = _totals(report)
     if totals:
         details.append(totals)
-    reference = report.get("reference_method")
+    reference = report.reference_method
     if reference:
         details.append(f"reference method for paired comparisons: {reference}")
     return title, details
 
 
-def _repeatability_section(report: Mapping[str, Any]) -> _Section:
-    rows_in = _rows(report, "repeatability")
+def _repeatability_section(report: Report) -> _Section:
+    rows_in = _listed(report.repeatability)
     title = "Repeatability"
     if not rows_in:
         return _Section("repeatability", title, notes=("No repeated realizations in this report.",))
@@ -169,8 +170,8 @@ _TURN_COLUMNS: _Columns = (
 )
 
 
-def _recall_section(report: Mapping[str, Any]) -> _Section | None:
-    rows_in = _rows(report, "recall")
+def _recall_section(report: Report) -> _Section | None:
+    rows_in = _listed(report.recall)
     if not rows_in:
         return None
     columns = (("backbone", None), ("method", None), ("n", _count))
@@ -185,8 +186,8 @@ def _recall_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("recall", "Recall diagnostics", (table,))
 
 
-def _turns_section(report: Mapping[str, Any]) -> _Section | None:
-    rows_in = [row for row in _rows(report, "turns") if _num(row, "realization") == 0]
+def _turns_section(report: Report) -> _Section | None:
+    rows_in = [row for row in _listed(report.turns) if _num(row, "realization") == 0]
     if not rows_in:
         return None
     rows = tuple(_keyed_row(row, _TURN_COLUMNS) for row in rows_in)

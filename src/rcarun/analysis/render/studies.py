@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..report.model import Report
 from ..scoring import metric_label
 from .model import (
     DASH,
     _confidence,
     _count,
     _delta_interval,
+    _listed,
     _num,
     _pct,
     _row,
@@ -27,8 +29,8 @@ from .model import (
 )
 
 
-def _length_section(report: Mapping[str, Any]) -> _Section | None:
-    rows_in = _rows(report, "length_groups")
+def _length_section(report: Report) -> _Section | None:
+    rows_in = _listed(report.length_groups)
     if not rows_in:
         return None
 
@@ -62,7 +64,7 @@ def _length_section(report: Mapping[str, Any]) -> _Section | None:
     ]
     # One row per cell, a column per metric: "Δ [low, high]".
     contrasts: dict[tuple[str, str, str, str], dict[str, str]] = {}
-    for row in _rows(report, "length_contrasts"):
+    for row in _listed(report.length_contrasts):
         key = (
             _text(row, "backbone"),
             _text(row, "method"),
@@ -91,8 +93,8 @@ def _length_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("length-groups", "Length groups", tuple(tables), notes)
 
 
-def _task_cluster_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("task_clusters")
+def _task_cluster_section(report: Report) -> _Section | None:
+    found = report.task_clusters
     if not isinstance(found, Mapping) or not _rows(found, "rows"):
         return None
     rows = tuple(
@@ -132,8 +134,8 @@ def _task_cluster_section(report: Mapping[str, Any]) -> _Section | None:
     return _Section("task-clusters", "Task-cluster bootstrap (App. B)", (table,), tuple(notes))
 
 
-def _source_out_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("leave_one_source_out")
+def _source_out_section(report: Report) -> _Section | None:
+    found = report.leave_one_source_out
     if not isinstance(found, Mapping) or not _rows(found, "rows"):
         return None
     rows_in = _rows(found, "rows")
@@ -180,8 +182,8 @@ def _pp(value: float | None) -> str:
     return DASH if value is None else f"{value * 100:.2f}"
 
 
-def _fidelity_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("fidelity")
+def _fidelity_section(report: Report) -> _Section | None:
+    found = report.fidelity
     if not isinstance(found, Mapping):
         return None
     title = "Mini against Full (App. A)"
@@ -300,8 +302,8 @@ def _pair_name(pair: object) -> str:
     return f"{_text(pair, 'method')} {metric_label(_text(pair, 'metric'))}"
 
 
-def _calibration_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("calibration")
+def _calibration_section(report: Report) -> _Section | None:
+    found = report.calibration
     if not isinstance(found, Mapping):
         return None
     title = "Sample-size calibration (App. A, Table 5)"
@@ -357,8 +359,8 @@ def _tiers(order: object) -> str:
     return " > ".join(" = ".join(str(m) for m in tier) for tier in tiers if isinstance(tier, list))
 
 
-def _sensitivity_section(report: Mapping[str, Any]) -> _Section | None:
-    found = report.get("label_sensitivity")
+def _sensitivity_section(report: Report) -> _Section | None:
+    found = report.label_sensitivity
     if not isinstance(found, Mapping):
         return None
     title = "Label sensitivity (App. K.1, Table 22)"

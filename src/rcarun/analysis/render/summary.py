@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cost import _TOKENS, _sum
+from ..cost import CostRow, ServedBy
+from ..report.model import Report
+from .cost import _sum, _sums, _tokens
 from .model import (
     _OUTCOME_KEYS,
     _WHY_CHARS,
@@ -15,10 +17,11 @@ from .model import (
     _count,
     _has_gpu,
     _int,
+    _listed,
     _num,
     _pct,
     _protocol,
-    _rows,
+    _run,
     _text,
     _unique,
     _usd,
@@ -55,29 +58,32 @@ def _failure_causes(rows: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _summary(report: Mapping[str, Any]) -> list[_Fact]:
-    """The page's first section: what ran, what became of it and what it cost, in numbers from the dict."""
-    found = report.get("run")
-    run: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+def _summary(report: Report) -> list[_Fact]:
+    """The page's first section: what ran, what became of it and what it cost, in the report's numbers."""
+    run = _run(report)
     facts = [
         _Fact(
             "Run",
-            f"{_text(run, 'name') or 'unnamed run'} (id {_text(run, 'run_id') or DASH}, "
-            f"{_text(run, 'status') or DASH}, created {_text(run, 'created_at') or DASH})",
+            f"{run.name or 'unnamed run'} (id {run.run_id or DASH}, {run.status or DASH}, "
+            f"created {run.created_at or DASH})",
         ),
         _Fact(
             "Simulated",
             "yes: every backbone was rcarun's mock server or a random-weight local model; the numbers exercise "
             "the engine, not any model"
-            if report.get("simulated")
+            if report.simulated
             else "no",
         ),
     ]
-    metrics, outcomes = _rows(report, "metrics"), _rows(report, "outcomes")
-    backbones = _unique(_text(r, "backbone") for r in (*metrics, *outcomes, *_rows(report, "cost")))
-    methods = _unique(_text(r, "method") for r in (*metrics, *outcomes, *_rows(report, "cost")))
+    metrics, outcomes = _listed(report.metrics), _listed(report.outcomes)
+    backbones = _unique(
+        [*(_text(r, "backbone") for r in (*metrics, *outcomes)), *(r.backbone for r in report.cost)]
+    )
+    methods = _unique(
+        [*(_text(r, "method") for r in (*metrics, *outcomes)), *(r.method for r in report.cost)]
+    )
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
-    facts += [_served_fact(served) for served in _rows(report, "served_by")]
+    facts += [_served_fact(served) for served in report.served_by]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
     if protocol.get("name"):
@@ -87,40 +93,29 @@ def _summary(report: Mapping[str, Any]) -> list[_Fact]:
                 "Protocol",
                 f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
                 f"{_count(resamples)} bootstrap resamples; reference method "
-                f"{_text(report, 'reference_method') or DASH} (every rule under Protocol and settings)",
+                f"{report.reference_method or DASH} (every rule under Protocol and settings)",
             )
         )
-    expected = _num(report, "expected")
+    expected = None if report.expected is None else float(report.expected)
     if expected is not None:
         facts.append(
             _Fact(
                 "Trajectories",
                 f"{_count(expected)} labelled, each expected in every cell; "
-                f"{_count(_num(report, 'unlabelled') or 0)} unlabelled, left out",
+                f"{_count(report.unlabelled or 0)} unlabelled, left out",
             )
         )
     facts += _outcome_facts(outcomes)
-    cost = _rows(report, "cost")
-    if cost:
-        facts.append(_spend_fact(report, cost))
+    if report.cost:
+        facts.append(_spend_fact(report, report.cost))
     return facts
 
 
-def _served_fact(served: Mapping[str, Any]) -> _Fact:
+def _served_fact(served: ServedBy) -> _Fact:
     """How a self-hosted backbone was served: vLLM version, replicas, GPUs, GPU time and the commands."""
-    text = f"{_text(served, 'backbone')}: served by vLLM {_text(served, 'vllm_version') or '?'}, "
-    text += _plural(_int(served, "replicas"), "replica")
-    if _num(served, "gpus") is not None:
-        text += f" on {_plural(_int(served, 'gpus'), 'GPU')}"
-    if _num(served, "gpu_usd") is not None:
-        text += f", GPU time {_usd(_num(served, 'gpu_usd'))} USD"
-    commands = served.get("commands")
-    listed = (
-        tuple(str(c) for c in commands)
-        if isinstance(commands, Sequence) and not isinstance(commands, str)
-        else ()
-    )
-    return _Fact("Served by", text, listed)
+    text = f"{served.backbone}: served by vLLM {served.vllm_version or '?'}, {_plural(served.replicas, 'replica')}"
+    text += f" on {_plural(served.gpus, 'GPU')}, GPU time {_usd(served.gpu_usd)} USD"
+    return _Fact("Served by", text, tuple(served.commands))
 
 
 def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
@@ -156,17 +151,17 @@ def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
     return facts
 
 
-def _spend_fact(report: Mapping[str, Any], cost: Sequence[Mapping[str, Any]]) -> _Fact:
+def _spend_fact(report: Report, cost: Sequence[CostRow]) -> _Fact:
     """API spend (and GPU time when cost rows carry it), tokens, calls and cache hits."""
-    api, gpu = _sum(cost, "cost_usd") or 0.0, _sum(cost, "gpu_usd") or 0.0
+    api, gpu = _sum(r.cost_usd for r in cost) or 0.0, _sum(r.gpu_usd for r in cost) or 0.0
     money = f"{_usd(api)} USD API"
     if _has_gpu(report):
         money += f" + {_usd(gpu)} USD GPU time = {_usd(api + gpu)} USD"
-    tokens = {k: round(_sum(cost, k) or 0) for k in (*_TOKENS, "calls", "attempts", "cached_calls")}
+    prompt, cached, completion, reasoning = (round(total or 0) for total in _sums(cost, _tokens))
+    counts = _sums(cost, lambda r: (r.calls, r.attempts, r.cached_calls))
+    calls, attempts, hits = (round(total or 0) for total in counts)
     return _Fact(
         "Spend",
-        f"{money}; tokens: {tokens['prompt_tokens']:,} prompt ({tokens['cached_tokens']:,} cached), "
-        f"{tokens['completion_tokens']:,} completion ({tokens['reasoning_tokens']:,} reasoning); "
-        f"{tokens['calls']:,} calls, {tokens['attempts']:,} attempts, {tokens['cached_calls']:,} "
-        "cache hits",
+        f"{money}; tokens: {prompt:,} prompt ({cached:,} cached), {completion:,} completion ({reasoning:,} "
+        f"reasoning); {calls:,} calls, {attempts:,} attempts, {hits:,} cache hits",
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
 
+from ..report.model import Report
 from .model import _GAP, _SIMULATED, _TEXT_WIDTH, _Table
 from .sections import _header_lines, _sections
 
@@ -46,11 +46,11 @@ def _text_table(table: _Table) -> list[str]:
     return lines
 
 
-def render_text(report: Mapping[str, Any], sections: Collection[str] | None = None) -> str:
+def render_text(report: Report, sections: Collection[str] | None = None) -> str:
     """Render a report as fixed-width terminal tables.
 
     Args:
-        report: the report dict built by ``rcarun report`` (accuracies as fractions, None for "not available").
+        report: the `Report` of ``build_report`` (accuracies as fractions, None for "not available").
         sections: only these section keys (``accuracy``, ``outcomes``, ``full-metrics``, ``per-source``, ``paired``,
             ``components``, ``complementarity``, ``repeatability``, ``recall``, ``turns``, ``length-groups``,
             ``fidelity``, ``calibration``, ``label-sensitivity``, ``cost``, ``call-timing``); all when None.
@@ -60,7 +60,7 @@ def render_text(report: Mapping[str, Any], sections: Collection[str] | None = No
     """
     title, details = _header_lines(report)
     lines = [title, "=" * len(title), *details, ""]
-    if report.get("simulated"):
+    if report.simulated:
         banner = textwrap.wrap(_SIMULATED, _TEXT_WIDTH - 4)
         rule = "!" * _TEXT_WIDTH
         lines += [rule, *(f"!! {w}" for w in banner), rule, ""]

@@ -1,4 +1,4 @@
-"""`build_report`: one run's report as a JSON-shaped dict (schema and rules: docs/analysis.md)."""
+"""`build_report`: one run's `Report` (its JSON schema and rules: docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..protocol import MethodKind, Protocol, app_b_backbones, method_kinds, reso
 from ..results import RunScores, load_run_scores
 from ..timing import call_timing
 from .cells import _excluded, _metrics, _outcome_json
+from .model import Report, RunInfo
 from .options import MIN_READABLE_SHARE, ReportOptions, _Study, _study
 from .paired import (
     Paired,
@@ -63,8 +64,8 @@ def _protocol(store: Store, run: RunRow, kinds: Mapping[str, MethodKind], option
 
 def build_report(
     store: Store, run_id: int, options: ReportOptions | None = None, *, full_store: Store | None = None
-) -> dict[str, Any]:
-    """The report dict of one run (schema: docs/analysis.md).
+) -> Report:
+    """The report of one run (its JSON schema: docs/analysis.md).
 
     Args:
         store: the results database holding the run.
@@ -103,41 +104,39 @@ def build_report(
     left_out = sorted(m for m in scores.methods if m != reference and m not in compared)
     # The methods of the protocol's comparison: App. A and K.1 set these side by side, as the paper its six.
     members = [m for m in scores.methods if m == reference or m in compared]
-    return {
-        "run": {"name": run.name, "run_id": run.run_id, "status": run.status, "created_at": run.created_at},
-        "db": str(store.path),
-        "simulated": scores.simulated,
-        "aggregate": protocol.aggregate,
-        "reference_method": reference,
-        "expected": len(scores.expected),
-        "unlabelled": scores.unlabelled,
-        "protocol": _protocol_json(
+    return Report(
+        run=RunInfo(run.name, run.run_id, run.status, run.created_at),
+        db=str(store.path),
+        simulated=scores.simulated,
+        aggregate=protocol.aggregate,
+        reference_method=reference,
+        expected=len(scores.expected),
+        unlabelled=scores.unlabelled,
+        protocol=_protocol_json(
             protocol, options, holm_why, kinds, study, left_out, paired + paired_backbones + paired_across
         ),
-        "outcomes": [_outcome_json(cell, outcome) for cell, outcome in sorted(scores.outcomes.items())],
-        "excluded": _excluded(scores),
-        "metrics": _metrics(scores, protocol, options),
-        "paired": [entry for entry, _ in paired],
-        "paired_backbones": [entry for entry, _ in paired_backbones],
-        "paired_across": [entry for entry, _ in paired_across],
-        "complementarity": _complementarity(scores, reference, compared),
-        "components": components,
-        "repeatability": _repeatability(scores, protocol),
-        "recall": _recall(scores),
-        "turns": _turns(scores, protocol, options),
-        "task_clusters": _task_clusters(store, run, scores, reference, compared, protocol, options),
-        "leave_one_source_out": _leave_one_source_out(scores, reference, compared, protocol, options),
-        "length_groups": _length_groups(scores, options),
-        "length_contrasts": _length_contrasts(scores, options),
-        "fidelity": _fidelity(store, run, scores, members, protocol, options, full_store),
-        "calibration": _calibration(scores, members, options),
-        "label_sensitivity": _label_sensitivity(scores, reference, members, options),
-        "cost": [row.to_json() for row in cost_rows(store, run_id)],
-        # What served each managed backbone (vLLM version, command lines) and its GPU time's charge.
-        "served_by": [served.to_json() for served in served_by(store, run_id)],
-        # How each backbone's answers came: streamed, time to first token, decode rate, cut generations.
-        "call_timing": [timing.to_json() for timing in call_timing(store, run_id)],
-    }
+        outcomes=[_outcome_json(cell, outcome) for cell, outcome in sorted(scores.outcomes.items())],
+        excluded=_excluded(scores),
+        metrics=_metrics(scores, protocol, options),
+        paired=[entry for entry, _ in paired],
+        paired_backbones=[entry for entry, _ in paired_backbones],
+        paired_across=[entry for entry, _ in paired_across],
+        complementarity=_complementarity(scores, reference, compared),
+        components=components,
+        repeatability=_repeatability(scores, protocol),
+        recall=_recall(scores),
+        turns=_turns(scores, protocol, options),
+        task_clusters=_task_clusters(store, run, scores, reference, compared, protocol, options),
+        leave_one_source_out=_leave_one_source_out(scores, reference, compared, protocol, options),
+        length_groups=_length_groups(scores, options),
+        length_contrasts=_length_contrasts(scores, options),
+        fidelity=_fidelity(store, run, scores, members, protocol, options, full_store),
+        calibration=_calibration(scores, members, options),
+        label_sensitivity=_label_sensitivity(scores, reference, members, options),
+        cost=tuple(cost_rows(store, run_id)),
+        served_by=tuple(served_by(store, run_id)),
+        call_timing=tuple(call_timing(store, run_id)),
+    )
 
 
 def _protocol_json(

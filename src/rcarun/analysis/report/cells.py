@@ -9,6 +9,7 @@ from ..protocol import Protocol
 from ..results import Cell, Outcome, RunScores
 from ..scoring import METRIC_BY_NAME, METRICS, ItemScore, Metrics, Summary, summarize
 from ..stats import stratified_interval
+from .model import Excluded
 from .options import _CAUSES, METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions, _bounds
 
 
@@ -65,13 +66,13 @@ def metrics_json(metrics: Metrics) -> dict[str, Any]:
     return {"n": metrics.n, **{name: getattr(metrics, name) for name in METRIC_NAMES}}
 
 
-def _excluded(scores: RunScores) -> list[dict[str, Any]]:
+def _excluded(scores: RunScores) -> tuple[Excluded, ...]:
     """Realization-0 cells left out of paired comparisons and complementarity: their number is not shown."""
-    return [
-        {"backbone": cell.backbone, "method": cell.method, "status": cell_status(outcome)[0]}
+    return tuple(
+        Excluded(cell.backbone, cell.method, cell_status(outcome)[0])
         for cell, outcome in sorted(scores.outcomes.items())
         if cell.realization == 0 and not cell_status(outcome)[1]
-    ]
+    )
 
 
 def _scored(scores: RunScores, cell: Cell) -> bool:

@@ -151,6 +151,17 @@ def _shown_scores(scores: RunScores, cell: Cell) -> list[ItemScore] | None:
     return found if found and _shown(scores, cell) else None
 
 
+def _paired_with(
+    scores: RunScores, base: list[ItemScore], cell: Cell
+) -> tuple[list[ItemScore], list[ItemScore]] | None:
+    """``base`` and the cell's shown scores on the trajectories both answered; None when they share none."""
+    other = _shown_scores(scores, cell)
+    if other is None:
+        return None
+    paired = common_items(base, other)
+    return paired if paired[0] else None
+
+
 def _method_pairs(
     scores: RunScores, reference: str | None, compared: Sequence[str]
 ) -> Iterator[tuple[str, str, list[ItemScore], list[ItemScore]]]:
@@ -162,11 +173,9 @@ def _method_pairs(
         if base is None:
             continue
         for method in compared:
-            other = _shown_scores(scores, Cell(backbone, method, 0))
-            if method != reference and other is not None:
-                paired_base, paired_other = common_items(base, other)
-                if paired_base:
-                    yield backbone, method, paired_base, paired_other
+            paired = None if method == reference else _paired_with(scores, base, Cell(backbone, method, 0))
+            if paired is not None:
+                yield backbone, method, *paired
 
 
 def _paired_methods(
@@ -200,12 +209,10 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
         if base is None:
             continue
         for backbone in others:
-            other = _shown_scores(scores, Cell(backbone, method, 0))
-            if other is None:
+            paired = _paired_with(scores, base, Cell(backbone, method, 0))
+            if paired is None:
                 continue
-            paired_base, other = common_items(base, other)
-            if not paired_base:
-                continue
+            paired_base, other = paired
             for metric in protocol.paired_metrics:
                 comparison = _compare(paired_base, other, metric, protocol, options.confidence)
                 family = "all" if protocol.holm_family == "all" else f"backbones/{metric}"
@@ -233,12 +240,13 @@ def _across_pairs(
                 continue
             for backbone in scores.backbones:
                 cell = Cell(backbone, method, 0)
-                other = _shown_scores(scores, cell)
-                if (backbone in local) == (reference_backbone in local) or other is None:
-                    continue
-                paired_base, paired_other = common_items(base, other)
-                if paired_base:
-                    yield base_cell, cell, paired_base, paired_other
+                paired = (
+                    None
+                    if (backbone in local) == (reference_backbone in local)
+                    else _paired_with(scores, base, cell)
+                )
+                if paired is not None:
+                    yield base_cell, cell, *paired
 
 
 def _across_family(protocol: Protocol, metric: str) -> str:

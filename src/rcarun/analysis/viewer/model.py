@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rcarun.analysis.report.model import Report
 from rcarun.analysis.scoring import AbstentionRule, Expected, ItemScore, Prediction, score_items
 from rcarun.store import ItemRow, PredictionRow, Store, TrajectoryRow
 
@@ -39,8 +40,8 @@ class Rules:
     keep_handoff: bool = False
 
     @classmethod
-    def of_report(cls, report: Mapping[str, Any]) -> Rules:
-        protocol = report.get("protocol")
+    def of_report(cls, report: Report) -> Rules:
+        protocol = report.protocol
         if not isinstance(protocol, Mapping):
             return cls()
         abstentions = protocol.get("abstentions")

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from rcarun.analysis.protocol import scoring_rule
 from rcarun.analysis.render import render_html
+from rcarun.analysis.report.model import Report
 from rcarun.analysis.results import backbone_providers, run_config
 from rcarun.analysis.viewer.model import (
     CallView,
@@ -234,7 +235,7 @@ def _with_viewer_link(page: str, trajectories: int) -> str:
     return page.replace("<body>", "<body>\n" + link, 1)
 
 
-def write_site(store: Store, run: RunRow, directory: Path, report: Mapping[str, Any]) -> SiteFiles:
+def write_site(store: Store, run: RunRow, directory: Path, report: Report) -> SiteFiles:
     """Write the report and the trajectory viewer of ``run`` as a static site in ``directory``.
 
     Args:
@@ -242,7 +243,7 @@ def write_site(store: Store, run: RunRow, directory: Path, report: Mapping[str, 
         run: the run the report is about.
         directory: the site's folder: created when missing; an earlier site there is replaced, any other
             non-empty folder refused.
-        report: the report dict of ``run`` (`rcarun.analysis.report.build_report`); its page becomes
+        report: the `Report` of ``run`` (`rcarun.analysis.report.build_report`); its page becomes
             ``index.html`` and its scoring rules decide every verdict the viewer shows.
 
     Raises:
