@@ -23,12 +23,13 @@ $(CHROMIUM):
 demo: $(STAMP)
 	$(BIN)/rcarun sweep
 
+# Every test, slow ones included, on two workers (serially the suite takes 11-12 minutes here).
 test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n 2
 
 # The inner loop: everything `make test` checks but the tests marked slow (the demo sweep, chaos, calibration,
 # benchmarks, a full disk), on two cores. CI runs `make test`.
