@@ -111,10 +111,8 @@ def _report(db: Path, run: str, **options: Any) -> Report:
 
 
 def _metrics(report: Report, method: str, backbone: str = "bb") -> dict[str, Any]:
-    [row] = [
-        r for r in report.metrics if (r["backbone"], r["method"], r["realization"]) == (backbone, method, 0)
-    ]
-    return row
+    [row] = [r for r in report.metrics if (r.backbone, r.method, r.realization) == (backbone, method, 0)]
+    return row.to_json()
 
 
 # --- protocol resolution ----------------------------------------------------------------------------------------

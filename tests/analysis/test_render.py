@@ -14,6 +14,7 @@ import pytest
 from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
+from rcarun.analysis.report.model import CellMetrics, Scores
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -31,20 +32,20 @@ MACRO = {
 }
 
 
-def _metrics(agent: float | None, step: float | None, n: int) -> dict[str, Any]:
-    return {
-        "n": n,
-        "agent_acc": agent,
-        "step_acc": step,
-        "step_pm5": None if step is None else min(1.0, step + 0.1),
-        "joint_exact": None if step is None else step / 2,
-        "joint_pm5": None if step is None else step / 1.5,
-        "root_mae": 31.995,
-        "coverage": 0.97,
-    }
+def _metrics(agent: float | None, step: float | None, n: int) -> Scores:
+    return Scores(
+        n=n,
+        agent_acc=agent,
+        step_acc=step,
+        step_pm5=None if step is None else min(1.0, step + 0.1),
+        joint_exact=None if step is None else step / 2,
+        joint_pm5=None if step is None else step / 1.5,
+        root_mae=31.995,
+        coverage=0.97,
+    )
 
 
-def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]:
+def _metrics_row(backbone: str, method: str, realization: int) -> CellMetrics:
     agent, step = MACRO[backbone, method]
     shift = 0.01 * realization
     agent = None if agent is None else agent + shift
@@ -53,14 +54,9 @@ def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]
         SOURCES[0]: _metrics(agent, None if step is None else step + 0.05, 40),
         SOURCES[1]: _metrics(agent, None if step is None else step - 0.05, 40),
     }
-    return {
-        "backbone": backbone,
-        "method": method,
-        "realization": realization,
-        **pooled,
-        "macro": _metrics(agent, step, 80),
-        "per_source": per_source,
-    }
+    return CellMetrics(
+        backbone, method, realization, pooled, _metrics(agent, step, 80), per_source=per_source
+    )
 
 
 def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> CostRow:
@@ -348,7 +344,7 @@ def test_empty_report_renders_without_plots() -> None:
 
 def test_single_backbone_method_and_source_still_plot() -> None:
     row = _metrics_row("mock-flash", "all-at-once", 0)
-    row["per_source"] = {"TravelPlanner": row["per_source"]["TravelPlanner"]}
+    row = replace(row, per_source={"TravelPlanner": row.per_source["TravelPlanner"]})
     tiny = Report(
         run=RunInfo("tiny", 2, "done", ""),
         simulated=True,
@@ -409,15 +405,16 @@ def make_failing_report() -> Report:
     outcomes.append(_outcome("mock-pro", "binary search", 0, failed=70))
     low = _outcome("mock-flash", "binary search", 0, failed=20, skipped_budget=25, invalid=5)
     outcomes.append(low | {"status": "partial", "shown": True, "readable": 30})
+    metrics = []
     for row in report.metrics:
-        if (row["backbone"], row["method"], row["realization"]) == ("mock-pro", "binary search", 0):
-            row |= {"status": "failed", "shown": False}
-        elif (row["backbone"], row["method"], row["realization"]) == ("mock-flash", "binary search", 0):
-            row |= {"status": "partial", "shown": True}
+        if (row.backbone, row.method, row.realization) == ("mock-pro", "binary search", 0):
+            metrics.append(replace(row, status="failed", shown=False))
+        elif (row.backbone, row.method, row.realization) == ("mock-flash", "binary search", 0):
+            metrics.append(replace(row, status="partial", shown=True))
         else:
-            row |= {"status": "complete", "shown": True}
+            metrics.append(replace(row, status="complete", shown=True))
     protocol = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
-    return replace(report, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
+    return replace(report, metrics=metrics, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
 
 
 def _summary_facts(page: str) -> dict[str, str]:
@@ -527,9 +524,9 @@ def test_table3_gives_each_number_its_interval(report: dict[str, Any], page: str
     )  # 12 cells, one of them (mock-flash Step of the <script> method) a dash
     assert "Cells: the number (%) and its 95% interval" in accuracy
     pooled = render_html(replace(report, aggregate="pooled"))
-    row = next(r for r in report.metrics if r["backbone"] == "mock-pro" and r["method"] == "binary search")
+    row = next(r for r in report.metrics if r.backbone == "mock-pro" and r.method == "binary search")
     low, high = _interval([(40, 0.33), (40, 0.23)], pooled=True)
-    assert row["step_acc"] == 0.28
+    assert row.pooled.step_acc == 0.28
     assert (
         f'<strong>28.0</strong> <span class="ci">[{low * 100:.1f}, {high * 100:.1f}]</span>'
         in _accuracy_html(pooled)
@@ -571,8 +568,8 @@ def test_fourteen_methods_plot_with_readable_labels() -> None:
     rows = []
     for b, backbone in enumerate(("alpha", "beta", "gamma", "delta")):
         for i, method in enumerate(methods):
-            row = _metrics_row("mock-flash", "all-at-once", 0) | {"backbone": backbone, "method": method}
-            rows.append(row | {"macro": _metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)})
+            row = replace(_metrics_row("mock-flash", "all-at-once", 0), backbone=backbone, method=method)
+            rows.append(replace(row, macro=_metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)))
     wide = Report(run=RunInfo("wide", 0, "", ""), simulated=False, aggregate="macro", metrics=rows)
     page = render_html(wide)
     images = _images(page)

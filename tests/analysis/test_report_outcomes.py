@@ -205,7 +205,7 @@ def test_outcomes_count_every_expected_trajectory_once(report: dict[str, Any]) -
 
 
 def test_a_cell_without_predictions_is_not_scored_as_zero(report: dict[str, Any]) -> None:
-    metrics = {(m["backbone"], m["method"], m["realization"]): m for m in report.metrics}
+    metrics = {(m.backbone, m.method, m.realization): m.to_json() for m in report.metrics}
     for key in (("bb", "beta", 0), ("down", "alpha", 0), ("down", "gamma", 0)):
         entry = metrics[key]
         assert entry["n"] == 0 and entry["agent_acc"] is None and entry["step_acc"] is None, key

@@ -26,14 +26,13 @@ from .model import (
     _listed,
     _metric_value,
     _min_share,
-    _num,
     _outcome_notes,
     _outcomes,
     _pct,
-    _per_source,
     _Row,
     _row,
     _rule_note,
+    _score,
     _Section,
     _sources,
     _Table,
@@ -65,7 +64,7 @@ def _accuracy_section(report: Report) -> _Section:
     grid: dict[tuple[str, str], list[float | None]] = {}
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
-        grid[backbone, method] = [_num(headline, "agent_acc"), _num(headline, "step_acc")]
+        grid[backbone, method] = [_score(headline, "agent_acc"), _score(headline, "step_acc")]
     columns: list[list[_Cell]] = []  # one list per number column, in backbone order, Agent then Step
     for backbone in backbones:
         rows_in = [first.get((backbone, m)) for m in methods]
@@ -79,7 +78,7 @@ def _accuracy_section(report: Report) -> _Section:
             for found, value, failure, best in zip(rows_in, values, failures, flags, strict=True):
                 bounds = None if found is None else _interval(report, found, metric)
                 interval = "" if bounds is None else f"[{_pct(bounds[0])}, {_pct(bounds[1])}]"
-                partial = found is not None and _text(found, "status") == "partial"
+                partial = found is not None and found.status == "partial"
                 column.append(_accuracy_cell(failure, value, best, partial=partial, interval=interval))
             columns.append(column)
     rows = tuple(
@@ -108,7 +107,7 @@ def _accuracy_section(report: Report) -> _Section:
         totals = _totals(report)
         if totals:
             notes.append(totals[0].upper() + totals[1:] + ".")
-        keys = [(b, m, round(_num(r, "realization") or 0)) for (b, m), r in first.items()]
+        keys = [(b, m, r.realization) for (b, m), r in first.items()]
         notes += _outcome_notes(report, keys)
     return _Section("accuracy", title, (table,), tuple(notes))
 
@@ -197,9 +196,9 @@ def _full_metrics_section(report: Report) -> _Section:
     rows = []
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
-        values = [_metric_value(m, _num(headline, m)) for m in _METRICS]
-        status = (_text(row, "status") or DASH,) if with_status else ()
-        rows.append(_row(backbone, method, *status, _count(_num(headline, "n")), *values))
+        values = [_metric_value(m, _score(headline, m)) for m in _METRICS]
+        status = (row.status or DASH,) if with_status else ()
+        rows.append(_row(backbone, method, *status, _count(float(headline.n)), *values))
     metrics = ("Agent", "Step", "Step ±5", "Joint exact", "Joint ±5", "Root MAE", "Coverage")
     labels = ("Backbone", "Method", *(("Status",) if with_status else ()))
     table = _Table(
@@ -208,7 +207,7 @@ def _full_metrics_section(report: Report) -> _Section:
         label_columns=len(labels),
         caption=f"All metrics (%; Root MAE in steps), {_aggregate_label(report)}; first realization.",
     )
-    notes = [*_rule_note(report), *_coverage_notes(first.values())]
+    notes = [*_rule_note(report), *_coverage_notes((row.method, row.coverage_rule) for row in first.values())]
     if with_status:
         notes.append(
             "Status and the rule behind it: see Outcomes. A cell with no prediction at all is not scored (n 0, "
@@ -223,13 +222,12 @@ _COVERAGE_CHECKS = (
 )
 
 
-def _coverage_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Which coverage rule each method's Coverage used (``coverage_rule`` of its metrics rows)."""
+def _coverage_notes(rules_of: Iterable[tuple[str, object]]) -> list[str]:
+    """Which coverage rule each method's Coverage used: (method, its rows' ``coverage_rule``) pairs."""
     rules: dict[str, set[str]] = {}
-    for row in rows:
-        rule = row.get("coverage_rule")
+    for method, rule in rules_of:
         if isinstance(rule, str):
-            rules.setdefault(rule, set()).add(_text(row, "method"))
+            rules.setdefault(rule, set()).add(method)
     if not rules:
         return []
     parts = []
@@ -265,8 +263,8 @@ def _per_source_section(report: Report) -> _Section:
                 continue
             cells = [method]
             for source in sources:
-                metrics = _per_source(row, source)
-                cells += [_pct(_num(metrics, "agent_acc")), _pct(_num(metrics, "step_acc"))]
+                scores = row.per_source.get(source)
+                cells += [_pct(_score(scores, "agent_acc")), _pct(_score(scores, "step_acc"))]
             rows.append(_row(*cells))
         tables.append(
             _Table(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report.model import Report, Rows
+from ..report.model import CellMetrics, Report, Rows, Scores
 from ..scoring import METRIC_BY_NAME, METRICS
 from ..stats import stratified_interval
 
@@ -170,40 +170,28 @@ def _aggregate(report: Report) -> str:
     return "pooled" if report.aggregate == "pooled" else "macro"
 
 
-def _first_realizations(report: Report) -> dict[tuple[str, str], Mapping[str, Any]]:
+def _first_realizations(report: Report) -> dict[tuple[str, str], CellMetrics]:
     """(backbone, method) -> its metrics row with the lowest realization, in the report's order."""
-    chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for row in _listed(report.metrics):
-        key = (_text(row, "backbone"), _text(row, "method"))
-        realization = _num(row, "realization") or 0.0
-        if key not in chosen or realization < (_num(chosen[key], "realization") or 0.0):
+    chosen: dict[tuple[str, str], CellMetrics] = {}
+    for row in report.metrics:
+        key = (row.backbone, row.method)
+        if key not in chosen or row.realization < chosen[key].realization:
             chosen[key] = row
     return chosen
 
 
-def _headline(report: Report, row: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The metric dict of the report's aggregate: the ``macro`` sub-dict or the top-level (pooled) keys."""
-    if _aggregate(report) == "pooled":
-        return row
-    macro = row.get("macro")
-    return macro if isinstance(macro, Mapping) else None
+def _headline(report: Report, row: CellMetrics) -> Scores:
+    """The scores of the report's aggregate: macro or pooled."""
+    return row.pooled if _aggregate(report) == "pooled" else row.macro
+
+
+def _score(scores: Scores | None, metric: str) -> float | None:
+    """A metric's finite value, or None (no scores, nothing scored, or not finite)."""
+    return None if scores is None else _finite(scores.value(metric))
 
 
 def _sources(report: Report) -> list[str]:
-    names: list[str] = []
-    for row in _listed(report.metrics):
-        per_source = row.get("per_source")
-        if isinstance(per_source, Mapping):
-            names.extend(str(s) for s in per_source)
-    return _unique(names)
-
-
-def _per_source(row: Mapping[str, Any], source: str) -> Mapping[str, Any] | None:
-    per_source = row.get("per_source")
-    if not isinstance(per_source, Mapping):
-        return None
-    metrics = per_source.get(source)
-    return metrics if isinstance(metrics, Mapping) else None
+    return _unique(source for row in report.metrics for source in row.per_source)
 
 
 def _aggregate_label(report: Report) -> str:
@@ -314,7 +302,7 @@ class _Failure:
 
 def _failure(
     report: Report,
-    row: Mapping[str, Any],
+    row: CellMetrics,
     outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
 ) -> _Failure | None:
     """The failure of a backbone × method × realization cell, or None when its number rests on answers.
@@ -324,14 +312,14 @@ def _failure(
     than the report's threshold (``min_readable_share``): the last is checked here too, so a number is never
     marked best on the word of a flag alone.
     """
-    key = (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0))
+    key = (row.backbone, row.method, row.realization)
     outcome = (_outcomes(report) if outcomes is None else outcomes).get(key)
     expected, readable = _int(outcome, "expected"), _int(outcome, "readable")
     low = outcome is not None and (expected == 0 or readable < _min_share(report) * expected)
-    hidden = row.get("shown") is False or (outcome is not None and outcome.get("shown") is False)
-    if not (low or hidden or _num(row, "n") == 0):
+    hidden = not row.shown or (outcome is not None and outcome.get("shown") is False)
+    if not (low or hidden or row.pooled.n == 0):
         return None
-    status = _text(row, "status") or _text(outcome or {}, "status")
+    status = row.status or _text(outcome or {}, "status")
     word = status if status and status not in ("complete", "partial") else "too few readable"
     found = outcome.get("messages") if outcome is not None else None
     messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
@@ -351,31 +339,30 @@ def _confidence(report: Report) -> float:
     return 0.95 if level is None or not 0 < level < 1 else level
 
 
-def _interval(report: Report, row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+def _interval(report: Report, row: CellMetrics, metric: str) -> tuple[float, float] | None:
     """The report's interval for one cell's headline Agent or Step Acc; None when the cell has no number.
 
     A report without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
     its per-source counts, which is what the report computes.
     """
     headline = _headline(report, row)
-    estimate = _num(headline, metric)
-    if estimate is None or headline is None:
+    estimate = _score(headline, metric)
+    if estimate is None:
         return None
-    carried = headline.get("intervals")
-    bounds = carried.get(metric) if isinstance(carried, Mapping) else None
-    if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int | float) for b in bounds):
+    carried = row.pooled_intervals if _aggregate(report) == "pooled" else row.macro_intervals
+    bounds = None if carried is None else carried.get(metric)
+    if bounds is not None:
         return float(bounds[0]), float(bounds[1])
     strata = []
-    found = row.get("per_source")
-    for metrics in found.values() if isinstance(found, Mapping) else ():
-        n, p = _num(metrics, "n"), _num(metrics, metric)
-        if isinstance(metrics, Mapping) and n and p is not None:
-            strata.append((n, p))
-    if not strata:  # a dict without sources: the headline as one binomial
-        n = _num(headline, "n") or _num(row, "n")
+    for scores in row.per_source.values():
+        p = _score(scores, metric)
+        if scores.n and p is not None:
+            strata.append((float(scores.n), p))
+    if not strata:  # a row without sources: the headline as one binomial
+        n = headline.n or row.pooled.n
         if not n:
             return None
-        strata = [(n, estimate)]
+        strata = [(float(n), estimate)]
     found = stratified_interval(
         estimate,
         strata,

@@ -229,7 +229,7 @@ def _components_section(report: Report) -> _Section | None:
             else ()
         ),
         *((f"Scoring rule (component study): {rule}.",) if rule else ()),
-        *_coverage_notes(rows_in),
+        *_coverage_notes((_text(row, "method"), row.get("coverage_rule")) for row in rows_in),
         "MAE n: non-abstaining outputs with a parseable in-range step (the MAE's outputs). Δ: the condition's "
         "Step Acc minus full RCTA's, with its pointwise source-stratified paired-bootstrap interval "
         f"({_count(_num(found, 'resamples'))} resamples, seed {_text(found, 'seed')}); W/L: trajectories only the "

@@ -75,12 +75,20 @@ def _summary(report: Report) -> list[_Fact]:
             else "no",
         ),
     ]
-    metrics, outcomes = _listed(report.metrics), _listed(report.outcomes)
+    metrics, outcomes = report.metrics, _listed(report.outcomes)
     backbones = _unique(
-        [*(_text(r, "backbone") for r in (*metrics, *outcomes)), *(r.backbone for r in report.cost)]
+        [
+            *(r.backbone for r in metrics),
+            *(_text(r, "backbone") for r in outcomes),
+            *(r.backbone for r in report.cost),
+        ]
     )
     methods = _unique(
-        [*(_text(r, "method") for r in (*metrics, *outcomes)), *(r.method for r in report.cost)]
+        [
+            *(r.method for r in metrics),
+            *(_text(r, "method") for r in outcomes),
+            *(r.method for r in report.cost),
+        ]
     )
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
     facts += [_served_fact(served) for served in report.served_by]

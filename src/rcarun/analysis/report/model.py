@@ -1,14 +1,14 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the excluded cells, the cost rows, what served the backbones and the call timing are typed; each other section keeps the
-rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
+The top level, the run, the excluded cells, the metrics, the cost rows, what served the backbones and the call
+timing are typed; each other section keeps the rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..cost import CostRow, ServedBy
@@ -52,6 +52,76 @@ class Excluded:
 
 
 @dataclass(frozen=True, slots=True)
+class Scores:
+    """One aggregate of a cell's scores: ``n`` expected trajectories and one value per metric of `METRICS`
+    (fractions; ``root_mae`` in steps; None when nothing was scored). The fields' order is the JSON's."""
+
+    n: int
+    agent_acc: float | None = None
+    step_acc: float | None = None
+    step_pm5: float | None = None
+    joint_exact: float | None = None
+    joint_pm5: float | None = None
+    root_mae: float | None = None
+    coverage: float | None = None
+
+    def value(self, metric: str) -> float | None:
+        """The value of a metric named as in `METRICS`."""
+        if metric == "n" or metric not in _SCORE_FIELDS:
+            raise KeyError(metric)
+        found: float | None = getattr(self, metric)
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _SCORE_FIELDS}
+
+
+_SCORE_FIELDS = tuple(f.name for f in fields(Scores))
+
+Bounds = tuple[float, float]
+"""An interval's low and high end."""
+
+
+@dataclass(frozen=True, slots=True)
+class CellMetrics:
+    """A backbone × method × realization cell's scores: pooled, macro, per source and post-stratified, with the
+    interval of each Table 3 metric of the two headlines (None: not carried, as in a hand-built report)."""
+
+    backbone: str
+    method: str
+    realization: int
+    pooled: Scores
+    macro: Scores
+    status: str = ""  # "" in a report without outcomes
+    shown: bool = True
+    pooled_intervals: Mapping[str, Bounds] | None = None
+    macro_intervals: Mapping[str, Bounds] | None = None
+    per_source: Mapping[str, Scores] = field(default_factory=dict)
+    post_stratified: Scores | None = None
+    coverage_rule: str | None = None  # whose checks decided coverage: "method", "validity" or "mixed"
+
+    def to_json(self) -> dict[str, Any]:
+        """The metrics row: pooled at the top level, the rest nested, as ``--json`` has always written it."""
+        return {
+            "backbone": self.backbone,
+            "method": self.method,
+            "realization": self.realization,
+            "status": self.status,
+            "shown": self.shown,
+            **self.pooled.to_json(),
+            "intervals": _bounds_json(self.pooled_intervals),
+            "macro": {**self.macro.to_json(), "intervals": _bounds_json(self.macro_intervals)},
+            "per_source": {source: scores.to_json() for source, scores in self.per_source.items()},
+            "post_stratified": None if self.post_stratified is None else self.post_stratified.to_json(),
+            "coverage_rule": self.coverage_rule,
+        }
+
+
+def _bounds_json(intervals: Mapping[str, Bounds] | None) -> dict[str, list[float]] | None:
+    return None if intervals is None else {metric: list(bounds) for metric, bounds in intervals.items()}
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """One run's report. A field left at its default is a part the report does not have (a hand-built one).
 
@@ -68,7 +138,7 @@ class Report:
     protocol: Part = None
     outcomes: Rows = ()
     excluded: Sequence[Excluded] = ()
-    metrics: Rows = ()
+    metrics: Sequence[CellMetrics] = ()
     paired: Rows = ()
     paired_backbones: Rows = ()
     paired_across: Rows = ()
@@ -104,7 +174,9 @@ def _json(value: object) -> object:
         return dict(value)
     if isinstance(value, list | tuple):
         return [
-            row.to_json() if isinstance(row, Excluded | CostRow | CallTiming | ServedBy) else dict(row)
+            row.to_json()
+            if isinstance(row, Excluded | CellMetrics | CostRow | CallTiming | ServedBy)
+            else dict(row)
             for row in value
         ]
     return value
