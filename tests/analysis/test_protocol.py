@@ -214,7 +214,7 @@ def test_a_component_study_is_scored_and_tested_by_the_ablation_rules(db: Path) 
     assert (rcta["coverage"], rcta["coverage_rule"]) == (6 / 8, "mixed")
     assert _metrics(report, "rcta/no-a1")["coverage_rule"] == "validity"
     # Four pre-specified tests at most: Step Acc only, every condition against full RCTA, Holm per backbone.
-    paired = {p["method_b"]: p for p in report.paired}
+    paired = {p.method_b: p.to_json() for p in report.paired}
     assert set(paired) == {"rcta/no-a1", "rcta/no-a4"}
     assert {(p["metric"], p["family"]) for p in paired.values()} == {("step_acc", "app-h/bb/step_acc")}
     assert (paired["rcta/no-a1"]["wins"], paired["rcta/no-a1"]["losses"]) == (2, 0)
@@ -277,11 +277,11 @@ def test_flags_choose_each_rule_apart(db: Path) -> None:
 def test_a_mixed_run_gets_the_main_protocol_and_the_component_table(db: Path) -> None:
     report = _report(db, "mixed", resamples=100)
     assert report.protocol["name"] == "main" and "component study" in report.protocol["reason"]
-    assert {p["method_b"] for p in report.paired} == {"aao"}
-    assert {p["family"] for p in report.paired} == {"app-b/agent_acc", "app-b/step_acc"}
+    assert {p.method_b for p in report.paired} == {"aao"}
+    assert {p.family for p in report.paired} == {"app-b/agent_acc", "app-b/step_acc"}
     assert [row["method"] for row in report.components["rows"]] == ["rcta", "rcta/no-a1", "rcta/no-a4"]
     forced = _report(db, "mixed", protocol="ablation", resamples=100)
-    assert {p["method_b"] for p in forced.paired} == {"rcta/no-a1", "rcta/no-a4"}
+    assert {p.method_b for p in forced.paired} == {"rcta/no-a1", "rcta/no-a4"}
     assert [r["method"] for r in forced.protocol["not_compared"]] == ["aao"]
 
 
@@ -291,7 +291,7 @@ def test_a_mixed_run_gets_the_main_protocol_and_the_component_table(db: Path) ->
 def _families(report: Report) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for entry in report.paired:
-        found.setdefault(entry["family"], []).append(entry)
+        found.setdefault(entry.family or "", []).append(entry.to_json())
     return found
 
 

@@ -14,7 +14,7 @@ import pytest
 from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
-from rcarun.analysis.report.model import CellMetrics, Scores
+from rcarun.analysis.report.model import CellMetrics, PairedRow, Scores
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -85,38 +85,39 @@ def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> Cost
 def make_report(*, simulated: bool = True) -> Report:
     metrics = [_metrics_row(b, m, r) for r in (0, 1) for b in BACKBONES for m in METHODS]
     paired = [
-        {
-            "backbone": backbone,
-            "method_a": "binary search",
-            "method_b": other,
-            "metric": "step_acc",
-            "delta": 0.14,
-            "ci_low": 0.075,
-            "ci_high": 0.205,
-            "wins": 39,
-            "losses": 11,
-            "p_mcnemar": 0.000123456,
-            "p_holm": 0.0601,
-            "n": 80,
-        }
+        PairedRow(
+            "methods",
+            backbone,
+            "binary search",
+            backbone,
+            other,
+            "step_acc",
+            80,
+            delta=0.14,
+            ci_low=0.075,
+            ci_high=0.205,
+            wins=39,
+            losses=11,
+            p_mcnemar=0.000123456,
+            p_holm=0.0601,
+        )
         for backbone in BACKBONES
         for other in ("all-at-once", EVIL)
     ]
     paired_backbones = [
-        {
-            "method": "binary search",
-            "backbone_a": "mock-flash",
-            "backbone_b": "mock-pro",
-            "metric": "root_mae",
-            "delta": -1.235,
-            "ci_low": -6.975,
-            "ci_high": 9.235,
-            "wins": None,
-            "losses": None,
-            "p_mcnemar": None,
-            "p_holm": 1.0,
-            "n": 80,
-        }
+        PairedRow(
+            "backbones",
+            "mock-flash",
+            "binary search",
+            "mock-pro",
+            "binary search",
+            "root_mae",
+            80,
+            delta=-1.235,
+            ci_low=-6.975,
+            ci_high=9.235,
+            p_holm=1.0,
+        )
     ]
     complementarity = [
         {

@@ -92,8 +92,8 @@ def test_the_task_cluster_bootstrap_draws_the_fixtures_tasks(report: dict[str, A
             (expected.delta, expected.low, expected.high)
         )
         # The same Δ as the paired comparison, with an interval from another resampling unit.
-        paired = next(p for p in report.paired if p["backbone"] == backbone and p["metric"] == "step_acc")
-        assert paired["delta"] == pytest.approx(row["delta"])
+        paired = next(p for p in report.paired if p.backbone_a == backbone and p.metric == "step_acc")
+        assert paired.delta == pytest.approx(row["delta"])
 
 
 def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(report: dict[str, Any]) -> None:
@@ -182,10 +182,8 @@ def test_a_trajectory_without_a_task_is_a_task_of_its_own(tmp_path: Path) -> Non
     clusters = found.task_clusters
     assert (clusters["tasks"], clusters["without_task"]) == (24, 24)
     for row in clusters["rows"]:
-        paired = next(
-            p for p in found.paired if p["backbone"] == row["backbone"] and p["metric"] == "step_acc"
-        )
-        assert (row["ci_low"], row["ci_high"]) == (paired["ci_low"], paired["ci_high"])
+        paired = next(p for p in found.paired if p.backbone_a == row["backbone"] and p.metric == "step_acc")
+        assert (row["ci_low"], row["ci_high"]) == (paired.ci_low, paired.ci_high)
     text = render_text(found, sections=("task-clusters",))
     assert (
         "24 trajectories have no stored task" in text

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cost import CostRow
-from ..report.model import Report
+from ..report.model import PairedRow, Report
 from ..scoring import metric_label
 from .cost import _sum
 from .model import (
@@ -287,10 +287,10 @@ def _repeatability_lead(report: Report) -> tuple[_Table, ...]:
 
 def _paired_lead(report: Report) -> tuple[_Table, ...]:
     """The comparisons between methods with both metrics on one row: Δ and interval, W/L, Holm p each."""
-    grouped: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
-    for row in _listed(report.paired):
-        key = (_text(row, "backbone"), f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}")
-        grouped.setdefault(key, {})[_text(row, "metric")] = row
+    grouped: dict[tuple[str, str], dict[str, PairedRow]] = {}
+    for row in report.paired:
+        key = (row.backbone_a, f"{row.method_a} vs {row.method_b}")
+        grouped.setdefault(key, {})[row.metric] = row
     if not grouped:
         return ()
     metrics = _unique(m for found in grouped.values() for m in found)

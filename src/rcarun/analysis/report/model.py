@@ -1,6 +1,7 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the excluded cells, the metrics, the cost rows, what served the backbones and the call
+The top level, the run, the excluded cells, the metrics, the paired comparisons, the
+cost rows, what served the backbones and the call
 timing are typed; each other section keeps the rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from ..cost import CostRow, ServedBy
 from ..timing import CallTiming
@@ -122,6 +123,63 @@ def _bounds_json(intervals: Mapping[str, Bounds] | None) -> dict[str, list[float
 
 
 @dataclass(frozen=True, slots=True)
+class PairedRow:
+    """One paired comparison, A − B on one metric over the trajectories both answered. ``kind`` names its
+    section: two methods on one backbone (``paired``), one method on two backbones (``paired_backbones``), or
+    a method on each kind of backbone (``paired_across``). A statistic left None is one a hand-built row lacks."""
+
+    kind: Literal["methods", "backbones", "across"]
+    backbone_a: str
+    method_a: str
+    backbone_b: str
+    method_b: str
+    metric: str
+    n: int
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    wins: int | None = None
+    losses: int | None = None
+    p_mcnemar: float | None = None
+    p_holm: float | None = None  # within its Holm family
+    family: str | None = None  # the Holm family's id (docs/analysis.md)
+    score_a: float | None = None
+    score_b: float | None = None
+    p_holm_joint: float | None = None  # App. B's family over both metrics
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as its section has always written it: the labels in that section's order, then the statistics."""
+        labels: dict[str, Any]
+        if self.kind == "methods":
+            labels = {"backbone": self.backbone_a, "method_a": self.method_a, "method_b": self.method_b}
+        elif self.kind == "backbones":
+            labels = {"method": self.method_a, "backbone_a": self.backbone_a, "backbone_b": self.backbone_b}
+        else:
+            labels = {
+                "method_a": self.method_a,
+                "backbone_a": self.backbone_a,
+                "method_b": self.method_b,
+                "backbone_b": self.backbone_b,
+            }
+        return {
+            **labels,
+            "metric": self.metric,
+            "family": self.family,
+            "n": self.n,
+            "score_a": self.score_a,
+            "score_b": self.score_b,
+            "delta": self.delta,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "wins": self.wins,
+            "losses": self.losses,
+            "p_mcnemar": self.p_mcnemar,
+            "p_holm": self.p_holm,
+            "p_holm_joint": self.p_holm_joint,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """One run's report. A field left at its default is a part the report does not have (a hand-built one).
 
@@ -139,9 +197,9 @@ class Report:
     outcomes: Rows = ()
     excluded: Sequence[Excluded] = ()
     metrics: Sequence[CellMetrics] = ()
-    paired: Rows = ()
-    paired_backbones: Rows = ()
-    paired_across: Rows = ()
+    paired: Sequence[PairedRow] = ()
+    paired_backbones: Sequence[PairedRow] = ()
+    paired_across: Sequence[PairedRow] = ()
     complementarity: Rows = ()
     components: Part = None
     repeatability: Rows = ()
@@ -175,7 +233,7 @@ def _json(value: object) -> object:
     if isinstance(value, list | tuple):
         return [
             row.to_json()
-            if isinstance(row, Excluded | CellMetrics | CostRow | CallTiming | ServedBy)
+            if isinstance(row, Excluded | CellMetrics | PairedRow | CostRow | CallTiming | ServedBy)
             else dict(row)
             for row in value
         ]

@@ -35,7 +35,7 @@ from ..stats import (
 )
 from .cells import _coverage_rule, _headline, _outcomes, _scored, _shown, cell_status
 from .options import METRIC_NAMES, RECALL_SETS, ReportOptions, _bounds, _number, _Study
-from .paired import _compare, _comparison_json
+from .paired import _compare
 
 
 def _repeatability(scores: RunScores, protocol: Protocol) -> list[dict[str, Any]]:
@@ -323,8 +323,9 @@ def _components(
                 )
                 tested.append((row, comparison))
         for (row, _), comparison in zip(tested, adjust_family([c for _, c in tested]), strict=True):
-            found = _comparison_json(comparison)
-            row.update({key: found[key] for key in ("delta", "ci_low", "ci_high", "wins", "losses")})
+            row.update(
+                {key: getattr(comparison, key) for key in ("delta", "ci_low", "ci_high", "wins", "losses")}
+            )
             row.update({"p_mcnemar": comparison.p_mcnemar, "p_holm": comparison.p_holm})
         rows += block
     return {
