@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from rcarun.analysis.agreement import Agreement, Spread
 from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
-from rcarun.analysis.report.model import CellMetrics, PairedRow, Scores
+from rcarun.analysis.report.model import CellMetrics, PairedRow, Repeatability, Scores
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -132,17 +133,17 @@ def make_report(*, simulated: bool = True) -> Report:
         }
     ]
     repeatability = [
-        {
-            "backbone": b,
-            "method": m,
-            "realizations": [0, 1],
-            "metrics": {
-                "agent_acc": {"n": 2, "mean": 0.43, "sd": 0.00707, "min": 0.425, "max": 0.435, "range": 0.01},
-                "root_mae": {"n": 2, "mean": 31.995, "sd": 0.0, "min": 31.995, "max": 31.995, "range": 0.0},
+        Repeatability(
+            b,
+            m,
+            (0, 1),
+            {
+                "agent_acc": Spread(n=2, mean=0.43, min=0.425, max=0.435, sd=0.00707),
+                "root_mae": Spread(n=2, mean=31.995, min=31.995, max=31.995, sd=0.0),
             },
-            "agreement": [{"first": 0, "second": 1, "n": 80, "agree": 74, "both_missing": 1, "rate": 0.925}],
-            "mean_agreement": 0.925,
-        }
+            [Agreement(first=0, second=1, n=80, agree=74, both_missing=1)],
+            0.925,
+        )
         for b in BACKBONES
         for m in METHODS
     ]

@@ -236,7 +236,7 @@ def test_cells_whose_number_rests_on_nothing_are_left_out_of_comparisons(report:
     }
     assert {(p.backbone_a, p.method_b) for p in report.paired} == {("bb", "delta")}
     assert {(c["backbone"], c["method_b"]) for c in report.complementarity} == {("bb", "delta")}
-    assert {(r["backbone"], r["method"]) for r in report.repeatability} == {("bb", "alpha")}
+    assert {(r.backbone, r.method) for r in report.repeatability} == {("bb", "alpha")}
     assert {(g["backbone"], g["method"]) for g in report.length_groups} == {
         ("bb", m) for m in ("alpha", "gamma", "delta", "eps")
     }

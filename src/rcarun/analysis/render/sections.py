@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from ..report.model import Report
 from ..scoring import metric_label
 from .cells import _accuracy_section, _full_metrics_section, _outcomes_section, _per_source_section
@@ -15,6 +12,7 @@ from .model import (
     _aggregate_label,
     _Columns,
     _count,
+    _finite,
     _is_fraction,
     _keyed_row,
     _listed,
@@ -23,7 +21,6 @@ from .model import (
     _protocol,
     _Row,
     _row,
-    _rows,
     _rule_note,
     _run,
     _Section,
@@ -111,41 +108,34 @@ def _header_lines(report: Report) -> tuple[str, list[str]]:
 
 
 def _repeatability_section(report: Report) -> _Section:
-    rows_in = _listed(report.repeatability)
+    rows_in = report.repeatability
     title = "Repeatability"
     if not rows_in:
         return _Section("repeatability", title, notes=("No repeated realizations in this report.",))
     spread_rows: list[_Row] = []
     agreement_rows: list[_Row] = []
     for row in rows_in:
-        backbone, method = _text(row, "backbone"), _text(row, "method")
-        realizations = row.get("realizations")
-        names = ", ".join(str(r) for r in realizations) if isinstance(realizations, Sequence) else DASH
-        found = row.get("metrics")
-        metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        ordered = [m for m in _METRICS if m in metrics] + [str(m) for m in metrics if m not in _METRICS]
+        backbone, method = row.backbone, row.method
+        names = ", ".join(str(r) for r in row.realizations)
+        metrics = row.metrics
+        ordered = [m for m in _METRICS if m in metrics] + [m for m in metrics if m not in _METRICS]
         for metric in ordered:
-            stats = metrics[metric] if isinstance(metrics[metric], Mapping) else {}
+            stats = metrics[metric]
             fmt = _pct if _is_fraction(metric) else _steps
-            mean, sd = _num(stats, "mean"), _num(stats, "sd")
-            lo, hi = _num(stats, "min"), _num(stats, "max")
             spread_rows.append(
                 _row(
                     backbone,
                     method,
                     metric_label(metric),
-                    _count(_num(stats, "n")),
-                    f"{fmt(mean)} ± {fmt(sd)}",
-                    f"{fmt(lo)}–{fmt(hi)}",
-                    fmt(_num(stats, "range")),
+                    _count(float(stats.n)),
+                    f"{fmt(_finite(stats.mean))} ± {fmt(_finite(stats.sd))}",
+                    f"{fmt(_finite(stats.min))}–{fmt(_finite(stats.max))}",
+                    fmt(_finite(stats.range)),
                 )
             )
-        pairs = [
-            f"{_text(a, 'first')} vs {_text(a, 'second')}: {_pct(_num(a, 'rate'))}"
-            for a in _rows(row, "agreement")
-        ]
+        pairs = [f"{a.first} vs {a.second}: {_pct(_finite(a.rate))}" for a in row.agreement]
         agreement_rows.append(
-            _row(backbone, method, names, "; ".join(pairs) or DASH, _pct(_num(row, "mean_agreement")))
+            _row(backbone, method, names, "; ".join(pairs) or DASH, _pct(_finite(row.mean_agreement)))
         )
     spread = _Table(
         columns=("Backbone", "Method", "Metric", "n", "Mean ± SD", "Min–max", "Range"),

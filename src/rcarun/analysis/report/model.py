@@ -1,7 +1,7 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the excluded cells, the metrics, the paired comparisons, the
-cost rows, what served the backbones and the call
+The top level, the run, the excluded cells, the metrics, the paired comparisons,
+repeatability, the cost rows, what served the backbones and the call
 timing are typed; each other section keeps the rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
 """
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from ..agreement import Agreement, Spread
 from ..cost import CostRow, ServedBy
 from ..timing import CallTiming
 
@@ -180,6 +181,42 @@ class PairedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Repeatability:
+    """One backbone × method over its scored realizations: each metric's spread over them (headline aggregate)
+    and how often each pair of realizations predicts the same root step."""
+
+    backbone: str
+    method: str
+    realizations: Sequence[int]
+    metrics: Mapping[str, Spread]
+    agreement: Sequence[Agreement]
+    mean_agreement: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backbone": self.backbone,
+            "method": self.method,
+            "realizations": list(self.realizations),
+            "metrics": {
+                name: {"n": s.n, "mean": s.mean, "sd": s.sd, "min": s.min, "max": s.max, "range": s.range}
+                for name, s in self.metrics.items()
+            },
+            "agreement": [
+                {
+                    "first": a.first,
+                    "second": a.second,
+                    "n": a.n,
+                    "agree": a.agree,
+                    "both_missing": a.both_missing,
+                    "rate": a.rate,
+                }
+                for a in self.agreement
+            ],
+            "mean_agreement": self.mean_agreement,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """One run's report. A field left at its default is a part the report does not have (a hand-built one).
 
@@ -202,7 +239,7 @@ class Report:
     paired_across: Sequence[PairedRow] = ()
     complementarity: Rows = ()
     components: Part = None
-    repeatability: Rows = ()
+    repeatability: Sequence[Repeatability] = ()
     recall: Rows = ()
     turns: Rows = ()
     task_clusters: Part = None
@@ -233,7 +270,9 @@ def _json(value: object) -> object:
     if isinstance(value, list | tuple):
         return [
             row.to_json()
-            if isinstance(row, Excluded | CellMetrics | PairedRow | CostRow | CallTiming | ServedBy)
+            if isinstance(
+                row, Excluded | CellMetrics | PairedRow | Repeatability | CostRow | CallTiming | ServedBy
+            )
             else dict(row)
             for row in value
         ]
