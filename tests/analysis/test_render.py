@@ -15,7 +15,14 @@ from rcarun.analysis.agreement import Agreement, Spread
 from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
-from rcarun.analysis.report.model import CellMetrics, PairedRow, Repeatability, Scores
+from rcarun.analysis.report.model import (
+    CellMetrics,
+    CellOutcome,
+    Message,
+    PairedRow,
+    Repeatability,
+    Scores,
+)
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -365,7 +372,7 @@ def test_single_backbone_method_and_source_still_plot() -> None:
 FAILED_MESSAGE = "HTTP 503: overloaded <b>"
 
 
-def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dict[str, Any]:
+def _outcome(backbone: str, method: str, realization: int, **counts: int) -> CellOutcome:
     expected = 80
     row = dict.fromkeys(("invalid", "fallback", "failed", "skipped_budget", "interrupted", "not_run"), 0)
     row |= counts
@@ -373,20 +380,20 @@ def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dic
     predictions = expected - unanswered
     readable = predictions - row["invalid"]
     status = "complete" if readable == expected else "partial" if readable >= expected / 2 else "failed"
-    messages = {"failed": {"message": FAILED_MESSAGE, "count": row["failed"]}} if row["failed"] else {}
-    return {
-        "backbone": backbone,
-        "method": method,
-        "realization": realization,
-        "expected": expected,
-        "predictions": predictions,
-        "unanswered": unanswered,
-        "readable": readable,
-        "status": status,
-        "shown": status != "failed",
-        "messages": messages,
+    messages = {"failed": Message(FAILED_MESSAGE, row["failed"])} if row["failed"] else {}
+    return CellOutcome(
+        backbone=backbone,
+        method=method,
+        realization=realization,
+        expected=expected,
+        predictions=predictions,
+        unanswered=unanswered,
+        readable=readable,
+        status=status,
+        shown=status != "failed",
+        messages=messages,
         **row,
-    }
+    )
 
 
 def make_failing_report() -> Report:
@@ -406,7 +413,7 @@ def make_failing_report() -> Report:
     ]
     outcomes.append(_outcome("mock-pro", "binary search", 0, failed=70))
     low = _outcome("mock-flash", "binary search", 0, failed=20, skipped_budget=25, invalid=5)
-    outcomes.append(low | {"status": "partial", "shown": True, "readable": 30})
+    outcomes.append(replace(low, status="partial", shown=True, readable=30))
     metrics = []
     for row in report.metrics:
         if (row.backbone, row.method, row.realization) == ("mock-pro", "binary search", 0):
@@ -439,7 +446,7 @@ def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
     )
     assert page.index("<section") == page.index('<section id="summary">')
     facts = _summary_facts(page)
-    outcomes = report.outcomes
+    outcomes = [r.to_json() for r in report.outcomes]
     total = {k: sum(r[k] for r in outcomes) for k in ("expected", "predictions", "failed", "skipped_budget")}
     assert total == {"expected": 960, "predictions": 845, "failed": 90, "skipped_budget": 25}
     assert facts["Items"] == (

@@ -183,7 +183,7 @@ EXPECTED_OUTCOMES = {
 
 def test_outcomes_count_every_expected_trajectory_once(report: dict[str, Any]) -> None:
     assert report.expected == 10 and report.unlabelled == 1
-    rows = {(r["backbone"], r["method"], r["realization"]): r for r in report.outcomes}
+    rows = {(r.backbone, r.method, r.realization): r.to_json() for r in report.outcomes}
     assert set(rows) == set(EXPECTED_OUTCOMES)
     for key, (counts, status, shown) in EXPECTED_OUTCOMES.items():
         row = rows[key]
@@ -344,7 +344,7 @@ def test_every_cell_failed_marks_nothing_best(outcomes_db: Path, tmp_path: Path)
         connection.execute("DELETE FROM predictions WHERE backbone = 'bb'")
         connection.execute("DELETE FROM items WHERE backbone = 'bb'")
     report = _report(db)
-    assert {r["status"] for r in report.outcomes} == {"failed"}
+    assert {r.status for r in report.outcomes} == {"failed"}
     assert report.paired == [] and report.complementarity == []
     page = render_html(report)
     assert "<strong>" not in page.split('<section id="accuracy">', 1)[1].split("</section>", 1)[0]
@@ -365,6 +365,6 @@ def test_a_results_db_without_the_fallback_column_reads_as_no_fallback(
             connection.execute(f"DROP VIEW {view}")
         connection.execute("ALTER TABLE predictions DROP COLUMN fallback")
     report = _report(db)
-    rows = {(r["backbone"], r["method"], r["realization"]): r for r in report.outcomes}
+    rows = {(r.backbone, r.method, r.realization): r.to_json() for r in report.outcomes}
     assert rows["bb", "gamma", 0]["fallback"] == 0 and rows["bb", "gamma", 0]["invalid"] == 10
     assert rows["bb", "delta", 0]["fallback"] == 0 and rows["bb", "delta", 0]["failed"] == 2

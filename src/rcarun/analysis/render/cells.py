@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from ..report.model import Report
+from ..report.model import CellOutcome, Report
 from .model import (
     _MAX_OUTCOME_NOTES,
     _METRICS,
@@ -21,9 +20,7 @@ from .model import (
     _failure,
     _first_realizations,
     _headline,
-    _int,
     _interval,
-    _listed,
     _metric_value,
     _min_share,
     _outcome_notes,
@@ -36,7 +33,6 @@ from .model import (
     _Section,
     _sources,
     _Table,
-    _text,
     _totals,
     _unique,
 )
@@ -95,7 +91,7 @@ def _accuracy_section(report: Report) -> _Section:
         "First realization of each backbone × method; see Repeatability. "
         "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric.",
     ]
-    if _listed(report.outcomes):
+    if report.outcomes:
         share = _min_share(report)
         notes.append(
             f"Rule: a number is shown when readable predictions cover at least {share:.0%} of the expected "
@@ -113,19 +109,19 @@ def _accuracy_section(report: Report) -> _Section:
 
 
 def _outcomes_section(report: Report) -> _Section:
-    rows_in = _listed(report.outcomes)
+    rows_in = report.outcomes
     title = "Outcomes"
     if not rows_in:
         return _Section("outcomes", title, notes=("No items or predictions in this report.",))
-    realizations = any(_int(r, "realization") for r in rows_in)
+    realizations = any(r.realization for r in rows_in)
     shown = [r for r in rows_in if not _clean(r)]
     rows = []
     for row in shown:
-        labels = [_text(row, "backbone"), _text(row, "method")]
+        labels = [row.backbone, row.method]
         if realizations:
-            labels.append(str(_int(row, "realization")))
-        counts = [f"{_int(row, k):,}" for k in _OUTCOME_KEYS]
-        rows.append(_row(*labels, *counts, _text(row, "status")))
+            labels.append(str(row.realization))
+        counts = [f"{row.count(k):,}" for k in _OUTCOME_KEYS]
+        rows.append(_row(*labels, *counts, row.status))
     clean = len(rows_in) - len(shown)
     notes = []
     if clean:
@@ -163,21 +159,19 @@ _REASON_WORDS = {"failed": "failed", "invalid": "unreadable", "fallback": "fallb
 _REASON_CHARS = 160
 
 
-def _reason_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _reason_notes(rows: Sequence[CellOutcome]) -> list[str]:
     """The most frequent failure, unreadable-answer and fallback message of each cell, capped."""
     notes = []
     for row in rows:
-        found = row.get("messages")
-        messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         for kind, word in _REASON_WORDS.items():
-            entry = messages.get(kind)
-            if not isinstance(entry, Mapping):
+            entry = row.messages.get(kind)
+            if entry is None:
                 continue
-            message = _text(entry, "message")
+            message = entry.message
             if len(message) > _REASON_CHARS:
                 message = message[: _REASON_CHARS - 1] + "…"
-            label = f"{_text(row, 'backbone')} · {_text(row, 'method')} r{_int(row, 'realization')}"
-            notes.append(f"{label}, most frequent {word} ({_int(entry, 'count')}×): {message}")
+            label = f"{row.backbone} · {row.method} r{row.realization}"
+            notes.append(f"{label}, most frequent {word} ({entry.count}×): {message}")
     if len(notes) > _MAX_OUTCOME_NOTES:
         more = len(notes) - _MAX_OUTCOME_NOTES
         notes = [
@@ -192,7 +186,7 @@ def _full_metrics_section(report: Report) -> _Section:
     title = "Full metrics"
     if not first:
         return _Section("full-metrics", title, notes=("No accuracy metrics in this report.",))
-    with_status = bool(_listed(report.outcomes))  # a report without outcomes (hand-built) has no statuses
+    with_status = bool(report.outcomes)  # a report without outcomes (hand-built) has no statuses
     rows = []
     for (backbone, method), row in first.items():
         headline = _headline(report, row)

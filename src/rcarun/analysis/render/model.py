@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report.model import CellMetrics, Report, Rows, Scores
+from ..report.model import CellMetrics, CellOutcome, Report, Rows, Scores
 from ..scoring import METRIC_BY_NAME, METRICS
 from ..stats import stratified_interval
 
@@ -269,21 +269,14 @@ _PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreada
 _MAX_OUTCOME_NOTES = 16
 
 
-def _outcomes(report: Report) -> dict[tuple[str, str, int], Mapping[str, Any]]:
+def _outcomes(report: Report) -> dict[tuple[str, str, int], CellOutcome]:
     """(backbone, method, realization) -> its outcome row."""
-    return {
-        (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0)): row
-        for row in _listed(report.outcomes)
-    }
+    return {(row.backbone, row.method, row.realization): row for row in report.outcomes}
 
 
-def _int(row: Mapping[str, Any] | None, key: str) -> int:
-    return round(_num(row, key) or 0)
-
-
-def _clean(row: Mapping[str, Any]) -> bool:
+def _clean(row: CellOutcome) -> bool:
     """Every expected trajectory has a readable prediction that the model decided."""
-    return _int(row, "readable") == _int(row, "expected") and _int(row, "fallback") == 0
+    return row.readable == row.expected and row.fallback == 0
 
 
 def _min_share(report: Report) -> float:
@@ -303,7 +296,7 @@ class _Failure:
 def _failure(
     report: Report,
     row: CellMetrics,
-    outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
+    outcomes: Mapping[tuple[str, str, int], CellOutcome] | None = None,
 ) -> _Failure | None:
     """The failure of a backbone × method × realization cell, or None when its number rests on answers.
 
@@ -314,17 +307,15 @@ def _failure(
     """
     key = (row.backbone, row.method, row.realization)
     outcome = (_outcomes(report) if outcomes is None else outcomes).get(key)
-    expected, readable = _int(outcome, "expected"), _int(outcome, "readable")
+    expected, readable = (0, 0) if outcome is None else (outcome.expected, outcome.readable)
     low = outcome is not None and (expected == 0 or readable < _min_share(report) * expected)
-    hidden = not row.shown or (outcome is not None and outcome.get("shown") is False)
+    hidden = not row.shown or (outcome is not None and not outcome.shown)
     if not (low or hidden or row.pooled.n == 0):
         return None
-    status = row.status or _text(outcome or {}, "status")
+    status = row.status or ("" if outcome is None else outcome.status)
     word = status if status and status not in ("complete", "partial") else "too few readable"
-    found = outcome.get("messages") if outcome is not None else None
-    messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    entry = messages.get("invalid" if word == "unreadable" else "failed")
-    message = _text(entry, "message") if isinstance(entry, Mapping) else ""
+    entry = None if outcome is None else outcome.messages.get("invalid" if word == "unreadable" else "failed")
+    message = "" if entry is None else entry.message
     if len(message) > _WHY_CHARS:
         message = message[: _WHY_CHARS - 1] + "…"
     counts = f"{readable} of {expected} answers readable" if outcome is not None else "no answers scored"
@@ -374,10 +365,10 @@ def _interval(report: Report, row: CellMetrics, metric: str) -> tuple[float, flo
 
 def _totals(report: Report) -> str | None:
     """One line over every cell: expected items, predictions, unreadable, fallback, failed, skipped, unrun."""
-    rows = _listed(report.outcomes)
+    rows = report.outcomes
     if not rows:
         return None
-    total = {k: sum(_int(r, k) for r in rows) for k in _OUTCOME_KEYS}
+    total = {k: sum(r.count(k) for r in rows) for k in _OUTCOME_KEYS}
     unrun = total["interrupted"] + total["not_run"]
     return (
         f"items: {total['expected']:,} expected over {len(rows):,} backbone × method × realization cells; "
@@ -399,12 +390,12 @@ _OUTCOME_KEYS = (
 )
 
 
-def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
+def _outcome_sentence(label: str, row: CellOutcome) -> str:
     """What one cell's number rests on, in words."""
-    expected, predictions = _int(row, "expected"), _int(row, "predictions")
-    invalid, fallback = _int(row, "invalid"), _int(row, "fallback")
-    failed, skipped = _int(row, "failed"), _int(row, "skipped_budget")
-    unrun = _int(row, "interrupted") + _int(row, "not_run")
+    expected, predictions = row.expected, row.predictions
+    invalid, fallback = row.invalid, row.fallback
+    failed, skipped = row.failed, row.skipped_budget
+    unrun = row.interrupted + row.not_run
     parts = [f"{predictions} of {expected} have a prediction"]
     if invalid:
         parts.append(f"{invalid} unreadable")
@@ -422,13 +413,10 @@ def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
     text = f"{label}: {', '.join(parts)}"
     if missing:
         text += f"; {', '.join(missing)}"
-    if row.get("shown") is False:
+    if not row.shown:
         if predictions == 0:
-            return f"{text}. Not scored ({_text(row, 'status')}): no answer to rest a number on."
-        return (
-            f"{text}. Not shown ({_text(row, 'status')}): only {_int(row, 'readable')} readable answers; "
-            "not compared."
-        )
+            return f"{text}. Not scored ({row.status}): no answer to rest a number on."
+        return f"{text}. Not shown ({row.status}): only {row.readable} readable answers; not compared."
     errors = failed + skipped + unrun
     if errors or invalid:
         text += (
@@ -447,7 +435,7 @@ def _outcome_notes(report: Report, keys: Iterable[tuple[str, str, int]]) -> list
     sentences = []
     for backbone, method, realization in keys:
         row = outcomes.get((backbone, method, realization))
-        if row is None or _int(row, "readable") == _int(row, "expected"):
+        if row is None or row.readable == row.expected:
             continue
         label = method if single else f"{backbone} · {method}"
         sentences.append(_outcome_sentence(label, row))

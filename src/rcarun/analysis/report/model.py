@@ -1,6 +1,6 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the excluded cells, the metrics, the paired comparisons,
+The top level, the run, the outcomes, the excluded cells, the metrics, the paired comparisons,
 repeatability, the cost rows, what served the backbones and the call
 timing are typed; each other section keeps the rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
 document ``rcarun report --json`` prints.
@@ -39,6 +39,54 @@ class RunInfo:
             "status": self.status,
             "created_at": self.created_at,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A cell's most frequent message of one kind (failure, unreadable answer, fallback) and how often it came."""
+
+    message: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellOutcome:
+    """What became of a backbone × method × realization cell's expected trajectories, its status word and
+    whether its number is shown (docs/analysis.md, Outcomes). The fields' order is the JSON's."""
+
+    backbone: str
+    method: str
+    realization: int
+    expected: int
+    predictions: int
+    invalid: int
+    fallback: int
+    failed: int
+    skipped_budget: int
+    interrupted: int
+    not_run: int
+    unanswered: int
+    readable: int
+    status: str
+    shown: bool
+    messages: Mapping[str, Message] = field(default_factory=dict)  # keyed "failed", "invalid", "fallback"
+
+    def count(self, key: str) -> int:
+        """One of the counts, by its JSON key."""
+        if key not in _OUTCOME_COUNTS:
+            raise KeyError(key)
+        found: int = getattr(self, key)
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **{name: getattr(self, name) for name in _OUTCOME_FIELDS},
+            "messages": {kind: {"message": m.message, "count": m.count} for kind, m in self.messages.items()},
+        }
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in fields(CellOutcome) if f.name != "messages")
+_OUTCOME_COUNTS = _OUTCOME_FIELDS[3:13]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +279,7 @@ class Report:
     expected: int | None = None
     unlabelled: int | None = None
     protocol: Part = None
-    outcomes: Rows = ()
+    outcomes: Sequence[CellOutcome] = ()
     excluded: Sequence[Excluded] = ()
     metrics: Sequence[CellMetrics] = ()
     paired: Sequence[PairedRow] = ()
@@ -262,18 +310,14 @@ class Report:
         return {field.name: _json(getattr(self, field.name)) for field in fields(self)}
 
 
+_TYPED_ROWS = (CellOutcome, Excluded, CellMetrics, PairedRow, Repeatability, CostRow, CallTiming, ServedBy)
+
+
 def _json(value: object) -> object:
     if isinstance(value, RunInfo):
         return value.to_json()
     if isinstance(value, Mapping):
         return dict(value)
     if isinstance(value, list | tuple):
-        return [
-            row.to_json()
-            if isinstance(
-                row, Excluded | CellMetrics | PairedRow | Repeatability | CostRow | CallTiming | ServedBy
-            )
-            else dict(row)
-            for row in value
-        ]
+        return [row.to_json() if isinstance(row, _TYPED_ROWS) else dict(row) for row in value]
     return value
