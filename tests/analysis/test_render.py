@@ -20,6 +20,7 @@ from rcarun.analysis.report.model import (
     CellOutcome,
     Message,
     PairedRow,
+    ProtocolInfo,
     Repeatability,
     Scores,
 )
@@ -422,7 +423,7 @@ def make_failing_report() -> Report:
             metrics.append(replace(row, status="partial", shown=True))
         else:
             metrics.append(replace(row, status="complete", shown=True))
-    protocol = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
+    protocol = ProtocolInfo(name="main", resamples=2000, confidence=0.95, min_readable_share=0.5)
     return replace(report, metrics=metrics, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
 
 

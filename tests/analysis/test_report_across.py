@@ -113,7 +113,7 @@ def test_soap_is_compared_with_the_reference_on_each_chat_backbone_on_its_test_s
         assert c1.delta == pytest.approx(5 / 6) and c2.delta == pytest.approx(0.5)
         assert c1.ci_low <= c1.delta <= c1.ci_high
         assert c1.family == c2.family == f"across/{metric}" and c1.p_holm_joint is None
-    families = {f["family"]: f["tests"] for f in report.protocol["families"]}
+    families = {f.family: f.tests for f in report.protocol.families}
     assert families["across/step_acc"] == families["across/agent_acc"] == 2
     # No SOAP in the per-backbone comparisons, which are exactly those of the run without SOAP: a family of
     # its own leaves their Holm p-values as they were.
@@ -146,11 +146,11 @@ def test_with_soap_as_the_reference_every_chat_method_is_compared_with_it(db: Pa
 def test_holm_family_metric_and_all_take_the_comparisons_in(db: Path) -> None:
     by_metric = _report(db, "with-soap", holm_family="metric")
     assert {e.family for e in by_metric.paired_across} == {"metric/agent_acc", "metric/step_acc"}
-    tests = {f["family"]: f["tests"] for f in by_metric.protocol["families"]}
+    tests = {f.family: f.tests for f in by_metric.protocol.families}
     assert tests["metric/step_acc"] == 4  # rcta vs aao on c1 and c2, rcta vs soap from c1 and c2
     everything = _report(db, "with-soap", holm_family="all")
     assert {e.family for e in everything.paired_across} == {"all"}
-    assert [f["tests"] for f in everything.protocol["families"]] == [8]
+    assert [f.tests for f in everything.protocol.families] == [8]
 
 
 def test_a_soap_cell_without_a_shown_number_is_compared_with_nothing(db: Path) -> None:

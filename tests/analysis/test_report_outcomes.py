@@ -201,7 +201,7 @@ def test_outcomes_count_every_expected_trajectory_once(report: dict[str, Any]) -
         "invalid": {"message": "not JSON: Expecting value", "count": 1},
     }
     assert rows["bb", "eps", 0]["messages"]["failed"]["count"] == 4
-    assert report.protocol["min_readable_share"] == 0.5
+    assert report.protocol.min_readable_share == 0.5
 
 
 def test_a_cell_without_predictions_is_not_scored_as_zero(report: dict[str, Any]) -> None:

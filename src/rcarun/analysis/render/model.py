@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report.model import CellMetrics, CellOutcome, Report, Rows, Scores
+from ..report.model import CellMetrics, CellOutcome, ProtocolInfo, Report, Rows, Scores
 from ..scoring import METRIC_BY_NAME, METRICS
 from ..stats import stratified_interval
 
@@ -202,27 +202,25 @@ def _aggregate_label(report: Report) -> str:
     return f"{name}: each source's mean, then the unweighted mean over sources"
 
 
-def _protocol(report: Report) -> Mapping[str, Any]:
-    found = report.protocol
-    return found if isinstance(found, Mapping) else {}
+def _protocol(report: Report) -> ProtocolInfo:
+    """The report's protocol; an empty one (every rule unknown) for a report without."""
+    return report.protocol or ProtocolInfo()
 
 
 def _rule_note(report: Report, *, full: bool = False) -> tuple[str, ...]:
     """The scoring rule a table used, as a footnote: in full, or in short (none for a dict from before
     protocols)."""
     protocol = _protocol(report)
-    rule = _text(protocol, "scoring_rule")
+    rule = protocol.scoring_rule or ""
     if not rule:
         return ()
-    name = _text(protocol, "name")
+    name = protocol.name or ""
     if full:
         return (f"Scoring rule{f' ({name} protocol)' if name else ''}: {rule}.",)
     abstentions = (
-        "abstentions scored on their fields"
-        if protocol.get("abstentions") == "fields"
-        else "abstentions as errors"
+        "abstentions scored on their fields" if protocol.abstentions == "fields" else "abstentions as errors"
     )
-    suffixes = "handoff suffixes kept" if protocol.get("keep_handoff") is True else "handoff suffixes dropped"
+    suffixes = "handoff suffixes kept" if protocol.keep_handoff is True else "handoff suffixes dropped"
     return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
 
 
@@ -280,8 +278,7 @@ def _clean(row: CellOutcome) -> bool:
 
 
 def _min_share(report: Report) -> float:
-    found = report.protocol
-    share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
+    share = _finite(_protocol(report).min_readable_share)
     return 0.5 if share is None else share
 
 
@@ -326,7 +323,7 @@ _WHY_CHARS = 72
 
 
 def _confidence(report: Report) -> float:
-    level = _num(_protocol(report), "confidence")
+    level = _finite(_protocol(report).confidence)
     return 0.95 if level is None or not 0 < level < 1 else level
 
 

@@ -54,30 +54,27 @@ def _family_notes(report: Report) -> list[str]:
     """The paired statistics' settings and every Holm family of the report, in words."""
     protocol = _protocol(report)
     notes = []
-    resamples = _num(protocol, "resamples")
+    resamples = protocol.resamples
     if resamples is not None:
-        why = _text(protocol, "resamples_reason")
-        seed = _text(protocol, "seed")
+        why = protocol.resamples_reason or ""
+        seed = "" if protocol.seed is None else str(protocol.seed)
         notes.append(
             f"Intervals from {_count(resamples)} resamples{f' ({why})' if why else ''}"
             f"{f', seed {seed}' if seed else ''}."
         )
-    families = _rows(protocol, "families")
+    families = protocol.families
     if families:
-        listed = "; ".join(
-            f"{_text(f, 'family')} ({_count(_num(f, 'tests'))} tests): {_text(f, 'description')}"
-            for f in families
-        )
+        listed = "; ".join(f"{f.family} ({_count(float(f.tests))} tests): {f.description}" for f in families)
         notes.append(f"Holm families: {listed}.")
     return notes
 
 
 def _not_compared_notes(report: Report) -> list[str]:
     """The methods the protocol leaves out of the paired comparisons, and why."""
-    not_compared = _rows(_protocol(report), "not_compared")
+    not_compared = _protocol(report).not_compared
     if not not_compared:
         return []
-    listed = "; ".join(f"{_text(r, 'method')}: {_text(r, 'why')}" for r in not_compared)
+    listed = "; ".join(f"{r.method}: {r.why}" for r in not_compared)
     return [f"Not in these comparisons: {listed}."]
 
 

@@ -26,7 +26,6 @@ from .model import (
     _Section,
     _steps,
     _Table,
-    _text,
     _totals,
 )
 from .paired import _complementarity_section, _components_section, _paired_section
@@ -81,22 +80,23 @@ def _header_lines(report: Report) -> tuple[str, list[str]]:
         f"database: {report.db or DASH}",
     ]
     protocol = _protocol(report)
-    if protocol.get("name"):
-        reason = _text(protocol, "reason")
-        details.append(f"protocol: {_text(protocol, 'name')}{f' ({reason})' if reason else ''}")
-        details.append(f"scoring: {_text(protocol, 'scoring_rule')}")
-    aggregate_reason = _text(protocol, "aggregate_reason")
+    if protocol.name:
+        reason = protocol.reason or ""
+        details.append(f"protocol: {protocol.name}{f' ({reason})' if reason else ''}")
+        details.append(f"scoring: {protocol.scoring_rule or ''}")
+    aggregate_reason = protocol.aggregate_reason or ""
     details.append(
         f"aggregate: {_aggregate_label(report)}{f' ({aggregate_reason})' if aggregate_reason else ''}"
     )
-    resamples = _num(protocol, "resamples")
-    if protocol.get("name") and resamples is not None:
-        why = _text(protocol, "resamples_reason")
-        family = _text(protocol, "holm_family")
+    resamples = protocol.resamples
+    if protocol.name and resamples is not None:
+        why = protocol.resamples_reason or ""
+        family = protocol.holm_family or ""
+        seed = "" if protocol.seed is None else str(protocol.seed)
         details.append(
-            f"paired statistics: {_count(resamples)} bootstrap resamples{f' ({why})' if why else ''}, seed "
-            f"{_text(protocol, 'seed')}; Holm families: "
-            f"{_HOLM_WORDS.get(_text(protocol, 'name') if family == 'paper' else family, family)}"
+            f"paired statistics: {_count(float(resamples))} bootstrap resamples{f' ({why})' if why else ''}, "
+            f"seed {seed}; Holm families: "
+            f"{_HOLM_WORDS.get(protocol.name if family == 'paper' else family, family)}"
         )
     totals = _totals(report)
     if totals:

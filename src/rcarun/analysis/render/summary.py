@@ -15,11 +15,9 @@ from .model import (
     _aggregate_label,
     _count,
     _has_gpu,
-    _num,
     _pct,
     _protocol,
     _run,
-    _text,
     _unique,
     _usd,
 )
@@ -90,12 +88,12 @@ def _summary(report: Report) -> list[_Fact]:
     facts += [_served_fact(served) for served in report.served_by]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
-    if protocol.get("name"):
-        resamples = _num(protocol, "resamples")
+    if protocol.name:
+        resamples = None if protocol.resamples is None else float(protocol.resamples)
         facts.append(
             _Fact(
                 "Protocol",
-                f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
+                f"{protocol.name}; {_aggregate_label(report)}; "
                 f"{_count(resamples)} bootstrap resamples; reference method "
                 f"{report.reference_method or DASH} (every rule under Protocol and settings)",
             )

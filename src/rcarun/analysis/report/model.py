@@ -1,9 +1,8 @@
 """The typed report: what `build_report` returns and the renderers read; JSON only at the CLI's edge.
 
-The top level, the run, the outcomes, the excluded cells, the metrics, the paired comparisons,
-repeatability, the cost rows, what served the backbones and the call
-timing are typed; each other section keeps the rows its builder makes (JSON-shaped mappings, schema in docs/analysis.md). `Report.to_json` is exactly the
-document ``rcarun report --json`` prints.
+The top level and these sections are typed: run, protocol, outcomes, excluded, metrics, the three paired sections,
+repeatability, cost, served_by and call_timing. Each other section keeps the rows its builder makes (JSON-shaped
+mappings, schema in docs/analysis.md). `Report.to_json` is exactly the document ``rcarun report --json`` prints.
 """
 
 from __future__ import annotations
@@ -39,6 +38,76 @@ class RunInfo:
             "status": self.status,
             "created_at": self.created_at,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class HolmFamily:
+    """A Holm family of the report: its id, how many tests it holds and what it is."""
+
+    family: str
+    tests: int
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotCompared:
+    """A method the protocol leaves out of the paired comparisons, and why."""
+
+    method: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class MethodInfo:
+    """A method label's configured name and the component it ablates (None: not an ablation)."""
+
+    name: str
+    ablation: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolInfo:
+    """The rules the report used and why (docs/analysis.md, Protocols). The fields' order is the JSON's; one left
+    None is one a hand-built report lacks."""
+
+    name: str | None = None
+    requested: str | None = None  # what --protocol asked for
+    reason: str | None = None
+    scoring_rule: str | None = None
+    abstentions: str | None = None  # "fields" or "error"
+    keep_handoff: bool | None = None
+    aggregate_reason: str | None = None
+    resamples: int | None = None
+    resamples_reason: str | None = None
+    seed: int | None = None
+    confidence: float | None = None
+    holm_family: str | None = None
+    holm_backbones: Sequence[str] = ()
+    holm_backbones_reason: str | None = None
+    families: Sequence[HolmFamily] = ()
+    paired_metrics: Sequence[str] = ()
+    not_compared: Sequence[NotCompared] = ()
+    compare_backbones: Sequence[str] = ()
+    populations: Mapping[str, int] | None = None
+    min_readable_share: float | None = None
+    methods: Mapping[str, MethodInfo] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "families":
+                value = [{"family": f.family, "tests": f.tests, "description": f.description} for f in value]
+            elif item.name == "not_compared":
+                value = [{"method": n.method, "why": n.why} for n in value]
+            elif item.name == "methods":
+                value = {label: {"name": m.name, "ablation": m.ablation} for label, m in value.items()}
+            elif isinstance(value, tuple | list):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            found[item.name] = value
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +347,7 @@ class Report:
     reference_method: str | None = None
     expected: int | None = None
     unlabelled: int | None = None
-    protocol: Part = None
+    protocol: ProtocolInfo | None = None
     outcomes: Sequence[CellOutcome] = ()
     excluded: Sequence[Excluded] = ()
     metrics: Sequence[CellMetrics] = ()
@@ -314,7 +383,7 @@ _TYPED_ROWS = (CellOutcome, Excluded, CellMetrics, PairedRow, Repeatability, Cos
 
 
 def _json(value: object) -> object:
-    if isinstance(value, RunInfo):
+    if isinstance(value, RunInfo | ProtocolInfo):
         return value.to_json()
     if isinstance(value, Mapping):
         return dict(value)

@@ -27,7 +27,7 @@ from ..stats import (
     union_complementarity,
 )
 from .cells import _outcomes, _shown
-from .model import PairedRow
+from .model import HolmFamily, PairedRow
 from .options import ReportOptions, _interval_json
 
 
@@ -131,7 +131,7 @@ def _method_family(
     return f"app-b/{metric}" if in_b else f"other/{metric}"
 
 
-def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[dict[str, Any]]:
+def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[HolmFamily]:
     """Every Holm family of the report: its id, how many tests it holds and what it is."""
     counts = Counter(entry.family or "" for entry, _ in entries)
     backbones = f"{', '.join(options.holm_backbones)} ({holm_why})"
@@ -149,7 +149,7 @@ def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[di
             "model and method differ together; on the trajectories both answered)",
             "all": "every comparison of the report (--holm-family all)",
         }.get(kind, family)
-        found.append({"family": family, "tests": tests, "description": description})
+        found.append(HolmFamily(family, tests, description))
     return found
 
 
