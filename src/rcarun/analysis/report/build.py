@@ -138,6 +138,13 @@ def build_report(
     )
 
 
+_PROTOCOL_AS_IS = (
+    *("name", "reason", "abstentions", "keep_handoff", "aggregate_reason"),
+    *("resamples", "resamples_reason", "seed", "holm_family"),
+)
+"""The `Protocol` attributes the report's protocol keeps under the same name."""
+
+
 def _protocol_json(
     protocol: Protocol,
     options: ReportOptions,
@@ -148,19 +155,12 @@ def _protocol_json(
     compared: Paired,
 ) -> ProtocolInfo:
     """The report's ``protocol``: the rules in force, why, and which methods were left out of the comparison."""
+    kept = {name: getattr(protocol, name) for name in _PROTOCOL_AS_IS}
     return ProtocolInfo(
-        name=protocol.name,
+        **kept,
         requested=options.protocol,
-        reason=protocol.reason,
         scoring_rule=protocol.rule,
-        abstentions=protocol.abstentions,
-        keep_handoff=protocol.keep_handoff,
-        aggregate_reason=protocol.aggregate_reason,
-        resamples=protocol.resamples,
-        resamples_reason=protocol.resamples_reason,
-        seed=protocol.seed,
         confidence=options.confidence,
-        holm_family=protocol.holm_family,
         holm_backbones=tuple(options.holm_backbones),
         holm_backbones_reason=holm_why,
         families=_families(compared, options, holm_why),

@@ -9,7 +9,7 @@ from ..protocol import Protocol
 from ..results import Cell, Outcome, RunScores
 from ..scoring import METRIC_BY_NAME, METRICS, ItemScore, Metrics, Summary, summarize
 from ..stats import stratified_interval
-from .model import Bounds, CellMetrics, CellOutcome, Excluded, Message, Scores
+from .model import OUTCOME_COUNTS, Bounds, CellMetrics, CellOutcome, Excluded, Message, Scores
 from .options import _CAUSES, METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions
 
 
@@ -34,23 +34,10 @@ def cell_status(outcome: Outcome) -> tuple[str, bool]:
 
 def _outcome_json(cell: Cell, outcome: Outcome) -> CellOutcome:
     status, shown = cell_status(outcome)
+    counts = {name: getattr(outcome, name) for name in OUTCOME_COUNTS}  # the same names on both
+    messages = {kind: Message(message, count) for kind, (message, count) in outcome.messages.items()}
     return CellOutcome(
-        backbone=cell.backbone,
-        method=cell.method,
-        realization=cell.realization,
-        expected=outcome.expected,
-        predictions=outcome.predictions,
-        invalid=outcome.invalid,
-        fallback=outcome.fallback,
-        failed=outcome.failed,
-        skipped_budget=outcome.skipped_budget,
-        interrupted=outcome.interrupted,
-        not_run=outcome.not_run,
-        unanswered=outcome.unanswered,
-        readable=outcome.readable,
-        status=status,
-        shown=shown,
-        messages={kind: Message(message, count) for kind, (message, count) in outcome.messages.items()},
+        cell.backbone, cell.method, cell.realization, **counts, status=status, shown=shown, messages=messages
     )
 
 

@@ -142,7 +142,7 @@ class CellOutcome:
 
     def count(self, key: str) -> int:
         """One of the counts, by its JSON key."""
-        if key not in _OUTCOME_COUNTS:
+        if key not in OUTCOME_COUNTS:
             raise KeyError(key)
         found: int = getattr(self, key)
         return found
@@ -155,7 +155,8 @@ class CellOutcome:
 
 
 _OUTCOME_FIELDS = tuple(f.name for f in fields(CellOutcome) if f.name != "messages")
-_OUTCOME_COUNTS = _OUTCOME_FIELDS[3:13]
+OUTCOME_COUNTS = _OUTCOME_FIELDS[3:13]
+"""The counts of a `CellOutcome`, ``expected`` to ``readable``: the names `results.Outcome` has too."""
 
 
 @dataclass(frozen=True, slots=True)
