@@ -111,10 +111,8 @@ def _report(db: Path, run: str, **options: Any) -> Report:
 
 
 def _metrics(report: Report, method: str, backbone: str = "bb") -> dict[str, Any]:
-    [row] = [
-        r for r in report.metrics if (r["backbone"], r["method"], r["realization"]) == (backbone, method, 0)
-    ]
-    return row
+    [row] = [r for r in report.metrics if (r.backbone, r.method, r.realization) == (backbone, method, 0)]
+    return row.to_json()
 
 
 # --- protocol resolution ----------------------------------------------------------------------------------------
@@ -207,7 +205,8 @@ def test_flags_override_the_protocol_and_bad_choices_are_refused() -> None:
 
 def test_a_component_study_is_scored_and_tested_by_the_ablation_rules(db: Path) -> None:
     report = _report(db, "study", resamples=300)
-    protocol = report.protocol
+    assert report.protocol is not None
+    protocol = report.protocol.to_json()
     assert (protocol["name"], protocol["requested"], report.aggregate) == ("ablation", "auto", "macro")
     assert (protocol["abstentions"], protocol["keep_handoff"], protocol["resamples"]) == ("error", True, 300)
     rcta = _metrics(report, "rcta")
@@ -216,7 +215,7 @@ def test_a_component_study_is_scored_and_tested_by_the_ablation_rules(db: Path) 
     assert (rcta["coverage"], rcta["coverage_rule"]) == (6 / 8, "mixed")
     assert _metrics(report, "rcta/no-a1")["coverage_rule"] == "validity"
     # Four pre-specified tests at most: Step Acc only, every condition against full RCTA, Holm per backbone.
-    paired = {p["method_b"]: p for p in report.paired}
+    paired = {p.method_b: p.to_json() for p in report.paired}
     assert set(paired) == {"rcta/no-a1", "rcta/no-a4"}
     assert {(p["metric"], p["family"]) for p in paired.values()} == {("step_acc", "app-h/bb/step_acc")}
     assert (paired["rcta/no-a1"]["wins"], paired["rcta/no-a1"]["losses"]) == (2, 0)
@@ -254,37 +253,37 @@ def test_the_component_table_follows_table_25(db: Path) -> None:
 
 def test_the_main_protocol_scores_what_an_abstaining_output_gives(db: Path) -> None:
     report = _report(db, "study", protocol="main", resamples=300)
-    assert (report.protocol["name"], report.protocol["reason"]) == ("main", "--protocol main")
+    assert (report.protocol.name, report.protocol.reason) == ("main", "--protocol main")
     rcta = _metrics(report, "rcta")
     assert (rcta["agent_acc"], rcta["step_acc"]) == (3 / 8, 3 / 8)  # q0, q1 (suffix dropped), q2 (abstained)
     assert rcta["coverage"] == 6 / 8  # the abstention still covers nothing
     # The conditions are compared in the component table, under its own rules, and nowhere else.
     assert report.paired == [] and report.complementarity == []
-    assert {row["method"] for row in report.protocol["not_compared"]} == {"rcta/no-a1", "rcta/no-a4"}
+    assert {row.method for row in report.protocol.not_compared} == {"rcta/no-a1", "rcta/no-a4"}
     assert report.components["abstentions"] == "error" and report.components["resamples"] == 300
     assert {row["method"]: row["step_acc"] for row in report.components["rows"]}["rcta"] == 2 / 8
 
 
 def test_flags_choose_each_rule_apart(db: Path) -> None:
     report = _report(db, "study", abstentions="fields", resamples=50)
-    assert report.protocol["name"] == "ablation"
+    assert report.protocol.name == "ablation"
     rcta = _metrics(report, "rcta")
     # fields kept (q2 counts), suffixes kept (q1's bare sender does not)
     assert (rcta["agent_acc"], rcta["step_acc"]) == (2 / 8, 3 / 8)
-    assert "a mix of the paper's two protocols" in report.protocol["scoring_rule"]
+    assert "a mix of the paper's two protocols" in report.protocol.scoring_rule
     loose = _metrics(_report(db, "study", keep_handoff=False, resamples=50), "rcta")
     assert loose["agent_acc"] == 2 / 8  # q0 and q1; q2's abstention is an error again
 
 
 def test_a_mixed_run_gets_the_main_protocol_and_the_component_table(db: Path) -> None:
     report = _report(db, "mixed", resamples=100)
-    assert report.protocol["name"] == "main" and "component study" in report.protocol["reason"]
-    assert {p["method_b"] for p in report.paired} == {"aao"}
-    assert {p["family"] for p in report.paired} == {"app-b/agent_acc", "app-b/step_acc"}
+    assert report.protocol.name == "main" and "component study" in report.protocol.reason
+    assert {p.method_b for p in report.paired} == {"aao"}
+    assert {p.family for p in report.paired} == {"app-b/agent_acc", "app-b/step_acc"}
     assert [row["method"] for row in report.components["rows"]] == ["rcta", "rcta/no-a1", "rcta/no-a4"]
     forced = _report(db, "mixed", protocol="ablation", resamples=100)
-    assert {p["method_b"] for p in forced.paired} == {"rcta/no-a1", "rcta/no-a4"}
-    assert [r["method"] for r in forced.protocol["not_compared"]] == ["aao"]
+    assert {p.method_b for p in forced.paired} == {"rcta/no-a1", "rcta/no-a4"}
+    assert [r.method for r in forced.protocol.not_compared] == ["aao"]
 
 
 # --- the main protocol's Holm family (App. B) ------------------------------------------------------------------
@@ -293,13 +292,13 @@ def test_a_mixed_run_gets_the_main_protocol_and_the_component_table(db: Path) ->
 def _families(report: Report) -> dict[str, list[dict[str, Any]]]:
     found: dict[str, list[dict[str, Any]]] = {}
     for entry in report.paired:
-        found.setdefault(entry["family"], []).append(entry)
+        found.setdefault(entry.family or "", []).append(entry.to_json())
     return found
 
 
 def test_holm_runs_over_the_papers_family_not_every_comparison(db: Path) -> None:
     report = _report(db, "main", resamples=200)
-    assert report.protocol["name"] == "main" and report.aggregate == "pooled"
+    assert report.protocol.name == "main" and report.aggregate == "pooled"
     families = _families(report)
     # App. B: RCTA against the paper's baselines (aao, echo) on both backbones; self-consistency apart.
     assert {f: len(e) for f, e in families.items()} == {
@@ -334,15 +333,15 @@ def test_app_b_s_family_leaves_self_hosted_backbones_out_by_default(tmp_path: Pa
         ("b1", "aao"),
         ("b1", "echo"),
     }
-    assert report.protocol["holm_backbones"] == ["b1"]
-    assert "self-hosted b2 left out" in report.protocol["holm_backbones_reason"]
+    assert list(report.protocol.holm_backbones) == ["b1"]
+    assert "self-hosted b2 left out" in report.protocol.holm_backbones_reason
     text = render_text(report, sections=("paired",))
     assert "self-hosted b2 left out, as App. B leaves out Qwen3.5-35B-A3B" in " ".join(text.split())
     # A run whose backbones are all API ones (or all self-hosted) keeps every one in the family.
     build_run(
         db, "api", MAIN, _main_predictions(), methods=MAIN_METHODS, backbones={"b1": "openai", "b2": "kimi"}
     )
-    assert _report(db, "api", resamples=100).protocol["holm_backbones"] == ["b1", "b2"]
+    assert _report(db, "api", resamples=100).protocol.holm_backbones == ("b1", "b2")
 
 
 def test_holm_backbones_and_holm_family_choose_otherwise(db: Path) -> None:
@@ -355,7 +354,7 @@ def test_holm_backbones_and_holm_family_choose_otherwise(db: Path) -> None:
     per_metric = _report(db, "main", resamples=100, holm_family="metric")
     families = _families(per_metric)
     assert set(families) == {"metric/agent_acc", "metric/step_acc"} and len(families["metric/step_acc"]) == 6
-    assert per_metric.protocol["holm_family"] == "metric"
+    assert per_metric.protocol.holm_family == "metric"
     everything = _families(_report(db, "main", resamples=100, holm_family="all"))
     assert set(everything) == {"all"} and len(everything["all"]) == 12
 

@@ -11,9 +11,19 @@ from typing import Any
 
 import pytest
 
+from rcarun.analysis.agreement import Agreement, Spread
 from rcarun.analysis.cost import CostRow, ServedBy
 from rcarun.analysis.render import PALETTE, method_styles, render_html, render_text
 from rcarun.analysis.report import Report, RunInfo
+from rcarun.analysis.report.model import (
+    CellMetrics,
+    CellOutcome,
+    Message,
+    PairedRow,
+    ProtocolInfo,
+    Repeatability,
+    Scores,
+)
 
 EVIL = "<script>alert(1)</script>"
 BACKBONES = ("mock-flash", "mock-pro")
@@ -31,20 +41,20 @@ MACRO = {
 }
 
 
-def _metrics(agent: float | None, step: float | None, n: int) -> dict[str, Any]:
-    return {
-        "n": n,
-        "agent_acc": agent,
-        "step_acc": step,
-        "step_pm5": None if step is None else min(1.0, step + 0.1),
-        "joint_exact": None if step is None else step / 2,
-        "joint_pm5": None if step is None else step / 1.5,
-        "root_mae": 31.995,
-        "coverage": 0.97,
-    }
+def _metrics(agent: float | None, step: float | None, n: int) -> Scores:
+    return Scores(
+        n=n,
+        agent_acc=agent,
+        step_acc=step,
+        step_pm5=None if step is None else min(1.0, step + 0.1),
+        joint_exact=None if step is None else step / 2,
+        joint_pm5=None if step is None else step / 1.5,
+        root_mae=31.995,
+        coverage=0.97,
+    )
 
 
-def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]:
+def _metrics_row(backbone: str, method: str, realization: int) -> CellMetrics:
     agent, step = MACRO[backbone, method]
     shift = 0.01 * realization
     agent = None if agent is None else agent + shift
@@ -53,14 +63,9 @@ def _metrics_row(backbone: str, method: str, realization: int) -> dict[str, Any]
         SOURCES[0]: _metrics(agent, None if step is None else step + 0.05, 40),
         SOURCES[1]: _metrics(agent, None if step is None else step - 0.05, 40),
     }
-    return {
-        "backbone": backbone,
-        "method": method,
-        "realization": realization,
-        **pooled,
-        "macro": _metrics(agent, step, 80),
-        "per_source": per_source,
-    }
+    return CellMetrics(
+        backbone, method, realization, pooled, _metrics(agent, step, 80), per_source=per_source
+    )
 
 
 def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> CostRow:
@@ -89,38 +94,39 @@ def _cost_row(backbone: str, method: str, stage: str, usd: float | None) -> Cost
 def make_report(*, simulated: bool = True) -> Report:
     metrics = [_metrics_row(b, m, r) for r in (0, 1) for b in BACKBONES for m in METHODS]
     paired = [
-        {
-            "backbone": backbone,
-            "method_a": "binary search",
-            "method_b": other,
-            "metric": "step_acc",
-            "delta": 0.14,
-            "ci_low": 0.075,
-            "ci_high": 0.205,
-            "wins": 39,
-            "losses": 11,
-            "p_mcnemar": 0.000123456,
-            "p_holm": 0.0601,
-            "n": 80,
-        }
+        PairedRow(
+            "methods",
+            backbone,
+            "binary search",
+            backbone,
+            other,
+            "step_acc",
+            80,
+            delta=0.14,
+            ci_low=0.075,
+            ci_high=0.205,
+            wins=39,
+            losses=11,
+            p_mcnemar=0.000123456,
+            p_holm=0.0601,
+        )
         for backbone in BACKBONES
         for other in ("all-at-once", EVIL)
     ]
     paired_backbones = [
-        {
-            "method": "binary search",
-            "backbone_a": "mock-flash",
-            "backbone_b": "mock-pro",
-            "metric": "root_mae",
-            "delta": -1.235,
-            "ci_low": -6.975,
-            "ci_high": 9.235,
-            "wins": None,
-            "losses": None,
-            "p_mcnemar": None,
-            "p_holm": 1.0,
-            "n": 80,
-        }
+        PairedRow(
+            "backbones",
+            "mock-flash",
+            "binary search",
+            "mock-pro",
+            "binary search",
+            "root_mae",
+            80,
+            delta=-1.235,
+            ci_low=-6.975,
+            ci_high=9.235,
+            p_holm=1.0,
+        )
     ]
     complementarity = [
         {
@@ -135,17 +141,17 @@ def make_report(*, simulated: bool = True) -> Report:
         }
     ]
     repeatability = [
-        {
-            "backbone": b,
-            "method": m,
-            "realizations": [0, 1],
-            "metrics": {
-                "agent_acc": {"n": 2, "mean": 0.43, "sd": 0.00707, "min": 0.425, "max": 0.435, "range": 0.01},
-                "root_mae": {"n": 2, "mean": 31.995, "sd": 0.0, "min": 31.995, "max": 31.995, "range": 0.0},
+        Repeatability(
+            b,
+            m,
+            (0, 1),
+            {
+                "agent_acc": Spread(n=2, mean=0.43, min=0.425, max=0.435, sd=0.00707),
+                "root_mae": Spread(n=2, mean=31.995, min=31.995, max=31.995, sd=0.0),
             },
-            "agreement": [{"first": 0, "second": 1, "n": 80, "agree": 74, "both_missing": 1, "rate": 0.925}],
-            "mean_agreement": 0.925,
-        }
+            [Agreement(first=0, second=1, n=80, agree=74, both_missing=1)],
+            0.925,
+        )
         for b in BACKBONES
         for m in METHODS
     ]
@@ -348,7 +354,7 @@ def test_empty_report_renders_without_plots() -> None:
 
 def test_single_backbone_method_and_source_still_plot() -> None:
     row = _metrics_row("mock-flash", "all-at-once", 0)
-    row["per_source"] = {"TravelPlanner": row["per_source"]["TravelPlanner"]}
+    row = replace(row, per_source={"TravelPlanner": row.per_source["TravelPlanner"]})
     tiny = Report(
         run=RunInfo("tiny", 2, "done", ""),
         simulated=True,
@@ -367,7 +373,7 @@ def test_single_backbone_method_and_source_still_plot() -> None:
 FAILED_MESSAGE = "HTTP 503: overloaded <b>"
 
 
-def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dict[str, Any]:
+def _outcome(backbone: str, method: str, realization: int, **counts: int) -> CellOutcome:
     expected = 80
     row = dict.fromkeys(("invalid", "fallback", "failed", "skipped_budget", "interrupted", "not_run"), 0)
     row |= counts
@@ -375,20 +381,20 @@ def _outcome(backbone: str, method: str, realization: int, **counts: int) -> dic
     predictions = expected - unanswered
     readable = predictions - row["invalid"]
     status = "complete" if readable == expected else "partial" if readable >= expected / 2 else "failed"
-    messages = {"failed": {"message": FAILED_MESSAGE, "count": row["failed"]}} if row["failed"] else {}
-    return {
-        "backbone": backbone,
-        "method": method,
-        "realization": realization,
-        "expected": expected,
-        "predictions": predictions,
-        "unanswered": unanswered,
-        "readable": readable,
-        "status": status,
-        "shown": status != "failed",
-        "messages": messages,
+    messages = {"failed": Message(FAILED_MESSAGE, row["failed"])} if row["failed"] else {}
+    return CellOutcome(
+        backbone=backbone,
+        method=method,
+        realization=realization,
+        expected=expected,
+        predictions=predictions,
+        unanswered=unanswered,
+        readable=readable,
+        status=status,
+        shown=status != "failed",
+        messages=messages,
         **row,
-    }
+    )
 
 
 def make_failing_report() -> Report:
@@ -408,16 +414,17 @@ def make_failing_report() -> Report:
     ]
     outcomes.append(_outcome("mock-pro", "binary search", 0, failed=70))
     low = _outcome("mock-flash", "binary search", 0, failed=20, skipped_budget=25, invalid=5)
-    outcomes.append(low | {"status": "partial", "shown": True, "readable": 30})
+    outcomes.append(replace(low, status="partial", shown=True, readable=30))
+    metrics = []
     for row in report.metrics:
-        if (row["backbone"], row["method"], row["realization"]) == ("mock-pro", "binary search", 0):
-            row |= {"status": "failed", "shown": False}
-        elif (row["backbone"], row["method"], row["realization"]) == ("mock-flash", "binary search", 0):
-            row |= {"status": "partial", "shown": True}
+        if (row.backbone, row.method, row.realization) == ("mock-pro", "binary search", 0):
+            metrics.append(replace(row, status="failed", shown=False))
+        elif (row.backbone, row.method, row.realization) == ("mock-flash", "binary search", 0):
+            metrics.append(replace(row, status="partial", shown=True))
         else:
-            row |= {"status": "complete", "shown": True}
-    protocol = {"name": "main", "resamples": 2000, "confidence": 0.95, "min_readable_share": 0.5}
-    return replace(report, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
+            metrics.append(replace(row, status="complete", shown=True))
+    protocol = ProtocolInfo(name="main", resamples=2000, confidence=0.95, min_readable_share=0.5)
+    return replace(report, metrics=metrics, outcomes=outcomes, expected=80, unlabelled=3, protocol=protocol)
 
 
 def _summary_facts(page: str) -> dict[str, str]:
@@ -440,7 +447,7 @@ def test_the_summary_comes_first_and_its_numbers_are_the_reports() -> None:
     )
     assert page.index("<section") == page.index('<section id="summary">')
     facts = _summary_facts(page)
-    outcomes = report.outcomes
+    outcomes = [r.to_json() for r in report.outcomes]
     total = {k: sum(r[k] for r in outcomes) for k in ("expected", "predictions", "failed", "skipped_budget")}
     assert total == {"expected": 960, "predictions": 845, "failed": 90, "skipped_budget": 25}
     assert facts["Items"] == (
@@ -527,9 +534,9 @@ def test_table3_gives_each_number_its_interval(report: dict[str, Any], page: str
     )  # 12 cells, one of them (mock-flash Step of the <script> method) a dash
     assert "Cells: the number (%) and its 95% interval" in accuracy
     pooled = render_html(replace(report, aggregate="pooled"))
-    row = next(r for r in report.metrics if r["backbone"] == "mock-pro" and r["method"] == "binary search")
+    row = next(r for r in report.metrics if r.backbone == "mock-pro" and r.method == "binary search")
     low, high = _interval([(40, 0.33), (40, 0.23)], pooled=True)
-    assert row["step_acc"] == 0.28
+    assert row.pooled.step_acc == 0.28
     assert (
         f'<strong>28.0</strong> <span class="ci">[{low * 100:.1f}, {high * 100:.1f}]</span>'
         in _accuracy_html(pooled)
@@ -571,8 +578,8 @@ def test_fourteen_methods_plot_with_readable_labels() -> None:
     rows = []
     for b, backbone in enumerate(("alpha", "beta", "gamma", "delta")):
         for i, method in enumerate(methods):
-            row = _metrics_row("mock-flash", "all-at-once", 0) | {"backbone": backbone, "method": method}
-            rows.append(row | {"macro": _metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)})
+            row = replace(_metrics_row("mock-flash", "all-at-once", 0), backbone=backbone, method=method)
+            rows.append(replace(row, macro=_metrics(0.3 + 0.01 * i, 0.1 + 0.02 * b, 80)))
     wide = Report(run=RunInfo("wide", 0, "", ""), simulated=False, aggregate="macro", metrics=rows)
     page = render_html(wide)
     images = _images(page)

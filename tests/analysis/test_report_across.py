@@ -25,6 +25,7 @@ import pytest
 from analysis.builders import Pred, Traj, build_run
 from rcarun.analysis import Report, ReportOptions, build_report, render_html, render_text
 from rcarun.analysis.report import Excluded
+from rcarun.analysis.report.model import PairedRow
 from rcarun.store import open_store
 
 TRAJS = [Traj(f"q{i}", "s1" if i < 6 else "s2", ref_step=5) for i in range(12)]
@@ -85,8 +86,8 @@ def _report(db: Path, run: str, **options: Any) -> Report:
         return build_report(store, found.run_id, ReportOptions(**options))
 
 
-def _key(entry: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    return (entry["method_a"], entry["backbone_a"], entry["method_b"], entry["backbone_b"], entry["metric"])
+def _key(entry: PairedRow) -> tuple[str, str, str, str, str]:
+    return (entry.method_a, entry.backbone_a, entry.method_b, entry.backbone_b, entry.metric)
 
 
 def test_soap_is_compared_with_the_reference_on_each_chat_backbone_on_its_test_split(db: Path) -> None:
@@ -103,27 +104,27 @@ def test_soap_is_compared_with_the_reference_on_each_chat_backbone_on_its_test_s
             across[("rcta", "c1", "soap", "qwen", metric)],
             across[("rcta", "c2", "soap", "qwen", metric)],
         )
-        assert (c1["n"], c1["wins"], c1["losses"]) == (6, 5, 0)
-        assert (c2["n"], c2["wins"], c2["losses"]) == (6, 3, 0)
-        assert c1["p_mcnemar"] == pytest.approx(0.0625) and c2["p_mcnemar"] == pytest.approx(0.25)
-        assert c1["p_holm"] == pytest.approx(0.125) and c2["p_holm"] == pytest.approx(0.25)
-        assert c1["score_a"] == 1.0 and c2["score_a"] == pytest.approx(2 / 3)
-        assert c1["score_b"] == c2["score_b"] == pytest.approx(1 / 6)
-        assert c1["delta"] == pytest.approx(5 / 6) and c2["delta"] == pytest.approx(0.5)
-        assert c1["ci_low"] <= c1["delta"] <= c1["ci_high"]
-        assert c1["family"] == c2["family"] == f"across/{metric}" and c1["p_holm_joint"] is None
-    families = {f["family"]: f["tests"] for f in report.protocol["families"]}
+        assert (c1.n, c1.wins, c1.losses) == (6, 5, 0)
+        assert (c2.n, c2.wins, c2.losses) == (6, 3, 0)
+        assert c1.p_mcnemar == pytest.approx(0.0625) and c2.p_mcnemar == pytest.approx(0.25)
+        assert c1.p_holm == pytest.approx(0.125) and c2.p_holm == pytest.approx(0.25)
+        assert c1.score_a == 1.0 and c2.score_a == pytest.approx(2 / 3)
+        assert c1.score_b == c2.score_b == pytest.approx(1 / 6)
+        assert c1.delta == pytest.approx(5 / 6) and c2.delta == pytest.approx(0.5)
+        assert c1.ci_low <= c1.delta <= c1.ci_high
+        assert c1.family == c2.family == f"across/{metric}" and c1.p_holm_joint is None
+    families = {f.family: f.tests for f in report.protocol.families}
     assert families["across/step_acc"] == families["across/agent_acc"] == 2
     # No SOAP in the per-backbone comparisons, which are exactly those of the run without SOAP: a family of
     # its own leaves their Holm p-values as they were.
-    assert {e["method_b"] for e in report.paired} == {"aao"}
+    assert {e.method_b for e in report.paired} == {"aao"}
     assert report.paired == _report(db, "chat-only").paired
     assert _report(db, "chat-only").paired_across == []
 
 
 def test_with_soap_as_the_reference_every_chat_method_is_compared_with_it(db: Path) -> None:
     report = _report(db, "with-soap", reference_method="soap")
-    across = {_key(e): e for e in report.paired_across if e["metric"] == "step_acc"}
+    across = {_key(e): e for e in report.paired_across if e.metric == "step_acc"}
     assert sorted(across) == [
         ("soap", "qwen", method, backbone, "step_acc")
         for method in ("aao", "rcta")
@@ -131,25 +132,25 @@ def test_with_soap_as_the_reference_every_chat_method_is_compared_with_it(db: Pa
     ]
     # SOAP is A now: the wins are the losses above; aao (even qids: q0, q2, q6, q8) alone right on 3.
     assert (
-        across[("soap", "qwen", "rcta", "c1", "step_acc")]["losses"],
-        across[("soap", "qwen", "rcta", "c1", "step_acc")]["wins"],
+        across[("soap", "qwen", "rcta", "c1", "step_acc")].losses,
+        across[("soap", "qwen", "rcta", "c1", "step_acc")].wins,
     ) == (5, 0)
     aao = across[("soap", "qwen", "aao", "c1", "step_acc")]
-    assert (aao["n"], aao["wins"], aao["losses"], aao["p_mcnemar"]) == (6, 0, 3, pytest.approx(0.25))
+    assert (aao.n, aao.wins, aao.losses, aao.p_mcnemar) == (6, 0, 3, pytest.approx(0.25))
     # Holm over the four of the metric: 0.0625 (rcta@c1), then three at 0.25.
-    holm = sorted(e["p_holm"] for e in across.values())
+    holm = sorted(e.p_holm for e in across.values())
     assert holm == pytest.approx([0.25, 0.75, 0.75, 0.75])
     assert report.paired == []  # nothing runs on SOAP's backbone beside it
 
 
 def test_holm_family_metric_and_all_take_the_comparisons_in(db: Path) -> None:
     by_metric = _report(db, "with-soap", holm_family="metric")
-    assert {e["family"] for e in by_metric.paired_across} == {"metric/agent_acc", "metric/step_acc"}
-    tests = {f["family"]: f["tests"] for f in by_metric.protocol["families"]}
+    assert {e.family for e in by_metric.paired_across} == {"metric/agent_acc", "metric/step_acc"}
+    tests = {f.family: f.tests for f in by_metric.protocol.families}
     assert tests["metric/step_acc"] == 4  # rcta vs aao on c1 and c2, rcta vs soap from c1 and c2
     everything = _report(db, "with-soap", holm_family="all")
-    assert {e["family"] for e in everything.paired_across} == {"all"}
-    assert [f["tests"] for f in everything.protocol["families"]] == [8]
+    assert {e.family for e in everything.paired_across} == {"all"}
+    assert [f.tests for f in everything.protocol.families] == [8]
 
 
 def test_a_soap_cell_without_a_shown_number_is_compared_with_nothing(db: Path) -> None:

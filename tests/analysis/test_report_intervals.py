@@ -10,10 +10,10 @@ pseudo-random table (a right answer is right on agent and step; a wrong one name
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -92,8 +92,8 @@ def test_the_task_cluster_bootstrap_draws_the_fixtures_tasks(report: dict[str, A
             (expected.delta, expected.low, expected.high)
         )
         # The same Δ as the paired comparison, with an interval from another resampling unit.
-        paired = next(p for p in report.paired if p["backbone"] == backbone and p["metric"] == "step_acc")
-        assert paired["delta"] == pytest.approx(row["delta"])
+        paired = next(p for p in report.paired if p.backbone_a == backbone and p.metric == "step_acc")
+        assert paired.delta == pytest.approx(row["delta"])
 
 
 def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(report: dict[str, Any]) -> None:
@@ -120,7 +120,8 @@ def test_leave_one_source_out_averages_the_backbones_within_each_trajectory(repo
 
 def test_each_cell_carries_the_interval_of_its_headlines(report: dict[str, Any]) -> None:
     z = NormalDist().inv_cdf(0.975)
-    for row in (r for r in report.metrics if r["realization"] == 0):
+    for cell in (r for r in report.metrics if r.realization == 0):
+        row = cell.to_json()
         hits = [
             sum(RIGHT[row["backbone"], row["method"], t.qid] for t in TRAJS if t.source == s) for s in SOURCES
         ]
@@ -133,12 +134,14 @@ def test_each_cell_carries_the_interval_of_its_headlines(report: dict[str, Any])
             assert headline["intervals"]["agent_acc"] == pytest.approx(expected)
             assert headline["intervals"]["step_acc"] == pytest.approx(expected)
     # The page lays out the carried intervals; a dict without them gets the same from its per-source counts.
-    stripped = copy.deepcopy(report)
-    for row in stripped.metrics:
-        row["intervals"] = row["macro"]["intervals"] = None
+    stripped = replace(
+        report, metrics=[replace(r, pooled_intervals=None, macro_intervals=None) for r in report.metrics]
+    )
     assert render_html(stripped) == render_html(report)
-    moved = copy.deepcopy(report)
-    moved.metrics[0]["macro"]["intervals"]["step_acc"] = [0.0, 1.0]
+    first = report.metrics[0]
+    assert first.macro_intervals is not None
+    moved_first = replace(first, macro_intervals={**first.macro_intervals, "step_acc": (0.0, 1.0)})
+    moved = replace(report, metrics=[moved_first, *report.metrics[1:]])
     assert "[0.0, 100.0]" in render_html(moved)
 
 
@@ -179,10 +182,8 @@ def test_a_trajectory_without_a_task_is_a_task_of_its_own(tmp_path: Path) -> Non
     clusters = found.task_clusters
     assert (clusters["tasks"], clusters["without_task"]) == (24, 24)
     for row in clusters["rows"]:
-        paired = next(
-            p for p in found.paired if p["backbone"] == row["backbone"] and p["metric"] == "step_acc"
-        )
-        assert (row["ci_low"], row["ci_high"]) == (paired["ci_low"], paired["ci_high"])
+        paired = next(p for p in found.paired if p.backbone_a == row["backbone"] and p.metric == "step_acc")
+        assert (row["ci_low"], row["ci_high"]) == (paired.ci_low, paired.ci_high)
     text = render_text(found, sections=("task-clusters",))
     assert (
         "24 trajectories have no stored task" in text

@@ -183,7 +183,7 @@ EXPECTED_OUTCOMES = {
 
 def test_outcomes_count_every_expected_trajectory_once(report: dict[str, Any]) -> None:
     assert report.expected == 10 and report.unlabelled == 1
-    rows = {(r["backbone"], r["method"], r["realization"]): r for r in report.outcomes}
+    rows = {(r.backbone, r.method, r.realization): r.to_json() for r in report.outcomes}
     assert set(rows) == set(EXPECTED_OUTCOMES)
     for key, (counts, status, shown) in EXPECTED_OUTCOMES.items():
         row = rows[key]
@@ -201,11 +201,11 @@ def test_outcomes_count_every_expected_trajectory_once(report: dict[str, Any]) -
         "invalid": {"message": "not JSON: Expecting value", "count": 1},
     }
     assert rows["bb", "eps", 0]["messages"]["failed"]["count"] == 4
-    assert report.protocol["min_readable_share"] == 0.5
+    assert report.protocol.min_readable_share == 0.5
 
 
 def test_a_cell_without_predictions_is_not_scored_as_zero(report: dict[str, Any]) -> None:
-    metrics = {(m["backbone"], m["method"], m["realization"]): m for m in report.metrics}
+    metrics = {(m.backbone, m.method, m.realization): m.to_json() for m in report.metrics}
     for key in (("bb", "beta", 0), ("down", "alpha", 0), ("down", "gamma", 0)):
         entry = metrics[key]
         assert entry["n"] == 0 and entry["agent_acc"] is None and entry["step_acc"] is None, key
@@ -234,9 +234,9 @@ def test_cells_whose_number_rests_on_nothing_are_left_out_of_comparisons(report:
         ("down", "alpha"): "failed",
         ("down", "gamma"): "failed",
     }
-    assert {(p["backbone"], p["method_b"]) for p in report.paired} == {("bb", "delta")}
+    assert {(p.backbone_a, p.method_b) for p in report.paired} == {("bb", "delta")}
     assert {(c["backbone"], c["method_b"]) for c in report.complementarity} == {("bb", "delta")}
-    assert {(r["backbone"], r["method"]) for r in report.repeatability} == {("bb", "alpha")}
+    assert {(r.backbone, r.method) for r in report.repeatability} == {("bb", "alpha")}
     assert {(g["backbone"], g["method"]) for g in report.length_groups} == {
         ("bb", m) for m in ("alpha", "gamma", "delta", "eps")
     }
@@ -344,7 +344,7 @@ def test_every_cell_failed_marks_nothing_best(outcomes_db: Path, tmp_path: Path)
         connection.execute("DELETE FROM predictions WHERE backbone = 'bb'")
         connection.execute("DELETE FROM items WHERE backbone = 'bb'")
     report = _report(db)
-    assert {r["status"] for r in report.outcomes} == {"failed"}
+    assert {r.status for r in report.outcomes} == {"failed"}
     assert report.paired == [] and report.complementarity == []
     page = render_html(report)
     assert "<strong>" not in page.split('<section id="accuracy">', 1)[1].split("</section>", 1)[0]
@@ -365,6 +365,6 @@ def test_a_results_db_without_the_fallback_column_reads_as_no_fallback(
             connection.execute(f"DROP VIEW {view}")
         connection.execute("ALTER TABLE predictions DROP COLUMN fallback")
     report = _report(db)
-    rows = {(r["backbone"], r["method"], r["realization"]): r for r in report.outcomes}
+    rows = {(r.backbone, r.method, r.realization): r.to_json() for r in report.outcomes}
     assert rows["bb", "gamma", 0]["fallback"] == 0 and rows["bb", "gamma", 0]["invalid"] == 10
     assert rows["bb", "delta", 0]["fallback"] == 0 and rows["bb", "delta", 0]["failed"] == 2

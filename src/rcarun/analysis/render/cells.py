@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from ..report.model import Report
+from ..report.model import CellOutcome, Report
 from .model import (
     _MAX_OUTCOME_NOTES,
     _METRICS,
@@ -21,23 +20,19 @@ from .model import (
     _failure,
     _first_realizations,
     _headline,
-    _int,
     _interval,
-    _listed,
     _metric_value,
     _min_share,
-    _num,
     _outcome_notes,
     _outcomes,
     _pct,
-    _per_source,
     _Row,
     _row,
     _rule_note,
+    _score,
     _Section,
     _sources,
     _Table,
-    _text,
     _totals,
     _unique,
 )
@@ -65,7 +60,7 @@ def _accuracy_section(report: Report) -> _Section:
     grid: dict[tuple[str, str], list[float | None]] = {}
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
-        grid[backbone, method] = [_num(headline, "agent_acc"), _num(headline, "step_acc")]
+        grid[backbone, method] = [_score(headline, "agent_acc"), _score(headline, "step_acc")]
     columns: list[list[_Cell]] = []  # one list per number column, in backbone order, Agent then Step
     for backbone in backbones:
         rows_in = [first.get((backbone, m)) for m in methods]
@@ -79,7 +74,7 @@ def _accuracy_section(report: Report) -> _Section:
             for found, value, failure, best in zip(rows_in, values, failures, flags, strict=True):
                 bounds = None if found is None else _interval(report, found, metric)
                 interval = "" if bounds is None else f"[{_pct(bounds[0])}, {_pct(bounds[1])}]"
-                partial = found is not None and _text(found, "status") == "partial"
+                partial = found is not None and found.status == "partial"
                 column.append(_accuracy_cell(failure, value, best, partial=partial, interval=interval))
             columns.append(column)
     rows = tuple(
@@ -96,7 +91,7 @@ def _accuracy_section(report: Report) -> _Section:
         "First realization of each backbone × method; see Repeatability. "
         "Marked (* in text, bold in HTML): the highest shown point estimate above 0 per backbone and metric.",
     ]
-    if _listed(report.outcomes):
+    if report.outcomes:
         share = _min_share(report)
         notes.append(
             f"Rule: a number is shown when readable predictions cover at least {share:.0%} of the expected "
@@ -108,25 +103,25 @@ def _accuracy_section(report: Report) -> _Section:
         totals = _totals(report)
         if totals:
             notes.append(totals[0].upper() + totals[1:] + ".")
-        keys = [(b, m, round(_num(r, "realization") or 0)) for (b, m), r in first.items()]
+        keys = [(b, m, r.realization) for (b, m), r in first.items()]
         notes += _outcome_notes(report, keys)
     return _Section("accuracy", title, (table,), tuple(notes))
 
 
 def _outcomes_section(report: Report) -> _Section:
-    rows_in = _listed(report.outcomes)
+    rows_in = report.outcomes
     title = "Outcomes"
     if not rows_in:
         return _Section("outcomes", title, notes=("No items or predictions in this report.",))
-    realizations = any(_int(r, "realization") for r in rows_in)
+    realizations = any(r.realization for r in rows_in)
     shown = [r for r in rows_in if not _clean(r)]
     rows = []
     for row in shown:
-        labels = [_text(row, "backbone"), _text(row, "method")]
+        labels = [row.backbone, row.method]
         if realizations:
-            labels.append(str(_int(row, "realization")))
-        counts = [f"{_int(row, k):,}" for k in _OUTCOME_KEYS]
-        rows.append(_row(*labels, *counts, _text(row, "status")))
+            labels.append(str(row.realization))
+        counts = [f"{row.count(k):,}" for k in _OUTCOME_KEYS]
+        rows.append(_row(*labels, *counts, row.status))
     clean = len(rows_in) - len(shown)
     notes = []
     if clean:
@@ -164,21 +159,19 @@ _REASON_WORDS = {"failed": "failed", "invalid": "unreadable", "fallback": "fallb
 _REASON_CHARS = 160
 
 
-def _reason_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _reason_notes(rows: Sequence[CellOutcome]) -> list[str]:
     """The most frequent failure, unreadable-answer and fallback message of each cell, capped."""
     notes = []
     for row in rows:
-        found = row.get("messages")
-        messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         for kind, word in _REASON_WORDS.items():
-            entry = messages.get(kind)
-            if not isinstance(entry, Mapping):
+            entry = row.messages.get(kind)
+            if entry is None:
                 continue
-            message = _text(entry, "message")
+            message = entry.message
             if len(message) > _REASON_CHARS:
                 message = message[: _REASON_CHARS - 1] + "…"
-            label = f"{_text(row, 'backbone')} · {_text(row, 'method')} r{_int(row, 'realization')}"
-            notes.append(f"{label}, most frequent {word} ({_int(entry, 'count')}×): {message}")
+            label = f"{row.backbone} · {row.method} r{row.realization}"
+            notes.append(f"{label}, most frequent {word} ({entry.count}×): {message}")
     if len(notes) > _MAX_OUTCOME_NOTES:
         more = len(notes) - _MAX_OUTCOME_NOTES
         notes = [
@@ -193,13 +186,13 @@ def _full_metrics_section(report: Report) -> _Section:
     title = "Full metrics"
     if not first:
         return _Section("full-metrics", title, notes=("No accuracy metrics in this report.",))
-    with_status = bool(_listed(report.outcomes))  # a report without outcomes (hand-built) has no statuses
+    with_status = bool(report.outcomes)  # a report without outcomes (hand-built) has no statuses
     rows = []
     for (backbone, method), row in first.items():
         headline = _headline(report, row)
-        values = [_metric_value(m, _num(headline, m)) for m in _METRICS]
-        status = (_text(row, "status") or DASH,) if with_status else ()
-        rows.append(_row(backbone, method, *status, _count(_num(headline, "n")), *values))
+        values = [_metric_value(m, _score(headline, m)) for m in _METRICS]
+        status = (row.status or DASH,) if with_status else ()
+        rows.append(_row(backbone, method, *status, _count(float(headline.n)), *values))
     metrics = ("Agent", "Step", "Step ±5", "Joint exact", "Joint ±5", "Root MAE", "Coverage")
     labels = ("Backbone", "Method", *(("Status",) if with_status else ()))
     table = _Table(
@@ -208,7 +201,7 @@ def _full_metrics_section(report: Report) -> _Section:
         label_columns=len(labels),
         caption=f"All metrics (%; Root MAE in steps), {_aggregate_label(report)}; first realization.",
     )
-    notes = [*_rule_note(report), *_coverage_notes(first.values())]
+    notes = [*_rule_note(report), *_coverage_notes((row.method, row.coverage_rule) for row in first.values())]
     if with_status:
         notes.append(
             "Status and the rule behind it: see Outcomes. A cell with no prediction at all is not scored (n 0, "
@@ -223,13 +216,12 @@ _COVERAGE_CHECKS = (
 )
 
 
-def _coverage_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Which coverage rule each method's Coverage used (``coverage_rule`` of its metrics rows)."""
+def _coverage_notes(rules_of: Iterable[tuple[str, object]]) -> list[str]:
+    """Which coverage rule each method's Coverage used: (method, its rows' ``coverage_rule``) pairs."""
     rules: dict[str, set[str]] = {}
-    for row in rows:
-        rule = row.get("coverage_rule")
+    for method, rule in rules_of:
         if isinstance(rule, str):
-            rules.setdefault(rule, set()).add(_text(row, "method"))
+            rules.setdefault(rule, set()).add(method)
     if not rules:
         return []
     parts = []
@@ -265,8 +257,8 @@ def _per_source_section(report: Report) -> _Section:
                 continue
             cells = [method]
             for source in sources:
-                metrics = _per_source(row, source)
-                cells += [_pct(_num(metrics, "agent_acc")), _pct(_num(metrics, "step_acc"))]
+                scores = row.per_source.get(source)
+                cells += [_pct(_score(scores, "agent_acc")), _pct(_score(scores, "step_acc"))]
             rows.append(_row(*cells))
         tables.append(
             _Table(

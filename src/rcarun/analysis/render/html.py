@@ -6,10 +6,9 @@ import base64
 import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..cost import CostRow
-from ..report.model import Report
+from ..report.model import PairedRow, Report
 from ..scoring import metric_label
 from .cost import _sum
 from .model import (
@@ -18,15 +17,13 @@ from .model import (
     DASH,
     _Cell,
     _confidence,
+    _finite,
     _has_gpu,
-    _listed,
     _min_share,
-    _num,
     _pct,
     _row,
     _Section,
     _Table,
-    _text,
     _unique,
     _usd,
     _usd_per_trajectory,
@@ -267,15 +264,10 @@ def _pivot(
 def _repeatability_lead(report: Report) -> tuple[_Table, ...]:
     """Step Acc over realizations and the root-step agreement, one row per method, a column group per backbone."""
     cells: dict[tuple[str, str], Sequence[str]] = {}
-    for row in _listed(report.repeatability):
-        found = row.get("metrics")
-        metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        stats = metrics.get("step_acc")
-        step: Mapping[str, Any] = stats if isinstance(stats, Mapping) else {}
-        cells[_text(row, "backbone"), _text(row, "method")] = (
-            f"{_pct(_num(step, 'mean'))} ± {_pct(_num(step, 'sd'))}",
-            _pct(_num(row, "mean_agreement")),
-        )
+    for row in report.repeatability:
+        step = row.metrics.get("step_acc")
+        mean, sd = (None, None) if step is None else (_finite(step.mean), _finite(step.sd))
+        cells[row.backbone, row.method] = (f"{_pct(mean)} ± {_pct(sd)}", _pct(_finite(row.mean_agreement)))
     if not cells:
         return ()
     caption = (
@@ -287,10 +279,10 @@ def _repeatability_lead(report: Report) -> tuple[_Table, ...]:
 
 def _paired_lead(report: Report) -> tuple[_Table, ...]:
     """The comparisons between methods with both metrics on one row: Δ and interval, W/L, Holm p each."""
-    grouped: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
-    for row in _listed(report.paired):
-        key = (_text(row, "backbone"), f"{_text(row, 'method_a')} vs {_text(row, 'method_b')}")
-        grouped.setdefault(key, {})[_text(row, "metric")] = row
+    grouped: dict[tuple[str, str], dict[str, PairedRow]] = {}
+    for row in report.paired:
+        key = (row.backbone_a, f"{row.method_a} vs {row.method_b}")
+        grouped.setdefault(key, {})[row.metric] = row
     if not grouped:
         return ()
     metrics = _unique(m for found in grouped.values() for m in found)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..report.model import Report, Rows
+from ..report.model import CellMetrics, CellOutcome, ProtocolInfo, Report, Rows, Scores
 from ..scoring import METRIC_BY_NAME, METRICS
 from ..stats import stratified_interval
 
@@ -170,40 +170,28 @@ def _aggregate(report: Report) -> str:
     return "pooled" if report.aggregate == "pooled" else "macro"
 
 
-def _first_realizations(report: Report) -> dict[tuple[str, str], Mapping[str, Any]]:
+def _first_realizations(report: Report) -> dict[tuple[str, str], CellMetrics]:
     """(backbone, method) -> its metrics row with the lowest realization, in the report's order."""
-    chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for row in _listed(report.metrics):
-        key = (_text(row, "backbone"), _text(row, "method"))
-        realization = _num(row, "realization") or 0.0
-        if key not in chosen or realization < (_num(chosen[key], "realization") or 0.0):
+    chosen: dict[tuple[str, str], CellMetrics] = {}
+    for row in report.metrics:
+        key = (row.backbone, row.method)
+        if key not in chosen or row.realization < chosen[key].realization:
             chosen[key] = row
     return chosen
 
 
-def _headline(report: Report, row: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The metric dict of the report's aggregate: the ``macro`` sub-dict or the top-level (pooled) keys."""
-    if _aggregate(report) == "pooled":
-        return row
-    macro = row.get("macro")
-    return macro if isinstance(macro, Mapping) else None
+def _headline(report: Report, row: CellMetrics) -> Scores:
+    """The scores of the report's aggregate: macro or pooled."""
+    return row.pooled if _aggregate(report) == "pooled" else row.macro
+
+
+def _score(scores: Scores | None, metric: str) -> float | None:
+    """A metric's finite value, or None (no scores, nothing scored, or not finite)."""
+    return None if scores is None else _finite(scores.value(metric))
 
 
 def _sources(report: Report) -> list[str]:
-    names: list[str] = []
-    for row in _listed(report.metrics):
-        per_source = row.get("per_source")
-        if isinstance(per_source, Mapping):
-            names.extend(str(s) for s in per_source)
-    return _unique(names)
-
-
-def _per_source(row: Mapping[str, Any], source: str) -> Mapping[str, Any] | None:
-    per_source = row.get("per_source")
-    if not isinstance(per_source, Mapping):
-        return None
-    metrics = per_source.get(source)
-    return metrics if isinstance(metrics, Mapping) else None
+    return _unique(source for row in report.metrics for source in row.per_source)
 
 
 def _aggregate_label(report: Report) -> str:
@@ -214,27 +202,25 @@ def _aggregate_label(report: Report) -> str:
     return f"{name}: each source's mean, then the unweighted mean over sources"
 
 
-def _protocol(report: Report) -> Mapping[str, Any]:
-    found = report.protocol
-    return found if isinstance(found, Mapping) else {}
+def _protocol(report: Report) -> ProtocolInfo:
+    """The report's protocol; an empty one (every rule unknown) for a report without."""
+    return report.protocol or ProtocolInfo()
 
 
 def _rule_note(report: Report, *, full: bool = False) -> tuple[str, ...]:
     """The scoring rule a table used, as a footnote: in full, or in short (none for a dict from before
     protocols)."""
     protocol = _protocol(report)
-    rule = _text(protocol, "scoring_rule")
+    rule = protocol.scoring_rule or ""
     if not rule:
         return ()
-    name = _text(protocol, "name")
+    name = protocol.name or ""
     if full:
         return (f"Scoring rule{f' ({name} protocol)' if name else ''}: {rule}.",)
     abstentions = (
-        "abstentions scored on their fields"
-        if protocol.get("abstentions") == "fields"
-        else "abstentions as errors"
+        "abstentions scored on their fields" if protocol.abstentions == "fields" else "abstentions as errors"
     )
-    suffixes = "handoff suffixes kept" if protocol.get("keep_handoff") is True else "handoff suffixes dropped"
+    suffixes = "handoff suffixes kept" if protocol.keep_handoff is True else "handoff suffixes dropped"
     return (f"Scoring: {name} protocol rule ({abstentions}; {suffixes}; see the header).",)
 
 
@@ -281,26 +267,18 @@ _PARTIAL = "†"  # a shown number that counts failed, skipped, unrun or unreada
 _MAX_OUTCOME_NOTES = 16
 
 
-def _outcomes(report: Report) -> dict[tuple[str, str, int], Mapping[str, Any]]:
+def _outcomes(report: Report) -> dict[tuple[str, str, int], CellOutcome]:
     """(backbone, method, realization) -> its outcome row."""
-    return {
-        (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0)): row
-        for row in _listed(report.outcomes)
-    }
+    return {(row.backbone, row.method, row.realization): row for row in report.outcomes}
 
 
-def _int(row: Mapping[str, Any] | None, key: str) -> int:
-    return round(_num(row, key) or 0)
-
-
-def _clean(row: Mapping[str, Any]) -> bool:
+def _clean(row: CellOutcome) -> bool:
     """Every expected trajectory has a readable prediction that the model decided."""
-    return _int(row, "readable") == _int(row, "expected") and _int(row, "fallback") == 0
+    return row.readable == row.expected and row.fallback == 0
 
 
 def _min_share(report: Report) -> float:
-    found = report.protocol
-    share = _num(found, "min_readable_share") if isinstance(found, Mapping) else None
+    share = _finite(_protocol(report).min_readable_share)
     return 0.5 if share is None else share
 
 
@@ -314,8 +292,8 @@ class _Failure:
 
 def _failure(
     report: Report,
-    row: Mapping[str, Any],
-    outcomes: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
+    row: CellMetrics,
+    outcomes: Mapping[tuple[str, str, int], CellOutcome] | None = None,
 ) -> _Failure | None:
     """The failure of a backbone × method × realization cell, or None when its number rests on answers.
 
@@ -324,19 +302,17 @@ def _failure(
     than the report's threshold (``min_readable_share``): the last is checked here too, so a number is never
     marked best on the word of a flag alone.
     """
-    key = (_text(row, "backbone"), _text(row, "method"), round(_num(row, "realization") or 0))
+    key = (row.backbone, row.method, row.realization)
     outcome = (_outcomes(report) if outcomes is None else outcomes).get(key)
-    expected, readable = _int(outcome, "expected"), _int(outcome, "readable")
+    expected, readable = (0, 0) if outcome is None else (outcome.expected, outcome.readable)
     low = outcome is not None and (expected == 0 or readable < _min_share(report) * expected)
-    hidden = row.get("shown") is False or (outcome is not None and outcome.get("shown") is False)
-    if not (low or hidden or _num(row, "n") == 0):
+    hidden = not row.shown or (outcome is not None and not outcome.shown)
+    if not (low or hidden or row.pooled.n == 0):
         return None
-    status = _text(row, "status") or _text(outcome or {}, "status")
+    status = row.status or ("" if outcome is None else outcome.status)
     word = status if status and status not in ("complete", "partial") else "too few readable"
-    found = outcome.get("messages") if outcome is not None else None
-    messages: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    entry = messages.get("invalid" if word == "unreadable" else "failed")
-    message = _text(entry, "message") if isinstance(entry, Mapping) else ""
+    entry = None if outcome is None else outcome.messages.get("invalid" if word == "unreadable" else "failed")
+    message = "" if entry is None else entry.message
     if len(message) > _WHY_CHARS:
         message = message[: _WHY_CHARS - 1] + "…"
     counts = f"{readable} of {expected} answers readable" if outcome is not None else "no answers scored"
@@ -347,35 +323,34 @@ _WHY_CHARS = 72
 
 
 def _confidence(report: Report) -> float:
-    level = _num(_protocol(report), "confidence")
+    level = _finite(_protocol(report).confidence)
     return 0.95 if level is None or not 0 < level < 1 else level
 
 
-def _interval(report: Report, row: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+def _interval(report: Report, row: CellMetrics, metric: str) -> tuple[float, float] | None:
     """The report's interval for one cell's headline Agent or Step Acc; None when the cell has no number.
 
     A report without ``intervals`` (built by hand, or by an older rcarun) gets `stratified_interval` of
     its per-source counts, which is what the report computes.
     """
     headline = _headline(report, row)
-    estimate = _num(headline, metric)
-    if estimate is None or headline is None:
+    estimate = _score(headline, metric)
+    if estimate is None:
         return None
-    carried = headline.get("intervals")
-    bounds = carried.get(metric) if isinstance(carried, Mapping) else None
-    if isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int | float) for b in bounds):
+    carried = row.pooled_intervals if _aggregate(report) == "pooled" else row.macro_intervals
+    bounds = None if carried is None else carried.get(metric)
+    if bounds is not None:
         return float(bounds[0]), float(bounds[1])
     strata = []
-    found = row.get("per_source")
-    for metrics in found.values() if isinstance(found, Mapping) else ():
-        n, p = _num(metrics, "n"), _num(metrics, metric)
-        if isinstance(metrics, Mapping) and n and p is not None:
-            strata.append((n, p))
-    if not strata:  # a dict without sources: the headline as one binomial
-        n = _num(headline, "n") or _num(row, "n")
+    for scores in row.per_source.values():
+        p = _score(scores, metric)
+        if scores.n and p is not None:
+            strata.append((float(scores.n), p))
+    if not strata:  # a row without sources: the headline as one binomial
+        n = headline.n or row.pooled.n
         if not n:
             return None
-        strata = [(n, estimate)]
+        strata = [(float(n), estimate)]
     found = stratified_interval(
         estimate,
         strata,
@@ -387,10 +362,10 @@ def _interval(report: Report, row: Mapping[str, Any], metric: str) -> tuple[floa
 
 def _totals(report: Report) -> str | None:
     """One line over every cell: expected items, predictions, unreadable, fallback, failed, skipped, unrun."""
-    rows = _listed(report.outcomes)
+    rows = report.outcomes
     if not rows:
         return None
-    total = {k: sum(_int(r, k) for r in rows) for k in _OUTCOME_KEYS}
+    total = {k: sum(r.count(k) for r in rows) for k in _OUTCOME_KEYS}
     unrun = total["interrupted"] + total["not_run"]
     return (
         f"items: {total['expected']:,} expected over {len(rows):,} backbone × method × realization cells; "
@@ -412,12 +387,12 @@ _OUTCOME_KEYS = (
 )
 
 
-def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
+def _outcome_sentence(label: str, row: CellOutcome) -> str:
     """What one cell's number rests on, in words."""
-    expected, predictions = _int(row, "expected"), _int(row, "predictions")
-    invalid, fallback = _int(row, "invalid"), _int(row, "fallback")
-    failed, skipped = _int(row, "failed"), _int(row, "skipped_budget")
-    unrun = _int(row, "interrupted") + _int(row, "not_run")
+    expected, predictions = row.expected, row.predictions
+    invalid, fallback = row.invalid, row.fallback
+    failed, skipped = row.failed, row.skipped_budget
+    unrun = row.interrupted + row.not_run
     parts = [f"{predictions} of {expected} have a prediction"]
     if invalid:
         parts.append(f"{invalid} unreadable")
@@ -435,13 +410,10 @@ def _outcome_sentence(label: str, row: Mapping[str, Any]) -> str:
     text = f"{label}: {', '.join(parts)}"
     if missing:
         text += f"; {', '.join(missing)}"
-    if row.get("shown") is False:
+    if not row.shown:
         if predictions == 0:
-            return f"{text}. Not scored ({_text(row, 'status')}): no answer to rest a number on."
-        return (
-            f"{text}. Not shown ({_text(row, 'status')}): only {_int(row, 'readable')} readable answers; "
-            "not compared."
-        )
+            return f"{text}. Not scored ({row.status}): no answer to rest a number on."
+        return f"{text}. Not shown ({row.status}): only {row.readable} readable answers; not compared."
     errors = failed + skipped + unrun
     if errors or invalid:
         text += (
@@ -460,7 +432,7 @@ def _outcome_notes(report: Report, keys: Iterable[tuple[str, str, int]]) -> list
     sentences = []
     for backbone, method, realization in keys:
         row = outcomes.get((backbone, method, realization))
-        if row is None or _int(row, "readable") == _int(row, "expected"):
+        if row is None or row.readable == row.expected:
             continue
         label = method if single else f"{backbone} · {method}"
         sentences.append(_outcome_sentence(label, row))

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from ..report.model import Report
+from ..report.model import PairedRow, Report
 from ..scoring import metric_label
 from .cells import _coverage_notes
 from .model import (
     DASH,
     _Cell,
     _count,
+    _finite,
     _is_fraction,
     _listed,
     _num,
@@ -32,64 +32,61 @@ from .model import (
 _PAIRED_STATS = ("Metric", "Δ (pp)", "95% CI (pp)", "W/L", "p (McNemar)", "p (Holm)", "n")
 
 
-def _paired_cells(row: Mapping[str, Any], joint: bool = False, family: bool = False) -> tuple[str, ...]:
+def _paired_cells(row: PairedRow, joint: bool = False, family: bool = False) -> tuple[str, ...]:
     """Metric, Δ, interval, W/L, p-values and n of one paired comparison (pp; steps for the MAE), then the
     joint Holm p-value and the family when asked for."""
-    metric = _text(row, "metric")
-    delta, low, high = (_num(row, k) for k in ("delta", "ci_low", "ci_high"))
+    metric = row.metric
+    delta, low, high = _finite(row.delta), _finite(row.ci_low), _finite(row.ci_high)
     scale = 100 if _is_fraction(metric) else 1
     shown = DASH if delta is None else f"{delta * scale:+.1f}"
     interval = DASH if low is None or high is None else f"[{low * scale:.1f}, {high * scale:.1f}]"
-    wins, losses = _num(row, "wins"), _num(row, "losses")
+    wins, losses = row.wins, row.losses
     wl = DASH if wins is None or losses is None else f"{round(wins)}/{round(losses)}"
-    p_values = (_p(_num(row, "p_mcnemar")), _p(_num(row, "p_holm")))
+    p_values = (_p(_finite(row.p_mcnemar)), _p(_finite(row.p_holm)))
     extra = (
-        *((_p(_num(row, "p_holm_joint")),) if joint else ()),
-        *((_text(row, "family"),) if family else ()),
+        *((_p(_finite(row.p_holm_joint)),) if joint else ()),
+        *((row.family or "",) if family else ()),
     )
-    return (metric_label(metric), shown, interval, wl, *p_values, _count(_num(row, "n")), *extra)
+    return (metric_label(metric), shown, interval, wl, *p_values, _count(float(row.n)), *extra)
 
 
 def _family_notes(report: Report) -> list[str]:
     """The paired statistics' settings and every Holm family of the report, in words."""
     protocol = _protocol(report)
     notes = []
-    resamples = _num(protocol, "resamples")
+    resamples = protocol.resamples
     if resamples is not None:
-        why = _text(protocol, "resamples_reason")
-        seed = _text(protocol, "seed")
+        why = protocol.resamples_reason or ""
+        seed = "" if protocol.seed is None else str(protocol.seed)
         notes.append(
             f"Intervals from {_count(resamples)} resamples{f' ({why})' if why else ''}"
             f"{f', seed {seed}' if seed else ''}."
         )
-    families = _rows(protocol, "families")
+    families = protocol.families
     if families:
-        listed = "; ".join(
-            f"{_text(f, 'family')} ({_count(_num(f, 'tests'))} tests): {_text(f, 'description')}"
-            for f in families
-        )
+        listed = "; ".join(f"{f.family} ({_count(float(f.tests))} tests): {f.description}" for f in families)
         notes.append(f"Holm families: {listed}.")
     return notes
 
 
 def _not_compared_notes(report: Report) -> list[str]:
     """The methods the protocol leaves out of the paired comparisons, and why."""
-    not_compared = _rows(_protocol(report), "not_compared")
+    not_compared = _protocol(report).not_compared
     if not not_compared:
         return []
-    listed = "; ".join(f"{_text(r, 'method')}: {_text(r, 'why')}" for r in not_compared)
+    listed = "; ".join(f"{r.method}: {r.why}" for r in not_compared)
     return [f"Not in these comparisons: {listed}."]
 
 
-def _methods_table(report: Report, paired: Sequence[Mapping[str, Any]], family: bool) -> _Table:
+def _methods_table(report: Report, paired: Sequence[PairedRow], family: bool) -> _Table:
     """Paired differences between methods on one backbone (against the reference method, when there is one)."""
     reference = report.reference_method
     against = f" against {reference}" if reference else ""
-    joint = any(_num(r, "p_holm_joint") is not None for r in paired)
+    joint = any(_finite(r.p_holm_joint) is not None for r in paired)
     rows = tuple(
         _row(
-            _text(r, "backbone"),
-            f"{_text(r, 'method_a')} vs {_text(r, 'method_b')}",
+            r.backbone_a,
+            f"{r.method_a} vs {r.method_b}",
             *_paired_cells(r, joint, family),
         )
         for r in paired
@@ -101,9 +98,9 @@ def _methods_table(report: Report, paired: Sequence[Mapping[str, Any]], family: 
 
 
 def _paired_section(report: Report) -> _Section:
-    paired = _listed(report.paired)
-    across = _listed(report.paired_backbones)  # the same method on two backbones, when the builder made them
-    kinds = _listed(report.paired_across)  # a method on a local backbone against one on a chat backbone
+    paired = report.paired
+    across = report.paired_backbones  # the same method on two backbones, when the builder made them
+    kinds = report.paired_across  # a method on a local backbone against one on a chat backbone
     title = "Paired comparisons"
     excluded = [f"{r.backbone} · {r.method} ({r.status})" for r in report.excluded]
     left_out = f"Left out (no number shown, see Outcomes): {', '.join(excluded)}." if excluded else None
@@ -114,14 +111,14 @@ def _paired_section(report: Report) -> _Section:
             *_not_compared_notes(report),
         )
         return _Section("paired", title, notes=notes_only)
-    family = any("family" in r for r in (*paired, *across, *kinds))
+    family = any(r.family is not None for r in (*paired, *across, *kinds))
     tail = ("Family",) if family else ()
     tables = [_methods_table(report, paired, family)] if paired else []
     if across:
         rows = tuple(
             _row(
-                _text(r, "method"),
-                f"{_text(r, 'backbone_a')} vs {_text(r, 'backbone_b')}",
+                r.method_a,
+                f"{r.backbone_a} vs {r.backbone_b}",
                 *_paired_cells(r, False, family),
             )
             for r in across
@@ -133,8 +130,8 @@ def _paired_section(report: Report) -> _Section:
     if kinds:
         rows = tuple(
             _row(
-                f"{_text(r, 'method_a')} · {_text(r, 'backbone_a')}",
-                f"{_text(r, 'method_b')} · {_text(r, 'backbone_b')}",
+                f"{r.method_a} · {r.backbone_a}",
+                f"{r.method_b} · {r.backbone_b}",
                 *_paired_cells(r, False, family),
             )
             for r in kinds
@@ -152,13 +149,13 @@ def _paired_section(report: Report) -> _Section:
         "within its family"
         + (
             "; p (Holm, both) adjusts App. B's family over both metrics together (the paper's Holm-40)."
-            if any(_num(r, "p_holm_joint") is not None for r in paired)
+            if any(_finite(r.p_holm_joint) is not None for r in paired)
             else "."
         ),
         *_family_notes(report),
         *_not_compared_notes(report),
     ]
-    if any(not _is_fraction(_text(r, "metric")) for r in (*paired, *across, *kinds)):
+    if any(not _is_fraction(r.metric) for r in (*paired, *across, *kinds)):
         notes.append("Root MAE differences and intervals are in steps, not percentage points.")
     if left_out:
         notes.append(left_out)
@@ -229,7 +226,7 @@ def _components_section(report: Report) -> _Section | None:
             else ()
         ),
         *((f"Scoring rule (component study): {rule}.",) if rule else ()),
-        *_coverage_notes(rows_in),
+        *_coverage_notes((_text(row, "method"), row.get("coverage_rule")) for row in rows_in),
         "MAE n: non-abstaining outputs with a parseable in-range step (the MAE's outputs). Δ: the condition's "
         "Step Acc minus full RCTA's, with its pointwise source-stratified paired-bootstrap interval "
         f"({_count(_num(found, 'resamples'))} resamples, seed {_text(found, 'seed')}); W/L: trajectories only the "

@@ -20,9 +20,8 @@ from .model import (
     _has_gpu,
     _headline,
     _interval,
-    _num,
     _outcomes,
-    _per_source,
+    _score,
     _sources,
     _unique,
     _usd_per_trajectory,
@@ -115,7 +114,7 @@ def _accuracy_plot(report: Report) -> _Plot | str:
     outcomes = _outcomes(report)
     failures = {key: _failure(report, row, outcomes) for key, row in first.items()}
     values = {key: None if failures[key] else _headline(report, row) for key, row in first.items()}
-    if not any(_num(v, m) is not None for v in values.values() for m in ("agent_acc", "step_acc")):
+    if not any(_score(v, m) is not None for v in values.values() for m in ("agent_acc", "step_acc")):
         return "Accuracy plot omitted: no Agent or Step Acc in this report."
     backbones = _unique(b for b, _ in first)
     methods = _unique(m for _, m in first)
@@ -131,7 +130,7 @@ def _accuracy_plot(report: Report) -> _Plot | str:
             xs, heights, low, high = [], [], [], []
             for i, backbone in enumerate(backbones):
                 key = (backbone, method)
-                value = _num(values.get(key), metric)
+                value = _score(values.get(key), metric)
                 x = i - 0.42 + width * (j + 0.5)
                 if value is not None:
                     bounds = _interval(report, first[key], metric) or (value, value)
@@ -192,7 +191,7 @@ def _cost_plot(report: Report) -> _Plot | str:
     outcomes = _outcomes(report)
     points = []
     for (backbone, method), row in first.items():
-        step = _num(_headline(report, row), "step_acc")
+        step = _score(_headline(report, row), "step_acc")
         if (backbone, method) in usd and step is not None and _failure(report, row, outcomes) is None:
             bounds = _interval(report, row, "step_acc") or (step, step)
             points.append((backbone, method, usd[backbone, method], step * 100, bounds))
@@ -305,7 +304,7 @@ def _source_plot(report: Report) -> _Plot | str:
     for i, row in enumerate(first.values()):
         failed = _failure(report, row, outcomes) is not None
         for j, source in enumerate(sources):
-            value = None if failed else _num(_per_source(row, source), "step_acc")
+            value = None if failed else _score(row.per_source.get(source), "step_acc")
             if value is not None:
                 grid[i, j] = value * 100
     if np.isnan(grid).all():

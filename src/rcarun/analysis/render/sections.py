@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from ..report.model import Report
 from ..scoring import metric_label
 from .cells import _accuracy_section, _full_metrics_section, _outcomes_section, _per_source_section
@@ -15,6 +12,7 @@ from .model import (
     _aggregate_label,
     _Columns,
     _count,
+    _finite,
     _is_fraction,
     _keyed_row,
     _listed,
@@ -23,13 +21,11 @@ from .model import (
     _protocol,
     _Row,
     _row,
-    _rows,
     _rule_note,
     _run,
     _Section,
     _steps,
     _Table,
-    _text,
     _totals,
 )
 from .paired import _complementarity_section, _components_section, _paired_section
@@ -84,22 +80,23 @@ def _header_lines(report: Report) -> tuple[str, list[str]]:
         f"database: {report.db or DASH}",
     ]
     protocol = _protocol(report)
-    if protocol.get("name"):
-        reason = _text(protocol, "reason")
-        details.append(f"protocol: {_text(protocol, 'name')}{f' ({reason})' if reason else ''}")
-        details.append(f"scoring: {_text(protocol, 'scoring_rule')}")
-    aggregate_reason = _text(protocol, "aggregate_reason")
+    if protocol.name:
+        reason = protocol.reason or ""
+        details.append(f"protocol: {protocol.name}{f' ({reason})' if reason else ''}")
+        details.append(f"scoring: {protocol.scoring_rule or ''}")
+    aggregate_reason = protocol.aggregate_reason or ""
     details.append(
         f"aggregate: {_aggregate_label(report)}{f' ({aggregate_reason})' if aggregate_reason else ''}"
     )
-    resamples = _num(protocol, "resamples")
-    if protocol.get("name") and resamples is not None:
-        why = _text(protocol, "resamples_reason")
-        family = _text(protocol, "holm_family")
+    resamples = protocol.resamples
+    if protocol.name and resamples is not None:
+        why = protocol.resamples_reason or ""
+        family = protocol.holm_family or ""
+        seed = "" if protocol.seed is None else str(protocol.seed)
         details.append(
-            f"paired statistics: {_count(resamples)} bootstrap resamples{f' ({why})' if why else ''}, seed "
-            f"{_text(protocol, 'seed')}; Holm families: "
-            f"{_HOLM_WORDS.get(_text(protocol, 'name') if family == 'paper' else family, family)}"
+            f"paired statistics: {_count(float(resamples))} bootstrap resamples{f' ({why})' if why else ''}, "
+            f"seed {seed}; Holm families: "
+            f"{_HOLM_WORDS.get(protocol.name if family == 'paper' else family, family)}"
         )
     totals = _totals(report)
     if totals:
@@ -111,41 +108,34 @@ def _header_lines(report: Report) -> tuple[str, list[str]]:
 
 
 def _repeatability_section(report: Report) -> _Section:
-    rows_in = _listed(report.repeatability)
+    rows_in = report.repeatability
     title = "Repeatability"
     if not rows_in:
         return _Section("repeatability", title, notes=("No repeated realizations in this report.",))
     spread_rows: list[_Row] = []
     agreement_rows: list[_Row] = []
     for row in rows_in:
-        backbone, method = _text(row, "backbone"), _text(row, "method")
-        realizations = row.get("realizations")
-        names = ", ".join(str(r) for r in realizations) if isinstance(realizations, Sequence) else DASH
-        found = row.get("metrics")
-        metrics: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        ordered = [m for m in _METRICS if m in metrics] + [str(m) for m in metrics if m not in _METRICS]
+        backbone, method = row.backbone, row.method
+        names = ", ".join(str(r) for r in row.realizations)
+        metrics = row.metrics
+        ordered = [m for m in _METRICS if m in metrics] + [m for m in metrics if m not in _METRICS]
         for metric in ordered:
-            stats = metrics[metric] if isinstance(metrics[metric], Mapping) else {}
+            stats = metrics[metric]
             fmt = _pct if _is_fraction(metric) else _steps
-            mean, sd = _num(stats, "mean"), _num(stats, "sd")
-            lo, hi = _num(stats, "min"), _num(stats, "max")
             spread_rows.append(
                 _row(
                     backbone,
                     method,
                     metric_label(metric),
-                    _count(_num(stats, "n")),
-                    f"{fmt(mean)} ± {fmt(sd)}",
-                    f"{fmt(lo)}–{fmt(hi)}",
-                    fmt(_num(stats, "range")),
+                    _count(float(stats.n)),
+                    f"{fmt(_finite(stats.mean))} ± {fmt(_finite(stats.sd))}",
+                    f"{fmt(_finite(stats.min))}–{fmt(_finite(stats.max))}",
+                    fmt(_finite(stats.range)),
                 )
             )
-        pairs = [
-            f"{_text(a, 'first')} vs {_text(a, 'second')}: {_pct(_num(a, 'rate'))}"
-            for a in _rows(row, "agreement")
-        ]
+        pairs = [f"{a.first} vs {a.second}: {_pct(_finite(a.rate))}" for a in row.agreement]
         agreement_rows.append(
-            _row(backbone, method, names, "; ".join(pairs) or DASH, _pct(_num(row, "mean_agreement")))
+            _row(backbone, method, names, "; ".join(pairs) or DASH, _pct(_finite(row.mean_agreement)))
         )
     spread = _Table(
         columns=("Backbone", "Method", "Metric", "n", "Mean ± SD", "Min–max", "Range"),

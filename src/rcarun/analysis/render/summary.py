@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..cost import CostRow, ServedBy
-from ..report.model import Report
+from ..report.model import CellOutcome, Report
 from .cost import _sum, _sums, _tokens
 from .model import (
     _OUTCOME_KEYS,
@@ -16,13 +15,9 @@ from .model import (
     _aggregate_label,
     _count,
     _has_gpu,
-    _int,
-    _listed,
-    _num,
     _pct,
     _protocol,
     _run,
-    _text,
     _unique,
     _usd,
 )
@@ -40,16 +35,15 @@ def _plural(count: int, word: str) -> str:
     return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
-def _failure_causes(rows: Sequence[Mapping[str, Any]]) -> str:
+def _failure_causes(rows: Sequence[CellOutcome]) -> str:
     """The failed items by their most frequent message per cell, largest first; the rest as "other"."""
     causes: dict[str, int] = {}
     for row in rows:
-        found = row.get("messages")
-        entry = found.get("failed") if isinstance(found, Mapping) else None
-        if isinstance(entry, Mapping):
-            message = _short(_text(entry, "message"), _WHY_CHARS)
-            causes[message] = causes.get(message, 0) + _int(entry, "count")
-    failed = sum(_int(r, "failed") for r in rows)
+        entry = row.messages.get("failed")
+        if entry is not None:
+            message = _short(entry.message, _WHY_CHARS)
+            causes[message] = causes.get(message, 0) + entry.count
+    failed = sum(r.failed for r in rows)
     listed = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
     parts = [f"{message} ×{count:,}" for message, count in listed]
     other = failed - sum(count for _, count in listed)
@@ -75,23 +69,31 @@ def _summary(report: Report) -> list[_Fact]:
             else "no",
         ),
     ]
-    metrics, outcomes = _listed(report.metrics), _listed(report.outcomes)
+    metrics, outcomes = report.metrics, report.outcomes
     backbones = _unique(
-        [*(_text(r, "backbone") for r in (*metrics, *outcomes)), *(r.backbone for r in report.cost)]
+        [
+            *(r.backbone for r in metrics),
+            *(r.backbone for r in outcomes),
+            *(r.backbone for r in report.cost),
+        ]
     )
     methods = _unique(
-        [*(_text(r, "method") for r in (*metrics, *outcomes)), *(r.method for r in report.cost)]
+        [
+            *(r.method for r in metrics),
+            *(r.method for r in outcomes),
+            *(r.method for r in report.cost),
+        ]
     )
     facts.append(_Fact("Backbones", f"{len(backbones)}: {', '.join(backbones)}" if backbones else DASH))
     facts += [_served_fact(served) for served in report.served_by]
     facts.append(_Fact("Methods", f"{len(methods)}: {', '.join(methods)}" if methods else DASH))
     protocol = _protocol(report)
-    if protocol.get("name"):
-        resamples = _num(protocol, "resamples")
+    if protocol.name:
+        resamples = None if protocol.resamples is None else float(protocol.resamples)
         facts.append(
             _Fact(
                 "Protocol",
-                f"{_text(protocol, 'name')}; {_aggregate_label(report)}; "
+                f"{protocol.name}; {_aggregate_label(report)}; "
                 f"{_count(resamples)} bootstrap resamples; reference method "
                 f"{report.reference_method or DASH} (every rule under Protocol and settings)",
             )
@@ -118,11 +120,11 @@ def _served_fact(served: ServedBy) -> _Fact:
     return _Fact("Served by", text, tuple(served.commands))
 
 
-def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
+def _outcome_facts(outcomes: Sequence[CellOutcome]) -> list[_Fact]:
     """Items by outcome, failures by cause, and coverage over every cell."""
     facts: list[_Fact] = []
     if outcomes:
-        total = {k: sum(_int(r, k) for r in outcomes) for k in (*_OUTCOME_KEYS, "readable")}
+        total = {k: sum(r.count(k) for r in outcomes) for k in (*_OUTCOME_KEYS, "readable")}
         facts.append(
             _Fact(
                 "Items",
@@ -136,7 +138,7 @@ def _outcome_facts(outcomes: Sequence[Mapping[str, Any]]) -> list[_Fact]:
             facts.append(_Fact("Failed, by cause", _failure_causes(outcomes)))
         statuses: dict[str, int] = {}
         for row in outcomes:
-            statuses[_text(row, "status")] = statuses.get(_text(row, "status"), 0) + 1
+            statuses[row.status] = statuses.get(row.status, 0) + 1
         hidden = ", ".join(f"{n} {w}" for w, n in statuses.items() if w not in ("complete", "partial"))
         share = total["readable"] / total["expected"] if total["expected"] else None
         facts.append(

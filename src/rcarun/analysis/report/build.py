@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from rcarun.errors import ConfigError, StoreError
 from rcarun.store import RunRow, Store
@@ -15,7 +14,7 @@ from ..protocol import MethodKind, Protocol, app_b_backbones, method_kinds, reso
 from ..results import RunScores, load_run_scores
 from ..timing import call_timing
 from .cells import _excluded, _metrics, _outcome_json
-from .model import Report, RunInfo
+from .model import MethodInfo, NotCompared, ProtocolInfo, Report, RunInfo
 from .options import MIN_READABLE_SHARE, ReportOptions, _Study, _study
 from .paired import (
     Paired,
@@ -139,6 +138,13 @@ def build_report(
     )
 
 
+_PROTOCOL_AS_IS = (
+    *("name", "reason", "abstentions", "keep_handoff", "aggregate_reason"),
+    *("resamples", "resamples_reason", "seed", "holm_family"),
+)
+"""The `Protocol` attributes the report's protocol keeps under the same name."""
+
+
 def _protocol_json(
     protocol: Protocol,
     options: ReportOptions,
@@ -147,35 +153,24 @@ def _protocol_json(
     study: _Study | None,
     left_out: Sequence[str],
     compared: Paired,
-) -> dict[str, Any]:
+) -> ProtocolInfo:
     """The report's ``protocol``: the rules in force, why, and which methods were left out of the comparison."""
-    return {
-        "name": protocol.name,
-        "requested": options.protocol,
-        "reason": protocol.reason,
-        "scoring_rule": protocol.rule,
-        "abstentions": protocol.abstentions,
-        "keep_handoff": protocol.keep_handoff,
-        "aggregate_reason": protocol.aggregate_reason,
-        "resamples": protocol.resamples,
-        "resamples_reason": protocol.resamples_reason,
-        "seed": protocol.seed,
-        "confidence": options.confidence,
-        "holm_family": protocol.holm_family,
-        "holm_backbones": list(options.holm_backbones),
-        "holm_backbones_reason": holm_why,
-        "families": _families(compared, options, holm_why),
-        "paired_metrics": list(protocol.paired_metrics),
-        "not_compared": [
-            {"method": m, "why": _why_not_compared(kinds[m], protocol, study)} for m in left_out
-        ],
-        "compare_backbones": list(options.compare_backbones),
-        "populations": dict(options.populations) if options.populations else None,
-        "min_readable_share": MIN_READABLE_SHARE,
-        "methods": {
-            label: {"name": kind.name, "ablation": kind.ablation} for label, kind in sorted(kinds.items())
-        },
-    }
+    kept = {name: getattr(protocol, name) for name in _PROTOCOL_AS_IS}
+    return ProtocolInfo(
+        **kept,
+        requested=options.protocol,
+        scoring_rule=protocol.rule,
+        confidence=options.confidence,
+        holm_backbones=tuple(options.holm_backbones),
+        holm_backbones_reason=holm_why,
+        families=_families(compared, options, holm_why),
+        paired_metrics=tuple(protocol.paired_metrics),
+        not_compared=tuple(NotCompared(m, _why_not_compared(kinds[m], protocol, study)) for m in left_out),
+        compare_backbones=tuple(options.compare_backbones),
+        populations=dict(options.populations) if options.populations else None,
+        min_readable_share=MIN_READABLE_SHARE,
+        methods={label: MethodInfo(kind.name, kind.ablation) for label, kind in sorted(kinds.items())},
+    )
 
 
 def _reference_method(

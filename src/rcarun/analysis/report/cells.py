@@ -9,8 +9,8 @@ from ..protocol import Protocol
 from ..results import Cell, Outcome, RunScores
 from ..scoring import METRIC_BY_NAME, METRICS, ItemScore, Metrics, Summary, summarize
 from ..stats import stratified_interval
-from .model import Excluded
-from .options import _CAUSES, METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions, _bounds
+from .model import OUTCOME_COUNTS, Bounds, CellMetrics, CellOutcome, Excluded, Message, Scores
+from .options import _CAUSES, METRIC_NAMES, MIN_READABLE_SHARE, ReportOptions
 
 
 def cell_status(outcome: Outcome) -> tuple[str, bool]:
@@ -32,28 +32,13 @@ def cell_status(outcome: Outcome) -> tuple[str, bool]:
     return (leaders[0] if len(leaders) == 1 else "n/a"), False
 
 
-def _outcome_json(cell: Cell, outcome: Outcome) -> dict[str, Any]:
+def _outcome_json(cell: Cell, outcome: Outcome) -> CellOutcome:
     status, shown = cell_status(outcome)
-    return {
-        "backbone": cell.backbone,
-        "method": cell.method,
-        "realization": cell.realization,
-        "expected": outcome.expected,
-        "predictions": outcome.predictions,
-        "invalid": outcome.invalid,
-        "fallback": outcome.fallback,
-        "failed": outcome.failed,
-        "skipped_budget": outcome.skipped_budget,
-        "interrupted": outcome.interrupted,
-        "not_run": outcome.not_run,
-        "unanswered": outcome.unanswered,
-        "readable": outcome.readable,
-        "status": status,
-        "shown": shown,
-        "messages": {
-            kind: {"message": message, "count": count} for kind, (message, count) in outcome.messages.items()
-        },
-    }
+    counts = {name: getattr(outcome, name) for name in OUTCOME_COUNTS}  # the same names on both
+    messages = {kind: Message(message, count) for kind, (message, count) in outcome.messages.items()}
+    return CellOutcome(
+        cell.backbone, cell.method, cell.realization, **counts, status=status, shown=shown, messages=messages
+    )
 
 
 def _shown(scores: RunScores, cell: Cell) -> bool:
@@ -81,9 +66,6 @@ def _scored(scores: RunScores, cell: Cell) -> bool:
     return outcome is None or outcome.predictions > 0
 
 
-_BLANK = {"n": 0, **dict.fromkeys(METRIC_NAMES)}
-
-
 def _coverage_rule(items: Sequence[ItemScore]) -> str | None:
     """Whose checks decided coverage: the method's stored verdict, the scorer's validity rule, or both."""
     predicted = [item for item in items if item.predicted]
@@ -93,61 +75,54 @@ def _coverage_rule(items: Sequence[ItemScore]) -> str | None:
     return "method" if by_method == len(predicted) else "validity" if by_method == 0 else "mixed"
 
 
-def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> list[dict[str, Any]]:
+def _scores(metrics: Metrics) -> Scores:
+    return Scores(metrics.n, **{name: getattr(metrics, name) for name in METRIC_NAMES})
+
+
+def _metrics(scores: RunScores, protocol: Protocol, options: ReportOptions) -> list[CellMetrics]:
     entries = []
     for cell, items in scores.scores.items():
         if not items:
             continue
         outcome = scores.outcomes.get(cell)
         status, shown = cell_status(outcome) if outcome is not None else ("complete", True)
-        entry: dict[str, Any] = {
-            "backbone": cell.backbone,
-            "method": cell.method,
-            "realization": cell.realization,
-            "status": status,
-            "shown": shown,
-        }
         if not _scored(scores, cell):  # nothing answered: not 0.0 as if it had
+            blank = Scores(0)
             entries.append(
-                {
-                    **entry,
-                    **_BLANK,
-                    "intervals": None,
-                    "macro": {**_BLANK, "intervals": None},
-                    "per_source": {},
-                    "post_stratified": None,
-                    "coverage_rule": None,
-                }
+                CellMetrics(cell.backbone, cell.method, cell.realization, blank, blank, status, shown)
             )
             continue
         summary = summarize(items, populations=options.populations)
         entries.append(
-            {
-                **entry,
-                **metrics_json(summary.pooled),
-                "intervals": _cell_intervals(summary.pooled, summary, "pooled", options.confidence),
-                "macro": {
-                    **metrics_json(summary.macro),
-                    "intervals": _cell_intervals(summary.macro, summary, "macro", options.confidence),
-                },
-                "per_source": {source: metrics_json(m) for source, m in sorted(summary.per_source.items())},
-                "post_stratified": metrics_json(summary.post_stratified) if summary.post_stratified else None,
-                "coverage_rule": _coverage_rule(items),
-            }
+            CellMetrics(
+                cell.backbone,
+                cell.method,
+                cell.realization,
+                pooled=_scores(summary.pooled),
+                macro=_scores(summary.macro),
+                status=status,
+                shown=shown,
+                pooled_intervals=_cell_intervals(summary.pooled, summary, "pooled", options.confidence),
+                macro_intervals=_cell_intervals(summary.macro, summary, "macro", options.confidence),
+                per_source={source: _scores(m) for source, m in sorted(summary.per_source.items())},
+                post_stratified=_scores(summary.post_stratified) if summary.post_stratified else None,
+                coverage_rule=_coverage_rule(items),
+            )
         )
     return entries
 
 
 def _cell_intervals(
     headline: Metrics, summary: Summary, weighting: Literal["pooled", "macro"], confidence: float
-) -> dict[str, list[float]]:
+) -> dict[str, Bounds]:
     """The interval of each Table 3 metric of one cell's headline, from its per-source counts."""
     found = {}
     for metric in (m.name for m in METRICS if m.interval):
         strata = [(float(m.n), float(getattr(m, metric))) for m in summary.per_source.values()]
-        found[metric] = _bounds(
-            stratified_interval(getattr(headline, metric), strata, weighting=weighting, confidence=confidence)
+        interval = stratified_interval(
+            getattr(headline, metric), strata, weighting=weighting, confidence=confidence
         )
+        found[metric] = (interval.low, interval.high)
     return found
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from rcarun.store import RunRow, Store
 
@@ -27,6 +27,7 @@ from ..stats import (
     union_complementarity,
 )
 from .cells import _outcomes, _shown
+from .model import HolmFamily, PairedRow
 from .options import ReportOptions, _interval_json
 
 
@@ -45,28 +46,35 @@ def _compare(
 
 
 def _paired_entry(
-    comparison: PairedComparison, labels: Mapping[str, object]
-) -> tuple[dict[str, Any], PairedComparison]:
-    """A paired entry of the report (what was compared, then the statistics) beside its comparison."""
-    return {**labels, **_comparison_json(comparison)}, comparison
+    comparison: PairedComparison,
+    kind: Literal["methods", "backbones", "across"],
+    a: Cell,
+    b: Cell,
+    metric: str,
+    family: str,
+) -> tuple[PairedRow, PairedComparison]:
+    """A paired row of the report (what was compared, then the statistics) beside its comparison."""
+    row = PairedRow(kind, a.backbone, a.method, b.backbone, b.method, metric, comparison.n, family=family)
+    return _with_statistics(row, comparison), comparison
 
 
-def _comparison_json(comparison: PairedComparison) -> dict[str, Any]:
-    return {
-        "n": comparison.n,
-        "score_a": comparison.score_a,
-        "score_b": comparison.score_b,
-        "delta": comparison.delta,
-        "ci_low": comparison.ci_low,
-        "ci_high": comparison.ci_high,
-        "wins": comparison.wins,
-        "losses": comparison.losses,
-        "p_mcnemar": comparison.p_mcnemar,
-        "p_holm": comparison.p_holm,
-    }
+def _with_statistics(row: PairedRow, comparison: PairedComparison) -> PairedRow:
+    return replace(
+        row,
+        n=comparison.n,
+        score_a=comparison.score_a,
+        score_b=comparison.score_b,
+        delta=comparison.delta,
+        ci_low=comparison.ci_low,
+        ci_high=comparison.ci_high,
+        wins=comparison.wins,
+        losses=comparison.losses,
+        p_mcnemar=comparison.p_mcnemar,
+        p_holm=comparison.p_holm,
+    )
 
 
-Paired = list[tuple[dict[str, Any], PairedComparison]]
+Paired = list[tuple[PairedRow, PairedComparison]]
 
 
 def _holm_within(entries: Paired, family: Mapping[int, str]) -> dict[int, float | None]:
@@ -85,16 +93,16 @@ def _adjust(*groups: Paired) -> tuple[Paired, ...]:
     """Holm within each entry's ``family`` over every group; ``p_holm_joint`` over App. B's family across both
     metrics. The groups come back adjusted, in the order and sizes given."""
     entries = [pair for group in groups for pair in group]
-    p_holm = _holm_within(entries, {i: entry["family"] for i, (entry, _) in enumerate(entries)})
+    p_holm = _holm_within(entries, {i: entry.family or "" for i, (entry, _) in enumerate(entries)})
     joint = _holm_within(
-        entries, {i: "app-b" for i, (entry, _) in enumerate(entries) if entry["family"].startswith("app-b/")}
+        entries,
+        {i: "app-b" for i, (entry, _) in enumerate(entries) if (entry.family or "").startswith("app-b/")},
     )
     adjusted: Paired = []
     for index, (entry, comparison) in enumerate(entries):
         comparison = replace(comparison, p_holm=p_holm[index])
-        adjusted.append(
-            ({**entry, **_comparison_json(comparison), "p_holm_joint": joint.get(index)}, comparison)
-        )
+        row = replace(_with_statistics(entry, comparison), p_holm_joint=joint.get(index))
+        adjusted.append((row, comparison))
     split: list[Paired] = []
     start = 0
     for group in groups:
@@ -123,9 +131,9 @@ def _method_family(
     return f"app-b/{metric}" if in_b else f"other/{metric}"
 
 
-def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[dict[str, Any]]:
+def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[HolmFamily]:
     """Every Holm family of the report: its id, how many tests it holds and what it is."""
-    counts = Counter(entry["family"] for entry, _ in entries)
+    counts = Counter(entry.family or "" for entry, _ in entries)
     backbones = f"{', '.join(options.holm_backbones)} ({holm_why})"
     found = []
     for family, tests in counts.items():
@@ -141,7 +149,7 @@ def _families(entries: Paired, options: ReportOptions, holm_why: str) -> list[di
             "model and method differ together; on the trajectories both answered)",
             "all": "every comparison of the report (--holm-family all)",
         }.get(kind, family)
-        found.append({"family": family, "tests": tests, "description": description})
+        found.append(HolmFamily(family, tests, description))
     return found
 
 
@@ -194,8 +202,8 @@ def _paired_methods(
             family = _method_family(
                 protocol, kinds, reference, method, backbone, metric, options.holm_backbones
             )
-            labels = {"backbone": backbone, "method_a": reference, "method_b": method}
-            entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
+            a, b = Cell(backbone, reference, 0), Cell(backbone, method, 0)
+            entries.append(_paired_entry(comparison, "methods", a, b, metric, family))
     return entries
 
 
@@ -216,8 +224,8 @@ def _paired_backbones(scores: RunScores, protocol: Protocol, options: ReportOpti
             for metric in protocol.paired_metrics:
                 comparison = _compare(paired_base, other, metric, protocol, options.confidence)
                 family = "all" if protocol.holm_family == "all" else f"backbones/{metric}"
-                labels = {"method": method, "backbone_a": first, "backbone_b": backbone}
-                entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
+                a, b = Cell(first, method, 0), Cell(backbone, method, 0)
+                entries.append(_paired_entry(comparison, "backbones", a, b, metric, family))
     return entries
 
 
@@ -269,14 +277,8 @@ def _paired_across(
     for base_cell, cell, base, other in _across_pairs(scores, reference, compared):
         for metric in protocol.paired_metrics:
             comparison = _compare(base, other, metric, protocol, options.confidence)
-            labels = {
-                "method_a": base_cell.method,
-                "backbone_a": base_cell.backbone,
-                "method_b": cell.method,
-                "backbone_b": cell.backbone,
-            }
             family = _across_family(protocol, metric)
-            entries.append(_paired_entry(comparison, {**labels, "metric": metric, "family": family}))
+            entries.append(_paired_entry(comparison, "across", base_cell, cell, metric, family))
     return entries
 
 

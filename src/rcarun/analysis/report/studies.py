@@ -34,11 +34,12 @@ from ..stats import (
     wilson_interval,
 )
 from .cells import _coverage_rule, _headline, _outcomes, _scored, _shown, cell_status
+from .model import Repeatability
 from .options import METRIC_NAMES, RECALL_SETS, ReportOptions, _bounds, _number, _Study
-from .paired import _compare, _comparison_json
+from .paired import _compare
 
 
-def _repeatability(scores: RunScores, protocol: Protocol) -> list[dict[str, Any]]:
+def _repeatability(scores: RunScores, protocol: Protocol) -> list[Repeatability]:
     entries = []
     for backbone in scores.backbones:
         for method in scores.methods:
@@ -56,44 +57,21 @@ def _repeatability(scores: RunScores, protocol: Protocol) -> list[dict[str, Any]
                     if (value := getattr(_headline(summary, protocol), name)) is not None
                 }
                 if values:
-                    s = spread(values)
-                    metrics[name] = {
-                        "n": s.n,
-                        "mean": s.mean,
-                        "sd": s.sd,
-                        "min": s.min,
-                        "max": s.max,
-                        "range": s.range,
-                    }
+                    metrics[name] = spread(values)
             steps = {
                 r: {item.qid: item.step for item in scores.scores[Cell(backbone, method, r)]}
                 for r in realizations
             }
             agreement = [
-                {
-                    "first": a.first,
-                    "second": a.second,
-                    "n": a.n,
-                    "agree": a.agree,
-                    "both_missing": a.both_missing,
-                    "rate": a.rate,
-                }
+                a
                 for first, second in itertools.combinations(realizations, 2)
                 # Realizations of different scopes (SOAP's split seeds) agree on the trajectories both answer.
                 if steps[first].keys() & steps[second].keys()
                 for a in pairwise_agreement({first: steps[first], second: steps[second]})
             ]
-            rates = [entry["rate"] for entry in agreement]
-            entries.append(
-                {
-                    "backbone": backbone,
-                    "method": method,
-                    "realizations": realizations,
-                    "metrics": metrics,
-                    "agreement": agreement,
-                    "mean_agreement": sum(rates) / len(rates) if rates else None,
-                }
-            )
+            rates = [a.rate for a in agreement]
+            mean = sum(rates) / len(rates) if rates else None
+            entries.append(Repeatability(backbone, method, tuple(realizations), metrics, agreement, mean))
     return entries
 
 
@@ -323,8 +301,9 @@ def _components(
                 )
                 tested.append((row, comparison))
         for (row, _), comparison in zip(tested, adjust_family([c for _, c in tested]), strict=True):
-            found = _comparison_json(comparison)
-            row.update({key: found[key] for key in ("delta", "ci_low", "ci_high", "wins", "losses")})
+            row.update(
+                {key: getattr(comparison, key) for key in ("delta", "ci_low", "ci_high", "wins", "losses")}
+            )
             row.update({"p_mcnemar": comparison.p_mcnemar, "p_holm": comparison.p_holm})
         rows += block
     return {

@@ -42,12 +42,11 @@ class Rules:
     @classmethod
     def of_report(cls, report: Report) -> Rules:
         protocol = report.protocol
-        if not isinstance(protocol, Mapping):
+        if protocol is None:
             return cls()
-        abstentions = protocol.get("abstentions")
         return cls(
-            abstentions="error" if abstentions == "error" else "fields",
-            keep_handoff=bool(protocol.get("keep_handoff", False)),
+            abstentions="error" if protocol.abstentions == "error" else "fields",
+            keep_handoff=bool(protocol.keep_handoff),
         )
 
 
