@@ -20,12 +20,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_report, cmd_score
+from rcarun.cli.analysis import add_analysis_commands, cmd_cost, cmd_export, cmd_score
 from rcarun.cli.data import add_data_commands, cmd_data_check, cmd_data_sample_mini
 from rcarun.cli.db import DB_COMMANDS, add_db_commands, run_db_command
 from rcarun.cli.discovery import add_methods_command, cmd_methods
 from rcarun.cli.estimate import add_estimate_command, cmd_estimate
 from rcarun.cli.output import silence_closed_output, survives_closed_stdout
+from rcarun.cli.report import add_report_command, cmd_report
 from rcarun.cli.serve import add_serve_command, cmd_serve
 from rcarun.cli.summary import exit_status, print_accuracy, print_summary
 from rcarun.cli.terminal import SafeStdout
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_commands(commands)
     add_analysis_commands(commands, _DEFAULT_DB)
+    add_report_command(commands, _DEFAULT_DB)
     add_estimate_command(commands)
     add_methods_command(commands)
     add_db_commands(commands, _DEFAULT_DB)
