@@ -19,11 +19,8 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import re
-import signal as signals
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from rcarun.mock import MockStats
-from rcarun.mock.process import ServerProcess, child_environment
+from rcarun.mock.process import ServerProcess, child_environment, serve_until_stopped
 
 from .metrics import Arrival
 from .scenarios import Metering, Signal, WindowConfig
@@ -557,27 +554,9 @@ class WindowServerProcess(ServerProcess):
 
 
 async def _serve(config: WindowConfig, host: str, port: int, watch_stdin: bool) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signals.SIGINT, signals.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    if watch_stdin:
-
-        def wait_for_stdin_eof() -> None:
-            while sys.stdin.buffer.read(65536):
-                pass
-            loop.call_soon_threadsafe(stop.set)
-
-        threading.Thread(target=wait_for_stdin_eof, name="window-server-stdin", daemon=True).start()
-    async with WindowServer(config, host=host, port=port) as server:
-        announcement = {
-            "event": "listening",
-            "base_url": server.base_url,
-            "port": server.port,
-            "pid": os.getpid(),
-        }
-        print(json.dumps(announcement), flush=True)
-        await stop.wait()
+    await serve_until_stopped(
+        WindowServer(config, host=host, port=port), watch_stdin=watch_stdin, name="window-server"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

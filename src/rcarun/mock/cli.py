@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from .config import MockConfig
+from .process import serve_until_stopped
 from .server import MockServer, is_loopback_host
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -144,27 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(config: MockConfig, host: str, port: int, watch_stdin: bool) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    if watch_stdin:
-
-        def wait_for_stdin_eof() -> None:
-            while sys.stdin.buffer.read(65536):
-                pass
-            loop.call_soon_threadsafe(stop.set)
-
-        threading.Thread(target=wait_for_stdin_eof, name="rcarun-mock-stdin", daemon=True).start()
-    async with MockServer(config, host=host, port=port) as server:
-        announcement = {
-            "event": "listening",
-            "base_url": server.base_url,
-            "port": server.port,
-            "pid": os.getpid(),
-        }
-        print(json.dumps(announcement), flush=True)
-        print(
-            f"rcarun mock server listening on {server.base_url} (Ctrl-C to stop)", file=sys.stderr, flush=True
-        )
-        await stop.wait()
+    await serve_until_stopped(
+        MockServer(config, host=host, port=port),
+        watch_stdin=watch_stdin,
+        name="rcarun-mock",
+        told="rcarun mock server listening on {base_url} (Ctrl-C to stop)",
+    )

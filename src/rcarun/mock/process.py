@@ -14,20 +14,23 @@ import asyncio
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Protocol, Self
 
 from .config import MockConfig
 from .stats import MockStats
 
-__all__ = ["MockProcess", "MockStartError", "ServerProcess", "child_environment"]
+__all__ = ["MockProcess", "MockStartError", "ServerProcess", "child_environment", "serve_until_stopped"]
 
 _KEY_VARIABLE = "RCARUN_MOCK_API_KEY"
 _STDERR_TAIL_CHARS = 4000
@@ -245,3 +248,41 @@ class MockProcess(ServerProcess):
 
     async def areset(self) -> None:
         await asyncio.to_thread(self.reset)
+
+
+class _Listening(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+async def serve_until_stopped(
+    server: AbstractAsyncContextManager[_Listening], *, watch_stdin: bool, name: str, told: str | None = None
+) -> None:
+    """The child's side of `ServerProcess`: start ``server``, announce its port as one JSON line on stdout (and
+    ``told`` on stderr), and serve until SIGINT, SIGTERM or, with ``watch_stdin``, the parent closing stdin."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if watch_stdin:
+
+        def wait_for_stdin_eof() -> None:
+            while sys.stdin.buffer.read(65536):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_stdin_eof, name=f"{name}-stdin", daemon=True).start()
+    async with server as started:
+        announcement = {
+            "event": "listening",
+            "base_url": started.base_url,
+            "port": started.port,
+            "pid": os.getpid(),
+        }
+        print(json.dumps(announcement), flush=True)
+        if told is not None:
+            print(told.format(base_url=started.base_url), file=sys.stderr, flush=True)
+        await stop.wait()
